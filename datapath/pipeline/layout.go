@@ -1,0 +1,185 @@
+// Package pipeline describes Seine's OpenFlow pipeline as data — the tables
+// in order, what a table does with a packet no flow matches, and the typed
+// layout of the registers that carry state between tables — and builds the
+// flows of each datapath object (the bridge itself, a local Pod, a peer
+// Node) from that description. It has no I/O: datapath/flowsync installs
+// what it returns.
+//
+// A packet walks the tables in the order of Tables(); a table whose flows
+// do not match sends it to the next table or drops it, as its Miss says.
+package pipeline
+
+import (
+	"fmt"
+
+	"github.com/seine-net/seine/datapath/openflow"
+)
+
+// Table is an OpenFlow table of the pipeline.
+type Table uint8
+
+// The tables, in pipeline order. Gaps leave room for later stages.
+const (
+	Classifier      Table = 0   // in_port → packet source (reg0 PktSource)
+	SpoofGuard      Table = 10  // Pods may only send from their own IP and MAC
+	ARPResponder    Table = 20  // answers ARP for peer gateways, forwards other ARP to its target
+	Conntrack       Table = 30  // ct(): track IP packets in the Seine zone
+	ConntrackState  Table = 31  // drop ct_state=+inv
+	EgressRule      Table = 50  // NetworkPolicy egress allow rules (conjunctions)
+	EgressDefault   Table = 60  // default deny for Pods isolated for egress
+	L3Forwarding    Table = 70  // by nw_dst: local Pod, peer Node's podCIDR (tunnel), or gateway
+	L2Forwarding    Table = 80  // by eth_dst: the output ofport into reg1
+	IngressRule     Table = 90  // NetworkPolicy ingress allow rules (conjunctions)
+	IngressDefault  Table = 100 // default deny for Pods isolated for ingress
+	ConntrackCommit Table = 110 // ct(commit) new connections
+	Output          Table = 120 // output:reg1
+)
+
+// Miss is what a table does with a packet that matches none of its flows.
+type Miss int
+
+const (
+	MissDrop Miss = iota // drop the packet
+	MissNext             // continue at the next table of the pipeline
+)
+
+// TableInfo describes one table.
+type TableInfo struct {
+	Table Table
+	Name  string
+	Miss  Miss
+}
+
+// Tables returns the pipeline's tables in order.
+func Tables() []TableInfo {
+	return []TableInfo{
+		{Classifier, "Classifier", MissDrop},
+		{SpoofGuard, "SpoofGuard", MissDrop},
+		{ARPResponder, "ARPResponder", MissDrop},
+		{Conntrack, "Conntrack", MissNext},
+		{ConntrackState, "ConntrackState", MissNext},
+		{EgressRule, "EgressRule", MissNext},
+		{EgressDefault, "EgressDefault", MissNext},
+		{L3Forwarding, "L3Forwarding", MissDrop},
+		{L2Forwarding, "L2Forwarding", MissDrop},
+		{IngressRule, "IngressRule", MissNext},
+		{IngressDefault, "IngressDefault", MissNext},
+		{ConntrackCommit, "ConntrackCommit", MissNext},
+		{Output, "Output", MissDrop},
+	}
+}
+
+// String returns the table's name.
+func (t Table) String() string {
+	for _, ti := range Tables() {
+		if ti.Table == t {
+			return ti.Name
+		}
+	}
+	return fmt.Sprintf("table%d", uint8(t))
+}
+
+// TableNames maps table IDs to names, for OVSDB's Flow_Table so that
+// `ovs-ofctl dump-flows --names` prints them.
+func TableNames() map[uint8]string {
+	m := map[uint8]string{}
+	for _, ti := range Tables() {
+		m[uint8(ti.Table)] = ti.Name
+	}
+	return m
+}
+
+// next returns the table after t in pipeline order (t itself for the last).
+func (t Table) next() Table {
+	ts := Tables()
+	for i, ti := range ts {
+		if ti.Table == t && i+1 < len(ts) {
+			return ts[i+1].Table
+		}
+	}
+	return t
+}
+
+// RegField is a bit range of one NXM register, packed as reg<<16 | ofs<<8 |
+// nbits so the layout can be declared as constants.
+type RegField uint32
+
+// The register layout. Every bit the pipeline uses is declared here.
+const (
+	// PktSource (reg0[0..3]) says where the packet entered the bridge.
+	PktSource RegField = 0<<16 | 0<<8 | 4
+	// OutputResolved (reg0[16]) is set once TargetOFPort holds the output port.
+	OutputResolved RegField = 0<<16 | 16<<8 | 1
+	// TargetOFPort (reg1[0..31]) is the ofport Output sends the packet to.
+	TargetOFPort RegField = 1<<16 | 0<<8 | 32
+)
+
+// Values of PktSource.
+const (
+	FromGateway uint32 = 1
+	FromTunnel  uint32 = 2
+	FromPod     uint32 = 3
+)
+
+// Reg is the register number.
+func (f RegField) Reg() uint8 { return uint8(f >> 16) }
+
+// Ofs is the first bit of the field.
+func (f RegField) Ofs() uint8 { return uint8(f >> 8) }
+
+// NBits is the field's width in bits.
+func (f RegField) NBits() uint8 { return uint8(f) }
+
+// Mask is the field's bits within its register.
+func (f RegField) Mask() uint32 {
+	if f.NBits() >= 32 {
+		return 0xffffffff
+	}
+	return ((uint32(1) << f.NBits()) - 1) << f.Ofs()
+}
+
+// String names the field as ovs-ofctl prints it, e.g. "reg0[0..3]".
+func (f RegField) String() string {
+	return fmt.Sprintf("reg%d[%d..%d]", f.Reg(), f.Ofs(), f.Ofs()+f.NBits()-1)
+}
+
+// Load is the action writing v into the field.
+func (f RegField) Load(v uint32) openflow.LoadReg {
+	return openflow.LoadReg{Reg: f.Reg(), Ofs: f.Ofs(), NBits: f.NBits(), Value: v}
+}
+
+// Match is the register match requiring the field to equal v.
+func (f RegField) Match(v uint32) openflow.RegMatch {
+	return openflow.RegMatch{Reg: f.Reg(), Value: v << f.Ofs(), Mask: f.Mask()}
+}
+
+// Cookie layout: bits 48..63 are the round (incremented at each daemon
+// start, so flows of an older round can be found and removed once the new
+// round is installed); bits 40..47 the category of the object owning the
+// flow; bits 0..39 an object ID within that category.
+const (
+	CookieRoundShift    = 48
+	CookieCategoryShift = 40
+	CookieRoundMask     = uint64(0xffff) << CookieRoundShift
+	CookieCategoryMask  = uint64(0xff) << CookieCategoryShift
+)
+
+// Category says what kind of object a flow belongs to.
+type Category uint8
+
+const (
+	CategoryPipeline Category = 1 // the bridge's fixed flows
+	CategoryPod      Category = 2 // one local Pod
+	CategoryNode     Category = 3 // one peer Node
+	CategoryPolicy   Category = 4 // NetworkPolicy rules
+	CategoryService  Category = 5 // Service load balancing
+)
+
+// Cookie builds the cookie of a flow of the given category and object ID in
+// the given round.
+func Cookie(round uint16, c Category, id uint64) uint64 {
+	return uint64(round)<<CookieRoundShift | uint64(c)<<CookieCategoryShift | id&(1<<40-1)
+}
+
+// ConntrackZone is the conntrack zone of Pod traffic.
+const ConntrackZone uint16 = 65520

@@ -1,0 +1,420 @@
+// Package agent is the seine node daemon: it brings up this Node's bridge,
+// gateway and tunnel, programs the pipeline, restores the Pods already
+// attached, connects peer Nodes, masquerades Pod egress, and serves the CNI
+// plugin. Run is its only entry point.
+//
+// Start-up never clears the flow table: the flows of the previous run keep
+// forwarding while the new run installs its own under a new cookie round,
+// and only then are the old round's leftovers deleted.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/vishvananda/netlink"
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/knftables"
+
+	"github.com/seine-net/seine/datapath/flowsync"
+	of "github.com/seine-net/seine/datapath/openflow"
+	"github.com/seine-net/seine/datapath/ovsdb"
+	"github.com/seine-net/seine/datapath/pipeline"
+	"github.com/seine-net/seine/ipam"
+	cniserver "github.com/seine-net/seine/node/cni/server"
+	"github.com/seine-net/seine/node/config"
+	"github.com/seine-net/seine/node/noderoute"
+	"github.com/seine-net/seine/node/podnet"
+	"github.com/seine-net/seine/node/snat"
+	"github.com/seine-net/seine/tunnel"
+)
+
+// Bridge external_ids keys.
+const (
+	extIDRound = "seine.io/round"
+)
+
+// OpenFlow port numbers requested for the tunnel and gateway ports, so that
+// flows name the same ports on every Node.
+const (
+	TunnelOFPort  int32 = 1
+	GatewayOFPort int32 = 2
+)
+
+// Run runs the daemon until ctx ends.
+func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
+	log = log.With(zap.String("node", cfg.NodeName))
+	kube, err := kubeClient(cfg.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	node, err := waitForPodCIDR(ctx, kube, cfg.NodeName, log)
+	if err != nil {
+		return err
+	}
+	nodeIP := noderoute.InternalIP(node)
+	if nodeIP == nil {
+		return fmt.Errorf("node %s has no IPv4 InternalIP", cfg.NodeName)
+	}
+	_, podCIDR, err := net.ParseCIDR(node.Spec.PodCIDR)
+	if err != nil || podCIDR.IP.To4() == nil {
+		return fmt.Errorf("node %s: podCIDR %q is not an IPv4 CIDR", cfg.NodeName, node.Spec.PodCIDR)
+	}
+	_, clusterCIDR, _ := net.ParseCIDR(cfg.ClusterCIDR)
+	log.Info("node found", zap.String("node_ip", nodeIP.String()), zap.String("pod_cidr", podCIDR.String()))
+
+	ovs, err := ovsdb.Dial(ctx, cfg.OVSDBEndpoint(), log.Named("ovsdb"))
+	if err != nil {
+		return fmt.Errorf("connecting to OVSDB at %s: %w", cfg.OVSDBEndpoint(), err)
+	}
+	defer ovs.Close()
+
+	// Transport and MTU.
+	transport, err := tunnel.FindTransport(cfg.TransportInterface, nodeIP)
+	if err != nil && cfg.OVSDatapathType != config.DatapathNetdev {
+		return err
+	}
+	if cfg.OVSDatapathType == config.DatapathNetdev {
+		transport, err = setupNetdevTransport(ctx, cfg, ovs, nodeIP, log)
+		if err != nil {
+			return err
+		}
+	}
+	overhead, err := tunnel.Overhead(cfg.TunnelType)
+	if err != nil {
+		return err
+	}
+	mtu := cfg.MTU
+	if mtu == 0 {
+		mtu = transport.MTU - overhead
+	}
+	log.Info("transport", zap.String("interface", transport.Name), zap.Int("transport_mtu", transport.MTU),
+		zap.Int("pod_mtu", mtu), zap.String("tunnel_type", cfg.TunnelType))
+
+	// Bridge, with a new cookie round.
+	round := uint16(1)
+	if ids, err := ovs.BridgeExternalIDs(ctx, cfg.BridgeName); err == nil {
+		if r, err := strconv.ParseUint(ids[extIDRound], 10, 16); err == nil {
+			round = uint16(r) + 1
+			if round == 0 {
+				round = 1
+			}
+		}
+	}
+	prevRound := round - 1
+	if err := ovs.EnsureBridge(ctx, ovsdb.BridgeConfig{
+		Name:         cfg.BridgeName,
+		DatapathType: cfg.OVSDatapathType,
+		ExternalIDs:  map[string]string{extIDRound: strconv.Itoa(int(round))},
+		TableNames:   pipeline.TableNames(),
+	}); err != nil {
+		return fmt.Errorf("bridge %s: %w", cfg.BridgeName, err)
+	}
+	tunOpts, _ := tunnel.PortOptions(cfg.TunnelType)
+	tunPort, err := ovs.EnsurePort(ctx, cfg.BridgeName, ovsdb.PortSpec{
+		Name: cfg.TunnelName, Type: cfg.TunnelType, Options: tunOpts, OFPortRequest: TunnelOFPort,
+	})
+	if err != nil {
+		return fmt.Errorf("tunnel port: %w", err)
+	}
+	gwPort, err := ovs.EnsurePort(ctx, cfg.BridgeName, ovsdb.PortSpec{
+		Name: cfg.GatewayName, Type: "internal", OFPortRequest: GatewayOFPort, MTURequest: mtu,
+	})
+	if err != nil {
+		return fmt.Errorf("gateway port: %w", err)
+	}
+	gwIP := noderoute.FirstIP(podCIDR)
+	gwMAC, err := setupGateway(cfg.GatewayName, gwIP, podCIDR, mtu)
+	if err != nil {
+		return err
+	}
+	if err := setSysctls(cfg.GatewayName); err != nil {
+		return err
+	}
+
+	// OpenFlow and the pipeline.
+	var syncer *flowsync.Syncer
+	ofc, err := of.Dial(ctx, cfg.BridgeMgmtSocket(), log.Named("openflow"),
+		of.WithOnReconnect(func(ctx context.Context) error {
+			log.Warn("OpenFlow connection re-established; replaying all flows")
+			return syncer.Replay(ctx)
+		}))
+	if err != nil {
+		return fmt.Errorf("OpenFlow connection to %s: %w", cfg.BridgeMgmtSocket(), err)
+	}
+	defer ofc.Close()
+	syncer = flowsync.New(ofc)
+	bridge := pipeline.Bridge{
+		Round:       round,
+		GatewayPort: uint32(gwPort.OFPort),
+		GatewayMAC:  gwMAC,
+		GatewayIP:   gwIP,
+		PodCIDR:     podCIDR,
+		TunnelPort:  uint32(tunPort.OFPort),
+	}
+	if err := syncer.Set(ctx, "pipeline", pipeline.BaseFlows(bridge)); err != nil {
+		return err
+	}
+
+	// Pods already attached.
+	alloc, reset, err := ipam.Open(filepath.Join(cfg.DataDir, "ipam"), podCIDR)
+	if err != nil {
+		return err
+	}
+	if reset {
+		log.Warn("podCIDR changed since the last run: previous IP allocations discarded")
+	}
+	backend := podnet.New(podnet.Config{
+		BridgeName:        cfg.BridgeName,
+		Bridge:            bridge,
+		MTU:               mtu,
+		DisableTxChecksum: cfg.OVSDatapathType == config.DatapathNetdev,
+	}, alloc, ovs, syncer, log.Named("podnet"))
+	restored, err := backend.RestorePods(ctx)
+	if err != nil {
+		return fmt.Errorf("restoring Pods: %w", err)
+	}
+	log.Info("restored attached Pods", zap.Int("pods", restored))
+
+	// SNAT and peers.
+	nft, err := snat.NewNFTables()
+	if err != nil {
+		return err
+	}
+	masq := snat.New(nft, clusterCIDR, cfg.GatewayName, cfg.SNATEnabled())
+	masq.SetNodeIP(cfg.NodeName, nodeIP)
+	if err := masq.Sync(ctx); err != nil {
+		return err
+	}
+	factory := informers.NewSharedInformerFactory(kube, 0)
+	routes, err := noderoute.New(factory.Core().V1().Nodes(), noderoute.Config{
+		NodeName: cfg.NodeName, Gateway: cfg.GatewayName, Bridge: bridge, Flows: syncer, SNAT: masq,
+	}, log.Named("noderoute"))
+	if err != nil {
+		return err
+	}
+	factory.Start(ctx.Done())
+
+	errc := make(chan error, 4)
+	go func() { errc <- routes.Run(ctx) }()
+	synced := factory.WaitForCacheSync(ctx.Done())
+	for typ, ok := range synced {
+		if !ok {
+			return fmt.Errorf("informer for %v did not sync: %w", typ, ctx.Err())
+		}
+	}
+	// Let the route controller install every known peer before the old
+	// round's flows go away.
+	_ = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		return len(routes.Peers()) >= countPeers(factory, cfg.NodeName), nil
+	})
+	if prevRound != 0 {
+		if err := ofc.DeleteMatching(ctx, uint64(prevRound)<<pipeline.CookieRoundShift, pipeline.CookieRoundMask); err != nil {
+			return fmt.Errorf("removing flows of round %d: %w", prevRound, err)
+		}
+	}
+	log.Info("datapath ready", zap.Uint16("round", round), zap.Int("flows", syncer.Count()))
+
+	// Metrics and health.
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "seine_flows", Help: "OpenFlow entries Seine keeps installed on the integration bridge.",
+	}, func() float64 { return float64(syncer.Count()) }))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "seine_peer_nodes", Help: "Peer Nodes connected through the tunnel.",
+	}, func() float64 { return float64(len(routes.Peers())) }))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "seine_pod_ips_allocated", Help: "Pod IPs allocated from this Node's podCIDR.",
+	}, func() float64 { return float64(len(alloc.List())) }))
+	if cfg.MetricsAddress != "" {
+		go func() { errc <- serveMetrics(ctx, cfg.MetricsAddress, reg) }()
+	}
+
+	backend.MarkReady()
+	srv := cniserver.New(backend, log.Named("cni"), cniserver.WithRegistry(reg))
+	go func() { errc <- srv.Serve(ctx, cfg.CNISocket) }()
+	log.Info("serving CNI", zap.String("socket", cfg.CNISocket))
+
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-errc:
+		if err != nil && !errors.Is(err, context.Canceled) {
+			return err
+		}
+		<-ctx.Done()
+		return nil
+	}
+}
+
+func countPeers(f informers.SharedInformerFactory, self string) int {
+	nodes, err := f.Core().V1().Nodes().Lister().List(everything())
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for _, node := range nodes {
+		if node.Name != self && node.Spec.PodCIDR != "" && noderoute.InternalIP(node) != nil {
+			n++
+		}
+	}
+	return n
+}
+
+func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
+	var rc *rest.Config
+	var err error
+	if kubeconfig == "" {
+		rc, err = rest.InClusterConfig()
+	} else {
+		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client configuration: %w", err)
+	}
+	rc.UserAgent = "seine-node"
+	return kubernetes.NewForConfig(rc)
+}
+
+// waitForPodCIDR polls the Node until kube-controller-manager (or whoever
+// runs node IPAM) has set its podCIDR.
+func waitForPodCIDR(ctx context.Context, kube kubernetes.Interface, name string, log *zap.Logger) (*corev1.Node, error) {
+	var node *corev1.Node
+	last := time.Time{}
+	err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
+		n, err := kube.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil || n.Spec.PodCIDR == "" {
+			if time.Since(last) > 10*time.Second {
+				last = time.Now()
+				log.Info("waiting for this Node's podCIDR", zap.NamedError("last_error", err))
+			}
+			return false, nil
+		}
+		node = n
+		return true, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("waiting for node %s to have a podCIDR: %w", name, err)
+	}
+	return node, nil
+}
+
+// setupNetdevTransport attaches the transport device to the transport
+// bridge and keeps a NORMAL flow on it (see tunnel.AttachNetdev).
+func setupNetdevTransport(ctx context.Context, cfg config.Config, ovs *ovsdb.Client, nodeIP net.IP, log *zap.Logger) (tunnel.Transport, error) {
+	t, err := tunnel.FindTransport(cfg.TransportInterface, nodeIP)
+	if err != nil {
+		return t, err
+	}
+	device, err := tunnel.ResolveNetdevTransport(ctx, ovs, cfg.TransportBridge, t)
+	if err != nil {
+		return t, err
+	}
+	nft, err := knftables.New(knftables.NetDevFamily, "seine-transport")
+	if err != nil {
+		return t, fmt.Errorf("nftables: %w", err)
+	}
+	t, err = tunnel.AttachNetdev(ctx, ovs, nft, cfg.TransportBridge, device, log)
+	if err != nil {
+		return t, err
+	}
+	normal := []of.FlowMod{{Op: of.OpAdd, Flow: of.Flow{Table: 0, Priority: 0,
+		Actions: []of.Action{of.Output{Port: of.PortNormal}}}}}
+	mgmt := filepath.Join(cfg.OVSRunDir, cfg.TransportBridge+".mgmt")
+	var phy *of.Client
+	phy, err = of.Dial(ctx, mgmt, log.Named("openflow-transport"), of.WithOnReconnect(func(ctx context.Context) error {
+		return phy.Apply(ctx, normal)
+	}))
+	if err != nil {
+		return t, fmt.Errorf("OpenFlow connection to %s: %w", mgmt, err)
+	}
+	go func() { <-ctx.Done(); phy.Close() }()
+	if err := phy.Apply(ctx, normal); err != nil {
+		return t, fmt.Errorf("transport bridge flows: %w", err)
+	}
+	// The moved addresses are the transport's; report the physical MTU.
+	return t, nil
+}
+
+// setupGateway gives the gateway interface the first IP of the podCIDR, the
+// Pod MTU, and brings it up; it returns the gateway's MAC.
+func setupGateway(name string, gwIP net.IP, podCIDR *net.IPNet, mtu int) (net.HardwareAddr, error) {
+	var link netlink.Link
+	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 10*time.Second, true,
+		func(context.Context) (bool, error) {
+			var err error
+			link, err = netlink.LinkByName(name)
+			return err == nil, nil
+		})
+	if err != nil {
+		return nil, fmt.Errorf("gateway interface %s did not appear: %w", name, err)
+	}
+	ones, _ := podCIDR.Mask.Size()
+	if err := netlink.AddrReplace(link, &netlink.Addr{IPNet: &net.IPNet{IP: gwIP, Mask: net.CIDRMask(ones, 32)}}); err != nil {
+		return nil, fmt.Errorf("address of %s: %w", name, err)
+	}
+	if link.Attrs().MTU != mtu {
+		if err := netlink.LinkSetMTU(link, mtu); err != nil {
+			return nil, fmt.Errorf("MTU of %s: %w", name, err)
+		}
+	}
+	if err := netlink.LinkSetUp(link); err != nil {
+		return nil, fmt.Errorf("bringing up %s: %w", name, err)
+	}
+	link, err = netlink.LinkByName(name)
+	if err != nil {
+		return nil, err
+	}
+	return link.Attrs().HardwareAddr, nil
+}
+
+// setSysctls enables IPv4 forwarding and relaxes reverse-path filtering to
+// loose mode (RFC 3704 section 2.3): Pod-to-peer-Node traffic leaves
+// through the transport and its replies come back through the tunnel and
+// the gateway.
+func setSysctls(gateway string) error {
+	for path, v := range map[string]string{
+		"/proc/sys/net/ipv4/ip_forward":                          "1",
+		"/proc/sys/net/ipv4/conf/all/rp_filter":                  "2",
+		"/proc/sys/net/ipv4/conf/" + gateway + "/rp_filter":      "2",
+		"/proc/sys/net/ipv4/conf/" + gateway + "/send_redirects": "0",
+	} {
+		if err := os.WriteFile(path, []byte(v), 0o644); err != nil {
+			return fmt.Errorf("sysctl %s: %w", path, err)
+		}
+	}
+	return nil
+}
+
+func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry) error {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { <-ctx.Done(); _ = srv.Close() }()
+	if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("metrics server on %s: %w", addr, err)
+	}
+	return nil
+}
+
+func everything() labels.Selector { return labels.Everything() }

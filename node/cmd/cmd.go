@@ -1,0 +1,134 @@
+// Package cmd is the command line of the seine daemon binary: the node
+// daemon itself and the admin subcommands that run on a Node.
+package cmd
+
+import (
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/urfave/cli/v2"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/seine-net/seine/node/agent"
+	"github.com/seine-net/seine/node/cni/install"
+	"github.com/seine-net/seine/node/config"
+	"github.com/seine-net/seine/node/version"
+)
+
+// Main runs the seine command line and returns the process exit status.
+func Main(args []string) int {
+	if err := NewApp().Run(args); err != nil {
+		fmt.Fprintln(os.Stderr, "seine:", err)
+		return 1
+	}
+	return 0
+}
+
+// NewApp returns the urfave/cli application.
+func NewApp() *cli.App {
+	return &cli.App{
+		Name:    "seine",
+		Usage:   "Kubernetes networking on Open vSwitch",
+		Version: version.Version(),
+		Commands: []*cli.Command{
+			nodeCommand(),
+			installCNICommand(),
+			{
+				Name:  "version",
+				Usage: "print the version",
+				Action: func(c *cli.Context) error {
+					fmt.Fprintln(c.App.Writer, "seine", version.String())
+					return nil
+				},
+			},
+		},
+	}
+}
+
+func nodeCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "node",
+		Usage: "run the per-Node daemon (bridge, Pod networking, CNI server)",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "config", Usage: "YAML configuration file (docs/configuration.md)", EnvVars: []string{"SEINE_CONFIG"}},
+			&cli.StringSliceFlag{Name: "set", Usage: "override one configuration key: --set tunnelType=vxlan (repeatable)"},
+			&cli.StringFlag{Name: "log-format", Value: "console", Usage: "console or json"},
+		},
+		Action: func(c *cli.Context) error {
+			cfg, err := config.Load(c.String("config"), c.StringSlice("set"))
+			if err != nil {
+				return err
+			}
+			log, err := NewLogger(cfg.LogLevel, c.String("log-format"))
+			if err != nil {
+				return err
+			}
+			defer func() { _ = log.Sync() }()
+			log.Info("starting seine node", zap.String("version", version.String()),
+				zap.String("datapath", cfg.OVSDatapathType), zap.String("tunnel_type", cfg.TunnelType))
+			ctx, stop := signal.NotifyContext(c.Context, syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			if err := agent.Run(ctx, cfg, log); err != nil {
+				log.Error("seine node failed", zap.Error(err))
+				return err
+			}
+			log.Info("seine node stopped")
+			return nil
+		},
+	}
+}
+
+func installCNICommand() *cli.Command {
+	def := install.DefaultOptions()
+	return &cli.Command{
+		Name:  "install-cni",
+		Usage: "install the CNI plugin binary and write the conflist",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "cni-bin-dir", Value: def.BinDir, Usage: "CNI plugin directory"},
+			&cli.StringFlag{Name: "cni-conf-dir", Value: def.ConfDir, Usage: "CNI configuration directory"},
+			&cli.StringFlag{Name: "cni-socket", Value: def.SocketPath, Usage: "the daemon's CNI socket"},
+			&cli.IntFlag{Name: "mtu", Usage: "Pod interface MTU (0: the daemon derives it)"},
+			&cli.BoolFlag{Name: "no-portmap", Usage: "do not chain the portmap plugin"},
+			&cli.BoolFlag{Name: "no-bandwidth", Usage: "do not chain the bandwidth plugin"},
+		},
+		Action: func(c *cli.Context) error {
+			o := install.Options{
+				BinDir:         c.String("cni-bin-dir"),
+				ConfDir:        c.String("cni-conf-dir"),
+				SocketPath:     c.String("cni-socket"),
+				MTU:            c.Int("mtu"),
+				ChainPortmap:   !c.Bool("no-portmap"),
+				ChainBandwidth: !c.Bool("no-bandwidth"),
+			}
+			if err := install.Install(o); err != nil {
+				return err
+			}
+			fmt.Fprintf(c.App.Writer, "installed %s/%s and %s/%s\n", o.BinDir, install.PluginType, o.ConfDir, install.ConfListName)
+			return nil
+		},
+	}
+}
+
+// NewLogger builds the daemon's zap logger: level debug, info, warn or
+// error; format console (human-readable) or json.
+func NewLogger(level, format string) (*zap.Logger, error) {
+	lvl, err := zapcore.ParseLevel(level)
+	if err != nil {
+		return nil, fmt.Errorf("log level: %w", err)
+	}
+	zc := zap.NewProductionConfig()
+	zc.Level = zap.NewAtomicLevelAt(lvl)
+	zc.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
+	zc.Sampling = nil
+	switch format {
+	case "json":
+	case "console":
+		zc.Encoding = "console"
+	default:
+		return nil, fmt.Errorf("log format %q: want console or json", format)
+	}
+	return zc.Build()
+}

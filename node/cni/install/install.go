@@ -1,0 +1,245 @@
+// Package install puts the seine CNI plugin in place on a node: it copies the
+// seine binary into the CNI binary directory under the plugin type name
+// "seine" and writes the network configuration list 10-seine.conflist that
+// container runtimes load (CNI spec, section "Configuration format").
+package install
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"github.com/containernetworking/cni/libcni"
+)
+
+const (
+	// PluginType is the plugin "type", and so the binary name in BinDir.
+	PluginType = "seine"
+	// NetworkName is the CNI network name of the conflist.
+	NetworkName = "seine"
+	// ConfListName is the file written in ConfDir; the "10-" prefix sorts
+	// it ahead of most other configurations, and runtimes use the first.
+	ConfListName = "10-seine.conflist"
+	// CNIVersion is the spec version of the written conflist.
+	CNIVersion = "1.1.0"
+)
+
+// Options says where and what to install.
+type Options struct {
+	// BinDir is the CNI plugin directory; default /opt/cni/bin.
+	BinDir string
+	// ConfDir is the CNI configuration directory; default /etc/cni/net.d.
+	ConfDir string
+	// SocketPath is the daemon's CNI socket written into the plugin
+	// configuration; default /var/run/seine/cni.sock.
+	SocketPath string
+	// MTU, in bytes, for pod interfaces; 0 leaves it to the daemon.
+	MTU int
+	// Binary is the seine binary to copy; default os.Executable().
+	Binary string
+	// ChainPortmap appends the portmap plugin (hostPort support).
+	ChainPortmap bool
+	// ChainBandwidth appends the bandwidth plugin (pod traffic shaping).
+	ChainBandwidth bool
+}
+
+// DefaultOptions returns the standard node layout with portmap and bandwidth
+// chained.
+func DefaultOptions() Options {
+	return Options{
+		BinDir:         "/opt/cni/bin",
+		ConfDir:        "/etc/cni/net.d",
+		SocketPath:     "/var/run/seine/cni.sock",
+		ChainPortmap:   true,
+		ChainBandwidth: true,
+	}
+}
+
+// Install copies the binary to BinDir/seine (mode 0755) and writes
+// ConfDir/10-seine.conflist (mode 0644). Empty string fields take the values
+// of DefaultOptions; the Chain flags are used as given. Each file is written
+// to a temporary file in its directory and renamed into place, so a runtime
+// never sees a partial file, and is left untouched when it already has the
+// wanted content, so calling Install again is harmless. Other files in
+// ConfDir are not touched.
+func Install(o Options) error {
+	d := DefaultOptions()
+	if o.BinDir == "" {
+		o.BinDir = d.BinDir
+	}
+	if o.ConfDir == "" {
+		o.ConfDir = d.ConfDir
+	}
+	if o.SocketPath == "" {
+		o.SocketPath = d.SocketPath
+	}
+	if o.Binary == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("finding the seine binary: %w", err)
+		}
+		o.Binary = exe
+	}
+	conf, err := ConfList(o)
+	if err != nil {
+		return err
+	}
+	if err := installBinary(o.Binary, filepath.Join(o.BinDir, PluginType)); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(o.ConfDir, 0o755); err != nil {
+		return fmt.Errorf("creating CNI configuration directory: %w", err)
+	}
+	if err := writeIfChanged(filepath.Join(o.ConfDir, ConfListName), conf, 0o644); err != nil {
+		return fmt.Errorf("writing CNI configuration: %w", err)
+	}
+	return nil
+}
+
+type pluginConf struct {
+	Type         string          `json:"type"`
+	SocketPath   string          `json:"socketPath,omitempty"`
+	MTU          int             `json:"mtu,omitempty"`
+	Capabilities map[string]bool `json:"capabilities,omitempty"`
+}
+
+type confList struct {
+	CNIVersion string       `json:"cniVersion"`
+	Name       string       `json:"name"`
+	Plugins    []pluginConf `json:"plugins"`
+}
+
+// ConfList returns the conflist JSON for o (indented, newline-terminated),
+// after checking that libcni parses it.
+func ConfList(o Options) ([]byte, error) {
+	if o.MTU < 0 || o.MTU > 65535 {
+		return nil, fmt.Errorf("mtu %d out of range 0-65535", o.MTU)
+	}
+	l := confList{
+		CNIVersion: CNIVersion,
+		Name:       NetworkName,
+		Plugins:    []pluginConf{{Type: PluginType, SocketPath: o.SocketPath, MTU: o.MTU}},
+	}
+	if o.ChainPortmap {
+		l.Plugins = append(l.Plugins, pluginConf{Type: "portmap", Capabilities: map[string]bool{"portMappings": true}})
+	}
+	if o.ChainBandwidth {
+		l.Plugins = append(l.Plugins, pluginConf{Type: "bandwidth", Capabilities: map[string]bool{"bandwidth": true}})
+	}
+	out, err := json.MarshalIndent(l, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("encoding conflist: %w", err)
+	}
+	out = append(out, '\n')
+	if _, err := libcni.ConfListFromBytes(out); err != nil {
+		return nil, fmt.Errorf("generated conflist is invalid: %w", err)
+	}
+	return out, nil
+}
+
+// installBinary copies src to dst with mode 0755 unless dst already has the
+// same content.
+func installBinary(src, dst string) error {
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return fmt.Errorf("creating CNI binary directory: %w", err)
+	}
+	srcAbs, err := filepath.EvalSymlinks(src)
+	if err != nil {
+		return fmt.Errorf("resolving seine binary %s: %w", src, err)
+	}
+	if dstAbs, err := filepath.EvalSymlinks(dst); err == nil && dstAbs == srcAbs {
+		return nil // running from the installed copy
+	}
+	in, err := os.Open(srcAbs)
+	if err != nil {
+		return fmt.Errorf("opening seine binary: %w", err)
+	}
+	defer in.Close()
+	if same, err := sameContent(in, dst); err != nil {
+		return err
+	} else if same {
+		return os.Chmod(dst, 0o755)
+	}
+	if _, err := in.Seek(0, io.SeekStart); err != nil {
+		return fmt.Errorf("rewinding seine binary: %w", err)
+	}
+	if err := atomicWrite(dst, in, 0o755); err != nil {
+		return fmt.Errorf("installing seine binary to %s: %w", dst, err)
+	}
+	return nil
+}
+
+// sameContent reports whether the file at path has exactly in's content.
+func sameContent(in *os.File, path string) (bool, error) {
+	sfi, err := in.Stat()
+	if err != nil {
+		return false, fmt.Errorf("stat seine binary: %w", err)
+	}
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	} else if err != nil {
+		return false, fmt.Errorf("opening installed plugin: %w", err)
+	}
+	defer f.Close()
+	dfi, err := f.Stat()
+	if err != nil || dfi.Size() != sfi.Size() || !dfi.Mode().IsRegular() {
+		return false, nil
+	}
+	const chunk = 1 << 20
+	a, b := make([]byte, chunk), make([]byte, chunk)
+	for {
+		na, ea := io.ReadFull(in, a)
+		nb, eb := io.ReadFull(f, b)
+		if na != nb || !bytes.Equal(a[:na], b[:nb]) {
+			return false, nil
+		}
+		if ea != nil || eb != nil {
+			return ea == eb || (isEOF(ea) && isEOF(eb)), nil
+		}
+	}
+}
+
+func isEOF(err error) bool { return err == io.EOF || err == io.ErrUnexpectedEOF }
+
+// writeIfChanged atomically replaces path with data unless it already holds
+// exactly data.
+func writeIfChanged(path string, data []byte, mode fs.FileMode) error {
+	if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, data) {
+		return os.Chmod(path, mode)
+	}
+	return atomicWrite(path, bytes.NewReader(data), mode)
+}
+
+// atomicWrite writes r to a temporary file beside path, syncs it, sets mode
+// and renames it over path.
+func atomicWrite(path string, r io.Reader, mode fs.FileMode) (err error) {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
+	}()
+	if _, err = io.Copy(tmp, r); err != nil {
+		return err
+	}
+	if err = tmp.Chmod(mode); err != nil {
+		return err
+	}
+	if err = tmp.Sync(); err != nil {
+		return err
+	}
+	if err = tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}

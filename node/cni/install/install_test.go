@@ -1,0 +1,164 @@
+package install
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+)
+
+func setup(t *testing.T) (Options, []byte) {
+	t.Helper()
+	root := t.TempDir()
+	bin := []byte("#!/bin/sh\necho seine\n")
+	src := filepath.Join(root, "seine-src")
+	if err := os.WriteFile(src, bin, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	o := DefaultOptions()
+	o.BinDir = filepath.Join(root, "opt", "cni", "bin")
+	o.ConfDir = filepath.Join(root, "etc", "cni", "net.d")
+	o.SocketPath = "/run/seine/cni.sock"
+	o.MTU = 1450
+	o.Binary = src
+	return o, bin
+}
+
+func TestInstallWritesConfListAndBinary(t *testing.T) {
+	o, bin := setup(t)
+	if err := Install(o); err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(o.BinDir, "seine")
+	got, err := os.ReadFile(dst)
+	if err != nil || !bytes.Equal(got, bin) {
+		t.Fatalf("installed binary = %q, %v", got, err)
+	}
+	if fi, _ := os.Stat(dst); fi.Mode().Perm() != 0o755 {
+		t.Errorf("binary mode = %o, want 755", fi.Mode().Perm())
+	}
+
+	list, err := libcni.ConfListFromFile(filepath.Join(o.ConfDir, ConfListName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if list.Name != "seine" || list.CNIVersion != "1.1.0" || len(list.Plugins) != 3 {
+		t.Fatalf("conflist = name %q version %q %d plugins", list.Name, list.CNIVersion, len(list.Plugins))
+	}
+	var types []string
+	for _, p := range list.Plugins {
+		types = append(types, p.Network.Type)
+	}
+	if types[0] != "seine" || types[1] != "portmap" || types[2] != "bandwidth" {
+		t.Errorf("plugin types = %v", types)
+	}
+	if !list.Plugins[1].Network.Capabilities["portMappings"] || !list.Plugins[2].Network.Capabilities["bandwidth"] {
+		t.Errorf("chained capabilities missing: %s", list.Bytes)
+	}
+	first := string(list.Plugins[0].Bytes)
+	for _, want := range []string{`"socketPath":"/run/seine/cni.sock"`, `"mtu":1450`} {
+		if !bytes.Contains([]byte(first), []byte(want)) {
+			t.Errorf("seine plugin conf %s lacks %s", first, want)
+		}
+	}
+	// libcni finds it as the network a runtime would load.
+	if _, err := libcni.LoadNetworkConf(o.ConfDir, "seine"); err != nil {
+		t.Errorf("LoadNetworkConf: %v", err)
+	}
+}
+
+func TestInstallIdempotentAndUpdates(t *testing.T) {
+	o, _ := setup(t)
+	if err := Install(o); err != nil {
+		t.Fatal(err)
+	}
+	conf := filepath.Join(o.ConfDir, ConfListName)
+	dst := filepath.Join(o.BinDir, "seine")
+	// Back-date both files so an unwanted rewrite shows as a new mtime.
+	old := time.Now().Add(-time.Hour).Truncate(time.Second)
+	for _, p := range []string{conf, dst} {
+		if err := os.Chtimes(p, old, old); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := Install(o); err != nil {
+		t.Fatalf("second Install: %v", err)
+	}
+	for _, p := range []string{conf, dst} {
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !fi.ModTime().Equal(old) {
+			t.Errorf("%s rewritten by an identical Install", p)
+		}
+	}
+	for _, dir := range []string{o.ConfDir, o.BinDir} {
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(entries) != 1 {
+			t.Errorf("%s holds %d entries, want 1 (temp files left?)", dir, len(entries))
+		}
+	}
+
+	// A new binary and new options replace the installed files.
+	newBin := []byte("#!/bin/sh\necho seine v2\n")
+	if err := os.WriteFile(o.Binary, newBin, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	o.ChainPortmap, o.ChainBandwidth = false, false
+	if err := Install(o); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(dst); !bytes.Equal(got, newBin) {
+		t.Errorf("binary not updated: %q", got)
+	}
+	list, err := libcni.ConfListFromFile(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Plugins) != 1 || list.Plugins[0].Network.Type != "seine" {
+		t.Errorf("unchained conflist has %d plugins", len(list.Plugins))
+	}
+}
+
+func TestInstallKeepsOtherConfsAndRejectsBadMTU(t *testing.T) {
+	o, _ := setup(t)
+	if err := os.MkdirAll(o.ConfDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	other := filepath.Join(o.ConfDir, "05-other.conflist")
+	if err := os.WriteFile(other, []byte(`{"cniVersion":"1.0.0","name":"other","plugins":[{"type":"bridge"}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := Install(o); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(other); err != nil {
+		t.Errorf("other conflist removed: %v", err)
+	}
+	o.MTU = -1
+	if err := Install(o); err == nil {
+		t.Error("Install accepted mtu -1")
+	}
+}
+
+func TestInstallSkipsCopyOntoItself(t *testing.T) {
+	o, bin := setup(t)
+	if err := Install(o); err != nil {
+		t.Fatal(err)
+	}
+	// The daemon may run from the installed copy itself.
+	o.Binary = filepath.Join(o.BinDir, "seine")
+	if err := Install(o); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(o.Binary); !bytes.Equal(got, bin) {
+		t.Errorf("self-install changed the binary: %q", got)
+	}
+}

@@ -1,0 +1,159 @@
+package server
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/seine-net/seine/node/cni/cnipb"
+)
+
+// minVersion is the lowest cniVersion for which a command exists (CNI spec:
+// CHECK came with 0.4.0, STATUS and GC with 1.1.0).
+var minVersion = map[string]string{
+	CmdCheck:  "0.4.0",
+	CmdStatus: "1.1.0",
+	CmdGC:     "1.1.0",
+}
+
+// parseRequest validates one wire request and turns it into a Request.
+// Errors carry the CNI code the runtime should see: 6 for undecodable JSON,
+// 7 for an invalid configuration, 1 for an unsupported cniVersion and 4 for
+// missing or malformed CNI_* parameters.
+func parseRequest(cmd string, in *cnipb.CmdRequest) (*Request, *Error) {
+	conf, err := parseNetConf(cmd, in.GetNetworkConfiguration())
+	if err != nil {
+		return nil, err
+	}
+	req := &Request{
+		Command:     cmd,
+		ContainerID: in.GetContainerId(),
+		Netns:       in.GetNetns(),
+		IfName:      in.GetIfname(),
+		NetConf:     conf,
+		RawConf:     in.GetNetworkConfiguration(),
+	}
+	switch cmd {
+	case CmdAdd, CmdDel, CmdCheck:
+		// CNI spec, section "Parameters": CNI_CONTAINERID and CNI_IFNAME
+		// are required for ADD, DEL and CHECK; CNI_NETNS for ADD and CHECK.
+		if req.ContainerID == "" {
+			return nil, &Error{Code: types.ErrInvalidEnvironmentVariables, Msg: "CNI_CONTAINERID is required"}
+		}
+		if req.IfName == "" {
+			return nil, &Error{Code: types.ErrInvalidEnvironmentVariables, Msg: "CNI_IFNAME is required"}
+		}
+		if req.Netns == "" && cmd != CmdDel {
+			return nil, &Error{Code: types.ErrInvalidEnvironmentVariables, Msg: "CNI_NETNS is required"}
+		}
+	}
+	if err := parseK8sArgs(in.GetArgs(), req); err != nil {
+		return nil, err
+	}
+	return req, nil
+}
+
+// parseNetConf decodes and validates the network configuration of cmd.
+func parseNetConf(cmd string, raw []byte) (*NetConf, *Error) {
+	conf := &NetConf{}
+	if err := json.Unmarshal(raw, conf); err != nil {
+		return nil, &Error{Code: types.ErrDecodingFailure, Msg: "failed to decode network configuration", Err: err}
+	}
+	if conf.CNIVersion == "" {
+		// CNI spec: a configuration without cniVersion is 0.1.0.
+		conf.CNIVersion = "0.1.0"
+	}
+	if !slices.Contains(SupportedVersions, conf.CNIVersion) {
+		return nil, &Error{
+			Code:    types.ErrIncompatibleCNIVersion,
+			Msg:     "incompatible CNI versions",
+			Details: fmt.Sprintf("config is %q, seine supports %s", conf.CNIVersion, strings.Join(SupportedVersions, ", ")),
+		}
+	}
+	if min, ok := minVersion[cmd]; ok {
+		if ge, err := version.GreaterThanOrEqualTo(conf.CNIVersion, min); err != nil || !ge {
+			return nil, &Error{
+				Code: types.ErrIncompatibleCNIVersion,
+				Msg:  fmt.Sprintf("config version %s does not allow %s, which needs %s or later", conf.CNIVersion, cmd, min),
+			}
+		}
+	}
+	if conf.Name == "" {
+		return nil, &Error{Code: types.ErrInvalidNetworkConfig, Msg: "invalid network configuration: missing network name"}
+	}
+	if conf.Type == "" {
+		return nil, &Error{Code: types.ErrInvalidNetworkConfig, Msg: "invalid network configuration: missing plugin type"}
+	}
+	if conf.MTU < 0 || conf.MTU > 65535 {
+		return nil, &Error{Code: types.ErrInvalidNetworkConfig, Msg: fmt.Sprintf("invalid network configuration: mtu %d out of range 0-65535", conf.MTU)}
+	}
+	if conf.RawPrevResult != nil {
+		if err := version.ParsePrevResult(&conf.NetConf); err != nil {
+			return nil, &Error{Code: types.ErrInvalidNetworkConfig, Msg: "invalid network configuration: bad prevResult", Err: err}
+		}
+	}
+	return conf, nil
+}
+
+// parseK8sArgs fills the pod fields of req from CNI_ARGS, a string of
+// "KEY=VALUE" pairs separated by ';' (CNI spec, section "Parameters"). Keys
+// other than kubelet's K8S_POD_* are ignored.
+func parseK8sArgs(args string, req *Request) *Error {
+	if args == "" {
+		return nil
+	}
+	for pair := range strings.SplitSeq(args, ";") {
+		if pair == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(pair, "=")
+		if !ok {
+			return &Error{Code: types.ErrInvalidEnvironmentVariables, Msg: fmt.Sprintf("malformed CNI_ARGS pair %q: want KEY=VALUE", pair)}
+		}
+		switch k {
+		case "K8S_POD_NAMESPACE":
+			req.PodNamespace = v
+		case "K8S_POD_NAME":
+			req.PodName = v
+		case "K8S_POD_UID":
+			req.PodUID = v
+		case "K8S_POD_INFRA_CONTAINER_ID":
+			req.InfraContainerID = v
+		}
+	}
+	return nil
+}
+
+// prevResult returns the request's prevResult as a current (1.x) result, or
+// nil when the runtime sent none.
+func prevResult(req *Request) (*current.Result, *Error) {
+	if req.NetConf.PrevResult == nil {
+		return nil, nil
+	}
+	prev, err := current.NewResultFromResult(req.NetConf.PrevResult)
+	if err != nil {
+		return nil, &Error{Code: types.ErrInvalidNetworkConfig, Msg: "invalid network configuration: cannot convert prevResult", Err: err}
+	}
+	return prev, nil
+}
+
+// encodeResult converts res to cniVersion and returns its JSON.
+func encodeResult(res *current.Result, cniVersion string) ([]byte, *Error) {
+	if res == nil {
+		return nil, &Error{Code: ErrCodeInternal, Msg: "backend returned no result for ADD"}
+	}
+	conv, err := res.GetAsVersion(cniVersion)
+	if err != nil {
+		return nil, &Error{Code: types.ErrIncompatibleCNIVersion, Msg: fmt.Sprintf("cannot convert result to version %s", cniVersion), Err: err}
+	}
+	out, err := json.Marshal(conv)
+	if err != nil {
+		return nil, &Error{Code: ErrCodeInternal, Msg: "cannot encode result", Err: err}
+	}
+	return out, nil
+}

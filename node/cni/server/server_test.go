@@ -1,0 +1,414 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap/zaptest"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/seine-net/seine/node/cni/cnipb"
+)
+
+// blockingBackend lets a test hold an ADD open and see which calls reached
+// the backend, in order.
+type blockingBackend struct {
+	mu      sync.Mutex
+	calls   []string // "ADD c1", "DEL c1", ...
+	release map[string]chan struct{}
+	entered chan string
+}
+
+func (b *blockingBackend) record(cmd, id string) {
+	b.mu.Lock()
+	b.calls = append(b.calls, cmd+" "+id)
+	ch := b.release[cmd+" "+id]
+	b.mu.Unlock()
+	if b.entered != nil {
+		b.entered <- cmd + " " + id
+	}
+	if ch != nil {
+		<-ch
+	}
+}
+
+func (b *blockingBackend) Add(ctx context.Context, req *Request) (*current.Result, error) {
+	b.record(CmdAdd, req.ContainerID)
+	return &current.Result{CNIVersion: current.ImplementedSpecVersion}, nil
+}
+func (b *blockingBackend) Del(ctx context.Context, req *Request) error {
+	b.record(CmdDel, req.ContainerID)
+	return nil
+}
+func (b *blockingBackend) Check(ctx context.Context, req *Request, prev *current.Result) error {
+	b.record(CmdCheck, req.ContainerID)
+	return nil
+}
+func (b *blockingBackend) Status(ctx context.Context) error { return nil }
+func (b *blockingBackend) GC(ctx context.Context, req *Request, valid []types.GCAttachment) error {
+	b.record(CmdGC, "")
+	return nil
+}
+
+func (b *blockingBackend) snapshot() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]string(nil), b.calls...)
+}
+
+// startServer serves s on a fresh socket and returns its path; the server is
+// stopped when the test ends.
+func startServer(t *testing.T, s *Server) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "seine-cni-srv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "run", "cni.sock")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx, sock) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve returned %v", err)
+		}
+	})
+	waitForSocket(t, sock, done)
+	return sock
+}
+
+func waitForSocket(t *testing.T, sock string, done chan error) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if c, err := net.Dial("unix", sock); err == nil {
+			c.Close()
+			return
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("Serve exited early: %v", err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	t.Fatalf("socket %s never came up", sock)
+}
+
+func client(t *testing.T, sock string) cnipb.CNIClient {
+	t.Helper()
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return cnipb.NewCNIClient(conn)
+}
+
+const goodConf = `{"cniVersion":"1.1.0","name":"seine","type":"seine","socketPath":"/x"}`
+
+func addReq(id, conf string) *cnipb.CmdRequest {
+	return &cnipb.CmdRequest{ContainerId: id, Netns: "/var/run/netns/" + id, Ifname: "eth0", NetworkConfiguration: []byte(conf)}
+}
+
+func TestServeSocketModeAndStaleSocket(t *testing.T) {
+	s := New(&blockingBackend{}, zaptest.NewLogger(t))
+	sock := startServer(t, s)
+	fi, err := os.Stat(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fi.Mode().Perm(); got != 0o600 {
+		t.Errorf("socket mode = %o, want 600", got)
+	}
+	di, err := os.Stat(filepath.Dir(sock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := di.Mode().Perm(); got != 0o750 {
+		t.Errorf("socket dir mode = %o, want 750", got)
+	}
+	// A second server must refuse a socket a live server answers on.
+	err = New(&blockingBackend{}, zaptest.NewLogger(t)).Serve(context.Background(), sock)
+	if err == nil || !strings.Contains(err.Error(), "in use") {
+		t.Errorf("second Serve on live socket: err = %v, want 'in use'", err)
+	}
+}
+
+func TestServeReplacesStaleSocketAndRejectsNonSocket(t *testing.T) {
+	dir, err := os.MkdirTemp("", "seine-cni-stale")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+
+	// A socket file nobody listens on, as left by a crashed daemon.
+	sock := filepath.Join(dir, "cni.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	l.Close()
+	if _, err := os.Stat(sock); err != nil {
+		t.Fatalf("stale socket not left behind: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- New(&blockingBackend{}, zaptest.NewLogger(t)).Serve(ctx, sock) }()
+	waitForSocket(t, sock, done)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Serve: %v", err)
+	}
+
+	// A regular file must not be deleted.
+	file := filepath.Join(dir, "not-a-socket")
+	if err := os.WriteFile(file, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err = New(&blockingBackend{}, zaptest.NewLogger(t)).Serve(context.Background(), file)
+	if err == nil || !strings.Contains(err.Error(), "not a socket") {
+		t.Errorf("Serve on regular file: err = %v, want 'not a socket'", err)
+	}
+	if _, err := os.Stat(file); err != nil {
+		t.Errorf("regular file was removed: %v", err)
+	}
+}
+
+func TestValidationErrors(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	be := &blockingBackend{}
+	sock := startServer(t, New(be, zaptest.NewLogger(t), WithRegistry(reg)))
+	c := client(t, sock)
+	ctx := context.Background()
+
+	cases := []struct {
+		name string
+		req  *cnipb.CmdRequest
+		code uint32
+	}{
+		{"bad json", addReq("c1", `{"cniVersion":`), uint32(types.ErrDecodingFailure)},
+		{"no name", addReq("c1", `{"cniVersion":"1.0.0","type":"seine"}`), uint32(types.ErrInvalidNetworkConfig)},
+		{"bad mtu", addReq("c1", `{"cniVersion":"1.0.0","name":"n","type":"seine","mtu":70000}`), uint32(types.ErrInvalidNetworkConfig)},
+		{"old version", addReq("c1", `{"cniVersion":"0.2.0","name":"n","type":"seine"}`), uint32(types.ErrIncompatibleCNIVersion)},
+		{"future version", addReq("c1", `{"cniVersion":"2.0.0","name":"n","type":"seine"}`), uint32(types.ErrIncompatibleCNIVersion)},
+		{"no version", addReq("c1", `{"name":"n","type":"seine"}`), uint32(types.ErrIncompatibleCNIVersion)},
+		{"no container id", addReq("", goodConf), uint32(types.ErrInvalidEnvironmentVariables)},
+		{"bad args", &cnipb.CmdRequest{ContainerId: "c1", Netns: "/n", Ifname: "eth0", Args: "K8S_POD_NAME", NetworkConfiguration: []byte(goodConf)}, uint32(types.ErrInvalidEnvironmentVariables)},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, err := c.CmdAdd(ctx, tc.req)
+			if err != nil {
+				t.Fatalf("rpc: %v", err)
+			}
+			if resp.GetError().GetCode() != tc.code {
+				t.Errorf("code = %d (%q), want %d", resp.GetError().GetCode(), resp.GetError().GetMsg(), tc.code)
+			}
+			if len(resp.GetCniResult()) != 0 {
+				t.Errorf("error response carries a result: %s", resp.GetCniResult())
+			}
+		})
+	}
+	// GC and STATUS need a 1.1.0 configuration.
+	resp, err := c.CmdGC(ctx, &cnipb.CmdRequest{NetworkConfiguration: []byte(`{"cniVersion":"1.0.0","name":"n","type":"seine"}`)})
+	if err != nil || resp.GetError().GetCode() != uint32(types.ErrIncompatibleCNIVersion) {
+		t.Errorf("GC on 1.0.0 conf: resp %v err %v, want code 1", resp, err)
+	}
+	if got := be.snapshot(); len(got) != 0 {
+		t.Errorf("invalid requests reached the backend: %v", got)
+	}
+	// Every request was observed, keyed by its error code.
+	m, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found, series := false, 0
+	for _, mf := range m {
+		if mf.GetName() != "seine_cni_request_duration_seconds" {
+			continue
+		}
+		for _, metric := range mf.GetMetric() {
+			series++
+			labels := map[string]string{}
+			for _, l := range metric.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["command"] == "ADD" && labels["result"] == "6" && metric.GetHistogram().GetSampleCount() == 1 {
+				found = true
+			}
+		}
+	}
+	if series < 4 {
+		t.Errorf("histogram series = %d, want at least 4 (codes 1, 4, 6, 7)", series)
+	}
+	if !found {
+		t.Errorf("no ADD/6 histogram sample with count 1 in %v", m)
+	}
+}
+
+func TestSameContainerSerializedOthersConcurrent(t *testing.T) {
+	be := &blockingBackend{
+		release: map[string]chan struct{}{"ADD c1": make(chan struct{})},
+		entered: make(chan string, 10),
+	}
+	c := client(t, startServer(t, New(be, zaptest.NewLogger(t))))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	addDone := make(chan error, 1)
+	go func() { _, err := c.CmdAdd(ctx, addReq("c1", goodConf)); addDone <- err }()
+	if got := <-be.entered; got != "ADD c1" {
+		t.Fatalf("first call = %q", got)
+	}
+	delDone := make(chan error, 1)
+	go func() { _, err := c.CmdDel(ctx, addReq("c1", goodConf)); delDone <- err }()
+
+	// Another container is not held up by c1.
+	if _, err := c.CmdAdd(ctx, addReq("c2", goodConf)); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-be.entered; got != "ADD c2" {
+		t.Fatalf("second backend call = %q, want ADD c2 (DEL c1 must wait)", got)
+	}
+	select {
+	case err := <-delDone:
+		t.Fatalf("DEL c1 finished while ADD c1 was in flight (err %v)", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(be.release["ADD c1"])
+	if err := <-addDone; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-delDone; err != nil {
+		t.Fatal(err)
+	}
+	<-be.entered
+	want := []string{"ADD c1", "ADD c2", "DEL c1"}
+	if got := be.snapshot(); strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Errorf("backend calls = %v, want %v", got, want)
+	}
+}
+
+func TestGCExcludesContainerCommands(t *testing.T) {
+	be := &blockingBackend{
+		release: map[string]chan struct{}{"ADD c1": make(chan struct{})},
+		entered: make(chan string, 10),
+	}
+	c := client(t, startServer(t, New(be, zaptest.NewLogger(t))))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	addDone := make(chan error, 1)
+	go func() { _, err := c.CmdAdd(ctx, addReq("c1", goodConf)); addDone <- err }()
+	<-be.entered
+	gcDone := make(chan error, 1)
+	go func() {
+		_, err := c.CmdGC(ctx, &cnipb.CmdRequest{NetworkConfiguration: []byte(goodConf)})
+		gcDone <- err
+	}()
+	select {
+	case got := <-be.entered:
+		t.Fatalf("%s reached the backend while ADD c1 was in flight", got)
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(be.release["ADD c1"])
+	if got := <-be.entered; got != "GC " {
+		t.Fatalf("after ADD, backend got %q, want GC", got)
+	}
+	if err := errors.Join(<-addDone, <-gcDone); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestParseRequestPodArgsAndPrevResult(t *testing.T) {
+	conf := `{"cniVersion":"1.0.0","name":"n","type":"seine","mtu":1400,"runtimeConfig":{"portMappings":[]},
+	  "prevResult":{"cniVersion":"1.0.0","ips":[{"address":"10.1.2.3/24"}]}}`
+	req, perr := parseRequest(CmdCheck, &cnipb.CmdRequest{
+		ContainerId: "c1", Netns: "/n", Ifname: "eth0",
+		Args:                 "IgnoreUnknown=1;K8S_POD_NAMESPACE=kube-system;K8S_POD_NAME=dns-1;K8S_POD_INFRA_CONTAINER_ID=c1;K8S_POD_UID=u-1",
+		NetworkConfiguration: []byte(conf),
+	})
+	if perr != nil {
+		t.Fatal(perr)
+	}
+	if req.PodNamespace != "kube-system" || req.PodName != "dns-1" || req.PodUID != "u-1" || req.InfraContainerID != "c1" {
+		t.Errorf("pod fields = %+v", req)
+	}
+	if req.NetConf.MTU != 1400 || string(req.NetConf.RuntimeConfig["portMappings"]) != "[]" {
+		t.Errorf("seine fields = mtu %d runtimeConfig %v", req.NetConf.MTU, req.NetConf.RuntimeConfig)
+	}
+	prev, perr := prevResult(req)
+	if perr != nil {
+		t.Fatal(perr)
+	}
+	if len(prev.IPs) != 1 || prev.IPs[0].Address.String() != "10.1.2.3/24" {
+		t.Errorf("prevResult = %+v", prev)
+	}
+}
+
+func TestErrorMapping(t *testing.T) {
+	cause := errors.New("no free address in 10.0.0.0/24")
+	e := toCNIError(Errorf(ErrCodeIPAMExhausted, "allocating address: %w", cause))
+	if e.Code != ErrCodeIPAMExhausted || !errors.Is(e, cause) {
+		t.Errorf("Errorf: %+v", e)
+	}
+	msg, details := e.wireMsgDetails()
+	if msg != "allocating address: no free address in 10.0.0.0/24" || details != "" {
+		t.Errorf("wire = %q / %q", msg, details)
+	}
+	e = toCNIError(&Error{Code: ErrCodeDatapath, Msg: "creating veth", Err: cause})
+	if msg, details := e.wireMsgDetails(); msg != "creating veth" || details != cause.Error() {
+		t.Errorf("wire = %q / %q", msg, details)
+	}
+	if got := e.Error(); got != "creating veth; "+cause.Error() {
+		t.Errorf("Error() = %q", got)
+	}
+	e = toCNIError(errors.New("boom"))
+	if e.Code != ErrCodeInternal || e.Msg != "boom" {
+		t.Errorf("plain error mapped to %+v", e)
+	}
+	e = toCNIError(types.NewError(types.ErrTryAgainLater, "busy", "d"))
+	if e.Code != types.ErrTryAgainLater || e.Details != "d" {
+		t.Errorf("types.Error mapped to %+v", e)
+	}
+}
+
+func TestEncodeResultVersions(t *testing.T) {
+	res := &current.Result{CNIVersion: "1.1.0", IPs: []*current.IPConfig{{Address: mustCIDR(t, "10.1.2.3/24")}}}
+	for _, v := range SupportedVersions {
+		out, perr := encodeResult(res, v)
+		if perr != nil {
+			t.Fatalf("%s: %v", v, perr)
+		}
+		var got struct {
+			CNIVersion string `json:"cniVersion"`
+		}
+		if err := json.Unmarshal(out, &got); err != nil || got.CNIVersion != v {
+			t.Errorf("%s: encoded %s", v, out)
+		}
+	}
+}
+
+func mustCIDR(t *testing.T, s string) net.IPNet {
+	t.Helper()
+	ip, n, err := net.ParseCIDR(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.IP = ip
+	return *n
+}

@@ -1,0 +1,211 @@
+// Package config holds the configuration of the seine node daemon: its YAML
+// file format, defaults, validation and command-line overrides. Every option
+// is documented, with its default, in docs/configuration.md.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"sigs.k8s.io/yaml"
+)
+
+// Datapath types of an OVS bridge (ovs-vswitchd.conf.db(5), Bridge table,
+// datapath_type column).
+const (
+	DatapathSystem = "system"
+	DatapathNetdev = "netdev"
+)
+
+// Tunnel types.
+const (
+	TunnelGeneve = "geneve"
+	TunnelVXLAN  = "vxlan"
+	TunnelGRE    = "gre"
+)
+
+// Config is the node daemon's configuration. Field names are the YAML keys.
+type Config struct {
+	// NodeName is this Node's name in Kubernetes. Default: $NODE_NAME, else
+	// the host name.
+	NodeName string `json:"nodeName,omitempty"`
+	// Kubeconfig is a kubeconfig file; empty means in-cluster configuration.
+	Kubeconfig string `json:"kubeconfig,omitempty"`
+
+	// OVSRunDir is the directory holding OVSDB's db.sock and the bridges'
+	// <bridge>.mgmt OpenFlow sockets. Default /var/run/openvswitch.
+	OVSRunDir string `json:"ovsRunDir,omitempty"`
+	// OVSDatapathType is "system" (kernel module, default) or "netdev"
+	// (userspace datapath, for hosts without the openvswitch module).
+	OVSDatapathType string `json:"ovsDatapathType,omitempty"`
+	// BridgeName is the integration bridge. Default br-int.
+	BridgeName string `json:"bridgeName,omitempty"`
+	// GatewayName is the internal port holding the first IP of the podCIDR.
+	// Default seine-gw0.
+	GatewayName string `json:"gatewayName,omitempty"`
+	// TunnelName is the flow-based tunnel port. Default seine-tun0.
+	TunnelName string `json:"tunnelName,omitempty"`
+	// TunnelType is geneve (default), vxlan or gre.
+	TunnelType string `json:"tunnelType,omitempty"`
+	// TransportInterface carries tunnel traffic between Nodes. Default: the
+	// interface that holds the Node's InternalIP.
+	TransportInterface string `json:"transportInterface,omitempty"`
+	// TransportBridge is the OVS bridge that, with the netdev datapath, takes
+	// over TransportInterface and its addresses so that OVS's userspace
+	// tunnels can reach peers. Default br-phy. Unused with "system".
+	TransportBridge string `json:"transportBridge,omitempty"`
+
+	// ClusterCIDR is the cluster's Pod CIDR; traffic from Pods to anything
+	// outside it (and outside the Node IPs) is masqueraded. Default
+	// 10.244.0.0/16.
+	ClusterCIDR string `json:"clusterCIDR,omitempty"`
+	// ServiceCIDR is the ClusterIP range. Default 10.96.0.0/16.
+	ServiceCIDR string `json:"serviceCIDR,omitempty"`
+	// MTU of Pod interfaces and the gateway; 0 derives it from the transport
+	// interface's MTU minus the tunnel overhead.
+	MTU int `json:"mtu,omitempty"`
+	// SNAT enables masquerading of Pod traffic leaving the cluster. Default true.
+	SNAT *bool `json:"snat,omitempty"`
+
+	// CNISocket is the unix socket the CNI plugin talks to. Default
+	// /var/run/seine/cni.sock.
+	CNISocket string `json:"cniSocket,omitempty"`
+	// DataDir keeps state that must survive restarts (IP allocations).
+	// Default /var/lib/seine.
+	DataDir string `json:"dataDir,omitempty"`
+	// MetricsAddress serves /metrics and /healthz; empty disables. Default
+	// 127.0.0.1:9345.
+	MetricsAddress string `json:"metricsAddress,omitempty"`
+	// LogLevel is debug, info (default), warn or error.
+	LogLevel string `json:"logLevel,omitempty"`
+}
+
+// Default returns the configuration with every default filled in.
+func Default() Config {
+	t := true
+	return Config{
+		OVSRunDir:       "/var/run/openvswitch",
+		OVSDatapathType: DatapathSystem,
+		BridgeName:      "br-int",
+		GatewayName:     "seine-gw0",
+		TunnelName:      "seine-tun0",
+		TunnelType:      TunnelGeneve,
+		TransportBridge: "br-phy",
+		ClusterCIDR:     "10.244.0.0/16",
+		ServiceCIDR:     "10.96.0.0/16",
+		SNAT:            &t,
+		CNISocket:       "/var/run/seine/cni.sock",
+		DataDir:         "/var/lib/seine",
+		MetricsAddress:  "127.0.0.1:9345",
+		LogLevel:        "info",
+	}
+}
+
+// Load reads the YAML file at path (if path is not empty) over the defaults,
+// applies the key=value overrides (YAML keys, values parsed as YAML scalars)
+// and validates the result. Unknown keys are an error, so a typo cannot
+// silently fall back to a default.
+func Load(path string, overrides []string) (Config, error) {
+	doc := map[string]any{}
+	if path != "" {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return Config{}, fmt.Errorf("reading config file: %w", err)
+		}
+		if err := yaml.Unmarshal(b, &doc); err != nil {
+			return Config{}, fmt.Errorf("config file %s: %w", path, err)
+		}
+		if doc == nil {
+			doc = map[string]any{}
+		}
+	}
+	for _, o := range overrides {
+		k, v, ok := strings.Cut(o, "=")
+		if !ok || k == "" {
+			return Config{}, fmt.Errorf("override %q: want key=value", o)
+		}
+		var val any
+		if err := yaml.Unmarshal([]byte(v), &val); err != nil {
+			val = v
+		}
+		doc[k] = val
+	}
+	merged, err := yaml.Marshal(doc)
+	if err != nil {
+		return Config{}, err
+	}
+	c := Default()
+	if err := yaml.UnmarshalStrict(merged, &c); err != nil {
+		return Config{}, fmt.Errorf("config %s: %w", path, err)
+	}
+	if c.NodeName == "" {
+		c.NodeName = os.Getenv("NODE_NAME")
+	}
+	if c.NodeName == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return Config{}, fmt.Errorf("nodeName not set and no host name: %w", err)
+		}
+		c.NodeName = h
+	}
+	return c, c.Validate()
+}
+
+// Validate checks every option and returns all problems at once.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(key, format string, a ...any) {
+		errs = append(errs, fmt.Errorf("%s: "+format, append([]any{key}, a...)...))
+	}
+	switch c.OVSDatapathType {
+	case DatapathSystem, DatapathNetdev:
+	default:
+		bad("ovsDatapathType", "%q is not one of system, netdev", c.OVSDatapathType)
+	}
+	switch c.TunnelType {
+	case TunnelGeneve, TunnelVXLAN, TunnelGRE:
+	default:
+		bad("tunnelType", "%q is not one of geneve, vxlan, gre", c.TunnelType)
+	}
+	for key, v := range map[string]string{"clusterCIDR": c.ClusterCIDR, "serviceCIDR": c.ServiceCIDR} {
+		if _, n, err := net.ParseCIDR(v); err != nil || n.IP.To4() == nil {
+			bad(key, "%q is not an IPv4 CIDR", v)
+		}
+	}
+	for key, name := range map[string]string{"bridgeName": c.BridgeName, "gatewayName": c.GatewayName,
+		"tunnelName": c.TunnelName, "transportBridge": c.TransportBridge} {
+		if name == "" || len(name) > 15 || strings.ContainsAny(name, "/ ") {
+			bad(key, "%q is not a valid interface name (1-15 characters, no '/' or space)", name)
+		}
+	}
+	if c.MTU != 0 && (c.MTU < 576 || c.MTU > 9216) {
+		bad("mtu", "%d is outside 576..9216", c.MTU)
+	}
+	if c.CNISocket == "" || !filepath.IsAbs(c.CNISocket) {
+		bad("cniSocket", "%q must be an absolute path", c.CNISocket)
+	}
+	if c.DataDir == "" || !filepath.IsAbs(c.DataDir) {
+		bad("dataDir", "%q must be an absolute path", c.DataDir)
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("logLevel", "%q is not one of debug, info, warn, error", c.LogLevel)
+	}
+	return errors.Join(errs...)
+}
+
+// SNATEnabled reports whether Pod traffic leaving the cluster is masqueraded.
+func (c Config) SNATEnabled() bool { return c.SNAT == nil || *c.SNAT }
+
+// OVSDBEndpoint is the libovsdb endpoint of the local OVSDB server.
+func (c Config) OVSDBEndpoint() string { return "unix:" + filepath.Join(c.OVSRunDir, "db.sock") }
+
+// BridgeMgmtSocket is the OpenFlow management socket of the bridge.
+func (c Config) BridgeMgmtSocket() string {
+	return filepath.Join(c.OVSRunDir, c.BridgeName+".mgmt")
+}

@@ -1,0 +1,323 @@
+// Package noderoute connects this Node to its peers: for every other Node
+// with a podCIDR it installs the OVS flows that send traffic for that
+// podCIDR through the tunnel to the peer's InternalIP, a host route for the
+// podCIDR via the gateway interface, and the peer's IP in the SNAT
+// exemption set; all three are removed when the Node goes away.
+package noderoute
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"net"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/labels"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
+	coreinformers "k8s.io/client-go/informers/core/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+
+	of "github.com/seine-net/seine/datapath/openflow"
+	"github.com/seine-net/seine/datapath/pipeline"
+)
+
+// FlowSetter installs the flows of one owner (see datapath/flowsync).
+type FlowSetter interface {
+	Set(ctx context.Context, owner string, flows []of.Flow) error
+}
+
+// NodeIPSet is the SNAT exemption set of Node IPs (see node/snat).
+type NodeIPSet interface {
+	SetNodeIP(node string, ip net.IP)
+	Sync(ctx context.Context) error
+}
+
+// Config wires the controller to this Node's datapath.
+type Config struct {
+	NodeName string
+	// Gateway is the name of the gateway interface; host routes to peer
+	// podCIDRs point at it.
+	Gateway string
+	Bridge  pipeline.Bridge
+	Flows   FlowSetter
+	SNAT    NodeIPSet
+}
+
+type peer struct {
+	podCIDR *net.IPNet
+	nodeIP  net.IP
+}
+
+// Controller reconciles peer Nodes.
+type Controller struct {
+	cfg    Config
+	lister corelisters.NodeLister
+	synced cache.InformerSynced
+	queue  workqueue.TypedRateLimitingInterface[string]
+	log    *zap.Logger
+
+	mu    sync.Mutex
+	peers map[string]peer // installed state by Node name
+}
+
+// New returns a controller fed by the Node informer.
+func New(informer coreinformers.NodeInformer, cfg Config, log *zap.Logger) (*Controller, error) {
+	c := &Controller{
+		cfg:    cfg,
+		lister: informer.Lister(),
+		synced: informer.Informer().HasSynced,
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.DefaultTypedControllerRateLimiter[string](),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "noderoute"}),
+		log:   log,
+		peers: map[string]peer{},
+	}
+	_, err := informer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    c.enqueue,
+		UpdateFunc: func(_, obj any) { c.enqueue(obj) },
+		DeleteFunc: c.enqueue,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("node informer: %w", err)
+	}
+	return c, nil
+}
+
+func (c *Controller) enqueue(obj any) {
+	key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
+	if err != nil {
+		utilruntime.HandleError(err)
+		return
+	}
+	c.queue.Add(key)
+}
+
+// Run processes Node changes until ctx ends. After the informer has synced
+// it removes host routes through the gateway that belong to no Node (left
+// by an earlier run).
+func (c *Controller) Run(ctx context.Context) error {
+	defer c.queue.ShutDown()
+	if !cache.WaitForCacheSync(ctx.Done(), c.synced) {
+		return fmt.Errorf("waiting for the Node informer: %w", ctx.Err())
+	}
+	nodes, err := c.lister.List(labelsEverything())
+	if err != nil {
+		return err
+	}
+	for _, n := range nodes {
+		c.queue.Add(n.Name)
+	}
+	go wait.UntilWithContext(ctx, c.worker, time.Second)
+	// Give the initial sync a moment to install every known peer, then drop
+	// stale routes.
+	go func() {
+		if err := wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(context.Context) (bool, error) {
+			return c.queue.Len() == 0, nil
+		}); err == nil {
+			if err := c.removeStaleRoutes(); err != nil {
+				c.log.Warn("removing stale routes", zap.Error(err))
+			}
+		}
+	}()
+	<-ctx.Done()
+	return nil
+}
+
+func (c *Controller) worker(ctx context.Context) {
+	for c.processNext(ctx) {
+	}
+}
+
+func (c *Controller) processNext(ctx context.Context) bool {
+	name, quit := c.queue.Get()
+	if quit {
+		return false
+	}
+	defer c.queue.Done(name)
+	if err := c.sync(ctx, name); err != nil {
+		c.log.Warn("syncing peer Node", zap.String("node", name), zap.Error(err))
+		c.queue.AddRateLimited(name)
+		return true
+	}
+	c.queue.Forget(name)
+	return true
+}
+
+func (c *Controller) sync(ctx context.Context, name string) error {
+	node, err := c.lister.Get(name)
+	if apierrors.IsNotFound(err) {
+		return c.removePeer(ctx, name)
+	}
+	if err != nil {
+		return err
+	}
+	nodeIP := InternalIP(node)
+	if name == c.cfg.NodeName {
+		c.cfg.SNAT.SetNodeIP(name, nodeIP)
+		return c.cfg.SNAT.Sync(ctx)
+	}
+	_, podCIDR, err := net.ParseCIDR(node.Spec.PodCIDR)
+	if err != nil || nodeIP == nil || podCIDR.IP.To4() == nil {
+		// Not ready to be a peer (no podCIDR or address yet): remove
+		// anything installed for an older version of it.
+		return c.removePeer(ctx, name)
+	}
+	gw := FirstIP(podCIDR)
+	flows := pipeline.PeerNodeFlows(c.cfg.Bridge, pipeline.PeerNode{
+		ID: peerID(name), PodCIDR: podCIDR, NodeIP: nodeIP, GatewayIP: gw,
+	})
+	if err := c.cfg.Flows.Set(ctx, owner(name), flows); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	old, had := c.peers[name]
+	c.mu.Unlock()
+	if had && old.podCIDR.String() != podCIDR.String() {
+		if err := c.deleteRoute(old.podCIDR); err != nil {
+			return err
+		}
+	}
+	if err := c.ensureRoute(podCIDR, gw); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.peers[name] = peer{podCIDR: podCIDR, nodeIP: nodeIP}
+	c.mu.Unlock()
+	c.cfg.SNAT.SetNodeIP(name, nodeIP)
+	if err := c.cfg.SNAT.Sync(ctx); err != nil {
+		return err
+	}
+	if !had {
+		c.log.Info("peer Node connected", zap.String("node", name),
+			zap.String("pod_cidr", podCIDR.String()), zap.String("node_ip", nodeIP.String()))
+	}
+	return nil
+}
+
+func (c *Controller) removePeer(ctx context.Context, name string) error {
+	if err := c.cfg.Flows.Set(ctx, owner(name), nil); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	old, had := c.peers[name]
+	c.mu.Unlock()
+	if had {
+		if err := c.deleteRoute(old.podCIDR); err != nil {
+			return err
+		}
+		c.log.Info("peer Node removed", zap.String("node", name), zap.String("pod_cidr", old.podCIDR.String()))
+	}
+	c.mu.Lock()
+	delete(c.peers, name)
+	c.mu.Unlock()
+	c.cfg.SNAT.SetNodeIP(name, nil)
+	return c.cfg.SNAT.Sync(ctx)
+}
+
+// ensureRoute installs "podCIDR via gw dev <gateway> onlink": the gateway
+// IP is answered by the bridge's ARP responder with the virtual MAC, and the
+// bridge's L3 forwarding sends the packet through the tunnel.
+func (c *Controller) ensureRoute(podCIDR *net.IPNet, gw net.IP) error {
+	link, err := netlink.LinkByName(c.cfg.Gateway)
+	if err != nil {
+		return fmt.Errorf("gateway interface %s: %w", c.cfg.Gateway, err)
+	}
+	r := &netlink.Route{LinkIndex: link.Attrs().Index, Dst: podCIDR, Gw: gw, Flags: int(netlink.FLAG_ONLINK)}
+	if err := netlink.RouteReplace(r); err != nil {
+		return fmt.Errorf("route %s via %s: %w", podCIDR, gw, err)
+	}
+	return nil
+}
+
+func (c *Controller) deleteRoute(podCIDR *net.IPNet) error {
+	link, err := netlink.LinkByName(c.cfg.Gateway)
+	if err != nil {
+		return fmt.Errorf("gateway interface %s: %w", c.cfg.Gateway, err)
+	}
+	err = netlink.RouteDel(&netlink.Route{LinkIndex: link.Attrs().Index, Dst: podCIDR})
+	if err != nil && !errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("deleting route %s: %w", podCIDR, err)
+	}
+	return nil
+}
+
+// removeStaleRoutes deletes gateway routes (with a next hop) to networks
+// that are no peer's podCIDR.
+func (c *Controller) removeStaleRoutes() error {
+	link, err := netlink.LinkByName(c.cfg.Gateway)
+	if err != nil {
+		return err
+	}
+	routes, err := netlink.RouteList(link, netlink.FAMILY_V4)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	want := map[string]bool{}
+	for _, p := range c.peers {
+		want[p.podCIDR.String()] = true
+	}
+	c.mu.Unlock()
+	for _, r := range routes {
+		if r.Dst == nil || r.Gw == nil || want[r.Dst.String()] {
+			continue
+		}
+		if err := netlink.RouteDel(&r); err != nil && !errors.Is(err, syscall.ESRCH) {
+			return err
+		}
+		c.log.Info("removed stale route", zap.String("dst", r.Dst.String()))
+	}
+	return nil
+}
+
+// Peers returns the installed peers: Node name → podCIDR.
+func (c *Controller) Peers() map[string]string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[string]string, len(c.peers))
+	for n, p := range c.peers {
+		out[n] = p.podCIDR.String()
+	}
+	return out
+}
+
+func owner(node string) string { return "node/" + node }
+
+// peerID derives the 40-bit cookie ID of a peer from its name (FNV-1a).
+func peerID(name string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(name))
+	return h.Sum64() & (1<<40 - 1)
+}
+
+// InternalIP returns the Node's first IPv4 InternalIP address, or nil.
+func InternalIP(n *corev1.Node) net.IP {
+	for _, a := range n.Status.Addresses {
+		if a.Type == corev1.NodeInternalIP {
+			if ip := net.ParseIP(a.Address).To4(); ip != nil {
+				return ip
+			}
+		}
+	}
+	return nil
+}
+
+// FirstIP returns the first host address of an IPv4 network (the gateway).
+func FirstIP(n *net.IPNet) net.IP {
+	ip := make(net.IP, 4)
+	copy(ip, n.IP.To4())
+	ip[3]++
+	return ip
+}
+
+func labelsEverything() labels.Selector { return labels.Everything() }

@@ -1,0 +1,450 @@
+// Package podnet attaches Pods to the integration bridge: it is the
+// daemon's CNI backend (node/cni/server.Backend). ADD allocates the Pod's
+// IP, creates the veth pair, configures the Pod's end (address, default
+// route, MTU), attaches the host end to OVS with external_ids naming the
+// Pod, and installs the Pod's flows; every step is undone if a later one
+// fails. DEL undoes all of it and succeeds when there is nothing to undo.
+package podnet
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/ip"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/safchain/ethtool"
+	"github.com/vishvananda/netlink"
+	"go.uber.org/zap"
+
+	of "github.com/seine-net/seine/datapath/openflow"
+	"github.com/seine-net/seine/datapath/ovsdb"
+	"github.com/seine-net/seine/datapath/pipeline"
+	"github.com/seine-net/seine/ipam"
+	cniserver "github.com/seine-net/seine/node/cni/server"
+)
+
+// OVSDB external_ids keys on a Pod's Port and Interface rows.
+const (
+	ExtIDContainerID  = "seine.io/container-id"
+	ExtIDIfName       = "seine.io/ifname"
+	ExtIDPodName      = "seine.io/pod-name"
+	ExtIDPodNamespace = "seine.io/pod-namespace"
+	ExtIDIP           = "seine.io/ip"
+	ExtIDMAC          = "seine.io/mac"
+)
+
+// Ports is the OVSDB part the backend needs.
+type Ports interface {
+	EnsurePort(ctx context.Context, bridge string, spec ovsdb.PortSpec) (ovsdb.Port, error)
+	DeletePort(ctx context.Context, bridge, name string) error
+	ListPorts(ctx context.Context, bridge string) ([]ovsdb.Port, error)
+}
+
+// Flows is the flow store the backend needs (datapath/flowsync.Syncer).
+type Flows interface {
+	Set(ctx context.Context, owner string, flows []of.Flow) error
+	Has(owner string) bool
+}
+
+// Config describes this Node's bridge.
+type Config struct {
+	BridgeName string
+	Bridge     pipeline.Bridge // gateway, podCIDR, round
+	MTU        int             // Pod interface MTU
+	// DisableTxChecksum turns off transmit checksum offload on both veth
+	// ends. The userspace datapath reads Pod packets through AF_PACKET and
+	// forwards them without completing partial checksums, so the receiver
+	// would drop them.
+	DisableTxChecksum bool
+}
+
+// Backend implements the CNI commands on this Node.
+type Backend struct {
+	cfg   Config
+	ipam  *ipam.Allocator
+	ports Ports
+	flows Flows
+	log   *zap.Logger
+
+	mu    sync.Mutex
+	ready bool
+}
+
+// New returns the backend. It is not ready (STATUS fails, ADD refuses)
+// until MarkReady.
+func New(cfg Config, alloc *ipam.Allocator, ports Ports, flows Flows, log *zap.Logger) *Backend {
+	return &Backend{cfg: cfg, ipam: alloc, ports: ports, flows: flows, log: log}
+}
+
+// MarkReady lets ADDs in; the daemon calls it once the bridge, pipeline and
+// existing Pods are programmed.
+func (b *Backend) MarkReady() {
+	b.mu.Lock()
+	b.ready = true
+	b.mu.Unlock()
+}
+
+func (b *Backend) isReady() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.ready
+}
+
+// HostVethName is the name of the host end of an attachment's veth: "sv"
+// and 13 hex digits of SHA-256(containerID/ifName), 15 bytes (IFNAMSIZ-1).
+func HostVethName(containerID, ifName string) string {
+	h := sha256.Sum256([]byte(containerID + "/" + ifName))
+	return "sv" + hex.EncodeToString(h[:])[:13]
+}
+
+func owner(containerID, ifName string) string { return "pod/" + containerID + "/" + ifName }
+
+// Status reports readiness (CNI spec 1.1, STATUS).
+func (b *Backend) Status(context.Context) error {
+	if !b.isReady() {
+		return cniserver.Errorf(types.ErrPluginNotAvailable, "seine daemon is starting: bridge not programmed yet")
+	}
+	return nil
+}
+
+// Add attaches a Pod (CNI spec, "ADD").
+func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.Result, retErr error) {
+	if !b.isReady() {
+		return nil, cniserver.Errorf(types.ErrTryAgainLater, "seine daemon is starting: bridge not programmed yet")
+	}
+	if req.IfName == "" || len(req.IfName) > 15 {
+		return nil, cniserver.Errorf(types.ErrInvalidEnvironmentVariables, "CNI_IFNAME %q is not a valid interface name", req.IfName)
+	}
+	podNS, err := ns.GetNS(req.Netns)
+	if err != nil {
+		return nil, cniserver.Errorf(types.ErrInvalidEnvironmentVariables, "CNI_NETNS %q: %w", req.Netns, err)
+	}
+	defer podNS.Close()
+
+	var undo []func()
+	defer func() {
+		if retErr != nil {
+			for i := len(undo) - 1; i >= 0; i-- {
+				undo[i]()
+			}
+		}
+	}()
+
+	podIP, err := b.ipam.Allocate(ipam.Owner{ContainerID: req.ContainerID, IfName: req.IfName,
+		Namespace: req.PodNamespace, Pod: req.PodName})
+	if err != nil {
+		if errors.Is(err, ipam.ErrExhausted) {
+			return nil, cniserver.Errorf(cniserver.ErrCodeIPAMExhausted, "allocating an IP for %s/%s: %w", req.PodNamespace, req.PodName, err)
+		}
+		return nil, cniserver.Errorf(cniserver.ErrCodeInternal, "allocating an IP: %w", err)
+	}
+	undo = append(undo, func() {
+		if err := b.ipam.Release(req.ContainerID, req.IfName); err != nil {
+			b.log.Error("rollback: releasing IP", zap.String("container_id", req.ContainerID), zap.Error(err))
+		}
+	})
+
+	br := b.cfg.Bridge
+	ones, _ := br.PodCIDR.Mask.Size()
+	podAddr := &net.IPNet{IP: podIP, Mask: net.CIDRMask(ones, 32)}
+	hostName := HostVethName(req.ContainerID, req.IfName)
+	mtu := b.cfg.MTU
+	if req.NetConf != nil && req.NetConf.MTU > 0 {
+		mtu = req.NetConf.MTU
+	}
+
+	// A leftover host veth of an earlier failed attempt would make the
+	// pair creation fail; remove it first.
+	_ = deleteLink(hostName)
+	var hostIf, podIf net.Interface
+	err = podNS.Do(func(hostNS ns.NetNS) error {
+		var err error
+		hostIf, podIf, err = ip.SetupVethWithName(req.IfName, hostName, mtu, "", hostNS)
+		if err != nil {
+			return fmt.Errorf("creating veth pair: %w", err)
+		}
+		link, err := netlink.LinkByName(req.IfName)
+		if err != nil {
+			return err
+		}
+		if err := netlink.AddrAdd(link, &netlink.Addr{IPNet: podAddr}); err != nil {
+			return fmt.Errorf("adding %s to %s: %w", podAddr, req.IfName, err)
+		}
+		if err := netlink.RouteAdd(&netlink.Route{LinkIndex: link.Attrs().Index, Gw: br.GatewayIP}); err != nil {
+			return fmt.Errorf("default route via %s: %w", br.GatewayIP, err)
+		}
+		if b.cfg.DisableTxChecksum {
+			return disableTxChecksum(req.IfName)
+		}
+		return nil
+	})
+	if hostIf.Name != "" || err != nil {
+		undo = append(undo, func() {
+			if err := deleteLink(hostName); err != nil {
+				b.log.Error("rollback: deleting veth", zap.String("veth", hostName), zap.Error(err))
+			}
+		})
+	}
+	if err != nil {
+		return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "configuring the Pod interface: %w", err)
+	}
+	if b.cfg.DisableTxChecksum {
+		if err := disableTxChecksum(hostName); err != nil {
+			return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "%w", err)
+		}
+	}
+
+	podMAC := podIf.HardwareAddr
+	port, err := b.ports.EnsurePort(ctx, b.cfg.BridgeName, ovsdb.PortSpec{
+		Name: hostName,
+		ExternalIDs: map[string]string{
+			ExtIDContainerID:  req.ContainerID,
+			ExtIDIfName:       req.IfName,
+			ExtIDPodName:      req.PodName,
+			ExtIDPodNamespace: req.PodNamespace,
+			ExtIDIP:           podIP.String(),
+			ExtIDMAC:          podMAC.String(),
+		},
+	})
+	undo = append(undo, func() {
+		dctx := context.WithoutCancel(ctx)
+		if err := b.ports.DeletePort(dctx, b.cfg.BridgeName, hostName); err != nil {
+			b.log.Error("rollback: deleting OVS port", zap.String("port", hostName), zap.Error(err))
+		}
+	})
+	if err != nil {
+		return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "attaching %s to %s: %w", hostName, b.cfg.BridgeName, err)
+	}
+
+	flows := pipeline.PodFlows(br, pipeline.Pod{OFPort: uint32(port.OFPort), IP: podIP, MAC: podMAC})
+	undo = append(undo, func() {
+		if err := b.flows.Set(context.WithoutCancel(ctx), owner(req.ContainerID, req.IfName), nil); err != nil {
+			b.log.Error("rollback: removing flows", zap.String("container_id", req.ContainerID), zap.Error(err))
+		}
+	})
+	if err := b.flows.Set(ctx, owner(req.ContainerID, req.IfName), flows); err != nil {
+		return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "installing Pod flows: %w", err)
+	}
+
+	b.log.Info("Pod attached", zap.String("pod", req.PodNamespace+"/"+req.PodName),
+		zap.String("container_id", req.ContainerID), zap.String("ip", podIP.String()),
+		zap.String("port", hostName), zap.Int32("ofport", port.OFPort))
+
+	idx := 1
+	return &current.Result{
+		CNIVersion: current.ImplementedSpecVersion,
+		Interfaces: []*current.Interface{
+			{Name: hostIf.Name, Mac: hostIf.HardwareAddr.String()},
+			{Name: req.IfName, Mac: podMAC.String(), Sandbox: req.Netns},
+		},
+		IPs:    []*current.IPConfig{{Address: *podAddr, Gateway: br.GatewayIP, Interface: &idx}},
+		Routes: []*types.Route{{Dst: net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, GW: br.GatewayIP}},
+	}, nil
+}
+
+// Del detaches a Pod (CNI spec, "DEL"): flows, OVS port, veth and IP are
+// released; whatever is already gone is skipped.
+func (b *Backend) Del(ctx context.Context, req *cniserver.Request) error {
+	return b.release(ctx, req.ContainerID, req.IfName)
+}
+
+func (b *Backend) release(ctx context.Context, containerID, ifName string) error {
+	hostName := HostVethName(containerID, ifName)
+	if err := b.flows.Set(ctx, owner(containerID, ifName), nil); err != nil {
+		return cniserver.Errorf(cniserver.ErrCodeDatapath, "removing Pod flows: %w", err)
+	}
+	if err := b.ports.DeletePort(ctx, b.cfg.BridgeName, hostName); err != nil {
+		return cniserver.Errorf(cniserver.ErrCodeDatapath, "removing OVS port %s: %w", hostName, err)
+	}
+	if err := deleteLink(hostName); err != nil {
+		return cniserver.Errorf(cniserver.ErrCodeDatapath, "removing veth %s: %w", hostName, err)
+	}
+	if err := b.ipam.Release(containerID, ifName); err != nil {
+		return cniserver.Errorf(cniserver.ErrCodeInternal, "releasing IP: %w", err)
+	}
+	b.log.Info("Pod detached", zap.String("container_id", containerID), zap.String("port", hostName))
+	return nil
+}
+
+// Check verifies an attachment against prevResult (CNI spec, "CHECK"): the
+// Pod interface exists in the netns with the recorded address, and the host
+// end is attached to the bridge with its flows installed.
+func (b *Backend) Check(ctx context.Context, req *cniserver.Request, prev *current.Result) error {
+	if prev == nil {
+		return cniserver.Errorf(types.ErrInvalidNetworkConfig, "CHECK needs a prevResult")
+	}
+	ipAddr, ok := b.ipam.Lookup(req.ContainerID, req.IfName)
+	if !ok {
+		return cniserver.Errorf(types.ErrUnknownContainer, "container %s has no IP allocated", req.ContainerID)
+	}
+	found := false
+	for _, c := range prev.IPs {
+		if c.Address.IP.Equal(ipAddr) {
+			found = true
+		}
+	}
+	if !found {
+		return cniserver.Errorf(types.ErrInvalidNetworkConfig, "prevResult does not hold the allocated IP %s", ipAddr)
+	}
+	podNS, err := ns.GetNS(req.Netns)
+	if err != nil {
+		return cniserver.Errorf(types.ErrInvalidEnvironmentVariables, "CNI_NETNS %q: %w", req.Netns, err)
+	}
+	defer podNS.Close()
+	err = podNS.Do(func(ns.NetNS) error {
+		link, err := netlink.LinkByName(req.IfName)
+		if err != nil {
+			return fmt.Errorf("interface %s: %w", req.IfName, err)
+		}
+		addrs, err := netlink.AddrList(link, netlink.FAMILY_V4)
+		if err != nil {
+			return err
+		}
+		for _, a := range addrs {
+			if a.IP.Equal(ipAddr) {
+				return nil
+			}
+		}
+		return fmt.Errorf("interface %s lacks %s", req.IfName, ipAddr)
+	})
+	if err != nil {
+		return cniserver.Errorf(cniserver.ErrCodeDatapath, "checking the Pod interface: %w", err)
+	}
+	hostName := HostVethName(req.ContainerID, req.IfName)
+	if _, err := netlink.LinkByName(hostName); err != nil {
+		return cniserver.Errorf(cniserver.ErrCodeDatapath, "host veth %s: %w", hostName, err)
+	}
+	if !b.flows.Has(owner(req.ContainerID, req.IfName)) {
+		return cniserver.Errorf(cniserver.ErrCodeDatapath, "no flows installed for container %s", req.ContainerID)
+	}
+	return nil
+}
+
+// GC releases every attachment not in valid (CNI spec 1.1, "GC").
+func (b *Backend) GC(ctx context.Context, _ *cniserver.Request, valid []types.GCAttachment) error {
+	keep := map[string]bool{}
+	for _, a := range valid {
+		keep[a.ContainerID+"/"+a.IfName] = true
+	}
+	var errs []error
+	seen := map[string]bool{}
+	ports, err := b.ports.ListPorts(ctx, b.cfg.BridgeName)
+	if err != nil {
+		return cniserver.Errorf(cniserver.ErrCodeDatapath, "listing ports: %w", err)
+	}
+	for _, p := range ports {
+		cid, ifn := p.ExternalIDs[ExtIDContainerID], p.ExternalIDs[ExtIDIfName]
+		if cid == "" || keep[cid+"/"+ifn] {
+			continue
+		}
+		seen[cid+"/"+ifn] = true
+		errs = append(errs, b.release(ctx, cid, ifn))
+	}
+	for _, a := range b.ipam.List() {
+		k := a.Owner.ContainerID + "/" + a.Owner.IfName
+		if keep[k] || seen[k] {
+			continue
+		}
+		errs = append(errs, b.release(ctx, a.Owner.ContainerID, a.Owner.IfName))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return cniserver.Errorf(cniserver.ErrCodeDatapath, "GC: %w", err)
+	}
+	return nil
+}
+
+// RestorePods reinstalls the flows of every Pod port already on the bridge
+// (after a daemon restart the flows of the previous round are still there,
+// so traffic keeps flowing while this runs) and releases IPs whose port is
+// gone. It returns the number of Pods restored.
+func (b *Backend) RestorePods(ctx context.Context) (int, error) {
+	ports, err := b.ports.ListPorts(ctx, b.cfg.BridgeName)
+	if err != nil {
+		return 0, err
+	}
+	attached := map[string]bool{}
+	n := 0
+	for _, p := range ports {
+		cid, ifn := p.ExternalIDs[ExtIDContainerID], p.ExternalIDs[ExtIDIfName]
+		if cid == "" {
+			continue
+		}
+		podIP := net.ParseIP(p.ExternalIDs[ExtIDIP]).To4()
+		mac, merr := net.ParseMAC(p.ExternalIDs[ExtIDMAC])
+		if _, err := netlink.LinkByName(p.Name); err != nil || podIP == nil || merr != nil || p.OFPort <= 0 {
+			// The veth is gone (Pod netns deleted while we were down) or the
+			// record is unusable: release everything of it.
+			b.log.Info("releasing stale Pod port", zap.String("port", p.Name), zap.String("container_id", cid))
+			if err := b.release(ctx, cid, ifn); err != nil {
+				return n, err
+			}
+			continue
+		}
+		if _, ok := b.ipam.Lookup(cid, ifn); !ok {
+			b.log.Warn("Pod port without IP allocation", zap.String("port", p.Name), zap.String("ip", podIP.String()))
+		}
+		attached[cid+"/"+ifn] = true
+		flows := pipeline.PodFlows(b.cfg.Bridge, pipeline.Pod{OFPort: uint32(p.OFPort), IP: podIP, MAC: mac})
+		if err := b.flows.Set(ctx, owner(cid, ifn), flows); err != nil {
+			return n, err
+		}
+		n++
+	}
+	for _, a := range b.ipam.List() {
+		if !attached[a.Owner.ContainerID+"/"+a.Owner.IfName] {
+			b.log.Info("releasing IP of a Pod that is no longer attached", zap.String("ip", a.IP.String()),
+				zap.String("container_id", a.Owner.ContainerID))
+			if err := b.ipam.Release(a.Owner.ContainerID, a.Owner.IfName); err != nil {
+				return n, err
+			}
+		}
+	}
+	return n, nil
+}
+
+func deleteLink(name string) error {
+	link, err := netlink.LinkByName(name)
+	if err != nil {
+		var nf netlink.LinkNotFoundError
+		if errors.As(err, &nf) {
+			return nil
+		}
+		return err
+	}
+	return netlink.LinkDel(link)
+}
+
+// disableTxChecksum turns off every tx-checksum-* feature of the interface
+// (ethtool -K <if> tx off).
+func disableTxChecksum(ifName string) error {
+	e, err := ethtool.NewEthtool()
+	if err != nil {
+		return fmt.Errorf("ethtool: %w", err)
+	}
+	defer e.Close()
+	feats, err := e.Features(ifName)
+	if err != nil {
+		return fmt.Errorf("features of %s: %w", ifName, err)
+	}
+	off := map[string]bool{}
+	for name, on := range feats {
+		if on && strings.HasPrefix(name, "tx-checksum") {
+			off[name] = false
+		}
+	}
+	if len(off) == 0 {
+		return nil
+	}
+	if err := e.Change(ifName, off); err != nil {
+		return fmt.Errorf("disabling checksum offload on %s: %w", ifName, err)
+	}
+	return nil
+}

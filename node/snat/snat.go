@@ -1,0 +1,132 @@
+// Package snat masquerades Pod traffic that leaves the cluster, with
+// nftables through sigs.k8s.io/knftables (see docs/design.md for why
+// nftables rather than iptables).
+//
+// The rules live in their own table, "ip seine", and are replaced as a whole
+// in one nftables transaction, so they never exist half-written:
+//
+//	table ip seine {
+//	  set node-ips { type ipv4_addr }          # every Node's InternalIP
+//	  chain postrouting {
+//	    type nat hook postrouting priority srcnat
+//	    ip saddr <clusterCIDR> ip daddr != <clusterCIDR> ip daddr != @node-ips oifname != "<gateway>" masquerade
+//	  }
+//	}
+//
+// Pod-to-Pod traffic never matches (destination inside the cluster CIDR),
+// nor does Pod-to-Node traffic (destination in node-ips), nor traffic going
+// back into the bridge through the gateway.
+package snat
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sort"
+	"sync"
+
+	"sigs.k8s.io/knftables"
+)
+
+// TableName is the nftables table Seine owns (family ip).
+const TableName = "seine"
+
+const (
+	setNodeIPs       = "node-ips"
+	chainPostrouting = "postrouting"
+)
+
+// Masquerade keeps the SNAT rules and the Node IP set in nftables.
+type Masquerade struct {
+	nft         knftables.Interface
+	clusterCIDR *net.IPNet
+	gateway     string
+	enabled     bool
+
+	mu      sync.Mutex
+	nodeIPs map[string]net.IP // Node name → IP
+}
+
+// New returns a Masquerade for Pods in clusterCIDR whose gateway interface
+// is gateway. With enabled false, Sync keeps the table (and the Node IP
+// set) but installs no masquerade rule.
+func New(nft knftables.Interface, clusterCIDR *net.IPNet, gateway string, enabled bool) *Masquerade {
+	return &Masquerade{nft: nft, clusterCIDR: clusterCIDR, gateway: gateway, enabled: enabled, nodeIPs: map[string]net.IP{}}
+}
+
+// NewNFTables returns the knftables handle for Seine's table.
+func NewNFTables() (knftables.Interface, error) {
+	nft, err := knftables.New(knftables.IPv4Family, TableName)
+	if err != nil {
+		return nil, fmt.Errorf("nftables: %w", err)
+	}
+	return nft, nil
+}
+
+// SetNodeIP records (ip non-nil) or forgets (ip nil) a Node's IP.
+func (m *Masquerade) SetNodeIP(node string, ip net.IP) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if ip == nil {
+		delete(m.nodeIPs, node)
+	} else {
+		m.nodeIPs[node] = ip.To4()
+	}
+}
+
+// Sync replaces the table's contents with the desired rules and set.
+func (m *Masquerade) Sync(ctx context.Context) error {
+	m.mu.Lock()
+	ips := make([]string, 0, len(m.nodeIPs))
+	seen := map[string]bool{}
+	for _, ip := range m.nodeIPs {
+		if ip != nil && !seen[ip.String()] {
+			seen[ip.String()] = true
+			ips = append(ips, ip.String())
+		}
+	}
+	m.mu.Unlock()
+	sort.Strings(ips)
+
+	tx := m.nft.NewTransaction()
+	tx.Add(&knftables.Table{Comment: knftables.PtrTo("seine: Pod SNAT")})
+	tx.Flush(&knftables.Table{})
+	tx.Add(&knftables.Set{Name: setNodeIPs, Type: "ipv4_addr", Comment: knftables.PtrTo("InternalIP of every Node")})
+	tx.Flush(&knftables.Set{Name: setNodeIPs})
+	for _, ip := range ips {
+		tx.Add(&knftables.Element{Set: setNodeIPs, Key: []string{ip}})
+	}
+	tx.Add(&knftables.Chain{
+		Name:     chainPostrouting,
+		Type:     knftables.PtrTo(knftables.NATType),
+		Hook:     knftables.PtrTo(knftables.PostroutingHook),
+		Priority: knftables.PtrTo(knftables.SNATPriority),
+	})
+	if m.enabled {
+		c := m.clusterCIDR.String()
+		tx.Add(&knftables.Rule{
+			Chain: chainPostrouting,
+			Rule: knftables.Concat(
+				"ip saddr", c, "ip daddr !=", c,
+				"ip daddr != @"+setNodeIPs,
+				"oifname !=", fmt.Sprintf("%q", m.gateway),
+				"masquerade",
+			),
+			Comment: knftables.PtrTo("Pod traffic leaving the cluster"),
+		})
+	}
+	if err := m.nft.Run(ctx, tx); err != nil {
+		return fmt.Errorf("programming SNAT rules: %w", err)
+	}
+	return nil
+}
+
+// Cleanup deletes Seine's table.
+func (m *Masquerade) Cleanup(ctx context.Context) error {
+	tx := m.nft.NewTransaction()
+	tx.Delete(&knftables.Table{})
+	if err := m.nft.Run(ctx, tx); err != nil && !knftables.IsNotFound(err) {
+		return fmt.Errorf("removing SNAT table: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,271 @@
+// Package echo holds the tiny servers and the probe the sandbox uses to
+// test connectivity between network namespaces.
+//
+// A server answers every TCP connection and every UDP datagram with a fixed
+// reply line (in the sandbox: "<pod name>\n") and, for TCP, closes the
+// connection. A probe connects from inside a network namespace, reads that
+// line and classifies the outcome as connected, refused or timed out.
+//
+// Sockets are created inside the target namespace by switching the calling
+// OS thread into it (github.com/containernetworking/plugins/pkg/ns); a
+// socket keeps the namespace it was created in, so servers keep working
+// after the thread has switched back.
+package echo
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+)
+
+// Port is one port a server listens on.
+type Port struct {
+	// Port is the TCP/UDP port number (1..65535).
+	Port int32
+	// Protocol is TCP, UDP or SCTP (SCTP is skipped where the kernel has no
+	// SCTP support).
+	Protocol corev1.Protocol
+}
+
+// ParsePort parses "80", "80/TCP", "53/udp" (protocol defaults to TCP).
+func ParsePort(s string) (Port, error) {
+	num, proto, found := strings.Cut(s, "/")
+	p := Port{Protocol: corev1.ProtocolTCP}
+	if found {
+		p.Protocol = corev1.Protocol(strings.ToUpper(proto))
+	}
+	switch p.Protocol {
+	case corev1.ProtocolTCP, corev1.ProtocolUDP, corev1.ProtocolSCTP:
+	default:
+		return Port{}, fmt.Errorf("port %q: unknown protocol %q (want TCP, UDP or SCTP)", s, proto)
+	}
+	n, err := strconv.Atoi(num)
+	if err != nil || n < 1 || n > 65535 {
+		return Port{}, fmt.Errorf("port %q: want a number in 1..65535", s)
+	}
+	p.Port = int32(n)
+	return p, nil
+}
+
+// Servers is a set of running listeners; Close stops all of them.
+type Servers struct {
+	mu      sync.Mutex
+	closers []func() error
+	wg      sync.WaitGroup
+}
+
+// Serve starts one server per port inside the network namespace at
+// netnsPath ("" means the caller's current namespace), each answering with
+// reply+"\n". Listeners bind to all addresses of that namespace. SCTP ports
+// are skipped with a log line when the kernel refuses SCTP sockets. On error
+// the servers started so far are closed.
+func Serve(netnsPath, reply string, ports []Port, log *zap.Logger) (*Servers, error) {
+	s := &Servers{}
+	line := []byte(reply + "\n")
+	for _, p := range ports {
+		var err error
+		inNS(netnsPath, func() error {
+			err = s.start(p, line, log)
+			return nil
+		}, &err)
+		if err != nil {
+			s.Close()
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// inNS runs f in the namespace at path (or here when path is ""); a failure
+// to enter the namespace is stored in *errp.
+func inNS(path string, f func() error, errp *error) {
+	if path == "" {
+		if err := f(); err != nil {
+			*errp = err
+		}
+		return
+	}
+	if err := ns.WithNetNSPath(path, func(ns.NetNS) error { return f() }); err != nil && *errp == nil {
+		*errp = fmt.Errorf("enter netns %s: %w", path, err)
+	}
+}
+
+func (s *Servers) start(p Port, line []byte, log *zap.Logger) error {
+	addr := fmt.Sprintf(":%d", p.Port)
+	switch p.Protocol {
+	case corev1.ProtocolTCP, "":
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return fmt.Errorf("listen tcp %s: %w", addr, err)
+		}
+		s.add(ln.Close)
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				_ = c.SetWriteDeadline(time.Now().Add(2 * time.Second))
+				_, _ = c.Write(line)
+				_ = c.Close()
+			}
+		}()
+	case corev1.ProtocolUDP:
+		pc, err := net.ListenPacket("udp", addr)
+		if err != nil {
+			return fmt.Errorf("listen udp %s: %w", addr, err)
+		}
+		s.add(pc.Close)
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			buf := make([]byte, 2048)
+			for {
+				_, from, err := pc.ReadFrom(buf)
+				if err != nil {
+					return
+				}
+				_, _ = pc.WriteTo(line, from)
+			}
+		}()
+	case corev1.ProtocolSCTP:
+		fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, syscall.IPPROTO_SCTP)
+		if err == nil {
+			_ = syscall.Close(fd)
+			err = errors.New("SCTP servers are not implemented")
+		}
+		log.Info("skipping SCTP port", zap.Int32("port", p.Port), zap.Error(err))
+	default:
+		return fmt.Errorf("port %d: unknown protocol %q", p.Port, p.Protocol)
+	}
+	return nil
+}
+
+func (s *Servers) add(c func() error) {
+	s.mu.Lock()
+	s.closers = append(s.closers, c)
+	s.mu.Unlock()
+}
+
+// Close stops all listeners and waits for their goroutines to end.
+func (s *Servers) Close() {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	closers := s.closers
+	s.closers = nil
+	s.mu.Unlock()
+	for _, c := range closers {
+		_ = c()
+	}
+	s.wg.Wait()
+}
+
+// Outcome classifies a probe.
+type Outcome string
+
+const (
+	// Connected: the server answered (Reply holds its line without "\n").
+	Connected Outcome = "connected"
+	// Refused: TCP RST or ICMP port/host unreachable came back.
+	Refused Outcome = "refused"
+	// TimedOut: nothing came back within the timeout.
+	TimedOut Outcome = "timed out"
+)
+
+// Result is the outcome of one probe.
+type Result struct {
+	Outcome Outcome
+	// Reply is the first line the server sent, without the newline.
+	Reply string
+	// Err is the underlying error for Refused and TimedOut (and for setup
+	// failures, which are reported as TimedOut with Err set).
+	Err error
+}
+
+// String renders the result as the CLI prints it: "connected <reply>",
+// "refused" or "timed out".
+func (r Result) String() string {
+	if r.Outcome == Connected {
+		return "connected " + r.Reply
+	}
+	return string(r.Outcome)
+}
+
+// Probe connects from the network namespace at netnsPath ("" for the
+// current one) to host:port over proto, waits up to timeout for the reply
+// line and classifies the outcome. For UDP it sends one datagram ("probe")
+// and waits for the answer; an ICMP port unreachable surfaces as Refused.
+func Probe(ctx context.Context, netnsPath, host string, port int, proto corev1.Protocol, timeout time.Duration) Result {
+	if timeout <= 0 {
+		timeout = 2 * time.Second
+	}
+	var res Result
+	var nsErr error
+	inNS(netnsPath, func() error {
+		res = probeHere(ctx, host, port, proto, timeout)
+		return nil
+	}, &nsErr)
+	if nsErr != nil {
+		return Result{Outcome: TimedOut, Err: nsErr}
+	}
+	return res
+}
+
+func probeHere(ctx context.Context, host string, port int, proto corev1.Protocol, timeout time.Duration) Result {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	deadline, _ := ctx.Deadline()
+	addr := net.JoinHostPort(host, strconv.Itoa(port))
+	var network string
+	switch proto {
+	case corev1.ProtocolTCP, "":
+		network = "tcp"
+	case corev1.ProtocolUDP:
+		network = "udp"
+	default:
+		return Result{Outcome: TimedOut, Err: fmt.Errorf("probe: protocol %q not supported", proto)}
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, network, addr)
+	if err != nil {
+		return classify(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(deadline)
+	if network == "udp" {
+		if _, err := c.Write([]byte("probe\n")); err != nil {
+			return classify(err)
+		}
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil && line == "" && !errors.Is(err, io.EOF) {
+		return classify(err)
+	}
+	return Result{Outcome: Connected, Reply: strings.TrimRight(line, "\r\n")}
+}
+
+func classify(err error) Result {
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.EHOSTUNREACH),
+		errors.Is(err, syscall.ENETUNREACH), errors.Is(err, syscall.ECONNRESET):
+		return Result{Outcome: Refused, Err: err}
+	default:
+		return Result{Outcome: TimedOut, Err: err}
+	}
+}

@@ -1,0 +1,151 @@
+package tunnel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"syscall"
+
+	"github.com/vishvananda/netlink"
+	"go.uber.org/zap"
+	"sigs.k8s.io/knftables"
+
+	"github.com/seine-net/seine/datapath/ovsdb"
+)
+
+// PortManager is the OVSDB part AttachNetdev needs.
+type PortManager interface {
+	EnsureBridge(ctx context.Context, cfg ovsdb.BridgeConfig) error
+	EnsurePort(ctx context.Context, bridge string, spec ovsdb.PortSpec) (ovsdb.Port, error)
+	ListPorts(ctx context.Context, bridge string) ([]ovsdb.Port, error)
+}
+
+// ResolveNetdevTransport returns the physical transport interface when a
+// previous run already attached it to bridge: the Node IP then sits on the
+// bridge's internal interface, and the transport is the bridge's only
+// system port.
+func ResolveNetdevTransport(ctx context.Context, pm PortManager, bridge string, t Transport) (string, error) {
+	if t.Name != bridge {
+		return t.Name, nil
+	}
+	ports, err := pm.ListPorts(ctx, bridge)
+	if err != nil {
+		return "", err
+	}
+	for _, p := range ports {
+		if p.Type == "" && p.Name != bridge {
+			return p.Name, nil
+		}
+	}
+	return "", fmt.Errorf("the Node IP is on %s but it has no transport port; set transportInterface", bridge)
+}
+
+// AttachNetdev hands the transport interface to OVS for the userspace
+// datapath. OVS's userspace tunnels route the outer packet with OVS's own
+// routing table and send it out of the bridge whose internal interface owns
+// the source address (ovs-vswitchd(8), "OVS native tunneling"), so:
+//
+//  1. bridge (datapath_type=netdev) is created and the transport device
+//     added to it as a system port; the bridge forwards with the NORMAL
+//     action (installed by the caller through OpenFlow);
+//  2. the device's IPv4 addresses and routes move to the bridge's internal
+//     interface, which takes the device's MTU (and, being the bridge's only
+//     physical port, its MAC, so neighbours' ARP caches stay valid);
+//  3. an nftables netdev-family ingress chain drops everything the kernel
+//     itself would receive on the device: OVS reads the device through
+//     AF_PACKET, which sees packets before that hook, so only the kernel's
+//     duplicate copy is discarded.
+//
+// It is idempotent. It returns the transport as seen afterwards (the
+// bridge's interface, with the moved addresses).
+func AttachNetdev(ctx context.Context, pm PortManager, nft knftables.Interface, bridge, device string, log *zap.Logger) (Transport, error) {
+	dev, err := netlink.LinkByName(device)
+	if err != nil {
+		return Transport{}, fmt.Errorf("transport interface %q: %w", device, err)
+	}
+	if err := pm.EnsureBridge(ctx, ovsdb.BridgeConfig{Name: bridge, DatapathType: "netdev",
+		ExternalIDs: map[string]string{"seine.io/role": "transport"}}); err != nil {
+		return Transport{}, fmt.Errorf("transport bridge %s: %w", bridge, err)
+	}
+	if _, err := pm.EnsurePort(ctx, bridge, ovsdb.PortSpec{Name: device,
+		ExternalIDs: map[string]string{"seine.io/role": "transport"}}); err != nil {
+		return Transport{}, fmt.Errorf("adding %s to %s: %w", device, bridge, err)
+	}
+	br, err := netlink.LinkByName(bridge)
+	if err != nil {
+		return Transport{}, fmt.Errorf("interface of bridge %s: %w", bridge, err)
+	}
+	if br.Attrs().MTU != dev.Attrs().MTU {
+		if err := netlink.LinkSetMTU(br, dev.Attrs().MTU); err != nil {
+			return Transport{}, fmt.Errorf("MTU of %s: %w", bridge, err)
+		}
+	}
+	if err := netlink.LinkSetUp(br); err != nil {
+		return Transport{}, fmt.Errorf("bringing up %s: %w", bridge, err)
+	}
+	if err := dropKernelIngress(ctx, nft, device); err != nil {
+		return Transport{}, err
+	}
+	if err := moveAddresses(dev, br, log); err != nil {
+		return Transport{}, err
+	}
+	return FindTransport(bridge, nil)
+}
+
+func moveAddresses(from, to netlink.Link, log *zap.Logger) error {
+	addrs, err := netlink.AddrList(from, netlink.FAMILY_V4)
+	if err != nil {
+		return fmt.Errorf("addresses of %s: %w", from.Attrs().Name, err)
+	}
+	if len(addrs) == 0 {
+		return nil
+	}
+	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4,
+		&netlink.Route{LinkIndex: from.Attrs().Index, Table: syscall.RT_TABLE_MAIN},
+		netlink.RT_FILTER_OIF|netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return fmt.Errorf("routes of %s: %w", from.Attrs().Name, err)
+	}
+	for _, a := range addrs {
+		if err := netlink.AddrDel(from, &a); err != nil {
+			return fmt.Errorf("removing %s from %s: %w", a.IPNet, from.Attrs().Name, err)
+		}
+		na := &netlink.Addr{IPNet: a.IPNet, Broadcast: a.Broadcast}
+		if err := netlink.AddrReplace(to, na); err != nil {
+			return fmt.Errorf("adding %s to %s: %w", a.IPNet, to.Attrs().Name, err)
+		}
+		log.Info("moved transport address", zap.String("address", a.IPNet.String()),
+			zap.String("from", from.Attrs().Name), zap.String("to", to.Attrs().Name))
+	}
+	for _, r := range routes {
+		if r.Protocol == syscall.RTPROT_KERNEL { // connected routes follow their address
+			continue
+		}
+		nr := r
+		nr.LinkIndex = to.Attrs().Index
+		nr.ILinkIndex = 0
+		if err := netlink.RouteReplace(&nr); err != nil && !errors.Is(err, syscall.EEXIST) {
+			return fmt.Errorf("moving route %s to %s: %w", r.Dst, to.Attrs().Name, err)
+		}
+	}
+	return nil
+}
+
+// dropKernelIngress installs table netdev seine-transport with a
+// filter chain on the device's ingress hook whose policy is drop.
+func dropKernelIngress(ctx context.Context, nft knftables.Interface, device string) error {
+	tx := nft.NewTransaction()
+	tx.Add(&knftables.Table{Comment: knftables.PtrTo("seine: transport device owned by OVS")})
+	tx.Add(&knftables.Chain{
+		Name:     "ingress",
+		Type:     knftables.PtrTo(knftables.FilterType),
+		Hook:     knftables.PtrTo(knftables.IngressHook),
+		Device:   knftables.PtrTo(device),
+		Priority: knftables.PtrTo(knftables.FilterPriority),
+		Policy:   knftables.PtrTo(knftables.DropPolicy),
+	})
+	if err := nft.Run(ctx, tx); err != nil {
+		return fmt.Errorf("nftables ingress drop on %s: %w", device, err)
+	}
+	return nil
+}

@@ -1,0 +1,99 @@
+// Package tunnel knows Seine's overlay: the encapsulation overhead and OVS
+// options of each tunnel type, how to find the transport interface that
+// carries tunnel traffic, and, for the userspace (netdev) datapath, how to
+// hand that interface to an OVS bridge so OVS's native tunnelling can send
+// and receive through it.
+package tunnel
+
+import (
+	"fmt"
+	"net"
+
+	"github.com/vishvananda/netlink"
+)
+
+// Tunnel types.
+const (
+	Geneve = "geneve"
+	VXLAN  = "vxlan"
+	GRE    = "gre"
+)
+
+// Overhead is the number of bytes an IPv4 encapsulation adds to a Pod's
+// packet, so Pod MTU = transport MTU - Overhead:
+//   - geneve: outer IPv4 (20) + UDP (8) + Geneve base header (8, RFC 8926
+//     section 3.4, no options) + inner Ethernet (14) = 50
+//   - vxlan:  outer IPv4 (20) + UDP (8) + VXLAN header (8, RFC 7348
+//     section 5) + inner Ethernet (14) = 50
+//   - gre:    outer IPv4 (20) + GRE header with key (8, RFC 2890) + inner
+//     Ethernet (14, transparent Ethernet bridging) = 42
+func Overhead(tunnelType string) (int, error) {
+	switch tunnelType {
+	case Geneve, VXLAN:
+		return 50, nil
+	case GRE:
+		return 42, nil
+	}
+	return 0, fmt.Errorf("unknown tunnel type %q", tunnelType)
+}
+
+// PortOptions are the Interface options of a flow-based tunnel port: the
+// remote end and key come from each packet's tun_dst and tun_id
+// (ovs-vswitchd.conf.db(5), "Tunnel Options").
+func PortOptions(tunnelType string) (map[string]string, error) {
+	if _, err := Overhead(tunnelType); err != nil {
+		return nil, err
+	}
+	return map[string]string{"remote_ip": "flow", "key": "flow"}, nil
+}
+
+// Transport is the interface that carries tunnel traffic between Nodes.
+type Transport struct {
+	Name  string
+	Index int
+	MTU   int
+	MAC   net.HardwareAddr
+	// Addrs are its IPv4 addresses (the Node IP among them).
+	Addrs []netlink.Addr
+}
+
+// FindTransport returns the interface named name or, when name is empty,
+// the interface holding nodeIP.
+func FindTransport(name string, nodeIP net.IP) (Transport, error) {
+	var link netlink.Link
+	var err error
+	if name != "" {
+		link, err = netlink.LinkByName(name)
+		if err != nil {
+			return Transport{}, fmt.Errorf("transport interface %q: %w", name, err)
+		}
+	} else {
+		addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
+		if err != nil {
+			return Transport{}, fmt.Errorf("listing addresses: %w", err)
+		}
+		for _, a := range addrs {
+			if a.IP.Equal(nodeIP) {
+				link, err = netlink.LinkByIndex(a.LinkIndex)
+				if err != nil {
+					return Transport{}, fmt.Errorf("interface of Node IP %s: %w", nodeIP, err)
+				}
+				break
+			}
+		}
+		if link == nil {
+			return Transport{}, fmt.Errorf("no interface holds the Node IP %s; set transportInterface", nodeIP)
+		}
+	}
+	addrs, err := netlink.AddrList(link, netlink.FAMILY_V4)
+	if err != nil {
+		return Transport{}, fmt.Errorf("addresses of %s: %w", link.Attrs().Name, err)
+	}
+	return Transport{
+		Name:  link.Attrs().Name,
+		Index: link.Attrs().Index,
+		MTU:   link.Attrs().MTU,
+		MAC:   link.Attrs().HardwareAddr,
+		Addrs: addrs,
+	}, nil
+}
