@@ -267,6 +267,12 @@ func (c *Client) getConn(ctx context.Context) (*conn, error) {
 // the offending flow (table, priority, match) and wraps the *OFError with
 // the OpenFlow error type and code. Flows that fail local validation are
 // reported the same way before anything is sent. An empty mods is a no-op.
+//
+// Each flow mod travels in its own bundle-add message, so the 64 KiB
+// OpenFlow message limit applies per flow, never to the batch: any number
+// of mods goes into a single bundle. While the client is reconnecting,
+// Apply (like every other method) waits for the connection and the replay
+// to finish, bounded by ctx.
 func (c *Client) Apply(ctx context.Context, mods []FlowMod) error {
 	if len(mods) == 0 {
 		return nil

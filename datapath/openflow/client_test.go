@@ -573,7 +573,7 @@ func BenchmarkApply1000Flows(b *testing.B) {
 	mods := make([]FlowMod, 1000)
 	for i := range mods {
 		mods[i] = FlowMod{Op: OpAdd, Flow: Flow{Table: 10, Priority: 100, Cookie: 0xbe00,
-			Match: Match{EthType: 0x0800, IPDst: &net.IPNet{IP: net.IPv4(10, 1, byte(i>>8), byte(i)), Mask: net.CIDRMask(32, 32)}},
+			Match:   Match{EthType: 0x0800, IPDst: &net.IPNet{IP: net.IPv4(10, 1, byte(i>>8), byte(i)), Mask: net.CIDRMask(32, 32)}},
 			Actions: []Action{LoadReg{Reg: 1, Value: uint32(i)}, CT{Zone: 1, Table: ptr(uint8(20))}}}}
 	}
 	b.ResetTimer()
@@ -586,5 +586,41 @@ func BenchmarkApply1000Flows(b *testing.B) {
 	fs, err := c.DumpFlows(ctx, ptr(uint8(10)), 0, 0)
 	if err != nil || len(fs) != 1000 {
 		b.Fatalf("DumpFlows = %d flows, %v; want 1000", len(fs), err)
+	}
+}
+
+// A dump larger than one 64 KiB reply arrives in several multipart parts.
+func TestDumpFlowsMultipart(t *testing.T) {
+	_, sock := startBridge(t)
+	c := dial(t, sock)
+	ctx := testCtx(t)
+	const n = 1500
+	mods := make([]FlowMod, n)
+	for i := range mods {
+		mods[i] = FlowMod{Op: OpAdd, Flow: Flow{Table: uint8(i % 3), Priority: uint16(i), Cookie: 0x7000 + uint64(i),
+			Match:   Match{EthType: 0x0800, IPSrc: &net.IPNet{IP: net.IPv4(10, 2, byte(i>>8), byte(i)), Mask: net.CIDRMask(32, 32)}},
+			Actions: []Action{Output{1}}}}
+	}
+	if err := c.Apply(ctx, mods); err != nil {
+		t.Fatalf("Apply: %v", err)
+	}
+	fs, err := c.DumpFlows(ctx, nil, 0, 0)
+	if err != nil {
+		t.Fatalf("DumpFlows: %v", err)
+	}
+	if len(fs) != n {
+		t.Fatalf("DumpFlows returned %d flows, want %d", len(fs), n)
+	}
+	for _, f := range fs {
+		i := int(f.Cookie - 0x7000)
+		if i < 0 || i >= n || f.Priority != uint16(i) || f.Table != uint8(i%3) || !f.Match.IPSrc.IP.Equal(net.IPv4(10, 2, byte(i>>8), byte(i))) {
+			t.Fatalf("flow %s does not match what was applied", f.Flow)
+		}
+	}
+	if err := c.DeleteMatching(ctx, 0, 0); err != nil {
+		t.Fatalf("DeleteMatching(all): %v", err)
+	}
+	if got := cookies(t, c); len(got) != 0 {
+		t.Fatalf("%d flows left after deleting all", len(got))
 	}
 }

@@ -208,7 +208,11 @@ func checkHello(m message) error {
 			}
 			return nil
 		}
-		body = body[(l+7)/8*8:]
+		padded := (l + 7) / 8 * 8
+		if padded > len(body) {
+			break
+		}
+		body = body[padded:]
 	}
 	if version < ofVersion {
 		return fmt.Errorf("switch speaks at most OpenFlow version %d, need 4 (1.3)", version)

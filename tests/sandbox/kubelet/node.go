@@ -81,7 +81,7 @@ func (k *Kubelet) registerNode(ctx context.Context) error {
 	if _, err := nodes.UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("write status of node %s: %w", k.cfg.NodeName, err)
 	}
-	k.log.Info("node registered", zap.String("node", k.cfg.NodeName), zap.String("node_ip", k.cfg.NodeIP))
+	k.log.Info("node registered", zap.String("node_ip", k.cfg.NodeIP))
 	return nil
 }
 

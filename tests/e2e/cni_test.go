@@ -1,0 +1,276 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/seine-net/seine/tests/sandbox"
+)
+
+// cniEnv drives a Node's installed CNI configuration through libcni the way
+// kubelet's runtime does, from inside the Node's network namespace.
+type cniEnv struct {
+	t    *testing.T
+	node sandbox.Node
+	cni  *libcni.CNIConfig
+	list *libcni.NetworkConfigList
+}
+
+func newCNIEnv(t *testing.T, n sandbox.Node, conflist []byte) *cniEnv {
+	t.Helper()
+	if conflist == nil {
+		var err error
+		conflist, err = os.ReadFile(filepath.Join(n.CNIConfDir, "10-seine.conflist"))
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	list, err := libcni.ConfListFromBytes(conflist)
+	if err != nil {
+		t.Fatalf("parsing conflist: %v", err)
+	}
+	return &cniEnv{t: t, node: n, list: list,
+		cni: libcni.NewCNIConfig([]string{n.CNIBinDir, "/usr/lib/cni"}, nil)}
+}
+
+// inNode runs f on an OS thread switched into the Node's network namespace;
+// the plugins libcni executes inherit it.
+func (e *cniEnv) inNode(f func() error) error {
+	nodeNS, err := ns.GetNS("/run/netns/" + e.node.NetNS)
+	if err != nil {
+		return err
+	}
+	defer nodeNS.Close()
+	return nodeNS.Do(func(ns.NetNS) error { return f() })
+}
+
+// newPodNS creates a named network namespace and removes it at cleanup.
+func newPodNS(t *testing.T, name string) string {
+	t.Helper()
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add %s: %v: %s", name, err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	return "/run/netns/" + name
+}
+
+func (e *cniEnv) rt(containerID, netns string) *libcni.RuntimeConf {
+	return &libcni.RuntimeConf{
+		ContainerID: containerID,
+		NetNS:       netns,
+		IfName:      "eth0",
+		Args: [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "cni-test"},
+			{"K8S_POD_NAME", containerID}, {"K8S_POD_INFRA_CONTAINER_ID", containerID}},
+	}
+}
+
+func (e *cniEnv) add(ctx context.Context, rt *libcni.RuntimeConf) (types.Result, error) {
+	var res types.Result
+	err := e.inNode(func() error {
+		var err error
+		res, err = e.cni.AddNetworkList(ctx, e.list, rt)
+		return err
+	})
+	return res, err
+}
+
+func (e *cniEnv) del(ctx context.Context, rt *libcni.RuntimeConf) error {
+	return e.inNode(func() error { return e.cni.DelNetworkList(ctx, e.list, rt) })
+}
+
+// nodeState is what a Pod attachment leaves on a Node; two snapshots are
+// equal when nothing leaked.
+type nodeState struct {
+	Veths, Ports, Flows, IPs, NATRules int
+}
+
+func snapshot(t *testing.T, c *sandbox.Cluster, n sandbox.Node) nodeState {
+	t.Helper()
+	ctx := testCtx(t, 30*time.Second)
+	var s nodeState
+	out, err := c.NodeExec(ctx, n.Name, "ip", "-o", "link", "show", "type", "veth")
+	if err != nil {
+		t.Fatalf("listing veths: %v", err)
+	}
+	s.Veths = countLines(string(out))
+	s.Ports = countLines(ovs(t, n, "ovs-vsctl", "list-ports", "br-int"))
+	s.Flows = countLines(ovs(t, n, "ovs-ofctl", "--no-stats", "dump-flows", brInt(n)))
+	s.IPs = strings.Count(ipamAllocations(t, c, n), `"containerID"`)
+	if out, err := c.NodeExec(ctx, n.Name, "nft", "list", "ruleset"); err == nil {
+		s.NATRules = countLines(string(out))
+	}
+	return s
+}
+
+func countLines(s string) int {
+	n := 0
+	for _, l := range strings.Split(s, "\n") {
+		if strings.TrimSpace(l) != "" {
+			n++
+		}
+	}
+	return n
+}
+
+// ipamAllocations is the raw IPAM state file of a Node ("" if absent).
+func ipamAllocations(t *testing.T, c *sandbox.Cluster, n sandbox.Node) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(n.Dir, "seine", "ipam", "allocations.json"))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// TestCNIAddDelCyclesLeakNothing runs 200 ADD/DEL cycles through the
+// installed conflist (seine, portmap, bandwidth) and compares the Node's
+// veths, OVS ports, flows, IP allocations and nftables ruleset before and
+// after.
+func TestCNIAddDelCyclesLeakNothing(t *testing.T) {
+	c := shared
+	n := c.Nodes()[2]
+	e := newCNIEnv(t, n, nil)
+	netns := newPodNS(t, "seine-e2e-cycles")
+	ctx := testCtx(t, 10*time.Minute)
+	before := snapshot(t, c, n)
+	const cycles = 200
+	seen := map[string]bool{}
+	for i := 0; i < cycles; i++ {
+		rt := e.rt(fmt.Sprintf("cycle%03d", i), netns)
+		res, err := e.add(ctx, rt)
+		if err != nil {
+			t.Fatalf("cycle %d ADD: %v", i, err)
+		}
+		b, _ := json.Marshal(res)
+		seen[string(b)] = true
+		if err := e.del(ctx, rt); err != nil {
+			t.Fatalf("cycle %d DEL: %v", i, err)
+		}
+	}
+	after := snapshot(t, c, n)
+	if before != after {
+		t.Fatalf("after %d ADD/DEL cycles the Node changed: before %+v, after %+v", cycles, before, after)
+	}
+	if len(seen) < cycles/2 {
+		t.Errorf("only %d distinct results over %d ADDs: addresses reused at once", len(seen), cycles)
+	}
+}
+
+// TestCNIDelIsIdempotent: DEL of an unknown container, and DEL with the
+// netns already gone, succeed.
+func TestCNIDelIsIdempotent(t *testing.T) {
+	c := shared
+	n := c.Nodes()[2]
+	e := newCNIEnv(t, n, nil)
+	ctx := testCtx(t, time.Minute)
+	if err := e.del(ctx, e.rt("never-added", "")); err != nil {
+		t.Fatalf("DEL of an unknown container: %v", err)
+	}
+	before := snapshot(t, c, n)
+	netns := newPodNS(t, "seine-e2e-delgone")
+	rt := e.rt("netns-gone", netns)
+	if _, err := e.add(ctx, rt); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("ip", "netns", "del", "seine-e2e-delgone").CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	rt.NetNS = ""
+	if err := e.del(ctx, rt); err != nil {
+		t.Fatalf("DEL after the netns is gone: %v", err)
+	}
+	if err := e.del(ctx, rt); err != nil {
+		t.Fatalf("second DEL: %v", err)
+	}
+	eventually(t, 10*time.Second, "state released", func() error {
+		if after := snapshot(t, c, n); after != before {
+			return fmt.Errorf("before %+v, after %+v", before, after)
+		}
+		return nil
+	})
+}
+
+// cniCode extracts the CNI error code from a libcni error.
+func cniCode(err error) uint {
+	var te *types.Error
+	if errors.As(err, &te) {
+		return te.Code
+	}
+	return 0
+}
+
+func TestCNIErrors(t *testing.T) {
+	c := shared
+	n := c.Nodes()[2]
+	ctx := testCtx(t, 3*time.Minute)
+
+	t.Run("bad conflist", func(t *testing.T) {
+		before := snapshot(t, c, n)
+		for _, tc := range []struct {
+			name     string
+			conflist string
+			code     uint
+		}{
+			{"unsupported cniVersion", `{"cniVersion":"9.9.9","name":"seine","plugins":[{"type":"seine","socketPath":"` + n.CNISocket + `"}]}`, types.ErrIncompatibleCNIVersion},
+			{"bad MTU", `{"cniVersion":"1.1.0","name":"seine","plugins":[{"type":"seine","mtu":-5,"socketPath":"` + n.CNISocket + `"}]}`, types.ErrInvalidNetworkConfig},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				e := newCNIEnv(t, n, []byte(tc.conflist))
+				netns := newPodNS(t, "seine-e2e-badconf")
+				_, err := e.add(ctx, e.rt("badconf", netns))
+				if err == nil {
+					t.Fatal("ADD with a bad configuration succeeded")
+				}
+				if got := cniCode(err); got != tc.code {
+					t.Fatalf("error code %d (%v), want %d", got, err, tc.code)
+				}
+			})
+		}
+		if after := snapshot(t, c, n); after != before {
+			t.Fatalf("a rejected ADD left state: before %+v, after %+v", before, after)
+		}
+	})
+
+	t.Run("daemon down", func(t *testing.T) {
+		e := newCNIEnv(t, n, nil)
+		before := snapshot(t, c, n)
+		if err := c.StopSeine(n.Name); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := c.StartSeine(context.Background(), n.Name, nil); err != nil {
+				t.Errorf("restarting seine: %v", err)
+			}
+		})
+		netns := newPodNS(t, "seine-e2e-down")
+		_, err := e.add(ctx, e.rt("daemon-down", netns))
+		if err == nil {
+			t.Fatal("ADD with the daemon down succeeded")
+		}
+		if got := cniCode(err); got != types.ErrTryAgainLater {
+			t.Fatalf("error code %d (%v), want %d (try again later)", got, err, types.ErrTryAgainLater)
+		}
+		if !strings.Contains(err.Error(), "not running") {
+			t.Errorf("error %q does not say the daemon is not running", err)
+		}
+		var status error = e.inNode(func() error { return e.cni.GetStatusNetworkList(ctx, e.list) })
+		if got := cniCode(status); got != types.ErrPluginNotAvailable {
+			t.Fatalf("STATUS error code %d (%v), want %d", got, status, types.ErrPluginNotAvailable)
+		}
+		if after := snapshot(t, c, n); after != before {
+			t.Fatalf("a failed ADD left state: before %+v, after %+v", before, after)
+		}
+	})
+}

@@ -1,0 +1,149 @@
+// Package e2e holds Seine's end-to-end tests. They run against a real
+// sandbox cluster (tests/sandbox): etcd, kube-apiserver,
+// kube-controller-manager and kube-scheduler built from their Go modules,
+// one network namespace per Node with its own ovsdb-server and
+// ovs-vswitchd (userspace datapath), seine on every Node, and Pods in their
+// own network namespaces. They must run as root.
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/seine-net/seine/tests/sandbox"
+)
+
+// sharedName is the sandbox most tests use; tests that need their own
+// cluster use other names.
+const sharedName = "e2e"
+
+// shared is the 3-Node cluster, up for the whole run.
+var shared *sandbox.Cluster
+
+func repoRoot() string {
+	wd, _ := os.Getwd()
+	return filepath.Clean(filepath.Join(wd, "..", ".."))
+}
+
+func seineBin() string { return filepath.Join(repoRoot(), "bin", "seine") }
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "e2e tests need root (network namespaces, OVS)")
+		return 1
+	}
+	for _, b := range []string{"seine", "sandbox"} {
+		if _, err := os.Stat(filepath.Join(repoRoot(), "bin", b)); err != nil {
+			fmt.Fprintf(os.Stderr, "bin/%s missing: run `make build` first (%v)\n", b, err)
+			return 1
+		}
+	}
+	os.Setenv("SEINE_BIN", seineBin())
+	os.Setenv("SEINE_SANDBOX_BIN", filepath.Join(repoRoot(), "bin", "sandbox"))
+	// A crashed earlier run may have left a sandbox behind.
+	_ = sandbox.Down(sharedName, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	log, _ := zap.NewDevelopment()
+	start := time.Now()
+	c, err := sandbox.Up(ctx, sandbox.Options{Name: sharedName, Nodes: 3, Log: log})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "sandbox up: %v\n", err)
+		dumpLogs(sharedName)
+		_ = sandbox.Down(sharedName, "")
+		return 1
+	}
+	fmt.Fprintf(os.Stderr, "sandbox %s up with 3 Nodes in %s\n", sharedName, time.Since(start).Round(time.Millisecond))
+	shared = c
+	code := m.Run()
+	if code != 0 {
+		dumpLogs(sharedName)
+	}
+	if err := sandbox.Down(sharedName, ""); err != nil {
+		fmt.Fprintf(os.Stderr, "sandbox down: %v\n", err)
+		return 1
+	}
+	return code
+}
+
+// dumpLogs prints the tail of every seine and kubelet log of a sandbox, for
+// the CI log of a failed run.
+func dumpLogs(name string) {
+	c, err := sandbox.Load(name, "")
+	if err != nil {
+		return
+	}
+	for _, n := range c.Nodes() {
+		for _, p := range []string{n.LogPath, n.KubeletLogPath} {
+			b, err := os.ReadFile(p)
+			if err != nil {
+				continue
+			}
+			lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+			if len(lines) > 60 {
+				lines = lines[len(lines)-60:]
+			}
+			fmt.Fprintf(os.Stderr, "----- %s -----\n%s\n", p, strings.Join(lines, "\n"))
+		}
+	}
+}
+
+// ovs runs an OVS tool against a sandbox Node's own OVS.
+func ovs(t *testing.T, n sandbox.Node, tool string, args ...string) string {
+	t.Helper()
+	out, err := tryOVS(n, tool, args...)
+	if err != nil {
+		t.Fatalf("%s %v on %s: %v\n%s", tool, args, n.Name, err, out)
+	}
+	return out
+}
+
+func tryOVS(n sandbox.Node, tool string, args ...string) (string, error) {
+	switch tool {
+	case "ovs-vsctl":
+		args = append([]string{"--db=unix:" + filepath.Join(n.OVSRunDir, "db.sock"), "--timeout=10"}, args...)
+	case "ovs-appctl":
+		args = append([]string{"-t", filepath.Join(n.OVSRunDir, "ovs-vswitchd.ctl")}, args...)
+	}
+	cmd := exec.Command(tool, args...)
+	cmd.Env = append(os.Environ(), "OVS_RUNDIR="+n.OVSRunDir)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// brInt is the path of a Node's integration bridge management socket.
+func brInt(n sandbox.Node) string { return filepath.Join(n.OVSRunDir, "br-int.mgmt") }
+
+// eventually polls cond every 200 ms until it returns nil or timeout passes.
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var err error
+	for {
+		if err = cond(); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: still failing after %s: %v", what, timeout, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func testCtx(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}

@@ -1,0 +1,57 @@
+package e2e
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// TestNodeDeletionRemovesPeerState adds a Node object (no real host behind
+// it: only its podCIDR and InternalIP matter to peers), waits until every
+// Node has its tunnel flow and host route, deletes it, and checks both are
+// gone everywhere.
+func TestNodeDeletionRemovesPeerState(t *testing.T) {
+	c := shared
+	ctx := testCtx(t, 2*time.Minute)
+	const ghostIP = "198.18.0.99"
+	ghost := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: "ghost"},
+		Spec:       corev1.NodeSpec{PodCIDR: "10.244.250.0/24", PodCIDRs: []string{"10.244.250.0/24"}},
+	}
+	created, err := c.Client().CoreV1().Nodes().Create(ctx, ghost, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Client().CoreV1().Nodes().Delete(ctx, "ghost", metav1.DeleteOptions{}) })
+	created.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ghostIP}}
+	if _, err := c.Client().CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	podCIDR := created.Spec.PodCIDR
+	present := func(want bool) func() error {
+		return func() error {
+			for _, n := range c.Nodes() {
+				flows := ovs(t, n, "ovs-ofctl", "dump-flows", brInt(n))
+				hasFlow := strings.Contains(flows, "nw_dst="+podCIDR) && strings.Contains(flows, ghostIP+"->tun_dst")
+				out, err := c.NodeExec(ctx, n.Name, "ip", "route", "show", podCIDR)
+				if err != nil {
+					return err
+				}
+				hasRoute := strings.Contains(string(out), "seine-gw0")
+				if hasFlow != want || hasRoute != want {
+					return fmt.Errorf("on %s: tunnel flow %v, route %v, want %v\n%s", n.Name, hasFlow, hasRoute, want, out)
+				}
+			}
+			return nil
+		}
+	}
+	eventually(t, 20*time.Second, "peer state for the new Node", present(true))
+	if err := c.Client().CoreV1().Nodes().Delete(ctx, "ghost", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, "peer state removed after Node deletion", present(false))
+}

@@ -1,0 +1,52 @@
+package e2e
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// TestTunnelTypes restarts seine on every Node with each tunnel type and
+// checks cross-Node Pod traffic over it; Pods created before the restart
+// keep working (their flows are restored from OVSDB). It ends on geneve.
+func TestTunnelTypes(t *testing.T) {
+	c := shared
+	pods := createPods(t, c, "tunnels", 0, 1, 2)
+	for _, typ := range []string{"vxlan", "gre", "geneve"} {
+		t.Run(typ, func(t *testing.T) {
+			ctx := testCtx(t, 3*time.Minute)
+			for _, n := range c.Nodes() {
+				if err := c.StopSeine(n.Name); err != nil {
+					t.Fatal(err)
+				}
+				if err := c.StartSeine(ctx, n.Name, map[string]string{"tunnelType": typ}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			t.Cleanup(func() {
+				if t.Failed() && typ != "geneve" {
+					for _, n := range c.Nodes() {
+						_ = c.StopSeine(n.Name)
+						_ = c.StartSeine(context.Background(), n.Name, nil)
+					}
+				}
+			})
+			for _, n := range c.Nodes() {
+				if got := strings.TrimSpace(ovs(t, n, "ovs-vsctl", "get", "Interface", "seine-tun0", "type")); got != typ {
+					t.Fatalf("tunnel port type on %s is %s, want %s", n.Name, got, typ)
+				}
+			}
+			tx0 := tunnelStat(t, c.Nodes()[0], "tx_packets")
+			for _, pair := range [][2]podRef{{pods[0], pods[1]}, {pods[1], pods[2]}, {pods[2], pods[0]}} {
+				expectConnected(t, probe(t, c, pair[0], pair[1].ip, tcpPort, corev1.ProtocolTCP), pair[1].name, "TCP over "+typ)
+				expectConnected(t, probe(t, c, pair[0], pair[1].ip, udpPort, corev1.ProtocolUDP), pair[1].name, "UDP over "+typ)
+			}
+			if tunnelStat(t, c.Nodes()[0], "tx_packets") <= tx0 {
+				t.Errorf("no packets left %s through the %s tunnel", c.Nodes()[0].Name, typ)
+			}
+		})
+	}
+}
