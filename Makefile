@@ -13,7 +13,7 @@ K8S_LDFLAGS  := -X k8s.io/component-base/version.gitVersion=$(K8S_VERSION) \
                 -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=36 \
                 -X k8s.io/component-base/version.gitTreeState=clean
 APT_PACKAGES := openvswitch-switch containernetworking-plugins iperf3 nftables iproute2 \
-                tcpdump conntrack ethtool kubectl protobuf-compiler
+                tcpdump conntrack ethtool kubectl protobuf-compiler iputils-ping
 TEST_TIMEOUT ?= 25m
 
 .PHONY: all deps build control-plane generate test unit-test e2e-test bench sandbox sandbox-down clean lint

@@ -93,6 +93,8 @@ func installCNICommand() *cli.Command {
 			&cli.IntFlag{Name: "mtu", Usage: "Pod interface MTU (0: the daemon derives it)"},
 			&cli.BoolFlag{Name: "no-portmap", Usage: "do not chain the portmap plugin"},
 			&cli.BoolFlag{Name: "no-bandwidth", Usage: "do not chain the bandwidth plugin"},
+			&cli.StringSliceFlag{Name: "plugin-dir", Usage: "where to find the chained plugins, to negotiate the conflist's CNI version (default: --cni-bin-dir; repeatable)"},
+			&cli.StringFlag{Name: "cni-version", Usage: "the conflist's cniVersion (default: the newest all chained plugins support)"},
 		},
 		Action: func(c *cli.Context) error {
 			o := install.Options{
@@ -102,6 +104,8 @@ func installCNICommand() *cli.Command {
 				MTU:            c.Int("mtu"),
 				ChainPortmap:   !c.Bool("no-portmap"),
 				ChainBandwidth: !c.Bool("no-bandwidth"),
+				PluginDirs:     c.StringSlice("plugin-dir"),
+				CNIVersion:     c.String("cni-version"),
 			}
 			if err := install.Install(o); err != nil {
 				return err

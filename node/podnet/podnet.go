@@ -178,6 +178,9 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 		if err := netlink.AddrAdd(link, &netlink.Addr{IPNet: podAddr}); err != nil {
 			return fmt.Errorf("adding %s to %s: %w", podAddr, req.IfName, err)
 		}
+		if err := netlink.LinkSetUp(link); err != nil {
+			return fmt.Errorf("bringing up %s: %w", req.IfName, err)
+		}
 		if err := netlink.RouteAdd(&netlink.Route{LinkIndex: link.Attrs().Index, Gw: br.GatewayIP}); err != nil {
 			return fmt.Errorf("default route via %s: %w", br.GatewayIP, err)
 		}

@@ -49,7 +49,7 @@ func (c *Cluster) prepareNode(ctx context.Context, n *Node) error {
 	if c.st.CNIMode == CNIModeSeine {
 		c.log.Info("installing seine CNI plugin", zap.String("node", n.Name))
 		if _, err := run(ctx, nil, c.st.SeineBinary, "install-cni", "--cni-bin-dir", n.CNIBinDir,
-			"--cni-conf-dir", n.CNIConfDir, "--cni-socket", n.CNISocket); err != nil {
+			"--cni-conf-dir", n.CNIConfDir, "--cni-socket", n.CNISocket, "--plugin-dir", n.CNIBinDir, "--plugin-dir", "/usr/lib/cni"); err != nil {
 			return fmt.Errorf("install CNI: %w", err)
 		}
 		c.log.Info("starting Open vSwitch", zap.String("node", n.Name))
@@ -196,13 +196,17 @@ func (c *Cluster) startSeine(ctx context.Context, n *Node, set map[string]string
 	if err != nil {
 		return fmt.Errorf("seine: %w", err)
 	}
-	return waitFor(ctx, 60*time.Second, 200*time.Millisecond, "seine CNI socket "+n.CNISocket, func(context.Context) (bool, error) {
+	err = waitFor(ctx, 60*time.Second, 200*time.Millisecond, "seine CNI socket "+n.CNISocket, func(context.Context) (bool, error) {
 		if !alive(pid) {
 			return false, errors.New("seine exited; log:\n" + tail(n.LogPath, 30))
 		}
 		_, err := os.Stat(n.CNISocket)
 		return err == nil, nil
 	})
+	if err != nil && alive(pid) {
+		return fmt.Errorf("%w; seine log:\n%s", err, tail(n.LogPath, 30))
+	}
+	return err
 }
 
 // StopSeine stops the seine daemon of node (name or index) with SIGTERM

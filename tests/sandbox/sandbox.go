@@ -84,6 +84,9 @@ type Options struct {
 	// StateRoot is the parent of the state directory; default
 	// /run/seine-sandbox.
 	StateRoot string
+	// NodeCIDRMaskSize is the prefix length of each Node's podCIDR, as
+	// kube-controller-manager allocates it; default 24.
+	NodeCIDRMaskSize int
 	// HostLink adds the host veth and a host kubeconfig.
 	HostLink bool
 	// CNIMode is CNIModeSeine (default) or CNIModeBridge.
@@ -176,6 +179,9 @@ func (o *Options) defaults() error {
 	}
 	if err := ValidateName(o.Name); err != nil {
 		return err
+	}
+	if o.NodeCIDRMaskSize == 0 {
+		o.NodeCIDRMaskSize = 24
 	}
 	if o.Nodes == 0 {
 		o.Nodes = 1
@@ -308,6 +314,10 @@ func Up(ctx context.Context, o Options) (_ *Cluster, err error) {
 		InternalKubeconfig: filepath.Join(dir, "admin.kubeconfig"),
 	}}
 	defer func() {
+		if err != nil && os.Getenv("SEINE_SANDBOX_KEEP_ON_FAILURE") != "" {
+			log.Warn("sandbox up failed; kept for debugging (SEINE_SANDBOX_KEEP_ON_FAILURE)", zap.Error(err))
+			return
+		}
 		if err != nil {
 			log.Warn("sandbox up failed, tearing down", zap.Error(err))
 			if derr := Down(o.Name, o.StateRoot); derr != nil {
@@ -330,7 +340,7 @@ func Up(ctx context.Context, o Options) (_ *Cluster, err error) {
 	log.Info("starting control plane")
 	cfg := controlplane.Config{
 		StateDir: filepath.Join(dir, "cp"), BinDir: o.K8sBinDir, NetNS: cpNS(o.Name),
-		AdvertiseAddress: controlPlaneIP, ClusterCIDR: ClusterCIDR, NodeCIDRMaskSize: 24,
+		AdvertiseAddress: controlPlaneIP, ClusterCIDR: ClusterCIDR, NodeCIDRMaskSize: o.NodeCIDRMaskSize,
 		ServiceCIDR: ServiceCIDR,
 	}
 	if o.HostLink {
@@ -399,7 +409,7 @@ func Up(ctx context.Context, o Options) (_ *Cluster, err error) {
 }
 
 // waitNodes waits until every Node is registered with a podCIDR and, when
-// ready, has Ready=True; it returns the podCIDR of each Node.
+// ready, has Ready=True and a Lease; it returns the podCIDR of each Node.
 func (c *Cluster) waitNodes(ctx context.Context, timeout time.Duration, ready bool) (map[string]string, error) {
 	cidrs := map[string]string{}
 	err := waitFor(ctx, timeout, 500*time.Millisecond, "nodes", func(ctx context.Context) (bool, error) {
@@ -416,6 +426,11 @@ func (c *Cluster) waitNodes(ctx context.Context, timeout time.Duration, ready bo
 			}
 			if ready && !nodeReady(obj) {
 				return false, fmt.Errorf("node %s is not Ready", n.Name)
+			}
+			if ready {
+				if _, err := c.Client().CoordinationV1().Leases(corev1.NamespaceNodeLease).Get(ctx, n.Name, metav1.GetOptions{}); err != nil {
+					return false, fmt.Errorf("lease of node %s: %w", n.Name, err)
+				}
 			}
 			cidrs[n.Name] = obj.Spec.PodCIDR
 		}

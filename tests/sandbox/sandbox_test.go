@@ -178,6 +178,53 @@ func TestBridgeSandbox(t *testing.T) {
 		t.Errorf("hostIPs %s, %s: want %s, %s", a.Status.HostIP, d.Status.HostIP, nodes[0].IP, nodes[1].IP)
 	}
 
+	// CNI ADD failure: without a network configuration the kubelet
+	// records a FailedCreatePodSandBox Event and a False
+	// PodReadyToStartContainers condition, and retries until it works.
+	conf := filepath.Join(nodes[1].CNIConfDir, "10-sandbox-bridge.conflist")
+	if err := os.Rename(conf, conf+".off"); err != nil {
+		t.Fatal(err)
+	}
+	type created struct {
+		pod *corev1.Pod
+		err error
+	}
+	done := make(chan created, 1)
+	go func() {
+		p, err := c.CreatePod(ctx, PodSpec{Namespace: "gt", Name: "late", Node: "2", Ports: ports})
+		done <- created{p, err}
+	}()
+	err = waitFor(ctx, 30*time.Second, 200*time.Millisecond, "setup failure recorded", func(ctx context.Context) (bool, error) {
+		evs, err := cs.CoreV1().Events("gt").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=late"})
+		if err != nil {
+			return false, err
+		}
+		p, err := cs.CoreV1().Pods("gt").Get(ctx, "late", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		evOK, condOK := false, false
+		for _, e := range evs.Items {
+			evOK = evOK || (e.Reason == "FailedCreatePodSandBox" && e.Type == corev1.EventTypeWarning)
+		}
+		for _, cond := range p.Status.Conditions {
+			condOK = condOK || (cond.Type == corev1.PodReadyToStartContainers && cond.Status == corev1.ConditionFalse)
+		}
+		return evOK && condOK, nil
+	})
+	if err != nil {
+		t.Error(err)
+	}
+	if err := os.Rename(conf+".off", conf); err != nil {
+		t.Fatal(err)
+	}
+	if res := <-done; res.err != nil {
+		t.Errorf("pod late after restoring the CNI config: %v", res.err)
+	}
+	if left := listNetNS(name); len(left) != 3+2+5 {
+		t.Errorf("namespaces %v: want underlay, cp, ext, 2 nodes and 5 pods", left)
+	}
+
 	// Same-Node probes from b to a.
 	aIP := a.Status.PodIP
 	if r := c.Probe(ctx, "gt", "b", aIP, 80, corev1.ProtocolTCP, 2*time.Second); r.Outcome != Connected || r.Reply != "a" {

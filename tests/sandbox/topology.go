@@ -91,6 +91,18 @@ func (b *builder) sysctl(ns string, kv ...string) {
 	}
 }
 
+// wire turns off transmit checksum and segmentation offload on a veth end,
+// so that what it sends is complete on the wire, as a physical NIC's frames
+// are. Without it the kernel hands partially checksummed frames across the
+// veth, which OVS's userspace datapath (reading through AF_PACKET) would
+// forward unfixed.
+func (b *builder) wire(ns, dev string) {
+	if b.err != nil {
+		return
+	}
+	_, b.err = run(b.ctx, nil, "ip", "netns", "exec", ns, "ethtool", "-K", dev, "tx", "off", "tso", "off", "gso", "off")
+}
+
 func (b *builder) addNS(name string) {
 	b.ip("netns", "add", name)
 	b.ip("-n", name, "link", "set", "lo", "up")
@@ -102,6 +114,8 @@ func (b *builder) attach(sandbox, port, ns, addr, gw string) {
 	u := underlayNS(sandbox)
 	b.ip("-n", u, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns)
 	b.ip("-n", u, "link", "set", port, "master", "br0", "up")
+	b.wire(u, port)
+	b.wire(ns, "eth0")
 	b.ip("-n", ns, "addr", "add", addr, "dev", "eth0")
 	b.ip("-n", ns, "link", "set", "eth0", "up")
 	b.ip("-n", ns, "route", "add", "default", "via", gw)
@@ -134,6 +148,8 @@ func buildTopology(ctx context.Context, sandbox string, nodes int, hostLink bool
 	b.ip("-n", u, "link", "add", "ext", "type", "veth", "peer", "name", "eth0", "netns", ext)
 	b.ip("-n", u, "addr", "add", extRouterCIDR, "dev", "ext")
 	b.ip("-n", u, "link", "set", "ext", "up")
+	b.wire(u, "ext")
+	b.wire(ext, "eth0")
 	b.ip("-n", ext, "addr", "add", fmt.Sprintf("%s/%d", externalIP, externalPrefix), "dev", "eth0")
 	b.ip("-n", ext, "link", "set", "eth0", "up")
 	b.ip("-n", ext, "route", "add", "default", "via", extRouter)

@@ -6,6 +6,7 @@ package install
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,8 +14,10 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/invoke"
 )
 
 const (
@@ -25,7 +28,8 @@ const (
 	// ConfListName is the file written in ConfDir; the "10-" prefix sorts
 	// it ahead of most other configurations, and runtimes use the first.
 	ConfListName = "10-seine.conflist"
-	// CNIVersion is the spec version of the written conflist.
+	// CNIVersion is the newest spec version seine implements, the version
+	// of the written conflist unless a chained plugin supports less.
 	CNIVersion = "1.1.0"
 )
 
@@ -46,6 +50,12 @@ type Options struct {
 	ChainPortmap bool
 	// ChainBandwidth appends the bandwidth plugin (pod traffic shaping).
 	ChainBandwidth bool
+	// PluginDirs are searched for the chained plugins, to ask each for the
+	// spec versions it supports (CNI spec, "VERSION"); default [BinDir].
+	PluginDirs []string
+	// CNIVersion of the conflist; empty picks the newest version that seine
+	// and every chained plugin support.
+	CNIVersion string
 }
 
 // DefaultOptions returns the standard node layout with portmap and bandwidth
@@ -85,6 +95,13 @@ func Install(o Options) error {
 		}
 		o.Binary = exe
 	}
+	if o.CNIVersion == "" {
+		v, err := negotiateVersion(o)
+		if err != nil {
+			return err
+		}
+		o.CNIVersion = v
+	}
 	conf, err := ConfList(o)
 	if err != nil {
 		return err
@@ -120,8 +137,11 @@ func ConfList(o Options) ([]byte, error) {
 	if o.MTU < 0 || o.MTU > 65535 {
 		return nil, fmt.Errorf("mtu %d out of range 0-65535", o.MTU)
 	}
+	if o.CNIVersion == "" {
+		o.CNIVersion = CNIVersion
+	}
 	l := confList{
-		CNIVersion: CNIVersion,
+		CNIVersion: o.CNIVersion,
 		Name:       NetworkName,
 		Plugins:    []pluginConf{{Type: PluginType, SocketPath: o.SocketPath, MTU: o.MTU}},
 	}
@@ -242,4 +262,56 @@ func atomicWrite(path string, r io.Reader, mode fs.FileMode) (err error) {
 		return err
 	}
 	return os.Rename(tmp.Name(), path)
+}
+
+// seineVersions are the spec versions the seine plugin supports, newest first.
+var seineVersions = []string{"1.1.0", "1.0.0", "0.4.0", "0.3.1", "0.3.0"}
+
+// negotiateVersion asks every chained plugin for its supported versions
+// (CNI_COMMAND=VERSION) and returns the newest version all of them and
+// seine support. A runtime rejects a conflist whose version a plugin does
+// not support, and Debian 12's plugins stop at 1.0.0.
+func negotiateVersion(o Options) (string, error) {
+	var chained []string
+	if o.ChainPortmap {
+		chained = append(chained, "portmap")
+	}
+	if o.ChainBandwidth {
+		chained = append(chained, "bandwidth")
+	}
+	dirs := o.PluginDirs
+	if len(dirs) == 0 {
+		dirs = []string{o.BinDir}
+	}
+	common := map[string]bool{}
+	for _, v := range seineVersions {
+		common[v] = true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, name := range chained {
+		path, err := invoke.FindInPath(name, dirs)
+		if err != nil {
+			return "", fmt.Errorf("chained plugin %s not found in %v (install containernetworking-plugins, or disable the chaining): %w", name, dirs, err)
+		}
+		info, err := invoke.GetVersionInfo(ctx, path, nil)
+		if err != nil {
+			return "", fmt.Errorf("asking %s for its CNI versions: %w", path, err)
+		}
+		supported := map[string]bool{}
+		for _, v := range info.SupportedVersions() {
+			supported[v] = true
+		}
+		for v := range common {
+			if !supported[v] {
+				delete(common, v)
+			}
+		}
+	}
+	for _, v := range seineVersions {
+		if common[v] {
+			return v, nil
+		}
+	}
+	return "", fmt.Errorf("no CNI version is supported by seine and all of %v", chained)
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -24,7 +25,30 @@ func setup(t *testing.T) (Options, []byte) {
 	o.SocketPath = "/run/seine/cni.sock"
 	o.MTU = 1450
 	o.Binary = src
+	// Debian's containernetworking-plugins provide portmap and bandwidth.
+	o.PluginDirs = []string{o.BinDir, "/usr/lib/cni"}
 	return o, bin
+}
+
+func TestNegotiatedVersion(t *testing.T) {
+	o, _ := setup(t)
+	v, err := negotiateVersion(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Debian 12's plugins (v1.1.1) stop at spec 1.0.0.
+	if v != "1.0.0" {
+		t.Fatalf("negotiated %q", v)
+	}
+	o.ChainPortmap, o.ChainBandwidth = false, false
+	if v, err := negotiateVersion(o); err != nil || v != CNIVersion {
+		t.Fatalf("without chained plugins: %q, %v; want %s", v, err, CNIVersion)
+	}
+	o.ChainPortmap = true
+	o.PluginDirs = []string{t.TempDir()}
+	if _, err := negotiateVersion(o); err == nil || !strings.Contains(err.Error(), "portmap not found") {
+		t.Fatalf("missing portmap: %v", err)
+	}
 }
 
 func TestInstallWritesConfListAndBinary(t *testing.T) {
@@ -45,7 +69,7 @@ func TestInstallWritesConfListAndBinary(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if list.Name != "seine" || list.CNIVersion != "1.1.0" || len(list.Plugins) != 3 {
+	if list.Name != "seine" || list.CNIVersion != "1.0.0" || len(list.Plugins) != 3 {
 		t.Fatalf("conflist = name %q version %q %d plugins", list.Name, list.CNIVersion, len(list.Plugins))
 	}
 	var types []string

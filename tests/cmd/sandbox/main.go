@@ -30,6 +30,7 @@ import (
 	"github.com/urfave/cli/v2"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/seine-net/seine/tests/sandbox"
@@ -42,11 +43,7 @@ func main() {
 		Name:                 "sandbox",
 		Usage:                "run a multi-Node Kubernetes sandbox for Seine on this machine",
 		EnableBashCompletion: true,
-		Commands: []*cli.Command{
-			upCommand(), downCommand(), statusCommand(), kubeconfigCommand(),
-			podCommand(), execCommand(), nodeExecCommand(), probeCommand(), extCommand(),
-			kubeletCommand(), serveCommand(),
-		},
+		Commands:             commands(),
 	}
 	if err := app.Run(interspersed(app.Commands, os.Args)); err != nil {
 		var ec cli.ExitCoder
@@ -58,6 +55,66 @@ func main() {
 		}
 		fmt.Fprintln(os.Stderr, "sandbox:", err)
 		os.Exit(1)
+	}
+}
+
+// commands are the CLI's commands.
+func commands() []*cli.Command {
+	return []*cli.Command{
+		upCommand(), downCommand(), statusCommand(), kubeconfigCommand(),
+		podCommand(), execCommand(), nodeExecCommand(), probeCommand(), extCommand(),
+		demoCommand(), kubeletCommand(), serveCommand(),
+	}
+}
+
+// demoCommand creates demo Pods spread over the Nodes and prints a few
+// probes between them, for a human exploring the sandbox.
+func demoCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "demo",
+		Usage: "create demo Pods (namespace demo) on the Nodes and show probes between them",
+		Flags: sandboxFlags(),
+		Action: func(c *cli.Context) error {
+			cl, err := load(c)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := signalContext(c)
+			defer cancel()
+			nodes := cl.Nodes()
+			http := []sandbox.Port{{Name: "http", Port: 80, Protocol: "TCP"}, {Name: "dns", Port: 53, Protocol: "UDP"}}
+			var names []string
+			for i, n := range nodes {
+				name := fmt.Sprintf("web-%d", i+1)
+				pod, err := cl.CreatePod(ctx, sandbox.PodSpec{Namespace: "demo", Name: name, Node: n.Name,
+					Labels: map[string]string{"app": "web"}, Ports: http})
+				if err != nil {
+					return err
+				}
+				names = append(names, name)
+				fmt.Printf("demo/%s\t%s\ton %s\n", name, pod.Status.PodIP, n.Name)
+			}
+			if _, err := cl.CreatePod(ctx, sandbox.PodSpec{Namespace: "demo", Name: "client", Node: nodes[0].Name,
+				Labels: map[string]string{"app": "client"}}); err != nil {
+				return err
+			}
+			for _, name := range names {
+				st, err := cl.PodState("demo", name)
+				if err != nil {
+					return err
+				}
+				for _, proto := range []string{"TCP", "UDP"} {
+					port := 80
+					if proto == "UDP" {
+						port = 53
+					}
+					r := cl.Probe(ctx, "demo", "client", st.IP, port, corev1.Protocol(proto), 2*time.Second)
+					fmt.Printf("probe demo/client -> %s:%d/%s (%s): %s\n", st.IP, port, proto, name, r)
+				}
+			}
+			fmt.Fprintf(os.Stderr, "try: %s probe demo/client <ip>:80/TCP --name %s\n", os.Args[0], cl.Name())
+			return nil
+		},
 	}
 }
 

@@ -120,7 +120,7 @@ func (s *Servers) start(p Port, line []byte, log *zap.Logger) error {
 					return
 				}
 				_ = c.SetWriteDeadline(time.Now().Add(2 * time.Second))
-				_, _ = c.Write(line)
+				_, _ = c.Write(withClient(line, c.RemoteAddr()))
 				_ = c.Close()
 			}
 		}()
@@ -139,7 +139,7 @@ func (s *Servers) start(p Port, line []byte, log *zap.Logger) error {
 				if err != nil {
 					return
 				}
-				_, _ = pc.WriteTo(line, from)
+				_, _ = pc.WriteTo(withClient(line, from), from)
 			}
 		}()
 	case corev1.ProtocolSCTP:
@@ -153,6 +153,12 @@ func (s *Servers) start(p Port, line []byte, log *zap.Logger) error {
 		return fmt.Errorf("port %d: unknown protocol %q", p.Port, p.Protocol)
 	}
 	return nil
+}
+
+// withClient appends the second reply line, "client <ip:port>": the
+// address the server saw the connection come from (after any NAT).
+func withClient(line []byte, from net.Addr) []byte {
+	return append(append([]byte(nil), line...), []byte("client "+from.String()+"\n")...)
 }
 
 func (s *Servers) add(c func() error) {
@@ -193,6 +199,9 @@ type Result struct {
 	Outcome Outcome
 	// Reply is the first line the server sent, without the newline.
 	Reply string
+	// Client is the address ("ip:port") the server saw the probe come
+	// from, after any NAT on the way; empty if the server did not say.
+	Client string
 	// Err is the underlying error for Refused and TimedOut (and for setup
 	// failures, which are reported as TimedOut with Err set).
 	Err error
@@ -253,11 +262,16 @@ func probeHere(ctx context.Context, host string, port int, proto corev1.Protocol
 			return classify(err)
 		}
 	}
-	line, err := bufio.NewReader(c).ReadString('\n')
+	r := bufio.NewReader(c)
+	line, err := r.ReadString('\n')
 	if err != nil && line == "" && !errors.Is(err, io.EOF) {
 		return classify(err)
 	}
-	return Result{Outcome: Connected, Reply: strings.TrimRight(line, "\r\n")}
+	res := Result{Outcome: Connected, Reply: strings.TrimRight(line, "\r\n")}
+	if second, _ := r.ReadString('\n'); strings.HasPrefix(second, "client ") {
+		res.Client = strings.TrimSpace(strings.TrimPrefix(second, "client "))
+	}
+	return res
 }
 
 func classify(err error) Result {

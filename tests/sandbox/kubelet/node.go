@@ -106,21 +106,22 @@ func mergeStatus(cur, ours corev1.NodeStatus) corev1.NodeStatus {
 }
 
 // heartbeat renews the Lease and the Ready condition every interval until
-// ctx ends. Failures are logged and retried at the next tick.
+// ctx ends. Failures are logged and retried after a second.
 func (k *Kubelet) heartbeat(ctx context.Context, interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
 	for {
+		next := interval
 		if err := k.renewLease(ctx); err != nil && ctx.Err() == nil {
 			k.log.Warn("lease renewal failed", zap.Error(err))
+			next = time.Second // e.g. kube-node-lease not created yet
 		}
 		if err := k.updateNodeStatus(ctx); err != nil && ctx.Err() == nil {
 			k.log.Warn("node status update failed", zap.Error(err))
+			next = time.Second
 		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-time.After(next):
 		}
 	}
 }
