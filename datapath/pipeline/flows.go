@@ -39,6 +39,9 @@ type Bridge struct {
 	GatewayMAC  net.HardwareAddr
 	GatewayIP   net.IP     // first IP of PodCIDR
 	PodCIDR     *net.IPNet // this Node's podCIDR
+	// NodeIP is this Node's InternalIP; Pod traffic from peers to it
+	// arrives through the tunnel and is handed to the host.
+	NodeIP net.IP
 	// TunnelPort is the ofport of the flow-based tunnel; 0 when the Node
 	// does not encapsulate (no tunnel port).
 	TunnelPort uint32
@@ -99,6 +102,10 @@ func BaseFlows(b Bridge) []of.Flow {
 	// podCIDR is dropped; everything else leaves through the gateway.
 	add(L3Forwarding, PrioHigh, of.Match{EthType: EthTypeIPv4, IPDst: host(b.GatewayIP)},
 		of.SetEthDst{MAC: b.GatewayMAC}, goTo(L2Forwarding))
+	if b.NodeIP != nil {
+		add(L3Forwarding, PrioHigh, of.Match{EthType: EthTypeIPv4, IPDst: host(b.NodeIP)},
+			of.SetEthDst{MAC: b.GatewayMAC}, goTo(L2Forwarding))
+	}
 	add(L3Forwarding, PrioLow, of.Match{EthType: EthTypeIPv4, IPDst: b.PodCIDR})
 	add(L3Forwarding, PrioLow-1, of.Match{EthType: EthTypeIPv4},
 		of.SetEthDst{MAC: b.GatewayMAC}, goTo(L2Forwarding))
@@ -147,9 +154,23 @@ func PodFlows(b Bridge, p Pod) []of.Flow {
 // PeerNodeFlows returns the flows that reach a peer Node's podCIDR through
 // the tunnel, and the ARP answer for its gateway (the host route to the
 // peer's podCIDR points at that gateway IP).
+//
+// Local Pods reach the peer Node's own IP through the tunnel too: the
+// peer's host replies through its gateway and the tunnel (its route to our
+// podCIDR), so both directions cross both bridges and their connection
+// tracking sees whole connections.
 func PeerNodeFlows(b Bridge, n PeerNode) []of.Flow {
 	ck := Cookie(b.Round, CategoryNode, n.ID)
 	vmac := VirtualMAC()
+	toTunnel := func() []of.Action {
+		return []of.Action{
+			of.SetEthSrc{MAC: b.GatewayMAC},
+			of.SetEthDst{MAC: vmac},
+			of.SetTunDst{IP: n.NodeIP.To4()},
+			of.DecTTL{},
+			goTo(L2Forwarding),
+		}
+	}
 	return []of.Flow{
 		{Table: uint8(ARPResponder), Priority: PrioHigh, Cookie: ck,
 			Match: of.Match{EthType: EthTypeARP, ARPOp: 1, ARPTPA: n.GatewayIP.To4()},
@@ -164,13 +185,10 @@ func PeerNodeFlows(b Bridge, n PeerNode) []of.Flow {
 				of.Output{Port: of.PortInPort},
 			}},
 		{Table: uint8(L3Forwarding), Priority: PrioHigh, Cookie: ck,
-			Match: of.Match{EthType: EthTypeIPv4, IPDst: n.PodCIDR},
-			Actions: []of.Action{
-				of.SetEthSrc{MAC: b.GatewayMAC},
-				of.SetEthDst{MAC: vmac},
-				of.SetTunDst{IP: n.NodeIP.To4()},
-				of.DecTTL{},
-				goTo(L2Forwarding),
-			}},
+			Match:   of.Match{EthType: EthTypeIPv4, IPDst: n.PodCIDR},
+			Actions: toTunnel()},
+		{Table: uint8(L3Forwarding), Priority: PrioHigh, Cookie: ck,
+			Match:   of.Match{EthType: EthTypeIPv4, IPDst: host(n.NodeIP), Regs: []of.RegMatch{PktSource.Match(FromPod)}},
+			Actions: toTunnel()},
 	}
 }

@@ -109,7 +109,7 @@ func TestPipelineForwarding(t *testing.T) {
 
 	gwMAC := mustMAC("0a:00:00:00:00:01")
 	br := pipeline.Bridge{Round: 1, GatewayPort: 2, GatewayMAC: gwMAC, GatewayIP: net.ParseIP("10.244.1.1"),
-		PodCIDR: mustCIDR("10.244.1.0/24"), TunnelPort: 1}
+		PodCIDR: mustCIDR("10.244.1.0/24"), NodeIP: net.ParseIP("198.18.0.11"), TunnelPort: 1}
 	p1 := pipeline.Pod{OFPort: 3, IP: net.ParseIP("10.244.1.5"), MAC: mustMAC("0a:00:00:00:01:05")}
 	p2 := pipeline.Pod{OFPort: 4, IP: net.ParseIP("10.244.1.6"), MAC: mustMAC("0a:00:00:00:01:06")}
 	peer := pipeline.PeerNode{ID: 9, PodCIDR: mustCIDR("10.244.2.0/24"), NodeIP: net.ParseIP("198.18.0.12"),
@@ -146,6 +146,8 @@ func TestPipelineForwarding(t *testing.T) {
 		{"tunnel to local pod", "in_port=1,tun_id=0,tun_src=198.18.0.12,tun_dst=198.18.0.11,dl_src=0a:00:00:00:00:02,dl_dst=0e:5e:1e:00:00:01," + ip + "nw_src=10.244.2.7,nw_dst=10.244.1.5", "output port is 3"},
 		{"host to local pod", "in_port=2,dl_src=0a:00:00:00:00:01,dl_dst=0a:00:00:00:01:05," + ip + "nw_src=10.244.1.1,nw_dst=10.244.1.5", "output port is 3"},
 		{"host to peer podCIDR", "in_port=2,dl_src=0a:00:00:00:00:01,dl_dst=0e:5e:1e:00:00:01," + ip + "nw_src=10.244.1.1,nw_dst=10.244.2.7", "output port is 1"},
+		{"pod to a peer Node's IP goes to the tunnel", "in_port=3,dl_src=0a:00:00:00:01:05,dl_dst=0a:00:00:00:00:01," + ip + "nw_src=10.244.1.5,nw_dst=198.18.0.12", "output port is 1"},
+		{"tunnel to this Node's IP goes to the host", "in_port=1,tun_id=0,tun_src=198.18.0.12,tun_dst=198.18.0.11,dl_src=0a:00:00:00:00:02,dl_dst=0e:5e:1e:00:00:01," + ip + "nw_src=10.244.2.7,nw_dst=198.18.0.11", "output port is 2"},
 		{"ARP for a local pod is delivered to it", "in_port=3,arp,arp_op=1,dl_src=0a:00:00:00:01:05,arp_sha=0a:00:00:00:01:05,arp_spa=10.244.1.5,arp_tpa=10.244.1.6", "output port is 4"},
 		{"ARP for the gateway goes to the gateway", "in_port=3,arp,arp_op=1,dl_src=0a:00:00:00:01:05,arp_sha=0a:00:00:00:01:05,arp_spa=10.244.1.5,arp_tpa=10.244.1.1", "output port is 2"},
 		{"ARP for a peer gateway is answered", "in_port=2,arp,arp_op=1,dl_src=0a:00:00:00:00:01,arp_sha=0a:00:00:00:00:01,arp_spa=10.244.1.1,arp_tpa=10.244.2.1", "IN_PORT"},
@@ -191,4 +193,3 @@ func TestPipelineForwarding(t *testing.T) {
 		}
 	}
 }
-

@@ -168,6 +168,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		GatewayMAC:  gwMAC,
 		GatewayIP:   gwIP,
 		PodCIDR:     podCIDR,
+		NodeIP:      nodeIP,
 		TunnelPort:  uint32(tunPort.OFPort),
 	}
 	if err := syncer.Set(ctx, "pipeline", pipeline.BaseFlows(bridge)); err != nil {

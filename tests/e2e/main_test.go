@@ -116,6 +116,8 @@ func tryOVS(n sandbox.Node, tool string, args ...string) (string, error) {
 		args = append([]string{"--db=unix:" + filepath.Join(n.OVSRunDir, "db.sock"), "--timeout=10"}, args...)
 	case "ovs-appctl":
 		args = append([]string{"-t", filepath.Join(n.OVSRunDir, "ovs-vswitchd.ctl")}, args...)
+	case "ovs-ofctl":
+		args = append([]string{"-O", "OpenFlow15"}, args...)
 	}
 	cmd := exec.Command(tool, args...)
 	cmd.Env = append(os.Environ(), "OVS_RUNDIR="+n.OVSRunDir)

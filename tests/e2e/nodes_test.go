@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 )
 
 // TestNodeDeletionRemovesPeerState adds a Node object (no real host behind
@@ -27,8 +28,16 @@ func TestNodeDeletionRemovesPeerState(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Client().CoreV1().Nodes().Delete(ctx, "ghost", metav1.DeleteOptions{}) })
-	created.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ghostIP}}
-	if _, err := c.Client().CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur, err := c.Client().CoreV1().Nodes().Get(ctx, "ghost", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		cur.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ghostIP}}
+		_, err = c.Client().CoreV1().Nodes().UpdateStatus(ctx, cur, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
 	podCIDR := created.Spec.PodCIDR

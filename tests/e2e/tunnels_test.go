@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -44,9 +45,13 @@ func TestTunnelTypes(t *testing.T) {
 				expectConnected(t, probe(t, c, pair[0], pair[1].ip, tcpPort, corev1.ProtocolTCP), pair[1].name, "TCP over "+typ)
 				expectConnected(t, probe(t, c, pair[0], pair[1].ip, udpPort, corev1.ProtocolUDP), pair[1].name, "UDP over "+typ)
 			}
-			if tunnelStat(t, c.Nodes()[0], "tx_packets") <= tx0 {
-				t.Errorf("no packets left %s through the %s tunnel", c.Nodes()[0].Name, typ)
-			}
+			// OVS refreshes Interface statistics every 5 s.
+			eventually(t, 15*time.Second, "packets through the "+typ+" tunnel", func() error {
+				if tunnelStat(t, c.Nodes()[0], "tx_packets") <= tx0 {
+					return fmt.Errorf("no packets left %s through the %s tunnel", c.Nodes()[0].Name, typ)
+				}
+				return nil
+			})
 		})
 	}
 }
