@@ -30,7 +30,6 @@ import (
 	"github.com/urfave/cli/v2"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/seine-net/seine/tests/sandbox"
@@ -67,12 +66,13 @@ func commands() []*cli.Command {
 	}
 }
 
-// demoCommand creates demo Pods spread over the Nodes and prints a few
-// probes between them, for a human exploring the sandbox.
+// demoCommand creates one demo Pod per Node and prints the Pod-to-Pod
+// connectivity table (TCP and UDP between every pair, ICMP-free so it needs
+// no tools in the Pods), for a human exploring the sandbox.
 func demoCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "demo",
-		Usage: "create demo Pods (namespace demo) on the Nodes and show probes between them",
+		Usage: "create demo Pods (namespace demo), one per Node, and print their connectivity table",
 		Flags: sandboxFlags(),
 		Action: func(c *cli.Context) error {
 			cl, err := load(c)
@@ -81,38 +81,48 @@ func demoCommand() *cli.Command {
 			}
 			ctx, cancel := signalContext(c)
 			defer cancel()
-			nodes := cl.Nodes()
-			http := []sandbox.Port{{Name: "http", Port: 80, Protocol: "TCP"}, {Name: "dns", Port: 53, Protocol: "UDP"}}
-			var names []string
-			for i, n := range nodes {
+			ports := []sandbox.Port{{Name: "http", Port: 80, Protocol: "TCP"}, {Name: "dns", Port: 53, Protocol: "UDP"}}
+			type demoPod struct{ name, ip, node string }
+			var pods []demoPod
+			for i, n := range cl.Nodes() {
 				name := fmt.Sprintf("web-%d", i+1)
 				pod, err := cl.CreatePod(ctx, sandbox.PodSpec{Namespace: "demo", Name: name, Node: n.Name,
-					Labels: map[string]string{"app": "web"}, Ports: http})
+					Labels: map[string]string{"app": "web"}, Ports: ports})
 				if err != nil {
 					return err
 				}
-				names = append(names, name)
-				fmt.Printf("demo/%s\t%s\ton %s\n", name, pod.Status.PodIP, n.Name)
+				pods = append(pods, demoPod{name, pod.Status.PodIP, n.Name})
+				fmt.Printf("demo/%-8s %-12s on %s\n", name, pod.Status.PodIP, n.Name)
 			}
-			if _, err := cl.CreatePod(ctx, sandbox.PodSpec{Namespace: "demo", Name: "client", Node: nodes[0].Name,
-				Labels: map[string]string{"app": "client"}}); err != nil {
-				return err
+			fmt.Printf("\nPod-to-Pod connectivity (TCP 80 / UDP 53; ok = the server answered with its name):\n\n%-10s", "from \\ to")
+			for _, to := range pods {
+				fmt.Printf(" %-12s", to.name)
 			}
-			for _, name := range names {
-				st, err := cl.PodState("demo", name)
-				if err != nil {
-					return err
-				}
-				for _, proto := range []string{"TCP", "UDP"} {
-					port := 80
-					if proto == "UDP" {
-						port = 53
+			fmt.Println()
+			failed := 0
+			for _, from := range pods {
+				fmt.Printf("%-10s", from.name)
+				for _, to := range pods {
+					cell := ""
+					for _, p := range ports {
+						r := cl.Probe(ctx, "demo", from.name, to.ip, int(p.Port), p.Protocol, 2*time.Second)
+						if r.Outcome == echo.Connected && r.Reply == to.name {
+							cell += "ok/"
+						} else {
+							cell += "FAIL/"
+							failed++
+						}
 					}
-					r := cl.Probe(ctx, "demo", "client", st.IP, port, corev1.Protocol(proto), 2*time.Second)
-					fmt.Printf("probe demo/client -> %s:%d/%s (%s): %s\n", st.IP, port, proto, name, r)
+					fmt.Printf(" %-12s", strings.TrimSuffix(cell, "/"))
 				}
+				fmt.Println()
 			}
-			fmt.Fprintf(os.Stderr, "try: %s probe demo/client <ip>:80/TCP --name %s\n", os.Args[0], cl.Name())
+			fmt.Printf("\nkubectl: export KUBECONFIG=%s\n", cl.Kubeconfig())
+			fmt.Printf("probe:   %s probe demo/web-1 %s:80/TCP --name %s\n", os.Args[0], pods[len(pods)-1].ip, cl.Name())
+			fmt.Printf("remove:  make sandbox-down\n")
+			if failed > 0 {
+				return fmt.Errorf("%d probes failed", failed)
+			}
 			return nil
 		},
 	}
