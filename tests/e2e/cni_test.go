@@ -14,47 +14,33 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
-	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/seine-net/seine/tests/sandbox"
 )
 
-// cniEnv drives a Node's installed CNI configuration through libcni the way
-// kubelet's runtime does, from inside the Node's network namespace.
-type cniEnv struct {
-	t    *testing.T
-	node sandbox.Node
-	cni  *libcni.CNIConfig
-	list *libcni.NetworkConfigList
-}
-
-func newCNIEnv(t *testing.T, n sandbox.Node, conflist []byte) *cniEnv {
+// newCNIEnv returns a libcni client for the Node (the installed conflist
+// when conflist is nil).
+func newCNIEnv(t *testing.T, c *sandbox.Cluster, n sandbox.Node, conflist []byte) *cniEnv {
 	t.Helper()
-	if conflist == nil {
-		var err error
-		conflist, err = os.ReadFile(filepath.Join(n.CNIConfDir, "10-seine.conflist"))
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	list, err := libcni.ConfListFromBytes(conflist)
+	cc, err := c.CNI(n.Name, conflist)
 	if err != nil {
-		t.Fatalf("parsing conflist: %v", err)
+		t.Fatal(err)
 	}
-	return &cniEnv{t: t, node: n, list: list,
-		cni: libcni.NewCNIConfig([]string{n.CNIBinDir, "/usr/lib/cni"}, nil)}
+	return &cniEnv{cc}
 }
 
-// inNode runs f on an OS thread switched into the Node's network namespace;
-// the plugins libcni executes inherit it.
-func (e *cniEnv) inNode(f func() error) error {
-	nodeNS, err := ns.GetNS("/run/netns/" + e.node.NetNS)
-	if err != nil {
-		return err
-	}
-	defer nodeNS.Close()
-	return nodeNS.Do(func(ns.NetNS) error { return f() })
+// cniEnv wraps sandbox.CNIClient for these tests.
+type cniEnv struct{ *sandbox.CNIClient }
+
+func (e *cniEnv) rt(containerID, netns string) *libcni.RuntimeConf {
+	return sandbox.RuntimeConf(containerID, netns)
 }
+
+func (e *cniEnv) add(ctx context.Context, rt *libcni.RuntimeConf) (types.Result, error) {
+	return e.Add(ctx, rt)
+}
+
+func (e *cniEnv) del(ctx context.Context, rt *libcni.RuntimeConf) error { return e.Del(ctx, rt) }
 
 // newPodNS creates a named network namespace and removes it at cleanup.
 func newPodNS(t *testing.T, name string) string {
@@ -64,30 +50,6 @@ func newPodNS(t *testing.T, name string) string {
 	}
 	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
 	return "/run/netns/" + name
-}
-
-func (e *cniEnv) rt(containerID, netns string) *libcni.RuntimeConf {
-	return &libcni.RuntimeConf{
-		ContainerID: containerID,
-		NetNS:       netns,
-		IfName:      "eth0",
-		Args: [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "cni-test"},
-			{"K8S_POD_NAME", containerID}, {"K8S_POD_INFRA_CONTAINER_ID", containerID}},
-	}
-}
-
-func (e *cniEnv) add(ctx context.Context, rt *libcni.RuntimeConf) (types.Result, error) {
-	var res types.Result
-	err := e.inNode(func() error {
-		var err error
-		res, err = e.cni.AddNetworkList(ctx, e.list, rt)
-		return err
-	})
-	return res, err
-}
-
-func (e *cniEnv) del(ctx context.Context, rt *libcni.RuntimeConf) error {
-	return e.inNode(func() error { return e.cni.DelNetworkList(ctx, e.list, rt) })
 }
 
 // nodeState is what a Pod attachment leaves on a Node; two snapshots are
@@ -152,7 +114,7 @@ func ipamAllocations(t *testing.T, c *sandbox.Cluster, n sandbox.Node) string {
 func TestCNIAddDelCyclesLeakNothing(t *testing.T) {
 	c := shared
 	n := c.Nodes()[2]
-	e := newCNIEnv(t, n, nil)
+	e := newCNIEnv(t, c, n, nil)
 	netns := newPodNS(t, "seine-e2e-cycles")
 	ctx := testCtx(t, 10*time.Minute)
 	before := snapshot(t, c, n)
@@ -184,7 +146,7 @@ func TestCNIAddDelCyclesLeakNothing(t *testing.T) {
 func TestCNIDelIsIdempotent(t *testing.T) {
 	c := shared
 	n := c.Nodes()[2]
-	e := newCNIEnv(t, n, nil)
+	e := newCNIEnv(t, c, n, nil)
 	ctx := testCtx(t, time.Minute)
 	if err := e.del(ctx, e.rt("never-added", "")); err != nil {
 		t.Fatalf("DEL of an unknown container: %v", err)
@@ -238,7 +200,7 @@ func TestCNIErrors(t *testing.T) {
 			{"bad MTU", `{"cniVersion":"1.1.0","name":"seine","plugins":[{"type":"seine","mtu":-5,"socketPath":"` + n.CNISocket + `"}]}`, types.ErrInvalidNetworkConfig},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
-				e := newCNIEnv(t, n, []byte(tc.conflist))
+				e := newCNIEnv(t, c, n, []byte(tc.conflist))
 				netns := newPodNS(t, "seine-e2e-badconf")
 				_, err := e.add(ctx, e.rt("badconf", netns))
 				if err == nil {
@@ -255,7 +217,7 @@ func TestCNIErrors(t *testing.T) {
 	})
 
 	t.Run("daemon down", func(t *testing.T) {
-		e := newCNIEnv(t, n, nil)
+		e := newCNIEnv(t, c, n, nil)
 		before := snapshot(t, c, n)
 		if err := c.StopSeine(n.Name); err != nil {
 			t.Fatal(err)
@@ -278,8 +240,8 @@ func TestCNIErrors(t *testing.T) {
 		}
 		// STATUS exists from spec 1.1.0 on; ask through a seine-only list
 		// (Debian's chained plugins stop at 1.0.0).
-		s := newCNIEnv(t, n, []byte(`{"cniVersion":"1.1.0","name":"seine","plugins":[{"type":"seine","socketPath":"`+n.CNISocket+`"}]}`))
-		status := s.inNode(func() error { return s.cni.GetStatusNetworkList(ctx, s.list) })
+		s := newCNIEnv(t, c, n, seineOnlyList(n))
+		status := s.Status(ctx)
 		if got := cniCode(status); got != types.ErrPluginNotAvailable {
 			t.Fatalf("STATUS error code %d (%v), want %d", got, status, types.ErrPluginNotAvailable)
 		}
@@ -287,4 +249,55 @@ func TestCNIErrors(t *testing.T) {
 			t.Fatalf("a failed ADD left state: before %+v, after %+v", before, after)
 		}
 	})
+}
+
+// seineOnlyList is a spec-1.1.0 conflist with seine alone, for STATUS and
+// GC (Debian's chained plugins stop at spec 1.0.0).
+func seineOnlyList(n sandbox.Node) []byte {
+	return []byte(`{"cniVersion":"1.1.0","name":"seine","plugins":[{"type":"seine","socketPath":"` + n.CNISocket + `"}]}`)
+}
+
+// TestCNICheckAndGC: CHECK passes for a healthy attachment and fails once
+// its veth is gone; GC releases every attachment not listed as valid.
+func TestCNICheckAndGC(t *testing.T) {
+	c := shared
+	n := c.Nodes()[1]
+	ctx := testCtx(t, 2*time.Minute)
+	e := newCNIEnv(t, c, n, seineOnlyList(n))
+	before := snapshot(t, c, n)
+	keep := e.rt("gc-keep", newPodNS(t, "seine-e2e-gckeep"))
+	drop := e.rt("gc-drop", newPodNS(t, "seine-e2e-gcdrop"))
+	for _, rt := range []*libcni.RuntimeConf{keep, drop} {
+		if _, err := e.add(ctx, rt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.Check(ctx, keep); err != nil {
+		t.Fatalf("CHECK of a healthy attachment: %v", err)
+	}
+	// Break the other one: remove its Pod-side interface.
+	if out, err := exec.Command("ip", "-n", "seine-e2e-gcdrop", "link", "del", "eth0").CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if err := e.Check(ctx, drop); err == nil {
+		t.Fatal("CHECK passed for an attachment whose interface is gone")
+	}
+	if err := e.GC(ctx, []types.GCAttachment{{ContainerID: "gc-keep", IfName: "eth0"}}); err != nil {
+		t.Fatalf("GC: %v", err)
+	}
+	if strings.Contains(ipamAllocations(t, c, n), "gc-drop") {
+		t.Fatal("GC left the IP of an attachment not in the valid list")
+	}
+	if !strings.Contains(ipamAllocations(t, c, n), "gc-keep") {
+		t.Fatal("GC released a valid attachment")
+	}
+	if err := e.Check(ctx, keep); err != nil {
+		t.Fatalf("CHECK after GC: %v", err)
+	}
+	if err := e.del(ctx, keep); err != nil {
+		t.Fatal(err)
+	}
+	if after := snapshot(t, c, n); after != before {
+		t.Fatalf("state left after GC and DEL: before %+v, after %+v", before, after)
+	}
 }

@@ -89,7 +89,7 @@ func TestSmallSandbox(t *testing.T) {
 		if cidr := nodePodCIDR(t, c, n.Name); !strings.HasSuffix(cidr, "/29") {
 			t.Fatalf("podCIDR %s, want a /29", cidr)
 		}
-		e := newCNIEnv(t, n, nil)
+		e := newCNIEnv(t, c, n, nil)
 		netns := newPodNS(t, "seine-e2esmall-exhaust")
 		var added []string
 		var lastErr error

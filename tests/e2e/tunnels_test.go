@@ -35,9 +35,14 @@ func TestTunnelTypes(t *testing.T) {
 					}
 				}
 			})
+			wantMTU := map[string]string{"geneve": "1450", "vxlan": "1450", "gre": "1458"}[typ]
 			for _, n := range c.Nodes() {
 				if got := strings.TrimSpace(ovs(t, n, "ovs-vsctl", "get", "Interface", "seine-tun0", "type")); got != typ {
 					t.Fatalf("tunnel port type on %s is %s, want %s", n.Name, got, typ)
+				}
+				out, err := c.NodeExec(ctx, n.Name, "cat", "/sys/class/net/seine-gw0/mtu")
+				if err != nil || strings.TrimSpace(string(out)) != wantMTU {
+					t.Errorf("gateway MTU on %s with %s: %q (%v), want %s", n.Name, typ, out, err, wantMTU)
 				}
 			}
 			tx0 := tunnelStat(t, c.Nodes()[0], "tx_packets")
