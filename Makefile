@@ -36,18 +36,19 @@ build:
 	ln -sf seine $(BIN)/seinectl
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/sandbox ./tests/cmd/sandbox
 
-## control-plane: build etcd, kube-apiserver, kube-controller-manager and kube-scheduler
-## from their Go modules (tests/tools) into $(K8S_BIN), once.
+## control-plane: build etcd, kube-apiserver, kube-controller-manager, kube-scheduler and
+## kube-proxy (the benchmarks' baseline) from their Go modules (tests/tools) into $(K8S_BIN), once.
 control-plane: $(K8S_BIN)/.built-$(K8S_VERSION)
 
-$(K8S_BIN)/.built-$(K8S_VERSION): tests/tools/go.mod tests/tools/go.sum
+$(K8S_BIN)/.built-$(K8S_VERSION): tests/tools/go.mod tests/tools/go.sum tests/tools/tools.go
 	@mkdir -p $(K8S_BIN)
 	cd tests/tools && CGO_ENABLED=0 $(GO) build -trimpath -o $(K8S_BIN)/etcd go.etcd.io/etcd/server/v3
 	cd tests/tools && CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(K8S_LDFLAGS)' -o $(K8S_BIN)/ \
-	  k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler
+	  k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler \
+	  k8s.io/kubernetes/cmd/kube-proxy
 	touch $@
 
-## generate: regenerate OVSDB models and gRPC stubs.
+## generate: regenerate OVSDB models, gRPC stubs, CRD types (deepcopy, manifests, clientset, listers, informers).
 generate:
 	$(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
 	$(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2

@@ -363,9 +363,14 @@ func Up(ctx context.Context, o Options) (_ *Cluster, err error) {
 	}
 
 	if o.CNIMode == CNIModeSeine {
-		log.Info("applying seine RBAC", zap.String("file", o.RBACFile))
-		if err := cp.Apply(ctx, o.RBACFile); err != nil {
-			return nil, fmt.Errorf("sandbox up: apply %s: %w", o.RBACFile, err)
+		// The CRDs of controlplane.seine.io sit next to the RBAC manifest
+		// (deploy/crds), as a DaemonSet install applies them.
+		manifests := []string{o.RBACFile}
+		crds, _ := filepath.Glob(filepath.Join(filepath.Dir(o.RBACFile), "crds", "*.yaml"))
+		manifests = append(manifests, crds...)
+		log.Info("applying seine RBAC and CRDs", zap.Strings("files", manifests))
+		if err := cp.Apply(ctx, manifests...); err != nil {
+			return nil, fmt.Errorf("sandbox up: apply %v: %w", manifests, err)
 		}
 		c.st.SeineKubeconfig = filepath.Join(dir, "seine.kubeconfig")
 		if err := cp.ServiceAccountKubeconfig(ctx, "kube-system", "seine", c.st.SeineKubeconfig); err != nil {

@@ -1,0 +1,7 @@
+// Package v1alpha1 is the controlplane.seine.io API: the computed form of
+// Kubernetes NetworkPolicies that the leader's policy controller writes and
+// every Node's agent reads (only the objects whose span includes its Node).
+//
+// +k8s:deepcopy-gen=package
+// +groupName=controlplane.seine.io
+package v1alpha1
