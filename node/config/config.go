@@ -10,7 +10,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 )
 
@@ -82,6 +84,46 @@ type Config struct {
 	MetricsAddress string `json:"metricsAddress,omitempty"`
 	// LogLevel is debug, info (default), warn or error.
 	LogLevel string `json:"logLevel,omitempty"`
+
+	// NetworkPolicy configures NetworkPolicy enforcement.
+	NetworkPolicy NetworkPolicyConfig `json:"networkPolicy,omitempty"`
+	// LeaderElection configures the Lease the embedded policy controller
+	// instances compete for.
+	LeaderElection LeaderElectionConfig `json:"leaderElection,omitempty"`
+}
+
+// NetworkPolicyConfig configures NetworkPolicy enforcement.
+type NetworkPolicyConfig struct {
+	// Enable turns enforcement (and the embedded controller) on. Default true.
+	Enable *bool `json:"enable,omitempty"`
+	// RealizeTimeout bounds how long a CNI ADD waits for the new Pod's
+	// policies to be in place; past it the ADD fails with "try again
+	// later" rather than start an unprotected Pod. Default 10s.
+	RealizeTimeout metav1.Duration `json:"realizeTimeout,omitempty"`
+	// AddressGroupSliceSize is the most Pods one AddressGroup object holds.
+	// Default 500.
+	AddressGroupSliceSize int `json:"addressGroupSliceSize,omitempty"`
+}
+
+// LeaderElectionConfig configures the controller's Lease (client-go
+// tools/leaderelection semantics).
+type LeaderElectionConfig struct {
+	// Namespace of the Lease. Default kube-system.
+	Namespace string `json:"namespace,omitempty"`
+	// Name of the Lease. Default seine-controller.
+	Name string `json:"name,omitempty"`
+	// LeaseDuration is how long a lease is valid. Default 15s.
+	LeaseDuration metav1.Duration `json:"leaseDuration,omitempty"`
+	// RenewDeadline is how long the leader retries renewing before giving
+	// up. Default 10s.
+	RenewDeadline metav1.Duration `json:"renewDeadline,omitempty"`
+	// RetryPeriod is the wait between attempts. Default 2s.
+	RetryPeriod metav1.Duration `json:"retryPeriod,omitempty"`
+}
+
+// PolicyEnabled reports whether NetworkPolicy enforcement is on.
+func (c Config) PolicyEnabled() bool {
+	return c.NetworkPolicy.Enable == nil || *c.NetworkPolicy.Enable
 }
 
 // Default returns the configuration with every default filled in.
@@ -102,11 +144,24 @@ func Default() Config {
 		DataDir:         "/var/lib/seine",
 		MetricsAddress:  "127.0.0.1:9345",
 		LogLevel:        "info",
+		NetworkPolicy: NetworkPolicyConfig{
+			Enable:                &t,
+			RealizeTimeout:        metav1.Duration{Duration: 10 * time.Second},
+			AddressGroupSliceSize: 500,
+		},
+		LeaderElection: LeaderElectionConfig{
+			Namespace:     "kube-system",
+			Name:          "seine-controller",
+			LeaseDuration: metav1.Duration{Duration: 15 * time.Second},
+			RenewDeadline: metav1.Duration{Duration: 10 * time.Second},
+			RetryPeriod:   metav1.Duration{Duration: 2 * time.Second},
+		},
 	}
 }
 
 // Load reads the YAML file at path (if path is not empty) over the defaults,
-// applies the key=value overrides (YAML keys, values parsed as YAML scalars)
+// applies the key=value overrides (YAML keys, "a.b" for nested ones; values
+// parsed as YAML)
 // and validates the result. Unknown keys are an error, so a typo cannot
 // silently fall back to a default.
 func Load(path string, overrides []string) (Config, error) {
@@ -132,7 +187,18 @@ func Load(path string, overrides []string) (Config, error) {
 		if err := yaml.Unmarshal([]byte(v), &val); err != nil {
 			val = v
 		}
-		doc[k] = val
+		// "a.b=v" sets key b of the mapping a.
+		m := doc
+		parts := strings.Split(k, ".")
+		for _, p := range parts[:len(parts)-1] {
+			sub, ok := m[p].(map[string]any)
+			if !ok {
+				sub = map[string]any{}
+				m[p] = sub
+			}
+			m = sub
+		}
+		m[parts[len(parts)-1]] = val
 	}
 	merged, err := yaml.Marshal(doc)
 	if err != nil {
@@ -190,6 +256,17 @@ func (c Config) Validate() error {
 	}
 	if c.DataDir == "" || !filepath.IsAbs(c.DataDir) {
 		bad("dataDir", "%q must be an absolute path", c.DataDir)
+	}
+	le := c.LeaderElection
+	if le.LeaseDuration.Duration <= le.RenewDeadline.Duration || le.RenewDeadline.Duration <= le.RetryPeriod.Duration || le.RetryPeriod.Duration <= 0 {
+		bad("leaderElection", "want leaseDuration > renewDeadline > retryPeriod > 0, got %s, %s, %s",
+			le.LeaseDuration.Duration, le.RenewDeadline.Duration, le.RetryPeriod.Duration)
+	}
+	if c.NetworkPolicy.RealizeTimeout.Duration <= 0 {
+		bad("networkPolicy.realizeTimeout", "must be positive")
+	}
+	if c.NetworkPolicy.AddressGroupSliceSize < 1 {
+		bad("networkPolicy.addressGroupSliceSize", "must be at least 1")
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":
