@@ -54,6 +54,20 @@ type Flows interface {
 	Has(owner string) bool
 }
 
+// PolicyHook lets NetworkPolicy enforcement follow the Pods of this Node
+// (implemented by an adapter over policy/agent). All methods must be safe
+// for concurrent use.
+type PolicyHook interface {
+	// PodAttached reports a Pod's port, so the Pod's policies can match it.
+	PodAttached(namespace, name string, ofport uint32, ip net.IP)
+	// PodDetached reports that the Pod's port is gone.
+	PodDetached(namespace, name string)
+	// WaitRealized blocks until the Pod's policies are enforced, or fails
+	// naming why not (uid may be empty when the runtime did not pass
+	// K8S_POD_UID).
+	WaitRealized(ctx context.Context, namespace, name, uid string) error
+}
+
 // Config describes this Node's bridge.
 type Config struct {
 	BridgeName string
@@ -64,6 +78,9 @@ type Config struct {
 	// forwards them without completing partial checksums, so the receiver
 	// would drop them.
 	DisableTxChecksum bool
+	// Policy, when set, is told about Pods, and an ADD returns only once
+	// the Pod's NetworkPolicies are enforced.
+	Policy PolicyHook
 }
 
 // Backend implements the CNI commands on this Node.
@@ -236,6 +253,13 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 	if err := b.flows.Set(ctx, owner(req.ContainerID, req.IfName), flows); err != nil {
 		return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "installing Pod flows: %w", err)
 	}
+	if p := b.cfg.Policy; p != nil && req.PodName != "" {
+		p.PodAttached(req.PodNamespace, req.PodName, uint32(port.OFPort), podIP)
+		undo = append(undo, func() { p.PodDetached(req.PodNamespace, req.PodName) })
+		if err := p.WaitRealized(ctx, req.PodNamespace, req.PodName, req.PodUID); err != nil {
+			return nil, cniserver.Errorf(types.ErrTryAgainLater, "NetworkPolicies of %s/%s are not in place yet: %w", req.PodNamespace, req.PodName, err)
+		}
+	}
 
 	b.log.Info("Pod attached", zap.String("pod", req.PodNamespace+"/"+req.PodName),
 		zap.String("container_id", req.ContainerID), zap.String("ip", podIP.String()),
@@ -261,6 +285,15 @@ func (b *Backend) Del(ctx context.Context, req *cniserver.Request) error {
 
 func (b *Backend) release(ctx context.Context, containerID, ifName string) error {
 	hostName := HostVethName(containerID, ifName)
+	if p := b.cfg.Policy; p != nil {
+		if ports, err := b.ports.ListPorts(ctx, b.cfg.BridgeName); err == nil {
+			for _, port := range ports {
+				if port.Name == hostName && port.ExternalIDs[ExtIDPodName] != "" {
+					p.PodDetached(port.ExternalIDs[ExtIDPodNamespace], port.ExternalIDs[ExtIDPodName])
+				}
+			}
+		}
+	}
 	if err := b.flows.Set(ctx, owner(containerID, ifName), nil); err != nil {
 		return cniserver.Errorf(cniserver.ErrCodeDatapath, "removing Pod flows: %w", err)
 	}
@@ -398,6 +431,9 @@ func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 		flows := pipeline.PodFlows(b.cfg.Bridge, pipeline.Pod{OFPort: uint32(p.OFPort), IP: podIP, MAC: mac})
 		if err := b.flows.Set(ctx, owner(cid, ifn), flows); err != nil {
 			return n, err
+		}
+		if hook := b.cfg.Policy; hook != nil && p.ExternalIDs[ExtIDPodName] != "" {
+			hook.PodAttached(p.ExternalIDs[ExtIDPodNamespace], p.ExternalIDs[ExtIDPodName], uint32(p.OFPort), podIP)
 		}
 		n++
 	}
