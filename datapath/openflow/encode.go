@@ -478,6 +478,8 @@ func encodeAction(a Action) (of13.Action, error) {
 		return of13.NewActionDecNwTtl(), nil
 	case Group:
 		return of13.NewActionGroup(a.ID), nil
+	case Learn:
+		return encodeLearn(a)
 	case nil:
 		return nil, errors.New("nil action")
 	}

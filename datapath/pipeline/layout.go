@@ -25,6 +25,9 @@ const (
 	ARPResponder    Table = 20  // answers ARP for peer gateways, forwards other ARP to its target
 	Conntrack       Table = 30  // ct(): track IP packets in the Seine zone
 	ConntrackState  Table = 31  // drop ct_state=+inv
+	ServiceLB       Table = 40  // new connections to a Service VIP: mark the Service port, look up affinity
+	SessionAffinity Table = 41  // learned ClientIP affinity flows (reached by resubmit only)
+	EndpointDNAT    Table = 42  // pick an endpoint (select group) and DNAT to it
 	EgressRule      Table = 50  // NetworkPolicy egress allow rules (conjunctions)
 	EgressDefault   Table = 60  // default deny for Pods isolated for egress
 	L3Forwarding    Table = 70  // by nw_dst: local Pod, peer Node's podCIDR (tunnel), or gateway
@@ -58,6 +61,9 @@ func Tables() []TableInfo {
 		{ARPResponder, "ARPResponder", MissDrop},
 		{Conntrack, "Conntrack", MissNext},
 		{ConntrackState, "ConntrackState", MissNext},
+		{ServiceLB, "ServiceLB", MissNext},
+		{SessionAffinity, "SessionAffinity", MissNext},
+		{EndpointDNAT, "EndpointDNAT", MissNext},
 		{EgressRule, "EgressRule", MissNext},
 		{EgressDefault, "EgressDefault", MissNext},
 		{L3Forwarding, "L3Forwarding", MissDrop},
@@ -112,6 +118,15 @@ const (
 	OutputResolved RegField = 0<<16 | 16<<8 | 1
 	// TargetOFPort (reg1[0..31]) is the ofport Output sends the packet to.
 	TargetOFPort RegField = 1<<16 | 0<<8 | 32
+	// EndpointSelected (reg0[17]) is set once EndpointIP holds the chosen
+	// endpoint of a Service connection (by the select group or by a
+	// session affinity flow).
+	EndpointSelected RegField = 0<<16 | 17<<8 | 1
+	// ServicePortID (reg5[0..31]) identifies the Service port a new
+	// connection is addressed to (see ServiceLB).
+	ServicePortID RegField = 5<<16 | 0<<8 | 32
+	// EndpointIP (reg6[0..31]) is the IPv4 address of the chosen endpoint.
+	EndpointIP RegField = 6<<16 | 0<<8 | 32
 )
 
 // Values of PktSource.

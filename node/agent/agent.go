@@ -43,7 +43,11 @@ import (
 	"github.com/seine-net/seine/node/config"
 	"github.com/seine-net/seine/node/noderoute"
 	"github.com/seine-net/seine/node/podnet"
+	"github.com/seine-net/seine/node/proxy"
 	"github.com/seine-net/seine/node/snat"
+	policyagent "github.com/seine-net/seine/policy/agent"
+	"github.com/seine-net/seine/policy/client/clientset/versioned"
+	policycontroller "github.com/seine-net/seine/policy/controller"
 	"github.com/seine-net/seine/tunnel"
 )
 
@@ -62,7 +66,8 @@ const (
 // Run runs the daemon until ctx ends.
 func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	log = log.With(zap.String("node", cfg.NodeName))
-	kube, err := kubeClient(cfg.Kubeconfig)
+	reg := prometheus.NewRegistry()
+	kube, cp, err := kubeClients(cfg.Kubeconfig)
 	if err != nil {
 		return err
 	}
@@ -171,8 +176,24 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		NodeIP:      nodeIP,
 		TunnelPort:  uint32(tunPort.OFPort),
 	}
-	if err := syncer.Set(ctx, "pipeline", pipeline.BaseFlows(bridge)); err != nil {
+	baseFlows := pipeline.BaseFlows(bridge)
+	if cfg.PolicyEnabled() {
+		baseFlows = append(baseFlows, pipeline.PolicyBaseFlows(bridge)...)
+	}
+	if err := syncer.Set(ctx, "pipeline", baseFlows); err != nil {
 		return err
+	}
+
+	// NetworkPolicy: this Node's agent (enforcement) and its instance of
+	// the leader-elected controller.
+	var policyAgent *policyagent.Agent
+	if cfg.PolicyEnabled() {
+		policyAgent = policyagent.New(cp, policyagent.Config{
+			NodeName:       cfg.NodeName,
+			Bridge:         bridge,
+			Flows:          syncer,
+			RealizeTimeout: cfg.NetworkPolicy.RealizeTimeout.Duration,
+		}, log.Named("policy-agent"))
 	}
 
 	// Pods already attached.
@@ -188,6 +209,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		Bridge:            bridge,
 		MTU:               mtu,
 		DisableTxChecksum: cfg.OVSDatapathType == config.DatapathNetdev,
+		Policy:            policyHook(policyAgent),
 	}, alloc, ovs, syncer, log.Named("podnet"))
 	restored, err := backend.RestorePods(ctx)
 	if err != nil {
@@ -214,8 +236,34 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	}
 	factory.Start(ctx.Done())
 
-	errc := make(chan error, 4)
+	errc := make(chan error, 8)
 	go func() { errc <- routes.Run(ctx) }()
+	if policyAgent != nil {
+		go func() { errc <- policyAgent.Run(ctx) }()
+		pc, err := policycontroller.New(kube, cp, policycontroller.Config{
+			Identity:       cfg.NodeName,
+			LeaseNamespace: cfg.LeaderElection.Namespace,
+			LeaseName:      cfg.LeaderElection.Name,
+			LeaseDuration:  cfg.LeaderElection.LeaseDuration.Duration,
+			RenewDeadline:  cfg.LeaderElection.RenewDeadline.Duration,
+			RetryPeriod:    cfg.LeaderElection.RetryPeriod.Duration,
+			SliceSize:      cfg.NetworkPolicy.AddressGroupSliceSize,
+			Registry:       reg,
+		}, log.Named("policy-controller"))
+		if err != nil {
+			return err
+		}
+		go func() { errc <- pc.Run(ctx) }()
+	}
+	var svcProxy *proxy.Proxier
+	if cfg.ProxyEnabled() {
+		svcProxy, err = proxy.New(kube, syncer, ofc, proxy.Config{NodeName: cfg.NodeName, Bridge: bridge,
+			SkipServices: cfg.Proxy.SkipServices}, log.Named("proxy"))
+		if err != nil {
+			return err
+		}
+		go func() { errc <- svcProxy.Run(ctx) }()
+	}
 	synced := factory.WaitForCacheSync(ctx.Done())
 	for typ, ok := range synced {
 		if !ok {
@@ -225,7 +273,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	// Let the route controller install every known peer before the old
 	// round's flows go away.
 	_ = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
-		return len(routes.Peers()) >= countPeers(factory, cfg.NodeName), nil
+		return len(routes.Peers()) >= countPeers(factory, cfg.NodeName) && (svcProxy == nil || svcProxy.Synced()), nil
 	})
 	if prevRound != 0 {
 		if err := ofc.DeleteMatching(ctx, uint64(prevRound)<<pipeline.CookieRoundShift, pipeline.CookieRoundMask); err != nil {
@@ -235,7 +283,6 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	log.Info("datapath ready", zap.Uint16("round", round), zap.Int("flows", syncer.Count()))
 
 	// Metrics and health.
-	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "seine_flows", Help: "OpenFlow entries Seine keeps installed on the integration bridge.",
@@ -267,6 +314,27 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	}
 }
 
+// policyHook adapts the policy agent to the CNI backend (nil when
+// NetworkPolicy is disabled).
+func policyHook(a *policyagent.Agent) podnet.PolicyHook {
+	if a == nil {
+		return nil
+	}
+	return agentHook{a}
+}
+
+type agentHook struct{ a *policyagent.Agent }
+
+func (h agentHook) PodAttached(namespace, name string, ofport uint32, ip net.IP) {
+	h.a.PodAttached(policyagent.LocalPod{Namespace: namespace, Name: name, OFPort: ofport, IP: ip})
+}
+
+func (h agentHook) PodDetached(namespace, name string) { h.a.PodDetached(namespace, name) }
+
+func (h agentHook) WaitRealized(ctx context.Context, namespace, name, uid string) error {
+	return h.a.WaitRealized(ctx, namespace, name, uid)
+}
+
 func countPeers(f informers.SharedInformerFactory, self string) int {
 	nodes, err := f.Core().V1().Nodes().Lister().List(everything())
 	if err != nil {
@@ -281,7 +349,7 @@ func countPeers(f informers.SharedInformerFactory, self string) int {
 	return n
 }
 
-func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
+func kubeClients(kubeconfig string) (kubernetes.Interface, versioned.Interface, error) {
 	var rc *rest.Config
 	var err error
 	if kubeconfig == "" {
@@ -290,10 +358,19 @@ func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("kubernetes client configuration: %w", err)
+		return nil, nil, fmt.Errorf("kubernetes client configuration: %w", err)
 	}
 	rc.UserAgent = "seine-node"
-	return kubernetes.NewForConfig(rc)
+	rc.QPS, rc.Burst = 50, 100
+	kube, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, nil, err
+	}
+	cp, err := versioned.NewForConfig(rc)
+	if err != nil {
+		return nil, nil, err
+	}
+	return kube, cp, nil
 }
 
 // waitForPodCIDR polls the Node until kube-controller-manager (or whoever

@@ -90,7 +90,21 @@ type Config struct {
 	// LeaderElection configures the Lease the embedded policy controller
 	// instances compete for.
 	LeaderElection LeaderElectionConfig `json:"leaderElection,omitempty"`
+	// Proxy configures the Service proxy in OVS.
+	Proxy ProxyConfig `json:"proxy,omitempty"`
 }
+
+// ProxyConfig configures Seine's Service proxy (node/proxy).
+type ProxyConfig struct {
+	// Enable programs Services into OVS. Default true; when false, ClusterIP
+	// traffic leaves through the gateway for kube-proxy on the host.
+	Enable *bool `json:"enable,omitempty"`
+	// SkipServices lists "namespace/name" of Services the proxy leaves alone.
+	SkipServices []string `json:"skipServices,omitempty"`
+}
+
+// ProxyEnabled reports whether the Service proxy runs.
+func (c Config) ProxyEnabled() bool { return c.Proxy.Enable == nil || *c.Proxy.Enable }
 
 // NetworkPolicyConfig configures NetworkPolicy enforcement.
 type NetworkPolicyConfig struct {
@@ -264,6 +278,11 @@ func (c Config) Validate() error {
 	}
 	if c.NetworkPolicy.RealizeTimeout.Duration <= 0 {
 		bad("networkPolicy.realizeTimeout", "must be positive")
+	}
+	for _, s := range c.Proxy.SkipServices {
+		if ns, name, ok := strings.Cut(s, "/"); !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+			bad("proxy.skipServices", "%q is not namespace/name", s)
+		}
 	}
 	if c.NetworkPolicy.AddressGroupSliceSize < 1 {
 		bad("networkPolicy.addressGroupSliceSize", "must be at least 1")

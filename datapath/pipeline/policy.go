@@ -1,0 +1,67 @@
+package pipeline
+
+import (
+	"net"
+
+	of "github.com/seine-net/seine/datapath/openflow"
+)
+
+// Priorities of NetworkPolicy flows in the EgressRule/IngressRule and
+// EgressDefault/IngressDefault tables. Kubernetes NetworkPolicies
+// (networking.k8s.io/v1) have no order among themselves: every allow rule of
+// every policy lives at one priority, the bypass of established and host
+// traffic above them, the plain (single-clause) allows above the
+// conjunctions so that a plain allow never shares a flow entry with a
+// conjunction clause (ovs-fields(7): a flow with conjunction actions may
+// have no other action).
+const (
+	// PrioPolicyBypass: -new packets and host traffic skip the policy.
+	PrioPolicyBypass uint16 = PrioHigh
+	// PrioPolicyAllow: a rule whose only restriction is the Pod it
+	// applies to (no peer and no port restriction).
+	PrioPolicyAllow uint16 = PrioNormal + 5
+	// PrioPolicyRule: conjunction clause flows and their conj_id flows.
+	PrioPolicyRule uint16 = PrioNormal
+	// PrioPolicyDefault: the default deny of isolated Pods, in the
+	// *Default tables.
+	PrioPolicyDefault uint16 = PrioLow
+)
+
+// Next returns the table after t in pipeline order (t itself for the last
+// table). A NetworkPolicy allow continues at EgressDefault.Next() (egress)
+// or IngressDefault.Next() (ingress), skipping the default deny.
+func (t Table) Next() Table { return t.next() }
+
+// PolicyBaseFlows returns the fixed flows NetworkPolicy enforcement needs,
+// cookie Cookie(b.Round, CategoryPolicy, 0):
+//
+//   - in EgressRule and IngressRule, tracked packets that do not start a
+//     connection (ct_state=-new+trk: replies, established, related) skip
+//     the policy tables, since only a connection's first packet is subject
+//     to NetworkPolicy;
+//   - in IngressRule, packets from this Node itself (PktSource gateway with
+//     nw_src the gateway IP or the Node IP, e.g. kubelet probes) skip the
+//     ingress policy, as the Kubernetes NetworkPolicy documentation
+//     requires for traffic from the Pod's own Node.
+func PolicyBaseFlows(b Bridge) []of.Flow {
+	ck := Cookie(b.Round, CategoryPolicy, 0)
+	notNew := &of.CtStateMatch{Set: of.CtTrk, Clear: of.CtNew}
+	fs := []of.Flow{
+		{Table: uint8(EgressRule), Priority: PrioPolicyBypass, Cookie: ck,
+			Match:   of.Match{EthType: EthTypeIPv4, CtState: notNew},
+			Actions: []of.Action{goTo(EgressDefault.next())}},
+		{Table: uint8(IngressRule), Priority: PrioPolicyBypass, Cookie: ck,
+			Match:   of.Match{EthType: EthTypeIPv4, CtState: notNew},
+			Actions: []of.Action{goTo(IngressDefault.next())}},
+	}
+	for _, ip := range []net.IP{b.GatewayIP, b.NodeIP} {
+		if ip.To4() == nil {
+			continue
+		}
+		fs = append(fs, of.Flow{Table: uint8(IngressRule), Priority: PrioPolicyBypass, Cookie: ck,
+			Match: of.Match{EthType: EthTypeIPv4, IPSrc: host(ip),
+				Regs: []of.RegMatch{PktSource.Match(FromGateway)}},
+			Actions: []of.Action{goTo(IngressDefault.next())}})
+	}
+	return fs
+}

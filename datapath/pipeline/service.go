@@ -1,0 +1,265 @@
+package pipeline
+
+import (
+	"fmt"
+	"net"
+
+	of "github.com/seine-net/seine/datapath/openflow"
+)
+
+// How Services are load balanced (the tables ServiceLB, SessionAffinity
+// and EndpointDNAT, between ConntrackState and EgressRule, so that
+// NetworkPolicy sees the chosen endpoint):
+//
+//  1. ServiceLB: a connection's first packet (ct_state=+new+trk) to a
+//     Service port's VIP:port gets ServicePortID. For a Service with
+//     ClientIP affinity it resubmits to SessionAffinity, whose learned
+//     flows load EndpointIP with the endpoint this client used last.
+//  2. EndpointDNAT: with EndpointIP still 0 (or naming an endpoint that is
+//     gone), the Service port's select group picks an endpoint: its bucket
+//     loads EndpointIP and resubmits to EndpointDNAT. The flow of that
+//     endpoint then learns the affinity (if any) and runs
+//     ct(commit,nat(dst=endpoint)) in the Pod zone, recirculating to
+//     EgressRule with the rewritten destination. Later packets of the
+//     connection are un-NATed/re-NATed by the Conntrack table's ct(nat)
+//     and never reach the group again, so they stick to their endpoint
+//     whatever happens to the endpoint set.
+//  3. Hairpin: when the client is the endpoint itself, the DNAT commit
+//     also sets CtMarkHairpin; ConntrackCommit then SNATs the connection
+//     to ServiceHairpinIP in the zone ServiceSNATZone, and replies to that
+//     address are un-SNATed by a Conntrack flow before the Pod zone's
+//     ct(nat) un-DNATs them.
+//  4. A Service port without endpoints has no group: its ServiceLB flow
+//     commits the connection (so that the answer is not ct_state=+inv)
+//     and hands the packet to the host through the gateway, where the
+//     node's nftables rejects it (TCP RST, ICMP port unreachable).
+
+// ServiceHairpinIP is the source address given to a Pod's connection to
+// itself through a Service. It is link-local (RFC 3927) so that it never
+// collides with a cluster address; Pods reply to it through their
+// default route, the gateway.
+var ServiceHairpinIP = net.IPv4(169, 254, 100, 1).To4()
+
+// ServiceSNATZone is the conntrack zone of the hairpin SNAT (a second NAT
+// on a connection needs a zone of its own, ovs-actions(7) "ct").
+const ServiceSNATZone uint16 = 65521
+
+// CtMarkHairpin is the ct_mark bit of a Service connection whose client is
+// its own endpoint.
+const CtMarkHairpin uint32 = 1 << 0
+
+// MaxBucketsPerGroup is the number of buckets one group message carries at
+// most. A bucket here is 56 bytes (16-byte header, 24-byte load, 16-byte
+// resubmit) and OpenFlow messages are at most 64 KiB (OpenFlow 1.3 section
+// A.1, 16-bit length), so 1,000 buckets (56,016 bytes with the header)
+// leave headroom. Larger endpoint sets are split over second-level groups.
+const MaxBucketsPerGroup = 1000
+
+// MaxServicePortID bounds ServicePort.ID: the top byte of a group ID is
+// the index of a second-level group.
+const MaxServicePortID = 1<<24 - 1
+
+// ServiceEndpoint is one endpoint of a Service port.
+type ServiceEndpoint struct {
+	IP   net.IP
+	Port uint16
+	// Local: the endpoint is a Pod of this Node (hairpin is possible).
+	Local bool
+}
+
+// ServiceAction is what a Service port does with a new connection.
+type ServiceAction int
+
+const (
+	// ServiceBalance sends it to one of Endpoints (which must not be empty).
+	ServiceBalance ServiceAction = iota
+	// ServiceReject hands it to the host, which rejects it.
+	ServiceReject
+	// ServiceDrop drops it (e.g. internalTrafficPolicy Local with no
+	// local endpoint, as Kubernetes documents for that case).
+	ServiceDrop
+)
+
+// ServicePort is one port of one Service as the datapath sees it.
+type ServicePort struct {
+	// ID is unique among the Node's Service ports, 1..MaxServicePortID; it
+	// is the group ID, the ServicePortID register value and the cookie's
+	// object ID.
+	ID uint32
+	// VIPs are the addresses the port answers on (the ClusterIP).
+	VIPs []net.IP
+	// Protocol is the IP protocol number: 6 TCP, 17 UDP, 132 SCTP.
+	Protocol uint8
+	Port     uint16
+	Action   ServiceAction
+	// Endpoints receive new connections (ServiceBalance only).
+	Endpoints []ServiceEndpoint
+	// AffinitySeconds > 0 enables ClientIP session affinity for that long
+	// after a client's last new connection.
+	AffinitySeconds uint16
+}
+
+// ServiceBaseFlows returns the fixed flows of the Service tables, cookie
+// Cookie(b.Round, CategoryService, 0): non-Service packets skip to
+// EgressRule, SessionAffinity returns nothing when no affinity is
+// learned, and the hairpin SNAT and un-SNAT.
+func ServiceBaseFlows(b Bridge) []of.Flow {
+	ck := Cookie(b.Round, CategoryService, 0)
+	snatTable := uint8(Output)
+	backTo := uint8(Conntrack)
+	return []of.Flow{
+		{Table: uint8(ServiceLB), Priority: PrioDefault + 1, Cookie: ck, Actions: []of.Action{goTo(EgressRule)}},
+		{Table: uint8(SessionAffinity), Priority: PrioDefault + 1, Cookie: ck}, // return from resubmit
+		{Table: uint8(Conntrack), Priority: PrioHigh + 10, Cookie: ck,
+			Match: of.Match{EthType: EthTypeIPv4, IPDst: host(ServiceHairpinIP)},
+			Actions: []of.Action{of.CT{Zone: ServiceSNATZone, Table: &backTo, NAT: &of.CTNAT{}}}},
+		{Table: uint8(ConntrackCommit), Priority: PrioHigh + 10, Cookie: ck,
+			Match: of.Match{EthType: EthTypeIPv4, CtState: &of.CtStateMatch{Set: of.CtTrk, Clear: of.CtRpl},
+				CtMark: &of.Masked32{Value: CtMarkHairpin, Mask: CtMarkHairpin}},
+			Actions: []of.Action{of.CT{Commit: true, Zone: ServiceSNATZone, Table: &snatTable,
+				NAT: &of.CTNAT{SNAT: true, IPMin: ServiceHairpinIP}}}},
+	}
+}
+
+// ServiceOwner is the flowsync owner name of a Service port's flows.
+func ServiceOwner(id uint32) string { return fmt.Sprintf("svc/%d", id) }
+
+// ServicePortFlows returns the flows and groups of one Service port. The
+// groups must be installed before the flows (flows name them) and removed
+// after. Groups are returned top-level first.
+func ServicePortFlows(b Bridge, sp ServicePort) ([]of.Flow, []of.GroupEntry, error) {
+	if sp.ID == 0 || sp.ID > MaxServicePortID {
+		return nil, nil, fmt.Errorf("service port id %d outside 1..%d", sp.ID, MaxServicePortID)
+	}
+	var l4 of.LearnField
+	switch sp.Protocol {
+	case 6:
+		l4 = of.LearnTCPDst
+	case 17:
+		l4 = of.LearnUDPDst
+	case 132:
+		l4 = of.LearnSCTPDst
+	default:
+		return nil, nil, fmt.Errorf("service port %d: unsupported protocol %d", sp.ID, sp.Protocol)
+	}
+	if sp.Action == ServiceBalance && len(sp.Endpoints) == 0 {
+		return nil, nil, fmt.Errorf("service port %d: balancing over no endpoints", sp.ID)
+	}
+	ck := Cookie(b.Round, CategoryService, uint64(sp.ID))
+	newConn := &of.CtStateMatch{Set: of.CtTrk | of.CtNew}
+	var fs []of.Flow
+	var lbActs []of.Action
+	switch sp.Action {
+	case ServiceBalance:
+		lbActs = append(lbActs, ServicePortID.Load(sp.ID))
+		if sp.AffinitySeconds > 0 {
+			lbActs = append(lbActs, of.Resubmit{Table: uint8(SessionAffinity)})
+		}
+		lbActs = append(lbActs, goTo(EndpointDNAT))
+	case ServiceReject:
+		lbActs = []of.Action{of.CT{Commit: true, Zone: ConntrackZone},
+			of.SetEthDst{MAC: b.GatewayMAC}, of.Output{Port: b.GatewayPort}}
+	case ServiceDrop:
+	}
+	for _, vip := range sp.VIPs {
+		if vip.To4() == nil {
+			continue
+		}
+		fs = append(fs, of.Flow{Table: uint8(ServiceLB), Priority: PrioNormal, Cookie: ck,
+			Match: of.Match{EthType: EthTypeIPv4, IPDst: host(vip), IPProto: sp.Protocol,
+				L4Dst: &of.PortMatch{Port: sp.Port}, CtState: newConn},
+			Actions: lbActs})
+	}
+	if sp.Action != ServiceBalance {
+		return fs, nil, nil
+	}
+	// Fallback to the group: no endpoint chosen yet, or a learned one
+	// that is gone.
+	fs = append(fs, of.Flow{Table: uint8(EndpointDNAT), Priority: PrioLow, Cookie: ck,
+		Match:   of.Match{EthType: EthTypeIPv4, Regs: []of.RegMatch{ServicePortID.Match(sp.ID)}},
+		Actions: []of.Action{of.Group{ID: sp.ID}}})
+	egress := uint8(EgressRule)
+	seen := map[string]bool{}
+	var eps []ServiceEndpoint
+	for _, ep := range sp.Endpoints {
+		ip := ep.IP.To4()
+		if ip == nil || seen[ip.String()] {
+			continue
+		}
+		seen[ip.String()] = true
+		eps = append(eps, ep)
+		v := ipToU32(ip)
+		dnat := func(mark bool) []of.Action {
+			var acts []of.Action
+			if sp.AffinitySeconds > 0 {
+				acts = append(acts, affinityLearn(sp, ck, l4))
+			}
+			ct := of.CT{Commit: true, Zone: ConntrackZone, Table: &egress,
+				NAT: &of.CTNAT{DNAT: true, IPMin: ip, PortMin: ep.Port}}
+			if mark {
+				ct.SetMark = &of.Masked32{Value: CtMarkHairpin, Mask: CtMarkHairpin}
+			}
+			return append(acts, ct)
+		}
+		regs := []of.RegMatch{ServicePortID.Match(sp.ID), EndpointIP.Match(v)}
+		fs = append(fs, of.Flow{Table: uint8(EndpointDNAT), Priority: PrioNormal, Cookie: ck,
+			Match: of.Match{EthType: EthTypeIPv4, IPProto: sp.Protocol, Regs: regs}, Actions: dnat(false)})
+		if ep.Local {
+			fs = append(fs, of.Flow{Table: uint8(EndpointDNAT), Priority: PrioHigh, Cookie: ck,
+				Match: of.Match{EthType: EthTypeIPv4, IPProto: sp.Protocol, IPSrc: host(ip), Regs: regs}, Actions: dnat(true)})
+		}
+	}
+	return fs, serviceGroups(sp.ID, eps), nil
+}
+
+// serviceGroups builds the select group of a Service port: one bucket per
+// endpoint, or, past MaxBucketsPerGroup, a top group whose buckets jump to
+// second-level groups (IDs id | k<<24, k = 1..) of nearly equal size, each
+// weighted by its size.
+func serviceGroups(id uint32, eps []ServiceEndpoint) []of.GroupEntry {
+	buckets := make([]of.Bucket, len(eps))
+	for i, ep := range eps {
+		buckets[i] = of.Bucket{Actions: []of.Action{
+			EndpointIP.Load(ipToU32(ep.IP.To4())),
+			of.Resubmit{Table: uint8(EndpointDNAT)},
+		}}
+	}
+	if len(buckets) <= MaxBucketsPerGroup {
+		return []of.GroupEntry{{ID: id, Type: of.GroupSelect, Buckets: buckets}}
+	}
+	n := (len(buckets) + MaxBucketsPerGroup - 1) / MaxBucketsPerGroup
+	top := of.GroupEntry{ID: id, Type: of.GroupSelect}
+	var subs []of.GroupEntry
+	for k := 0; k < n; k++ {
+		lo, hi := k*len(buckets)/n, (k+1)*len(buckets)/n
+		sub := of.GroupEntry{ID: SubGroupID(id, k), Type: of.GroupSelect, Buckets: buckets[lo:hi]}
+		subs = append(subs, sub)
+		top.Buckets = append(top.Buckets, of.Bucket{Weight: uint16(hi - lo), Actions: []of.Action{of.Group{ID: sub.ID}}})
+	}
+	return append([]of.GroupEntry{top}, subs...)
+}
+
+// SubGroupID is the ID of the k-th (0-based) second-level group of the
+// Service port id.
+func SubGroupID(id uint32, k int) uint32 { return id | uint32(k+1)<<24 }
+
+// affinityLearn is the learn action remembering, for AffinitySeconds, which
+// endpoint (EndpointIP) this client (nw_src) got for this VIP and port.
+func affinityLearn(sp ServicePort, cookie uint64, l4 of.LearnField) of.Learn {
+	ep := EndpointIP
+	return of.Learn{Table: uint8(SessionAffinity), Priority: PrioNormal, HardTimeout: sp.AffinitySeconds, Cookie: cookie,
+		Specs: []of.LearnSpec{
+			{Kind: of.LearnMatchValue, Dst: of.LearnEthType, Value: uint64(EthTypeIPv4)},
+			{Kind: of.LearnMatchValue, Dst: of.LearnIPProto, Value: uint64(sp.Protocol)},
+			{Kind: of.LearnMatchField, Dst: of.LearnIPSrc},
+			{Kind: of.LearnMatchField, Dst: of.LearnIPDst},
+			{Kind: of.LearnMatchField, Dst: l4},
+			{Kind: of.LearnLoadField, Src: of.LearnReg(ep.Reg()), Dst: of.LearnReg(ep.Reg()),
+				SrcOfs: ep.Ofs(), DstOfs: ep.Ofs(), NBits: ep.NBits()},
+		}}
+}
+
+func ipToU32(ip net.IP) uint32 {
+	ip = ip.To4()
+	return uint32(ip[0])<<24 | uint32(ip[1])<<16 | uint32(ip[2])<<8 | uint32(ip[3])
+}

@@ -1,0 +1,390 @@
+// Package proxy is Seine's Service proxy: it watches Services and
+// EndpointSlices and programs each Service port into the integration
+// bridge as a select group plus conntrack DNAT (see datapath/pipeline's
+// service.go for the tables), so that no kube-proxy is needed for
+// ClusterIP traffic from Pods. One Service change touches only the flows
+// (flowsync owner per Service port) and groups of that Service.
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	discoverylisters "k8s.io/client-go/listers/discovery/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+
+	of "github.com/seine-net/seine/datapath/openflow"
+	"github.com/seine-net/seine/datapath/pipeline"
+)
+
+// Flows is the part of flowsync.Syncer the proxy uses.
+type Flows interface {
+	Set(ctx context.Context, owner string, flows []of.Flow) error
+}
+
+// Switch is the part of the OpenFlow client the proxy uses.
+type Switch interface {
+	ApplyGroups(ctx context.Context, mods []of.GroupMod) error
+	DeleteMatching(ctx context.Context, cookie, mask uint64) error
+}
+
+// Config configures a Proxier.
+type Config struct {
+	NodeName string
+	Bridge   pipeline.Bridge
+	// SkipServices lists "namespace/name" of Services to leave alone.
+	SkipServices []string
+}
+
+// Proxier programs Services. Create with New, then Run.
+type Proxier struct {
+	cfg     Config
+	skip    map[string]bool
+	flows   Flows
+	sw      Switch
+	log     *zap.Logger
+	factory informers.SharedInformerFactory
+	svcs    corelisters.ServiceLister
+	slices  discoverylisters.EndpointSliceLister
+	queue   workqueue.TypedRateLimitingInterface[string]
+	reject  *rejecter
+	synced  []cache.InformerSynced
+
+	mu        sync.Mutex
+	installed map[string]map[string]*portInstall // service key → port key → state
+	ids       *idAllocator
+	ready     bool
+}
+
+type portInstall struct {
+	id      uint32
+	groups  map[uint32]bool
+	rejects [][]string
+}
+
+// New returns a Proxier watching kube with its own informers.
+func New(kube kubernetes.Interface, flows Flows, sw Switch, cfg Config, log *zap.Logger) (*Proxier, error) {
+	rj, err := newRejecter()
+	if err != nil {
+		return nil, err
+	}
+	f := informers.NewSharedInformerFactory(kube, 0)
+	p := &Proxier{
+		cfg: cfg, skip: map[string]bool{}, flows: flows, sw: sw, log: log, factory: f,
+		svcs:      f.Core().V1().Services().Lister(),
+		slices:    f.Discovery().V1().EndpointSlices().Lister(),
+		queue:     workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
+		reject:    rj,
+		installed: map[string]map[string]*portInstall{},
+		ids:       newIDAllocator(pipeline.MaxServicePortID),
+	}
+	for _, s := range cfg.SkipServices {
+		p.skip[s] = true
+	}
+	svcInf := f.Core().V1().Services().Informer()
+	sliceInf := f.Discovery().V1().EndpointSlices().Informer()
+	enqueue := func(obj any) {
+		if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = t.Obj
+		}
+		switch o := obj.(type) {
+		case *corev1.Service:
+			p.queue.Add(o.Namespace + "/" + o.Name)
+		case *discoveryv1.EndpointSlice:
+			if name := o.Labels[discoveryv1.LabelServiceName]; name != "" {
+				p.queue.Add(o.Namespace + "/" + name)
+			}
+		}
+	}
+	h := cache.ResourceEventHandlerFuncs{AddFunc: enqueue, DeleteFunc: enqueue,
+		UpdateFunc: func(_, n any) { enqueue(n) }}
+	if _, err := svcInf.AddEventHandler(h); err != nil {
+		return nil, err
+	}
+	if _, err := sliceInf.AddEventHandler(h); err != nil {
+		return nil, err
+	}
+	p.synced = []cache.InformerSynced{svcInf.HasSynced, sliceInf.HasSynced}
+	return p, nil
+}
+
+// Synced reports whether every Service known at start has been programmed.
+func (p *Proxier) Synced() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.ready
+}
+
+// Run programs the fixed Service flows and then Services until ctx ends.
+func (p *Proxier) Run(ctx context.Context) error {
+	defer p.queue.ShutDown()
+	if err := p.reject.reset(ctx); err != nil {
+		return err
+	}
+	if err := p.flows.Set(ctx, "service-base", pipeline.ServiceBaseFlows(p.cfg.Bridge)); err != nil {
+		return fmt.Errorf("service base flows: %w", err)
+	}
+	p.factory.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), p.synced...) {
+		return fmt.Errorf("service informers did not sync: %w", ctx.Err())
+	}
+	initial := p.queue.Len()
+	go func() {
+		// Ready once the initial backlog is processed (or soon after).
+		for ctx.Err() == nil && p.queue.Len() > 0 && initial > 0 {
+			time.Sleep(50 * time.Millisecond)
+		}
+		p.mu.Lock()
+		p.ready = true
+		p.mu.Unlock()
+	}()
+	go func() { <-ctx.Done(); p.queue.ShutDown() }()
+	p.log.Info("service proxy running", zap.Int("services", initial))
+	for p.processNext(ctx) {
+	}
+	return nil
+}
+
+func (p *Proxier) processNext(ctx context.Context) bool {
+	key, quit := p.queue.Get()
+	if quit {
+		return false
+	}
+	defer p.queue.Done(key)
+	start := time.Now()
+	if err := p.SyncService(ctx, key); err != nil {
+		if ctx.Err() != nil {
+			return false
+		}
+		p.log.Warn("programming service failed; retrying", zap.String("service", key), zap.Error(err))
+		p.queue.AddRateLimited(key)
+		return true
+	}
+	p.queue.Forget(key)
+	p.log.Debug("service programmed", zap.String("service", key), zap.Duration("took", time.Since(start)))
+	return true
+}
+
+// SyncService makes the datapath state of the Service key ("ns/name")
+// match the informers' view: new ports get an ID, groups and flows; changed
+// ports are updated in place; vanished ports are removed.
+func (p *Proxier) SyncService(ctx context.Context, key string) error {
+	ns, name, err := cache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return err
+	}
+	var want []PortState
+	svc, err := p.svcs.Services(ns).Get(name)
+	switch {
+	case apierrors.IsNotFound(err):
+	case err != nil:
+		return err
+	default:
+		if why := Ignored(svc, p.skip); why != "" {
+			p.log.Debug("service ignored", zap.String("service", key), zap.String("reason", why))
+			break
+		}
+		slices, err := p.slices.EndpointSlices(ns).List(labels.SelectorFromSet(labels.Set{discoveryv1.LabelServiceName: name}))
+		if err != nil {
+			return err
+		}
+		want, err = Translate(svc, slices, p.cfg.NodeName)
+		if err != nil {
+			return err
+		}
+	}
+	return p.apply(ctx, key, want)
+}
+
+// apply installs want for the Service key and removes its other ports.
+func (p *Proxier) apply(ctx context.Context, key string, want []PortState) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	have := p.installed[key]
+	if have == nil {
+		have = map[string]*portInstall{}
+	}
+	keep := map[string]bool{}
+	var errs []error
+	for _, ps := range want {
+		keep[ps.Key] = true
+		pi := have[ps.Key]
+		if pi == nil {
+			id, err := p.ids.get(ps.Key)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			pi = &portInstall{id: id, groups: map[uint32]bool{}}
+			have[ps.Key] = pi
+		}
+		if err := p.installPort(ctx, pi, ps); err != nil {
+			errs = append(errs, fmt.Errorf("port %s: %w", ps.Key, err))
+		}
+	}
+	for k, pi := range have {
+		if keep[k] {
+			continue
+		}
+		if err := p.removePort(ctx, pi); err != nil {
+			errs = append(errs, fmt.Errorf("removing port %s: %w", k, err))
+			continue
+		}
+		p.ids.release(k)
+		delete(have, k)
+	}
+	if len(have) == 0 {
+		delete(p.installed, key)
+	} else {
+		p.installed[key] = have
+	}
+	return errors.Join(errs...)
+}
+
+func (p *Proxier) installPort(ctx context.Context, pi *portInstall, ps PortState) error {
+	sp := ps.Port
+	sp.ID = pi.id
+	flows, groups, err := pipeline.ServicePortFlows(p.cfg.Bridge, sp)
+	if err != nil {
+		return err
+	}
+	// Second-level groups before the top group that names them, groups
+	// before the flows that name them.
+	wantGroups := map[uint32]bool{}
+	for i := len(groups) - 1; i >= 0; i-- {
+		g := groups[i]
+		wantGroups[g.ID] = true
+		if err := p.putGroup(ctx, g, pi.groups[g.ID]); err != nil {
+			return err
+		}
+		pi.groups[g.ID] = true
+	}
+	if err := p.flows.Set(ctx, pipeline.ServiceOwner(pi.id), flows); err != nil {
+		return err
+	}
+	var stale []of.GroupMod
+	for id := range pi.groups {
+		if !wantGroups[id] {
+			stale = append(stale, of.GroupMod{Op: of.GroupOpDelete, Group: of.GroupEntry{ID: id}})
+		}
+	}
+	if err := p.sw.ApplyGroups(ctx, stale); err != nil {
+		return fmt.Errorf("deleting unused groups: %w", err)
+	}
+	for _, g := range stale {
+		delete(pi.groups, g.Group.ID)
+	}
+	var rejects [][]string
+	if sp.Action == pipeline.ServiceReject {
+		for _, vip := range sp.VIPs {
+			rejects = append(rejects, elementKey(vip, sp.Protocol, sp.Port))
+		}
+	}
+	if err := p.reject.update(ctx, rejects, minus(pi.rejects, rejects)); err != nil {
+		return err
+	}
+	pi.rejects = rejects
+	return nil
+}
+
+// putGroup adds a group, or modifies it when it already exists (known to
+// us, or left by an earlier run of the daemon).
+func (p *Proxier) putGroup(ctx context.Context, g of.GroupEntry, known bool) error {
+	if !known {
+		if err := p.sw.ApplyGroups(ctx, []of.GroupMod{{Op: of.GroupOpAdd, Group: g}}); err == nil {
+			return nil
+		}
+	}
+	if err := p.sw.ApplyGroups(ctx, []of.GroupMod{{Op: of.GroupOpModify, Group: g}}); err != nil {
+		return fmt.Errorf("group %d: %w", g.ID, err)
+	}
+	return nil
+}
+
+func (p *Proxier) removePort(ctx context.Context, pi *portInstall) error {
+	if err := p.flows.Set(ctx, pipeline.ServiceOwner(pi.id), nil); err != nil {
+		return err
+	}
+	// Learned affinity flows carry the port's cookie.
+	ck := pipeline.Cookie(p.cfg.Bridge.Round, pipeline.CategoryService, uint64(pi.id))
+	if err := p.sw.DeleteMatching(ctx, ck, ^uint64(0)); err != nil {
+		return fmt.Errorf("deleting learned flows: %w", err)
+	}
+	var mods []of.GroupMod
+	for id := range pi.groups {
+		mods = append(mods, of.GroupMod{Op: of.GroupOpDelete, Group: of.GroupEntry{ID: id}})
+	}
+	if err := p.sw.ApplyGroups(ctx, mods); err != nil {
+		return err
+	}
+	pi.groups = map[uint32]bool{}
+	if err := p.reject.update(ctx, nil, pi.rejects); err != nil {
+		return err
+	}
+	pi.rejects = nil
+	return nil
+}
+
+func minus(a, b [][]string) [][]string {
+	in := map[string]bool{}
+	for _, k := range b {
+		in[fmt.Sprint(k)] = true
+	}
+	var out [][]string
+	for _, k := range a {
+		if !in[fmt.Sprint(k)] {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// idAllocator hands out small IDs per key, reusing released ones.
+type idAllocator struct {
+	max  uint32
+	next uint32
+	free []uint32
+	byKy map[string]uint32
+}
+
+func newIDAllocator(max uint32) *idAllocator {
+	return &idAllocator{max: max, next: 1, byKy: map[string]uint32{}}
+}
+
+func (a *idAllocator) get(key string) (uint32, error) {
+	if id, ok := a.byKy[key]; ok {
+		return id, nil
+	}
+	var id uint32
+	switch {
+	case len(a.free) > 0:
+		id = a.free[len(a.free)-1]
+		a.free = a.free[:len(a.free)-1]
+	case a.next <= a.max:
+		id = a.next
+		a.next++
+	default:
+		return 0, fmt.Errorf("no free service port id (all %d in use)", a.max)
+	}
+	a.byKy[key] = id
+	return id, nil
+}
+
+func (a *idAllocator) release(key string) {
+	if id, ok := a.byKy[key]; ok {
+		delete(a.byKy, key)
+		a.free = append(a.free, id)
+	}
+}

@@ -1,0 +1,544 @@
+// Package agent is the per-Node NetworkPolicy agent: it watches the
+// computed policy objects of its Node (controlplane.seine.io v1alpha1
+// NetworkPolicy, AppliedToGroup, AddressGroup, PodRealization, filtered by
+// the Node's span label), translates them with policy/flows for the Pods
+// attached to this Node's bridge, installs the flows through a
+// flowsync.Syncer, and tells the CNI backend when a Pod's policies are in
+// place (WaitRealized).
+//
+// Reconciliation is debounced and incremental: an event marks the policies
+// it concerns dirty, and only those are translated again; flowsync sends
+// only the flow entries that differ. The informers keep their cache when
+// the API server goes away, so the agent keeps enforcing (and serving
+// WaitRealized from) the last known state, and resume their watches from
+// the last resourceVersion when it comes back.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/seine-net/seine/datapath/flowsync"
+	of "github.com/seine-net/seine/datapath/openflow"
+	"github.com/seine-net/seine/datapath/pipeline"
+	"github.com/seine-net/seine/policy/apis/controlplane/v1alpha1"
+	"github.com/seine-net/seine/policy/client/clientset/versioned"
+	"github.com/seine-net/seine/policy/client/informers"
+	"github.com/seine-net/seine/policy/flows"
+	"github.com/seine-net/seine/policy/realization"
+)
+
+// Defaults of Config.
+const (
+	DefaultRealizeTimeout = 10 * time.Second
+	DefaultDebounce       = 20 * time.Millisecond
+	retryMin              = 200 * time.Millisecond
+	retryMax              = 10 * time.Second
+)
+
+// Informer index names.
+const (
+	idxGroup  = "group"  // AppliedToGroup/AddressGroup → group key label
+	idxMember = "member" // AppliedToGroup → "namespace/name" of members
+	idxATG    = "atg"    // NetworkPolicy → its AppliedToGroup key
+	idxAG     = "ag"     // NetworkPolicy → AddressGroup keys of its rules
+)
+
+// LocalPod is a Pod whose port exists on this Node's bridge.
+type LocalPod struct {
+	Namespace, Name string
+	OFPort          uint32
+	IP              net.IP
+}
+
+// Config configures an Agent.
+type Config struct {
+	// NodeName is this Node's name; the agent only sees objects labelled
+	// v1alpha1.SpanLabel(NodeName).
+	NodeName string
+	// Bridge describes the integration bridge (round, gateway, Node IP)
+	// for cookies and pipeline.PolicyBaseFlows.
+	Bridge pipeline.Bridge
+	// Flows installs the flows; the agent uses the owners "policy/...".
+	Flows *flowsync.Syncer
+	// RealizeTimeout bounds WaitRealized; default 10s.
+	RealizeTimeout time.Duration
+	// Debounce is how long the agent collects events before reconciling;
+	// default 20ms.
+	Debounce time.Duration
+}
+
+// installed is what the agent last installed for one policy.
+type installed struct {
+	digest  realization.Policy
+	targets map[string]bool // "namespace/name" of the local target Pods
+	conj    []flows.ConjKey
+}
+
+// Agent enforces the NetworkPolicies of one Node. Create it with New,
+// start it with Run; PodAttached, PodDetached, WaitRealized and Synced are
+// safe for concurrent use.
+type Agent struct {
+	cp  versioned.Interface
+	cfg Config
+	log *zap.Logger
+
+	kick chan struct{}
+
+	mu       sync.Mutex
+	pods     map[string]flows.Pod // "namespace/name" → attached Pod
+	dirty    map[string]bool      // policy names to translate again
+	done     map[string]*installed
+	changed  chan struct{} // closed and replaced whenever done or PodRealization changes
+	informed bool          // informers are set up (the fields below are valid)
+	lastErr  error
+
+	npInf, atgInf, agInf, prInf cache.SharedIndexInformer
+
+	// Reconciler-only state (one goroutine).
+	state   *flowState
+	conjIDs *flows.Allocator[flows.ConjKey]
+	cookies *flows.Allocator[string]
+
+	synced atomic.Bool
+}
+
+// New returns an agent that reads the computed policy objects with cp and
+// installs flows through cfg.Flows.
+func New(cp versioned.Interface, cfg Config, log *zap.Logger) *Agent {
+	if cfg.RealizeTimeout <= 0 {
+		cfg.RealizeTimeout = DefaultRealizeTimeout
+	}
+	if cfg.Debounce <= 0 {
+		cfg.Debounce = DefaultDebounce
+	}
+	return &Agent{
+		cp: cp, cfg: cfg, log: log.With(zap.String("node", cfg.NodeName)),
+		kick:    make(chan struct{}, 1),
+		pods:    map[string]flows.Pod{},
+		dirty:   map[string]bool{},
+		done:    map[string]*installed{},
+		changed: make(chan struct{}),
+		state:   newFlowState(cfg.Flows),
+		conjIDs: flows.NewAllocator[flows.ConjKey](0),
+		cookies: flows.NewAllocator[string](1<<32 - 1),
+	}
+}
+
+// Synced reports whether the caches have synced and the policy state they
+// held at that point is installed.
+func (a *Agent) Synced() bool { return a.synced.Load() }
+
+func (a *Agent) signal() {
+	select {
+	case a.kick <- struct{}{}:
+	default:
+	}
+}
+
+// notifyLocked wakes WaitRealized callers; a.mu must be held.
+func (a *Agent) notifyLocked() {
+	close(a.changed)
+	a.changed = make(chan struct{})
+}
+
+// PodAttached records a Pod whose port now exists on the bridge and
+// schedules the policies that select it.
+func (a *Agent) PodAttached(p LocalPod) {
+	key := p.Namespace + "/" + p.Name
+	a.mu.Lock()
+	a.pods[key] = flows.Pod{Namespace: p.Namespace, Name: p.Name, OFPort: p.OFPort, IP: p.IP}
+	a.markPodLocked(key)
+	a.mu.Unlock()
+	a.signal()
+}
+
+// PodDetached forgets a Pod and removes it from the flows of the policies
+// that selected it.
+func (a *Agent) PodDetached(namespace, name string) {
+	key := namespace + "/" + name
+	a.mu.Lock()
+	delete(a.pods, key)
+	a.markPodLocked(key)
+	for n, d := range a.done {
+		if d.targets[key] {
+			a.dirty[n] = true
+		}
+	}
+	a.mu.Unlock()
+	a.signal()
+}
+
+// markPodLocked marks dirty the policies whose AppliedToGroup lists the Pod.
+func (a *Agent) markPodLocked(podKey string) {
+	if !a.informed {
+		return
+	}
+	objs, _ := a.atgInf.GetIndexer().ByIndex(idxMember, podKey)
+	for _, o := range objs {
+		a.markGroupLocked(idxATG, o)
+	}
+}
+
+// markGroupLocked marks dirty the policies referencing the group of obj
+// (an AppliedToGroup or AddressGroup) through the policy index idx.
+func (a *Agent) markGroupLocked(idx string, obj any) {
+	m, err := meta(obj)
+	if err != nil {
+		return
+	}
+	g := m.GetLabels()[v1alpha1.GroupLabel]
+	if g == "" {
+		return
+	}
+	nps, _ := a.npInf.GetIndexer().ByIndex(idx, g)
+	for _, o := range nps {
+		if np, ok := o.(*v1alpha1.NetworkPolicy); ok {
+			a.dirty[np.Name] = true
+		}
+	}
+}
+
+func meta(obj any) (metav1.Object, error) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	m, ok := obj.(metav1.Object)
+	if !ok {
+		return nil, fmt.Errorf("unexpected object %T", obj)
+	}
+	return m, nil
+}
+
+func handler(fn func(obj any)) cache.ResourceEventHandlerFuncs {
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc:    fn,
+		UpdateFunc: func(old, obj any) { fn(old); fn(obj) },
+		DeleteFunc: fn,
+	}
+}
+
+func groupIndex(obj any) ([]string, error) {
+	m, err := meta(obj)
+	if err != nil {
+		return nil, err
+	}
+	if g := m.GetLabels()[v1alpha1.GroupLabel]; g != "" {
+		return []string{g}, nil
+	}
+	return nil, nil
+}
+
+// Run watches the Node's policy objects and keeps the flows in line with
+// them until ctx ends. It installs pipeline.PolicyBaseFlows first and
+// returns an error only when that fails or ctx ends before the caches sync.
+func (a *Agent) Run(ctx context.Context) error {
+	if err := a.cfg.Flows.Set(ctx, ownerBase, pipeline.PolicyBaseFlows(a.cfg.Bridge)); err != nil {
+		return fmt.Errorf("installing the policy base flows: %w", err)
+	}
+	sel := v1alpha1.SpanLabel(a.cfg.NodeName)
+	f := informers.NewSharedInformerFactoryWithOptions(a.cp, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel }))
+	cpi := f.Controlplane().V1alpha1()
+	npInf := cpi.NetworkPolicies().Informer()
+	atgInf := cpi.AppliedToGroups().Informer()
+	agInf := cpi.AddressGroups().Informer()
+	prInf := cpi.PodRealizations().Informer()
+	errs := []error{
+		npInf.AddIndexers(cache.Indexers{
+			idxATG: func(obj any) ([]string, error) {
+				return []string{obj.(*v1alpha1.NetworkPolicy).Spec.AppliedToGroup}, nil
+			},
+			idxAG: func(obj any) ([]string, error) {
+				var out []string
+				for _, r := range obj.(*v1alpha1.NetworkPolicy).Spec.Rules {
+					out = append(out, r.AddressGroups...)
+				}
+				return out, nil
+			},
+		}),
+		atgInf.AddIndexers(cache.Indexers{
+			idxGroup: groupIndex,
+			idxMember: func(obj any) ([]string, error) {
+				var out []string
+				for _, m := range obj.(*v1alpha1.AppliedToGroup).Spec.Members {
+					out = append(out, m.Namespace+"/"+m.Name)
+				}
+				return out, nil
+			},
+		}),
+		agInf.AddIndexers(cache.Indexers{idxGroup: groupIndex}),
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("informer indexers: %w", err)
+	}
+	a.mu.Lock()
+	a.npInf, a.atgInf, a.agInf, a.prInf = npInf, atgInf, agInf, prInf
+	a.informed = true
+	a.mu.Unlock()
+
+	mark := func(fn func(obj any)) cache.ResourceEventHandlerFuncs {
+		return handler(func(obj any) {
+			a.mu.Lock()
+			fn(obj)
+			a.mu.Unlock()
+			a.signal()
+		})
+	}
+	_, e1 := npInf.AddEventHandler(mark(func(obj any) {
+		if m, err := meta(obj); err == nil {
+			a.dirty[m.GetName()] = true
+		}
+	}))
+	_, e2 := atgInf.AddEventHandler(mark(func(obj any) { a.markGroupLocked(idxATG, obj) }))
+	_, e3 := agInf.AddEventHandler(mark(func(obj any) { a.markGroupLocked(idxAG, obj) }))
+	_, e4 := prInf.AddEventHandler(handler(func(any) {
+		a.mu.Lock()
+		a.notifyLocked()
+		a.mu.Unlock()
+	}))
+	if err := errors.Join(e1, e2, e3, e4); err != nil {
+		return fmt.Errorf("informer handlers: %w", err)
+	}
+	f.Start(ctx.Done())
+	defer f.Shutdown()
+	for typ, ok := range f.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			return fmt.Errorf("waiting for the %v cache: %w", typ, ctx.Err())
+		}
+	}
+	a.log.Info("policy caches synced", zap.Int("policies", len(npInf.GetStore().ListKeys())))
+	a.mu.Lock()
+	for _, k := range npInf.GetStore().ListKeys() {
+		a.dirty[k] = true
+	}
+	a.mu.Unlock()
+
+	backoff := retryMin
+	first := true
+	var retry <-chan time.Time
+	for {
+		if err := a.reconcile(ctx); err != nil {
+			a.log.Warn("installing policy flows failed; retrying", zap.Error(err), zap.Duration("retry_in", backoff))
+			retry = time.After(backoff)
+			backoff = min(backoff*2, retryMax)
+		} else {
+			backoff, retry = retryMin, nil
+			if first {
+				first = false
+				a.synced.Store(true)
+				a.log.Info("policy flows synced", zap.Int("flows", a.state.count()))
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-a.kick:
+		case <-retry:
+		}
+		// Debounce: collect the events of a burst into one reconcile.
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(a.cfg.Debounce):
+		}
+	}
+}
+
+// source is the flows.Source over the informer caches and attached Pods.
+type source struct {
+	node     string
+	atg, ag  cache.Indexer
+	pods     map[string]flows.Pod
+	agSlices map[string]int // group key → slices seen, filled by AddressGroup
+}
+
+func (s *source) AppliedTo(g string) []v1alpha1.GroupMember {
+	objs, _ := s.atg.ByIndex(idxGroup, g)
+	var out []v1alpha1.GroupMember
+	for _, o := range objs {
+		atg := o.(*v1alpha1.AppliedToGroup)
+		if atg.Spec.NodeName == s.node {
+			out = append(out, atg.Spec.Members...)
+		}
+	}
+	return out
+}
+
+func (s *source) AddressGroup(g string) []v1alpha1.GroupMember {
+	objs, _ := s.ag.ByIndex(idxGroup, g)
+	var out []v1alpha1.GroupMember
+	for _, o := range objs {
+		out = append(out, o.(*v1alpha1.AddressGroup).Spec.Members...)
+	}
+	return out
+}
+
+func (s *source) slices(g string) int {
+	objs, _ := s.ag.ByIndex(idxGroup, g)
+	return len(objs)
+}
+
+func (s *source) LocalPod(ns, name string) (flows.Pod, bool) {
+	p, ok := s.pods[ns+"/"+name]
+	return p, ok
+}
+
+// reconcile translates the dirty policies and installs the result.
+func (a *Agent) reconcile(ctx context.Context) error {
+	a.mu.Lock()
+	dirty := a.dirty
+	a.dirty = map[string]bool{}
+	pods := make(map[string]flows.Pod, len(a.pods))
+	for k, p := range a.pods {
+		pods[k] = p
+	}
+	a.mu.Unlock()
+	if len(dirty) == 0 {
+		return nil
+	}
+	src := &source{node: a.cfg.NodeName, atg: a.atgInf.GetIndexer(), ag: a.agInf.GetIndexer(), pods: pods}
+	want := map[string][]of.Flow{}
+	next := map[string]*installed{}
+	for name := range dirty {
+		obj, exists, err := a.npInf.GetStore().GetByKey(name)
+		if err != nil || !exists {
+			want[name] = nil
+			next[name] = nil
+			continue
+		}
+		np := obj.(*v1alpha1.NetworkPolicy)
+		id, ok := a.cookies.Get(name)
+		if !ok {
+			a.log.Error("no cookie ID left for policy", zap.String("policy", name))
+			continue
+		}
+		tr := flows.Translate(np, pipeline.Cookie(a.cfg.Bridge.Round, pipeline.CategoryPolicy, uint64(id)), src, a.conjIDs)
+		for _, w := range tr.Warnings {
+			a.log.Warn("policy rule partly ignored", zap.String("policy", name), zap.String("reason", w))
+		}
+		want[name] = tr.Flows
+		inst := &installed{targets: map[string]bool{}, conj: tr.Conj,
+			digest: realization.Policy{Name: np.Name, SpecHash: realization.SpecHash(np.Spec), AddressGroupSlices: map[string]int{}}}
+		for _, t := range tr.Targets {
+			inst.targets[t.Key()] = true
+		}
+		for _, r := range np.Spec.Rules {
+			for _, g := range r.AddressGroups {
+				inst.digest.AddressGroupSlices[g] = src.slices(g)
+			}
+		}
+		next[name] = inst
+	}
+	ok, err := a.state.update(ctx, want)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for name, inst := range next {
+		if !ok[name] {
+			a.dirty[name] = true
+			continue
+		}
+		old := a.done[name]
+		if inst == nil {
+			delete(a.done, name)
+			a.cookies.Release(name)
+		} else {
+			a.done[name] = inst
+		}
+		// Conjunction IDs no longer used are freed once their flows are
+		// gone from the switch.
+		if old != nil {
+			keep := map[flows.ConjKey]bool{}
+			if inst != nil {
+				for _, k := range inst.conj {
+					keep[k] = true
+				}
+			}
+			for _, k := range old.conj {
+				if !keep[k] {
+					a.conjIDs.Release(k)
+				}
+			}
+		}
+	}
+	a.lastErr = err
+	a.notifyLocked()
+	if err != nil {
+		return err
+	}
+	a.log.Debug("policy flows installed", zap.Int("policies", len(next)), zap.Int("flows", a.state.count()))
+	return nil
+}
+
+// installedDigestLocked computes the digest of the policy state installed
+// for a Pod and names the policies in it.
+func (a *Agent) installedDigestLocked(podKey string) (string, []string) {
+	var ps []realization.Policy
+	var names []string
+	for _, d := range a.done {
+		if d.targets[podKey] {
+			ps = append(ps, d.digest)
+			names = append(names, d.digest.Name)
+		}
+	}
+	sort.Strings(names)
+	return realization.Digest(ps), names
+}
+
+// WaitRealized blocks until the flows of the Pod's current policy state are
+// installed: the digest of the installed policies selecting the Pod
+// (realization.Digest) equals the one the controller recorded for
+// realization.PodKey(namespace, name, uid) in this Node's PodRealization.
+// It returns an error naming the cause when ctx ends or RealizeTimeout
+// passes first.
+func (a *Agent) WaitRealized(ctx context.Context, namespace, name, uid string) error {
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.RealizeTimeout)
+	defer cancel()
+	podKey := namespace + "/" + name
+	recKey := realization.PodKey(namespace, name, uid)
+	prName := v1alpha1.NodeKey(a.cfg.NodeName)
+	for {
+		a.mu.Lock()
+		ch := a.changed
+		var cause error
+		if !a.informed {
+			cause = errors.New("the policy agent has not started watching yet")
+		} else {
+			want, found := "", false
+			if obj, ok, _ := a.prInf.GetStore().GetByKey(prName); ok {
+				want, found = obj.(*v1alpha1.PodRealization).Spec.Pods[recKey]
+			}
+			have, names := a.installedDigestLocked(podKey)
+			switch {
+			case !found:
+				cause = fmt.Errorf("the controller has not recorded pod %s in PodRealization %s", recKey, prName)
+			case want == have:
+				a.mu.Unlock()
+				return nil
+			default:
+				cause = fmt.Errorf("installed policy state %s (policies [%s]) differs from the controller's %s",
+					have, strings.Join(names, " "), want)
+				if a.lastErr != nil {
+					cause = fmt.Errorf("%w; last flow installation failed: %w", cause, a.lastErr)
+				}
+			}
+		}
+		a.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("policies of pod %s not realized: %w (%w)", podKey, cause, ctx.Err())
+		}
+	}
+}

@@ -1,0 +1,371 @@
+package agent
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/seine-net/seine/datapath/flowsync"
+	of "github.com/seine-net/seine/datapath/openflow"
+	"github.com/seine-net/seine/datapath/ovstest"
+	"github.com/seine-net/seine/datapath/pipeline"
+	"github.com/seine-net/seine/policy/apis/controlplane/v1alpha1"
+	"github.com/seine-net/seine/policy/client/clientset/versioned"
+	"github.com/seine-net/seine/policy/realization"
+	"github.com/seine-net/seine/tests/sandbox/controlplane"
+)
+
+const nodeName = "node-a"
+
+func k8sBinDir() string {
+	if d := os.Getenv("SEINE_K8S_BIN"); d != "" {
+		return d
+	}
+	return "/root/.cache/seine/k8s-v1.36.3/bin"
+}
+
+// startControlPlane starts a real API server in a fresh network namespace
+// with the controlplane.seine.io CRDs applied, torn down at cleanup.
+func startControlPlane(t *testing.T) versioned.Interface {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (network namespaces, OVS)")
+	}
+	if _, err := os.Stat(filepath.Join(k8sBinDir(), "kube-apiserver")); err != nil {
+		t.Skipf("Kubernetes binaries not found in %s: %v", k8sBinDir(), err)
+	}
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	ns := "seine-pa-" + hex.EncodeToString(b)
+	for _, args := range [][]string{{"netns", "add", ns}, {"-n", ns, "link", "set", "lo", "up"}, {"-n", ns, "addr", "add", "198.18.0.1/32", "dev", "lo"}} {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v: %s", args, err, out)
+		}
+		if args[0] == "netns" {
+			t.Cleanup(func() { _ = exec.Command("ip", "netns", "delete", ns).Run() })
+		}
+	}
+	stateDir := filepath.Join(t.TempDir(), "cp")
+	t.Cleanup(func() {
+		if err := controlplane.Stop(stateDir); err != nil {
+			t.Errorf("stopping the control plane: %v", err)
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
+	defer cancel()
+	cp, err := controlplane.Start(ctx, controlplane.Config{StateDir: stateDir, BinDir: k8sBinDir(), NetNS: ns,
+		AdvertiseAddress: "198.18.0.1"}, zaptest.NewLogger(t).Named("cp"))
+	if err != nil {
+		t.Fatalf("starting the control plane: %v", err)
+	}
+	crds, _ := filepath.Glob("../../deploy/crds/*.yaml")
+	if len(crds) == 0 {
+		t.Fatal("no CRDs in deploy/crds")
+	}
+	if err := cp.Apply(ctx, crds...); err != nil {
+		t.Fatalf("applying the CRDs: %v", err)
+	}
+	rc, err := cp.RESTConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := versioned.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The CRDs serve once established: retry a list.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(300 * time.Millisecond) {
+		_, err := cs.ControlplaneV1alpha1().NetworkPolicies().List(ctx, metav1.ListOptions{})
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("CRDs not served: %v", err)
+		}
+	}
+	return cs
+}
+
+type node struct {
+	o      *ovstest.OVS
+	syncer *flowsync.Syncer
+	br     pipeline.Bridge
+	pods   map[string]LocalPod
+}
+
+func mac(ip net.IP) net.HardwareAddr {
+	ip = ip.To4()
+	return net.HardwareAddr{0x0a, 0x58, ip[0], ip[1], ip[2], ip[3]}
+}
+
+// startNode starts OVS with br-int, the base pipeline and Pods a, b, c.
+func startNode(t *testing.T) *node {
+	o := ovstest.Start(t)
+	o.Run("ovs-vsctl", "add-br", "br-int", "--", "set", "bridge", "br-int", "datapath_type=netdev",
+		"fail_mode=secure", "protocols=OpenFlow10,OpenFlow13,OpenFlow15")
+	o.Run("ovs-vsctl", "add-port", "br-int", "gw0", "--", "set", "interface", "gw0", "type=internal", "ofport_request=2")
+	// The client lives as long as its Dial context.
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	c, err := of.Dial(ctx, o.MgmtSocket("br-int"), zaptest.NewLogger(t).Named("of"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_, pc, _ := net.ParseCIDR("10.244.1.0/24")
+	n := &node{o: o, syncer: flowsync.New(c), pods: map[string]LocalPod{},
+		br: pipeline.Bridge{Round: 1, GatewayPort: 2, GatewayMAC: mac(net.IPv4(10, 244, 1, 1)), GatewayIP: net.IPv4(10, 244, 1, 1).To4(),
+			PodCIDR: pc, NodeIP: net.IPv4(198, 18, 0, 11).To4()}}
+	if err := n.syncer.Set(ctx, "base", pipeline.BaseFlows(n.br)); err != nil {
+		t.Fatal(err)
+	}
+	for i, name := range []string{"a", "b", "c"} {
+		port := uint32(3 + i)
+		ip := net.IPv4(10, 244, 1, byte(3+i)).To4()
+		o.Run("ovs-vsctl", "add-port", "br-int", "p"+name, "--", "set", "interface", "p"+name, "type=internal",
+			fmt.Sprintf("ofport_request=%d", port))
+		if err := n.syncer.Set(ctx, "pod/"+name, pipeline.PodFlows(n.br, pipeline.Pod{OFPort: port, IP: ip, MAC: mac(ip)})); err != nil {
+			t.Fatal(err)
+		}
+		n.pods[name] = LocalPod{Namespace: "default", Name: name, OFPort: port, IP: ip}
+	}
+	return n
+}
+
+// policyDump returns the policy flows (cookie category CategoryPolicy) as
+// sorted lines without statistics.
+func (n *node) policyDump(t *testing.T) []string {
+	cookie := fmt.Sprintf("cookie=%#x/%#x", uint64(pipeline.CategoryPolicy)<<pipeline.CookieCategoryShift, pipeline.CookieCategoryMask)
+	out := n.o.Run("ovs-ofctl", "-O", "OpenFlow15", "--no-stats", "dump-flows", n.o.MgmtSocket("br-int"), cookie)
+	var lines []string
+	for _, l := range strings.Split(out, "\n") {
+		l = strings.TrimSpace(l)
+		if l == "" || strings.Contains(l, "reply") {
+			continue
+		}
+		lines = append(lines, l)
+	}
+	sort.Strings(lines)
+	return lines
+}
+
+// verdict traces a packet from the gateway-side tunnel-less peer (in via
+// gw0 with a foreign source) or from a Pod to a Pod.
+func (n *node) verdict(t *testing.T, flow string) string {
+	out := n.o.Run("ovs-appctl", "ofproto/trace", "br-int", flow, "--ct-next", "trk,new")
+	if m := regexp.MustCompile(`output port is (\d+)|output:(\d+)`).FindStringSubmatch(out); m != nil {
+		return "output:" + m[1] + m[2]
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if strings.HasSuffix(lines[len(lines)-1], "drop") {
+		return "drop"
+	}
+	return lines[len(lines)-1]
+}
+
+func (n *node) podToPod(from, to string, dport int) string {
+	f, d := n.pods[from], n.pods[to]
+	return fmt.Sprintf("in_port=%d,dl_src=%s,dl_dst=%s,tcp,tcp_dst=%d,nw_ttl=64,nw_src=%s,nw_dst=%s",
+		f.OFPort, mac(f.IP), mac(d.IP), dport, f.IP, d.IP)
+}
+
+func diff(a, b []string) (onlyA, onlyB []string) {
+	ma, mb := map[string]bool{}, map[string]bool{}
+	for _, l := range a {
+		ma[l] = true
+	}
+	for _, l := range b {
+		mb[l] = true
+	}
+	for _, l := range a {
+		if !mb[l] {
+			onlyA = append(onlyA, l)
+		}
+	}
+	for _, l := range b {
+		if !ma[l] {
+			onlyB = append(onlyB, l)
+		}
+	}
+	return
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+func span(extra map[string]string) map[string]string {
+	l := map[string]string{v1alpha1.SpanLabel(nodeName): ""}
+	for k, v := range extra {
+		l[k] = v
+	}
+	return l
+}
+
+func member(name, ip string) v1alpha1.GroupMember {
+	return v1alpha1.GroupMember{Namespace: "default", Name: name, IPs: []string{ip}}
+}
+
+func inPolicy(name, atg, ag string, port int32, labels map[string]string) *v1alpha1.NetworkPolicy {
+	p := intstr.FromInt32(port)
+	return &v1alpha1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
+		Spec: v1alpha1.NetworkPolicySpec{AppliedToGroup: atg, PolicyTypes: []string{"Ingress"},
+			Rules: []v1alpha1.Rule{{Direction: v1alpha1.DirectionIn, AddressGroups: []string{ag},
+				Ports: []v1alpha1.PolicyPort{{Protocol: "TCP", Port: &p}}}}}}
+}
+
+// TestAgentWithAPIServerAndOVS plays the controller by hand against a real
+// API server and checks the flows the agent installs on a real OVS.
+func TestAgentWithAPIServerAndOVS(t *testing.T) {
+	cs := startControlPlane(t)
+	n := startNode(t)
+	api := cs.ControlplaneV1alpha1()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	mustCreate := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	nk := v1alpha1.NodeKey(nodeName)
+	// a is the target of "np-web", admitting b on TCP 80; c is the target
+	// of "np-hidden", which lacks this Node's span label.
+	_, err := api.AppliedToGroups().Create(ctx, &v1alpha1.AppliedToGroup{ObjectMeta: metav1.ObjectMeta{Name: "tgt-a-" + nk,
+		Labels: span(map[string]string{v1alpha1.GroupLabel: "tgt-a"})},
+		Spec: v1alpha1.AppliedToGroupSpec{NodeName: nodeName, Members: []v1alpha1.GroupMember{member("a", "10.244.1.3")}}}, metav1.CreateOptions{})
+	mustCreate(err)
+	_, err = api.AddressGroups().Create(ctx, &v1alpha1.AddressGroup{ObjectMeta: metav1.ObjectMeta{Name: "peers-b-0",
+		Labels: span(map[string]string{v1alpha1.GroupLabel: "peers-b"})},
+		Spec: v1alpha1.AddressGroupSpec{Members: []v1alpha1.GroupMember{member("b", "10.244.1.4")}}}, metav1.CreateOptions{})
+	mustCreate(err)
+	_, err = api.NetworkPolicies().Create(ctx, inPolicy("np-web", "tgt-a", "peers-b", 80, span(nil)), metav1.CreateOptions{})
+	mustCreate(err)
+	_, err = api.AppliedToGroups().Create(ctx, &v1alpha1.AppliedToGroup{ObjectMeta: metav1.ObjectMeta{Name: "tgt-c-" + nk,
+		Labels: map[string]string{v1alpha1.GroupLabel: "tgt-c"}},
+		Spec: v1alpha1.AppliedToGroupSpec{NodeName: nodeName, Members: []v1alpha1.GroupMember{member("c", "10.244.1.5")}}}, metav1.CreateOptions{})
+	mustCreate(err)
+	_, err = api.NetworkPolicies().Create(ctx, inPolicy("np-hidden", "tgt-c", "peers-b", 80, nil), metav1.CreateOptions{})
+	mustCreate(err)
+
+	ag := New(cs, Config{NodeName: nodeName, Bridge: n.br, Flows: n.syncer, RealizeTimeout: 3 * time.Second}, zaptest.NewLogger(t).Named("agent"))
+	for _, p := range n.pods {
+		ag.PodAttached(p)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	runDone := make(chan error, 1)
+	go func() { runDone <- ag.Run(runCtx) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-runDone; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	eventually(t, "agent synced", ag.Synced)
+	eventually(t, "np-web enforced", func() bool { return n.verdict(t, n.podToPod("c", "a", 80)) == "drop" })
+	checks := []struct {
+		from, to string
+		port     int
+		want     string
+	}{
+		{"b", "a", 80, "output:3"},
+		{"b", "a", 81, "drop"},
+		{"c", "a", 80, "drop"},
+		// np-hidden is not in this Node's span: c stays open.
+		{"a", "c", 80, "output:5"},
+		{"a", "c", 443, "output:5"},
+	}
+	for _, c := range checks {
+		if got := n.verdict(t, n.podToPod(c.from, c.to, c.port)); got != c.want {
+			t.Errorf("%s→%s:%d = %s, want %s", c.from, c.to, c.port, got, c.want)
+		}
+	}
+	base := n.policyDump(t)
+	t.Logf("policy flows with np-web:\n%s", strings.Join(base, "\n"))
+
+	// An update changes exactly the differing flow: the port clause.
+	np, err := api.NetworkPolicies().Get(ctx, "np-web", metav1.GetOptions{})
+	mustCreate(err)
+	p := intstr.FromInt32(8080)
+	np.Spec.Rules[0].Ports[0].Port = &p
+	_, err = api.NetworkPolicies().Update(ctx, np, metav1.UpdateOptions{})
+	mustCreate(err)
+	eventually(t, "port update", func() bool { return n.verdict(t, n.podToPod("b", "a", 8080)) == "output:3" })
+	updated := n.policyDump(t)
+	gone, added := diff(base, updated)
+	if len(gone) != 1 || !strings.Contains(gone[0], "tp_dst=80") || len(added) != 1 || !strings.Contains(added[0], "tp_dst=8080") {
+		t.Errorf("update changed more than the port flow:\n- %s\n+ %s", strings.Join(gone, "\n- "), strings.Join(added, "\n+ "))
+	}
+
+	// A second policy on b, then its removal, leaves exactly the flows of
+	// before.
+	_, err = api.AppliedToGroups().Create(ctx, &v1alpha1.AppliedToGroup{ObjectMeta: metav1.ObjectMeta{Name: "tgt-b-" + nk,
+		Labels: span(map[string]string{v1alpha1.GroupLabel: "tgt-b"})},
+		Spec: v1alpha1.AppliedToGroupSpec{NodeName: nodeName, Members: []v1alpha1.GroupMember{member("b", "10.244.1.4")}}}, metav1.CreateOptions{})
+	mustCreate(err)
+	_, err = api.NetworkPolicies().Create(ctx, inPolicy("np-b", "tgt-b", "peers-b", 53, span(nil)), metav1.CreateOptions{})
+	mustCreate(err)
+	eventually(t, "np-b enforced", func() bool { return n.verdict(t, n.podToPod("a", "b", 80)) == "drop" })
+	with := n.policyDump(t)
+	if _, add := diff(updated, with); len(add) < 4 {
+		t.Errorf("np-b added only %d flows: %v", len(add), add)
+	}
+	mustCreate(api.NetworkPolicies().Delete(ctx, "np-b", metav1.DeleteOptions{}))
+	eventually(t, "np-b removed", func() bool { return n.verdict(t, n.podToPod("a", "b", 80)) == "output:4" })
+	eventually(t, "flows back to before np-b", func() bool {
+		g, a := diff(updated, n.policyDump(t))
+		return len(g) == 0 && len(a) == 0
+	})
+
+	// WaitRealized: a's digest as the controller would compute it.
+	np, err = api.NetworkPolicies().Get(ctx, "np-web", metav1.GetOptions{})
+	mustCreate(err)
+	good := realization.Digest([]realization.Policy{{Name: "np-web", SpecHash: realization.SpecHash(np.Spec),
+		AddressGroupSlices: map[string]int{"peers-b": 1}}})
+	if err := ag.WaitRealized(ctx, "default", "a", "uid-a"); err == nil || !strings.Contains(err.Error(), "has not recorded") {
+		t.Errorf("WaitRealized without PodRealization: %v", err)
+	}
+	_, err = api.PodRealizations().Create(ctx, &v1alpha1.PodRealization{ObjectMeta: metav1.ObjectMeta{Name: nk, Labels: span(nil)},
+		Spec: v1alpha1.PodRealizationSpec{NodeName: nodeName, Pods: map[string]string{
+			realization.PodKey("default", "a", "uid-a"): good,
+			realization.PodKey("default", "b", "uid-b"): good, // b has no policy: mismatch
+			realization.PodKey("default", "c", "uid-c"): realization.Digest(nil),
+		}}}, metav1.CreateOptions{})
+	mustCreate(err)
+	if err := ag.WaitRealized(ctx, "default", "a", "uid-a"); err != nil {
+		t.Errorf("WaitRealized(a): %v", err)
+	}
+	if err := ag.WaitRealized(ctx, "default", "c", "uid-c"); err != nil {
+		t.Errorf("WaitRealized(c) with the empty digest: %v", err)
+	}
+	t0 := time.Now()
+	err = ag.WaitRealized(ctx, "default", "b", "uid-b")
+	if err == nil || !strings.Contains(err.Error(), "differs from the controller's") {
+		t.Errorf("WaitRealized(b) = %v, want a digest mismatch timeout", err)
+	}
+	if d := time.Since(t0); d < 2*time.Second || d > 10*time.Second {
+		t.Errorf("WaitRealized(b) returned after %v, want about RealizeTimeout (3s)", d)
+	}
+	// A Pod detached drops out of the policy's flows.
+	ag.PodDetached("default", "a")
+	eventually(t, "a's flows removed", func() bool { return len(n.policyDump(t)) == len(pipeline.PolicyBaseFlows(n.br)) })
+}

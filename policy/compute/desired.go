@@ -1,0 +1,214 @@
+package compute
+
+import (
+	"cmp"
+	"slices"
+	"sort"
+	"strconv"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/seine-net/seine/policy/apis/controlplane/v1alpha1"
+	"github.com/seine-net/seine/policy/realization"
+)
+
+// maxDigestCache bounds the digest cache; it is emptied when it grows past.
+const maxDigestCache = 1 << 17
+
+// Desired builds the object k names as it should be stored: a
+// *v1alpha1.AddressGroup, *v1alpha1.AppliedToGroup,
+// *v1alpha1.NetworkPolicy or *v1alpha1.PodRealization with name, labels
+// (GroupLabel / PolicyUIDLabel and one SpanLabel per Node of its span),
+// spec and status set, and no other metadata. ok is false when the object
+// must not exist (unknown name, empty span, no longer referenced). The
+// object shares slices with the model: treat it as read-only.
+func (m *Model) Desired(k Key) (obj metav1.Object, ok bool) {
+	switch k.Kind {
+	case KindAddressGroup:
+		return m.desiredAG(k.Name)
+	case KindAppliedToGroup:
+		return m.desiredATG(k.Name)
+	case KindNetworkPolicy:
+		return m.desiredNP(k.Name)
+	case KindPodRealization:
+		return m.desiredPR(k.Name)
+	}
+	return nil, false
+}
+
+// DesiredKeys returns the key of every object that should exist now.
+func (m *Model) DesiredKeys() []Key {
+	var out []Key
+	for _, g := range m.groups {
+		if g.targetRefs > 0 {
+			for nodeName := range g.byNode {
+				out = append(out, Key{KindAppliedToGroup, m.atgName(g, nodeName)})
+			}
+		}
+		if m.exported(g) {
+			for i := range g.slices {
+				out = append(out, Key{KindAddressGroup, agName(g, i)})
+			}
+		}
+	}
+	for _, p := range m.policies {
+		if len(p.tg.byNode) > 0 {
+			out = append(out, Key{KindNetworkPolicy, p.objName})
+		}
+	}
+	for _, n := range m.nodes {
+		if n.known {
+			out = append(out, Key{KindPodRealization, n.key})
+		}
+	}
+	return out
+}
+
+
+func (m *Model) desiredAG(name string) (metav1.Object, bool) {
+	key, rest, ok := splitName(name)
+	if !ok {
+		return nil, false
+	}
+	g := m.groups[key]
+	s, err := strconv.Atoi(rest)
+	if g == nil || err != nil || s < 0 || s >= len(g.slices) || !m.exported(g) || strconv.Itoa(s) != rest {
+		return nil, false
+	}
+	members := buildMembers(g.slices[s])
+	lbls := make(map[string]string, len(g.span)+1)
+	lbls[v1alpha1.GroupLabel] = g.key
+	for n := range g.span {
+		lbls[m.spanLabel(n)] = ""
+	}
+	return &v1alpha1.AddressGroup{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: lbls},
+		Spec:       v1alpha1.AddressGroupSpec{Selector: g.sel, Slice: int32(s), Members: members},
+		Status:     v1alpha1.GroupStatus{MemberCount: int32(len(members))},
+	}, true
+}
+
+func (m *Model) desiredATG(name string) (metav1.Object, bool) {
+	key, nk, ok := splitName(name)
+	if !ok {
+		return nil, false
+	}
+	g := m.groups[key]
+	n := m.nodeByKey[nk]
+	if g == nil || n == nil || g.targetRefs == 0 || len(g.byNode[n.name]) == 0 {
+		return nil, false
+	}
+	members := buildMembers(g.byNode[n.name])
+	return &v1alpha1.AppliedToGroup{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{
+			v1alpha1.GroupLabel:        g.key,
+			v1alpha1.SpanLabelPrefix + n.key: "",
+		}},
+		Spec:   v1alpha1.AppliedToGroupSpec{Selector: g.sel, NodeName: n.name, Members: members},
+		Status: v1alpha1.GroupStatus{MemberCount: int32(len(members))},
+	}, true
+}
+
+func (m *Model) desiredNP(name string) (metav1.Object, bool) {
+	p := m.byObjName[name]
+	if p == nil || len(p.tg.byNode) == 0 {
+		return nil, false
+	}
+	lbls := make(map[string]string, len(p.tg.byNode)+1)
+	lbls[v1alpha1.PolicyUIDLabel] = p.uid
+	for n := range p.tg.byNode {
+		lbls[m.spanLabel(n)] = ""
+	}
+	return &v1alpha1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: lbls},
+		Spec:       p.spec,
+		Status:     v1alpha1.NetworkPolicyStatus{RuleCount: int32(len(p.spec.Rules)), SpanSize: int32(len(p.tg.byNode))},
+	}, true
+}
+
+func (m *Model) desiredPR(name string) (metav1.Object, bool) {
+	n := m.nodeByKey[name]
+	if n == nil || !n.known {
+		return nil, false
+	}
+	pods := make(map[string]string, len(n.pods))
+	var buf []*group
+	var sig []byte
+	for pd := range n.pods {
+		pods[realization.PodKey(pd.ns.name, pd.name, pd.uid)], buf, sig = m.podDigest(pd, buf, sig)
+	}
+	return &v1alpha1.PodRealization{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1alpha1.SpanLabelPrefix + n.key: ""}},
+		Spec:       v1alpha1.PodRealizationSpec{NodeName: n.name, Pods: pods},
+		Status:     v1alpha1.PodRealizationStatus{PodCount: int32(len(pods))},
+	}, true
+}
+
+// podDigest returns the realization digest of pd. Pods in the same target
+// groups (at the same versions) share one cached digest.
+func (m *Model) podDigest(pd *pod, buf []*group, sig []byte) (string, []*group, []byte) {
+	buf = buf[:0]
+	for _, mb := range pd.groups {
+		if mb.g.targetRefs > 0 {
+			buf = append(buf, mb.g)
+		}
+	}
+	if len(buf) == 0 {
+		return m.emptyDigest, buf, sig
+	}
+	if len(buf) > 1 {
+		slices.SortFunc(buf, func(a, b *group) int { return cmp.Compare(a.id, b.id) })
+	}
+	sig = sig[:0]
+	for _, g := range buf {
+		sig = strconv.AppendUint(sig, g.id, 36)
+		sig = append(sig, '.')
+		sig = strconv.AppendUint(sig, g.ver, 36)
+		sig = append(sig, ',')
+	}
+	if d, ok := m.digestCache[string(sig)]; ok {
+		return d, buf, sig
+	}
+	var ps []realization.Policy
+	for _, g := range buf {
+		for p := range g.policies {
+			ps = append(ps, m.realizationPolicy(p))
+		}
+	}
+	d := realization.Digest(ps)
+	if len(m.digestCache) >= maxDigestCache {
+		clear(m.digestCache)
+	}
+	m.digestCache[string(sig)] = d
+	return d, buf, sig
+}
+
+// realizationPolicy is what a Pod's digest covers of policy p.
+func (m *Model) realizationPolicy(p *policy) realization.Policy {
+	rp := realization.Policy{Name: p.objName, SpecHash: p.specHash}
+	if len(p.peers) > 0 {
+		rp.AddressGroupSlices = make(map[string]int, len(p.peers))
+		for _, ag := range p.peers {
+			rp.AddressGroupSlices[ag.key] = len(ag.slices)
+		}
+	}
+	return rp
+}
+
+// buildMembers lists the members of a set sorted by namespace and name.
+func buildMembers(set []*pod) []v1alpha1.GroupMember {
+	if len(set) == 0 {
+		return nil
+	}
+	out := make([]v1alpha1.GroupMember, 0, len(set))
+	for _, pd := range set {
+		out = append(out, v1alpha1.GroupMember{Namespace: pd.ns.name, Name: pd.name, IPs: pd.ips, Ports: pd.ports})
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Namespace != out[j].Namespace {
+			return out[i].Namespace < out[j].Namespace
+		}
+		return out[i].Name < out[j].Name
+	})
+	return out
+}

@@ -1,0 +1,956 @@
+// Package compute is the pure heart of Seine's NetworkPolicy controller: an
+// incremental model fed with Pods, Namespaces, networking.k8s.io/v1
+// NetworkPolicies and Nodes that computes the controlplane.seine.io/v1alpha1
+// objects (AddressGroup, AppliedToGroup, NetworkPolicy, PodRealization) the
+// agents read, and which of them an event may have changed.
+//
+// Model:
+//   - A group is a normalized GroupSelector (GroupKey); every policy with
+//     the same target selector or peer selector shares it. A group's
+//     members are the active Pods it selects (active: not hostNetwork, phase
+//     neither Succeeded nor Failed).
+//   - A group used as a target (by ≥1 policy) is written as one
+//     AppliedToGroup per Node with members ("<key>-<NodeKey>").
+//   - A group used as a peer is written as AddressGroup slices
+//     ("<key>-<i>", i = 0..count-1) of at most SliceSize members with IPs.
+//     A Pod keeps its slice while it stays a member with IPs; a new member
+//     fills the lowest slice with room, so holes are reused. The slice count
+//     is one past the highest non-empty slice; slices below it that are
+//     empty are still written (with no members), so an agent can count
+//     slices 0..count-1.
+//   - A computed NetworkPolicy ("np-<uid>") spans the Nodes where its
+//     target group has members; an AddressGroup spans the union of the
+//     spans of the policies using it; objects with an empty span do not
+//     exist. A PodRealization ("<NodeKey>") exists for every known Node.
+//
+// Cost: a Pod event evaluates only the selectors of its namespace (indexed
+// by one label pair each) and the cluster-wide selectors whose namespace
+// selector matches its namespace; a Namespace relabel evaluates the
+// cluster-wide namespace selectors; a policy event creates at most its own
+// new groups. PodRealization digests are cached per set of target groups,
+// so 10,000 Pods selected by the same 10,000 policies cost one digest.
+//
+// A Model is not safe for concurrent use.
+package compute
+
+import (
+	"slices"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+
+	"github.com/seine-net/seine/policy/apis/controlplane/v1alpha1"
+	"github.com/seine-net/seine/policy/realization"
+)
+
+// DefaultSliceSize is the default maximum number of members of an
+// AddressGroup slice.
+const DefaultSliceSize = 500
+
+// Kind is the kind of a computed object.
+type Kind string
+
+// The computed kinds.
+const (
+	KindAddressGroup   Kind = "AddressGroup"
+	KindAppliedToGroup Kind = "AppliedToGroup"
+	KindNetworkPolicy  Kind = "NetworkPolicy"
+	KindPodRealization Kind = "PodRealization"
+)
+
+// Kinds lists every computed kind.
+var Kinds = [...]Kind{KindAddressGroup, KindAppliedToGroup, KindNetworkPolicy, KindPodRealization}
+
+// Key names one computed (cluster-scoped) object.
+type Key struct {
+	Kind Kind
+	Name string
+}
+
+func (k Key) String() string { return string(k.Kind) + "/" + k.Name }
+
+// Model is the incremental policy computation. Create it with New.
+type Model struct {
+	sliceSize int
+
+	namespaces map[string]*namespace
+	groups     map[string]*group
+	nextID     uint64
+	// clusterIdx indexes groups with a NamespaceSelector by that selector.
+	clusterIdx selIndex
+	policies   map[string]*policy // "ns/name"
+	byObjName  map[string]*policy // "np-<uid>"
+	nodes      map[string]*node
+	nodeByKey  map[string]*node
+
+	// nsIdx indexes known namespaces by label pair.
+	nsIdx map[labelPair]map[*namespace]struct{}
+
+	dirty map[dkey]struct{}
+
+	digestCache map[string]string
+	emptyDigest string
+}
+
+// New returns an empty model whose AddressGroup slices hold at most
+// sliceSize members (DefaultSliceSize when sliceSize ≤ 0).
+func New(sliceSize int) *Model {
+	if sliceSize <= 0 {
+		sliceSize = DefaultSliceSize
+	}
+	return &Model{
+		sliceSize:   sliceSize,
+		namespaces:  make(map[string]*namespace),
+		groups:      make(map[string]*group),
+		policies:    make(map[string]*policy),
+		byObjName:   make(map[string]*policy),
+		nodes:       make(map[string]*node),
+		nodeByKey:   make(map[string]*node),
+		nsIdx:       make(map[labelPair]map[*namespace]struct{}),
+		dirty:       make(map[dkey]struct{}),
+		digestCache: make(map[string]string),
+		emptyDigest: realization.Digest(nil),
+	}
+}
+
+type namespace struct {
+	name   string
+	labels map[string]string
+	known  bool
+	pods   map[string]*pod
+	// podIdx indexes the Pods by label pair.
+	podIdx map[labelPair]map[*pod]struct{}
+	// idx indexes the namespace-scoped groups of this namespace by their
+	// Pod selector.
+	idx selIndex
+	// cluster holds the cluster-wide groups whose namespace selector
+	// matches this namespace.
+	cluster map[*group]struct{}
+}
+
+type membership struct {
+	g *group
+	// slice is the AddressGroup slice of the Pod, -1 without IPs.
+	slice int32
+}
+
+type pod struct {
+	ns     *namespace
+	name   string
+	uid    string
+	labels map[string]string
+	node   string
+	ips    []string
+	ports  []v1alpha1.NamedPort
+	active bool
+	groups []membership
+}
+
+type node struct {
+	name  string
+	key   string
+	known bool // a Node object exists
+	pods  map[*pod]struct{}
+}
+
+type group struct {
+	id      uint64
+	key     string
+	sel     v1alpha1.GroupSelector
+	cluster bool
+	podM    *matcher
+	nsM     *matcher
+
+	targetRefs, peerRefs int
+	// policies are the policies targeting this group.
+	policies map[*policy]struct{}
+	// peerAGs counts, per peer group, the policies of this (target) group
+	// referencing it.
+	peerAGs map[*group]int
+	// peerOf holds the target groups whose policies use this group as peer.
+	peerOf map[*group]struct{}
+	// span counts, per Node, the target groups in peerOf with members there.
+	span map[string]int
+
+	// byNode lists the members per Node (members without a Node are in
+	// no list), slices the members with IPs per AddressGroup slice.
+	byNode map[string][]*pod
+	slices [][]*pod
+	// ver changes whenever the digest input of its policies changes.
+	ver uint64
+}
+
+type policy struct {
+	nsName   string
+	objName  string
+	uid      string
+	spec     v1alpha1.NetworkPolicySpec
+	specHash string
+	tg       *group
+	peers    []*group
+}
+
+// dkey is a dirty object named by the strings the model already holds, so
+// marking an object allocates nothing: AddressGroup {a: group key, i:
+// slice}, AppliedToGroup {a: group key, b: Node}, NetworkPolicy {a: object
+// name}, PodRealization {b: Node}.
+type dkey struct {
+	kind Kind
+	a, b string
+	i    int
+}
+
+func (m *Model) markATG(g *group, nodeName string) {
+	m.dirty[dkey{kind: KindAppliedToGroup, a: g.key, b: nodeName}] = struct{}{}
+}
+func (m *Model) markNP(p *policy) { m.dirty[dkey{kind: KindNetworkPolicy, a: p.objName}] = struct{}{} }
+func (m *Model) markPR(nodeName string) {
+	m.dirty[dkey{kind: KindPodRealization, b: nodeName}] = struct{}{}
+}
+
+// nodeKey returns NodeKey(nodeName), cached for the Nodes the model knows.
+func (m *Model) nodeKey(nodeName string) string {
+	if n := m.nodes[nodeName]; n != nil {
+		return n.key
+	}
+	return v1alpha1.NodeKey(nodeName)
+}
+
+func (m *Model) spanLabel(nodeName string) string { return v1alpha1.SpanLabelPrefix + m.nodeKey(nodeName) }
+
+// TakeDirty returns the keys of every object that may have changed since
+// the last call (including objects that must now be deleted) and forgets
+// them. The order is unspecified.
+func (m *Model) TakeDirty() []Key {
+	out := make([]Key, 0, len(m.dirty))
+	for k := range m.dirty {
+		var name string
+		switch k.kind {
+		case KindAddressGroup:
+			name = k.a + "-" + strconv.Itoa(k.i)
+		case KindAppliedToGroup:
+			name = k.a + "-" + m.nodeKey(k.b)
+		case KindNetworkPolicy:
+			name = k.a
+		case KindPodRealization:
+			name = m.nodeKey(k.b)
+		}
+		out = append(out, Key{k.kind, name})
+	}
+	clear(m.dirty)
+	return out
+}
+
+// DirtyLen is the number of keys TakeDirty would return.
+func (m *Model) DirtyLen() int { return len(m.dirty) }
+
+func (m *Model) ns(name string) *namespace {
+	n := m.namespaces[name]
+	if n == nil {
+		n = &namespace{name: name, pods: make(map[string]*pod), podIdx: make(map[labelPair]map[*pod]struct{})}
+		m.namespaces[name] = n
+		m.clusterIdx.each(nil, nsMatcher, func(g *group) {
+			if n.cluster == nil {
+				n.cluster = make(map[*group]struct{})
+			}
+			n.cluster[g] = struct{}{}
+		})
+	}
+	return n
+}
+
+// gcNamespace forgets an unknown namespace without Pods or groups.
+func (m *Model) gcNamespace(n *namespace) {
+	if !n.known && len(n.pods) == 0 && n.idx.n == 0 {
+		delete(m.namespaces, n.name)
+	}
+}
+
+func (m *Model) nodeFor(name string) *node {
+	n := m.nodes[name]
+	if n == nil {
+		n = &node{name: name, key: v1alpha1.NodeKey(name), pods: make(map[*pod]struct{})}
+		m.nodes[name] = n
+		m.nodeByKey[n.key] = n
+	}
+	return n
+}
+
+func (m *Model) gcNode(n *node) {
+	if !n.known && len(n.pods) == 0 {
+		delete(m.nodes, n.name)
+		delete(m.nodeByKey, n.key)
+	}
+}
+
+func podMatcher(g *group) *matcher { return g.podM }
+func nsMatcher(g *group) *matcher  { return g.nsM }
+
+// ---- Nodes ----
+
+// UpsertNode records a Node: its PodRealization exists from now on.
+func (m *Model) UpsertNode(n *corev1.Node) {
+	nd := m.nodeFor(n.Name)
+	if !nd.known {
+		nd.known = true
+		m.markPR(nd.name)
+	}
+}
+
+// DeleteNode forgets a Node; its PodRealization no longer exists.
+func (m *Model) DeleteNode(name string) {
+	nd := m.nodes[name]
+	if nd == nil || !nd.known {
+		return
+	}
+	nd.known = false
+	m.markPR(nd.name)
+	m.gcNode(nd)
+}
+
+// ---- Namespaces ----
+
+// UpsertNamespace records a Namespace's labels; a relabel re-evaluates the
+// namespace selectors of cluster-wide groups for it.
+func (m *Model) UpsertNamespace(ns *corev1.Namespace) {
+	n := m.ns(ns.Name)
+	n.known = true
+	m.relabelNamespace(n, ns.Labels)
+}
+
+// DeleteNamespace forgets a Namespace's labels (its Pods go with their own
+// delete events).
+func (m *Model) DeleteNamespace(name string) {
+	n := m.namespaces[name]
+	if n == nil {
+		return
+	}
+	n.known = false
+	m.relabelNamespace(n, nil)
+	m.gcNamespace(n)
+}
+
+func (m *Model) relabelNamespace(n *namespace, l map[string]string) {
+	if mapsEqual(n.labels, l) && n.labels != nil {
+		return
+	}
+	l = copyMap(l)
+	indexLabels(m.nsIdx, n, n.labels, l)
+	n.labels = l
+	next := make(map[*group]struct{})
+	m.clusterIdx.each(n.labels, nsMatcher, func(g *group) { next[g] = struct{}{} })
+	for g := range n.cluster {
+		if _, ok := next[g]; ok {
+			continue
+		}
+		for _, pd := range n.pods {
+			m.leave(pd, g)
+		}
+	}
+	for g := range next {
+		if _, ok := n.cluster[g]; ok {
+			continue
+		}
+		for _, pd := range n.pods {
+			if pd.active && g.podM.matches(pd.labels) {
+				m.join(pd, g)
+			}
+		}
+	}
+	n.cluster = next
+}
+
+// ---- Pods ----
+
+// UpsertPod records a Pod (its labels, spec.nodeName, status.podIPs,
+// named container ports, phase and hostNetwork) and updates the groups it
+// belongs to. Updates that change none of these are free. The model keeps
+// p.Labels without copying it: like an informer cache's objects, p must
+// not be mutated afterwards.
+func (m *Model) UpsertPod(p *corev1.Pod) {
+	n := m.ns(p.Namespace)
+	pd := n.pods[p.Name]
+	if pd != nil && pd.uid != string(p.UID) {
+		m.removePod(pd)
+		pd = nil
+	}
+	ips := podIPs(p)
+	ports := namedPorts(p)
+	active := !p.Spec.HostNetwork && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed
+	if pd == nil {
+		pd = &pod{ns: n, name: p.Name, uid: string(p.UID)}
+		n.pods[p.Name] = pd
+	} else if pd.active == active && pd.node == p.Spec.NodeName && slices.Equal(pd.ips, ips) &&
+		slices.Equal(pd.ports, ports) && mapsEqual(pd.labels, p.Labels) {
+		return
+	}
+	m.updatePod(pd, p.Labels, p.Spec.NodeName, ips, ports, active)
+}
+
+// DeletePod forgets a Pod.
+func (m *Model) DeletePod(namespaceName, name string) {
+	n := m.namespaces[namespaceName]
+	if n == nil {
+		return
+	}
+	if pd := n.pods[name]; pd != nil {
+		m.removePod(pd)
+		m.gcNamespace(n)
+	}
+}
+
+func (m *Model) removePod(pd *pod) {
+	m.updatePod(pd, nil, "", nil, nil, false)
+	delete(pd.ns.pods, pd.name)
+}
+
+// updatePod moves pd to its new state, touching only the groups and
+// objects its change affects.
+func (m *Model) updatePod(pd *pod, lbls map[string]string, nodeName string, ips []string, ports []v1alpha1.NamedPort, active bool) {
+	oldNode := ""
+	if pd.active {
+		oldNode = pd.node
+	}
+	newNode := ""
+	if active {
+		newNode = nodeName
+	}
+	// Desired groups.
+	var want map[*group]struct{}
+	if active {
+		want = make(map[*group]struct{}, len(pd.groups)+2)
+		pd.ns.idx.each(lbls, podMatcher, func(g *group) { want[g] = struct{}{} })
+		for g := range pd.ns.cluster {
+			if g.podM.matches(lbls) {
+				want[g] = struct{}{}
+			}
+		}
+	}
+	// Leave groups no longer wanted (with the old state).
+	for i := 0; i < len(pd.groups); {
+		g := pd.groups[i].g
+		if _, ok := want[g]; ok {
+			i++
+			continue
+		}
+		m.leave(pd, g) // removes pd.groups[i]
+	}
+	// Move node membership.
+	if oldNode != newNode {
+		if oldNode != "" {
+			on := m.nodes[oldNode]
+			delete(on.pods, pd)
+			m.markPR(on.name)
+			for _, mb := range pd.groups {
+				m.removeFromNode(mb.g, pd, oldNode)
+			}
+			m.gcNode(on)
+		}
+		if newNode != "" {
+			nn := m.nodeFor(newNode)
+			nn.pods[pd] = struct{}{}
+			for _, mb := range pd.groups {
+				m.addToNode(mb.g, pd, newNode)
+			}
+		}
+	}
+	ipsChanged := !slices.Equal(pd.ips, ips)
+	portsChanged := !slices.Equal(pd.ports, ports)
+	hadIPs := len(pd.ips) > 0
+	if !mapsEqual(pd.labels, lbls) {
+		indexLabels(pd.ns.podIdx, pd, pd.labels, lbls)
+	}
+	pd.labels, pd.node, pd.ips, pd.ports, pd.active = lbls, nodeName, ips, ports, active
+	if newNode != "" {
+		m.markPR(newNode)
+	}
+	// Kept groups: refresh contents.
+	if ipsChanged || portsChanged {
+		for i := range pd.groups {
+			mb := &pd.groups[i]
+			g := mb.g
+			if newNode != "" && g.targetRefs > 0 {
+				m.markATG(g, newNode)
+			}
+			switch {
+			case hadIPs && len(ips) == 0:
+				m.releaseSlice(g, pd, mb.slice)
+				mb.slice = -1
+			case !hadIPs && len(ips) > 0:
+				mb.slice = m.assignSlice(g, pd)
+			case mb.slice >= 0:
+				m.markSlice(g, int(mb.slice))
+			}
+		}
+	}
+	// Join new groups.
+	for g := range want {
+		if !inGroup(pd, g) {
+			m.join(pd, g)
+		}
+	}
+}
+
+func (m *Model) join(pd *pod, g *group) {
+	s := int32(-1)
+	if len(pd.ips) > 0 {
+		s = m.assignSlice(g, pd)
+	}
+	pd.groups = append(pd.groups, membership{g: g, slice: s})
+	if pd.active && pd.node != "" {
+		m.addToNode(g, pd, pd.node)
+		if g.targetRefs > 0 {
+			m.markPR(pd.node)
+		}
+	}
+}
+
+func (m *Model) leave(pd *pod, g *group) {
+	i := slices.IndexFunc(pd.groups, func(mb membership) bool { return mb.g == g })
+	if i < 0 {
+		return
+	}
+	mb := pd.groups[i]
+	pd.groups = slices.Delete(pd.groups, i, i+1)
+	if mb.slice >= 0 {
+		m.releaseSlice(g, pd, mb.slice)
+	}
+	if pd.active && pd.node != "" {
+		m.removeFromNode(g, pd, pd.node)
+		if g.targetRefs > 0 {
+			m.markPR(pd.node)
+		}
+	}
+}
+
+func (m *Model) atgName(g *group, nodeName string) string { return g.key + "-" + m.nodeKey(nodeName) }
+
+func agName(g *group, slice int) string { return g.key + "-" + strconv.Itoa(slice) }
+
+func npName(uid string) string { return "np-" + uid }
+
+func (m *Model) addToNode(g *group, pd *pod, nodeName string) {
+	if g.byNode == nil {
+		g.byNode = make(map[string][]*pod)
+	}
+	set := append(g.byNode[nodeName], pd)
+	g.byNode[nodeName] = set
+	if g.targetRefs > 0 {
+		m.markATG(g, nodeName)
+	}
+	if len(set) == 1 {
+		m.groupNodeChanged(g, nodeName, +1)
+	}
+}
+
+func (m *Model) removeFromNode(g *group, pd *pod, nodeName string) {
+	set, ok := removePod(g.byNode[nodeName], pd)
+	if !ok {
+		return
+	}
+	g.byNode[nodeName] = set
+	if g.targetRefs > 0 {
+		m.markATG(g, nodeName)
+	}
+	if len(set) == 0 {
+		delete(g.byNode, nodeName)
+		m.groupNodeChanged(g, nodeName, -1)
+	}
+}
+
+// groupNodeChanged handles a target group gaining (+1) or losing (-1) its
+// first/last member on a Node: the span of its policies and of the
+// AddressGroups they use changes.
+func (m *Model) groupNodeChanged(g *group, nodeName string, d int) {
+	if g.targetRefs == 0 {
+		return
+	}
+	for p := range g.policies {
+		m.markNP(p)
+	}
+	for ag := range g.peerAGs {
+		m.spanAdd(ag, nodeName, d)
+	}
+}
+
+// spanAdd adjusts the count of target groups giving ag a presence on node.
+func (m *Model) spanAdd(ag *group, nodeName string, d int) {
+	if ag.span == nil {
+		ag.span = make(map[string]int)
+	}
+	c := ag.span[nodeName] + d
+	if c <= 0 {
+		delete(ag.span, nodeName)
+	} else {
+		ag.span[nodeName] = c
+	}
+	if (d > 0 && c == 1) || (d < 0 && c == 0) {
+		m.markAllSlices(ag)
+	}
+}
+
+func (m *Model) exported(ag *group) bool { return ag.peerRefs > 0 && len(ag.span) > 0 }
+
+func (m *Model) markSlice(ag *group, s int) {
+	if m.exported(ag) {
+		m.dirty[dkey{kind: KindAddressGroup, a: ag.key, i: s}] = struct{}{}
+	}
+}
+
+func (m *Model) markAllSlices(ag *group) {
+	for i := range ag.slices {
+		m.dirty[dkey{kind: KindAddressGroup, a: ag.key, i: i}] = struct{}{}
+	}
+}
+
+// assignSlice puts pd into the lowest slice of g with room.
+func (m *Model) assignSlice(g *group, pd *pod) int32 {
+	for i, s := range g.slices {
+		if len(s) < m.sliceSize {
+			g.slices[i] = append(s, pd)
+			m.markSlice(g, i)
+			return int32(i)
+		}
+	}
+	g.slices = append(g.slices, []*pod{pd})
+	i := len(g.slices) - 1
+	m.markSlice(g, i)
+	m.sliceCountChanged(g)
+	return int32(i)
+}
+
+func (m *Model) releaseSlice(g *group, pd *pod, s int32) {
+	if s < 0 || int(s) >= len(g.slices) {
+		return
+	}
+	g.slices[s], _ = removePod(g.slices[s], pd)
+	m.markSlice(g, int(s))
+	n := len(g.slices)
+	for n > 0 && len(g.slices[n-1]) == 0 {
+		n--
+		m.markSlice(g, n)
+	}
+	if n != len(g.slices) {
+		g.slices = g.slices[:n]
+		m.sliceCountChanged(g)
+	}
+}
+
+// sliceCountChanged invalidates the digests of the Pods targeted by
+// policies using g as peer.
+func (m *Model) sliceCountChanged(g *group) {
+	for tg := range g.peerOf {
+		m.bumpDigest(tg)
+	}
+}
+
+// bumpDigest invalidates the digest of every Pod in target group tg.
+func (m *Model) bumpDigest(tg *group) {
+	tg.ver++
+	for nodeName := range tg.byNode {
+		m.markPR(nodeName)
+	}
+}
+
+// ---- NetworkPolicies ----
+
+// UpsertNetworkPolicy records a networking.k8s.io/v1 NetworkPolicy and
+// recomputes its object. The groups of its new version are taken before
+// those of the old one are released, so groups shared between versions
+// (and with other policies) stay as they are.
+func (m *Model) UpsertNetworkPolicy(np *networkingv1.NetworkPolicy) {
+	nsName := np.Namespace + "/" + np.Name
+	old := m.policies[nsName]
+	spec, tgSel, peerSels := computeSpec(np)
+	hash := realization.SpecHash(spec)
+	if old != nil && old.uid == string(np.UID) && old.specHash == hash {
+		return
+	}
+	p := &policy{nsName: nsName, objName: npName(string(np.UID)), uid: string(np.UID), spec: spec, specHash: hash}
+	m.attach(p, tgSel, peerSels)
+	if old != nil {
+		m.detach(old)
+	}
+	m.policies[nsName] = p
+	m.byObjName[p.objName] = p
+}
+
+// DeleteNetworkPolicy forgets a NetworkPolicy; its object no longer
+// exists, nor do groups only it used.
+func (m *Model) DeleteNetworkPolicy(namespaceName, name string) {
+	nsName := namespaceName + "/" + name
+	if p := m.policies[nsName]; p != nil {
+		m.detach(p)
+		delete(m.policies, nsName)
+	}
+}
+
+func (m *Model) attach(p *policy, tgSel v1alpha1.GroupSelector, peerSels []keyedSel) {
+	tg := m.acquire(tgSel, p.spec.AppliedToGroup)
+	p.tg = tg
+	tg.targetRefs++
+	if tg.targetRefs == 1 {
+		for nodeName := range tg.byNode {
+			m.markATG(tg, nodeName)
+		}
+	}
+	if tg.policies == nil {
+		tg.policies = make(map[*policy]struct{})
+	}
+	tg.policies[p] = struct{}{}
+	for _, ks := range peerSels {
+		ag := m.acquire(ks.sel, ks.key)
+		p.peers = append(p.peers, ag)
+		ag.peerRefs++
+		if ag.peerRefs == 1 && len(ag.span) > 0 {
+			m.markAllSlices(ag)
+		}
+		if tg.peerAGs == nil {
+			tg.peerAGs = make(map[*group]int)
+		}
+		tg.peerAGs[ag]++
+		if tg.peerAGs[ag] == 1 {
+			if ag.peerOf == nil {
+				ag.peerOf = make(map[*group]struct{})
+			}
+			ag.peerOf[tg] = struct{}{}
+			for nodeName := range tg.byNode {
+				m.spanAdd(ag, nodeName, +1)
+			}
+		}
+	}
+	m.markNP(p)
+	m.bumpDigest(tg)
+}
+
+func (m *Model) detach(p *policy) {
+	tg := p.tg
+	m.markNP(p)
+	if m.byObjName[p.objName] == p {
+		delete(m.byObjName, p.objName)
+	}
+	m.bumpDigest(tg)
+	for _, ag := range p.peers {
+		tg.peerAGs[ag]--
+		if tg.peerAGs[ag] == 0 {
+			delete(tg.peerAGs, ag)
+			delete(ag.peerOf, tg)
+			for nodeName := range tg.byNode {
+				m.spanAdd(ag, nodeName, -1)
+			}
+		}
+		ag.peerRefs--
+		if ag.peerRefs == 0 {
+			m.markAllSlices(ag)
+		}
+	}
+	delete(tg.policies, p)
+	tg.targetRefs--
+	if tg.targetRefs == 0 {
+		for nodeName := range tg.byNode {
+			m.markATG(tg, nodeName)
+		}
+	}
+	m.releaseGroup(tg)
+	for _, ag := range p.peers {
+		m.releaseGroup(ag)
+	}
+}
+
+// acquire returns the group of sel, creating and populating it if needed.
+// sel is normalized and key is its GroupKey.
+func (m *Model) acquire(sel v1alpha1.GroupSelector, key string) *group {
+	if g := m.groups[key]; g != nil {
+		return g
+	}
+	m.nextID++
+	g := &group{id: m.nextID, key: key, sel: sel, podM: newMatcher(sel.PodSelector)}
+	m.groups[key] = g
+	populate := func(n *namespace) {
+		forCandidates(n.pods, n.podIdx, g.podM, func(pd *pod) {
+			if pd.active && g.podM.matches(pd.labels) {
+				m.join(pd, g)
+			}
+		})
+	}
+	if sel.NamespaceSelector == nil {
+		n := m.ns(sel.Namespace)
+		n.idx.add(g, g.podM)
+		populate(n)
+		return g
+	}
+	g.cluster = true
+	g.nsM = newMatcher(sel.NamespaceSelector)
+	m.clusterIdx.add(g, g.nsM)
+	forCandidates(m.namespaces, m.nsIdx, g.nsM, func(n *namespace) {
+		if !g.nsM.matches(n.labels) {
+			return
+		}
+		if n.cluster == nil {
+			n.cluster = make(map[*group]struct{})
+		}
+		n.cluster[g] = struct{}{}
+		populate(n)
+	})
+	return g
+}
+
+// forCandidates calls fn for every item of all that may match mt: the
+// items under mt's anchor pairs in idx, or all of them without an anchor.
+func forCandidates[T comparable](all map[string]T, idx map[labelPair]map[T]struct{}, mt *matcher, fn func(T)) {
+	if mt.anchorKey == "" {
+		for _, x := range all {
+			fn(x)
+		}
+		return
+	}
+	for _, v := range mt.anchorVals {
+		for x := range idx[labelPair{mt.anchorKey, v}] {
+			fn(x)
+		}
+	}
+}
+
+// indexLabels moves x in idx from its old label pairs to its new ones.
+func indexLabels[T comparable](idx map[labelPair]map[T]struct{}, x T, old, new map[string]string) {
+	for k, v := range old {
+		if w, ok := new[k]; ok && w == v {
+			continue
+		}
+		p := labelPair{k, v}
+		if s := idx[p]; s != nil {
+			delete(s, x)
+			if len(s) == 0 {
+				delete(idx, p)
+			}
+		}
+	}
+	for k, v := range new {
+		if w, ok := old[k]; ok && w == v {
+			continue
+		}
+		p := labelPair{k, v}
+		s := idx[p]
+		if s == nil {
+			s = make(map[T]struct{}, 1)
+			idx[p] = s
+		}
+		s[x] = struct{}{}
+	}
+}
+
+// releaseGroup destroys g when no policy uses it any more.
+func (m *Model) releaseGroup(g *group) {
+	if g.targetRefs > 0 || g.peerRefs > 0 || m.groups[g.key] != g {
+		return
+	}
+	leaveAll := func(n *namespace) {
+		forCandidates(n.pods, n.podIdx, g.podM, func(pd *pod) { m.leave(pd, g) })
+	}
+	if g.cluster {
+		for _, n := range m.namespaces {
+			if _, ok := n.cluster[g]; ok {
+				leaveAll(n)
+			}
+		}
+	} else {
+		leaveAll(m.namespaces[g.sel.Namespace])
+	}
+	delete(m.groups, g.key)
+	if !g.cluster {
+		n := m.namespaces[g.sel.Namespace]
+		n.idx.remove(g, g.podM)
+		m.gcNamespace(n)
+		return
+	}
+	m.clusterIdx.remove(g, g.nsM)
+	for _, n := range m.namespaces {
+		delete(n.cluster, g)
+	}
+}
+
+// ---- helpers ----
+
+func inGroup(pd *pod, g *group) bool {
+	for _, mb := range pd.groups {
+		if mb.g == g {
+			return true
+		}
+	}
+	return false
+}
+
+// removePod removes pd from list (order is not kept).
+func removePod(list []*pod, pd *pod) ([]*pod, bool) {
+	for i, x := range list {
+		if x == pd {
+			last := len(list) - 1
+			list[i] = list[last]
+			list[last] = nil
+			return list[:last], true
+		}
+	}
+	return list, false
+}
+
+func podIPs(p *corev1.Pod) []string {
+	var ips []string
+	for _, ip := range p.Status.PodIPs {
+		if ip.IP != "" {
+			ips = append(ips, ip.IP)
+		}
+	}
+	if len(ips) == 0 && p.Status.PodIP != "" {
+		ips = []string{p.Status.PodIP}
+	}
+	return ips
+}
+
+// namedPorts lists the named ports of the Pod's containers in container
+// order; the protocol defaults to TCP as in the Pod API.
+func namedPorts(p *corev1.Pod) []v1alpha1.NamedPort {
+	var out []v1alpha1.NamedPort
+	for i := range p.Spec.Containers {
+		for _, cp := range p.Spec.Containers[i].Ports {
+			if cp.Name == "" {
+				continue
+			}
+			proto := string(cp.Protocol)
+			if proto == "" {
+				proto = string(corev1.ProtocolTCP)
+			}
+			out = append(out, v1alpha1.NamedPort{Name: cp.Name, Protocol: proto, Port: cp.ContainerPort})
+		}
+	}
+	return out
+}
+
+func copyMap(in map[string]string) map[string]string {
+	if in == nil {
+		return map[string]string{}
+	}
+	out := make(map[string]string, len(in))
+	for k, v := range in {
+		out[k] = v
+	}
+	return out
+}
+
+func mapsEqual(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+// splitName splits "<group key>-<rest>".
+func splitName(name string) (string, string, bool) {
+	return strings.Cut(name, "-")
+}

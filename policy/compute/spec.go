@@ -1,0 +1,126 @@
+package compute
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+
+	"github.com/seine-net/seine/policy/apis/controlplane/v1alpha1"
+)
+
+// keyedSel is a peer selector with its group key.
+type keyedSel struct {
+	key string
+	sel v1alpha1.GroupSelector
+}
+
+// PolicyTypes returns the directions for which a NetworkPolicy isolates its
+// target Pods, in the order Ingress, Egress: the explicit spec.policyTypes
+// when set, otherwise Ingress always and Egress when egress rules exist
+// (networking.k8s.io/v1 NetworkPolicySpec.policyTypes).
+func PolicyTypes(spec *networkingv1.NetworkPolicySpec) []string {
+	in, eg := false, false
+	if len(spec.PolicyTypes) > 0 {
+		for _, t := range spec.PolicyTypes {
+			switch t {
+			case networkingv1.PolicyTypeIngress:
+				in = true
+			case networkingv1.PolicyTypeEgress:
+				eg = true
+			}
+		}
+	} else {
+		in, eg = true, len(spec.Egress) > 0
+	}
+	var out []string
+	if in {
+		out = append(out, string(networkingv1.PolicyTypeIngress))
+	}
+	if eg {
+		out = append(out, string(networkingv1.PolicyTypeEgress))
+	}
+	return out
+}
+
+// computeSpec returns the computed spec of np, its target selector, and
+// its distinct peer selectors with their keys (in first-use order). Rules
+// of a direction the policy does not isolate are dropped: they cannot
+// allow anything the Pods are not already allowed.
+func computeSpec(np *networkingv1.NetworkPolicy) (v1alpha1.NetworkPolicySpec, v1alpha1.GroupSelector, []keyedSel) {
+	tgSel := NormalizeGroupSelector(v1alpha1.GroupSelector{Namespace: np.Namespace, PodSelector: &np.Spec.PodSelector})
+	spec := v1alpha1.NetworkPolicySpec{
+		Source:         v1alpha1.PolicyReference{Namespace: np.Namespace, Name: np.Name, UID: string(np.UID)},
+		AppliedToGroup: groupKeyNorm(tgSel),
+		PolicyTypes:    PolicyTypes(&np.Spec),
+	}
+	var peers []keyedSel
+	seen := map[string]bool{}
+	convPeers := func(ps []networkingv1.NetworkPolicyPeer, r *v1alpha1.Rule) {
+		if len(ps) == 0 {
+			r.AllPeers = true
+			return
+		}
+		inRule := map[string]bool{}
+		for _, p := range ps {
+			if p.IPBlock != nil {
+				r.IPBlocks = append(r.IPBlocks, v1alpha1.IPBlock{CIDR: p.IPBlock.CIDR, Except: append([]string(nil), p.IPBlock.Except...)})
+				continue
+			}
+			if p.PodSelector == nil && p.NamespaceSelector == nil {
+				continue // invalid peer; the API server rejects it
+			}
+			sel := NormalizeGroupSelector(v1alpha1.GroupSelector{PodSelector: p.PodSelector, NamespaceSelector: p.NamespaceSelector})
+			if p.NamespaceSelector == nil {
+				sel.Namespace = np.Namespace
+			}
+			k := groupKeyNorm(sel)
+			if !inRule[k] {
+				inRule[k] = true
+				r.AddressGroups = append(r.AddressGroups, k)
+			}
+			if !seen[k] {
+				seen[k] = true
+				peers = append(peers, keyedSel{key: k, sel: sel})
+			}
+		}
+	}
+	for _, t := range spec.PolicyTypes {
+		if t == string(networkingv1.PolicyTypeIngress) {
+			for _, ir := range np.Spec.Ingress {
+				r := v1alpha1.Rule{Direction: v1alpha1.DirectionIn, Ports: convPorts(ir.Ports)}
+				convPeers(ir.From, &r)
+				spec.Rules = append(spec.Rules, r)
+			}
+		} else {
+			for _, er := range np.Spec.Egress {
+				r := v1alpha1.Rule{Direction: v1alpha1.DirectionOut, Ports: convPorts(er.Ports)}
+				convPeers(er.To, &r)
+				spec.Rules = append(spec.Rules, r)
+			}
+		}
+	}
+	return spec, tgSel, peers
+}
+
+func convPorts(ps []networkingv1.NetworkPolicyPort) []v1alpha1.PolicyPort {
+	if len(ps) == 0 {
+		return nil
+	}
+	out := make([]v1alpha1.PolicyPort, 0, len(ps))
+	for _, p := range ps {
+		proto := string(corev1.ProtocolTCP)
+		if p.Protocol != nil && *p.Protocol != "" {
+			proto = string(*p.Protocol)
+		}
+		pp := v1alpha1.PolicyPort{Protocol: proto}
+		if p.Port != nil {
+			v := *p.Port
+			pp.Port = &v
+		}
+		if p.EndPort != nil {
+			v := *p.EndPort
+			pp.EndPort = &v
+		}
+		out = append(out, pp)
+	}
+	return out
+}

@@ -1,0 +1,434 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+
+	cpinformers "github.com/seine-net/seine/policy/client/informers"
+	"github.com/seine-net/seine/policy/compute"
+)
+
+// leading is the state of one leadership term.
+type leading struct {
+	c   *Controller
+	log *zap.Logger
+
+	mu      sync.Mutex // guards model and started
+	model   *compute.Model
+	started bool
+
+	queue workqueue.TypedRateLimitingInterface[compute.Key]
+
+	smu       sync.Mutex // guards scheduled, written, deleteAt
+	scheduled map[compute.Key]struct{}
+	// written holds the objects this term wrote until the informer shows
+	// them (or something newer), so a quick second reconcile of the same
+	// key does not work from a stale cache.
+	written map[compute.Key]metav1.Object
+	// deleteAt is when an object no longer desired may be deleted.
+	deleteAt map[compute.Key]time.Time
+
+	inflight    atomic.Int64
+	initialDone atomic.Bool
+
+	kinds map[compute.Kind]reconciler
+}
+
+func (l *leading) idle() bool {
+	if !l.initialDone.Load() || l.inflight.Load() != 0 {
+		return false
+	}
+	return l.depth() == 0
+}
+
+func (l *leading) depth() int {
+	l.smu.Lock()
+	defer l.smu.Unlock()
+	return len(l.scheduled)
+}
+
+// enqueue schedules k for reconciliation after delay.
+func (l *leading) enqueue(k compute.Key, delay time.Duration) {
+	l.smu.Lock()
+	l.scheduled[k] = struct{}{}
+	l.smu.Unlock()
+	if delay <= 0 {
+		l.queue.Add(k)
+	} else {
+		l.queue.AddAfter(k, delay)
+	}
+}
+
+// apply runs one model update and schedules the objects it dirtied.
+func (l *leading) apply(fn func(m *compute.Model)) {
+	l.mu.Lock()
+	fn(l.model)
+	var keys []compute.Key
+	if l.started && l.model.DirtyLen() > 0 {
+		keys = l.model.TakeDirty()
+	}
+	l.mu.Unlock()
+	for _, k := range keys {
+		l.enqueue(k, l.c.cfg.WriteDelay)
+	}
+}
+
+// stripPod keeps only what the model reads of a Pod, so the informer
+// cache of a large cluster stays small.
+func stripPod(obj any) (any, error) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok {
+		return obj, nil
+	}
+	out := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name, UID: p.UID, Labels: p.Labels,
+			ResourceVersion: p.ResourceVersion},
+		Spec:   corev1.PodSpec{NodeName: p.Spec.NodeName, HostNetwork: p.Spec.HostNetwork},
+		Status: corev1.PodStatus{Phase: p.Status.Phase, PodIP: p.Status.PodIP, PodIPs: p.Status.PodIPs},
+	}
+	for _, ct := range p.Spec.Containers {
+		var named []corev1.ContainerPort
+		for _, port := range ct.Ports {
+			if port.Name != "" {
+				named = append(named, port)
+			}
+		}
+		if named != nil {
+			out.Spec.Containers = append(out.Spec.Containers, corev1.Container{Name: ct.Name, Ports: named})
+		}
+	}
+	return out, nil
+}
+
+// stripMeta drops managed fields and annotations of other source objects.
+func stripMeta(obj any) (any, error) {
+	if a, ok := obj.(metav1.Object); ok {
+		a.SetManagedFields(nil)
+		a.SetAnnotations(nil)
+	}
+	return obj, nil
+}
+
+func deletedKey(obj any) (string, string) {
+	k, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
+	if err != nil {
+		return "", ""
+	}
+	ns, name, _ := cache.SplitMetaNamespaceKey(k)
+	return ns, name
+}
+
+// lead runs the controller for one term, until ctx ends.
+func (c *Controller) lead(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	l := &leading{
+		c:     c,
+		log:   c.log,
+		model: compute.New(c.cfg.SliceSize),
+		queue: workqueue.NewTypedRateLimitingQueue(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[compute.Key](5*time.Millisecond, 10*time.Second)),
+		scheduled: make(map[compute.Key]struct{}),
+		written:   make(map[compute.Key]metav1.Object),
+		deleteAt:  make(map[compute.Key]time.Time),
+	}
+	kf := informers.NewSharedInformerFactory(c.kube, 0)
+	cf := cpinformers.NewSharedInformerFactory(c.cp, 0)
+	var workers sync.WaitGroup
+	defer func() {
+		cancel()
+		l.queue.ShutDown()
+		workers.Wait()
+		kf.Shutdown()
+		cf.Shutdown()
+		c.mu.Lock()
+		if c.current == l {
+			c.current = nil
+		}
+		c.mu.Unlock()
+	}()
+
+	podInf := kf.Core().V1().Pods().Informer()
+	nsInf := kf.Core().V1().Namespaces().Informer()
+	npInf := kf.Networking().V1().NetworkPolicies().Informer()
+	nodeInf := kf.Core().V1().Nodes().Informer()
+	if err := podInf.SetTransform(stripPod); err != nil {
+		return fmt.Errorf("pod informer transform: %w", err)
+	}
+	for _, inf := range []cache.SharedIndexInformer{nsInf, npInf, nodeInf} {
+		if err := inf.SetTransform(stripMeta); err != nil {
+			return fmt.Errorf("informer transform: %w", err)
+		}
+	}
+	type handlerSpec struct {
+		inf    cache.SharedIndexInformer
+		upsert func(m *compute.Model, o any)
+		del    func(m *compute.Model, ns, name string)
+	}
+	specs := []handlerSpec{
+		{podInf, func(m *compute.Model, o any) { m.UpsertPod(o.(*corev1.Pod)) },
+			func(m *compute.Model, ns, name string) { m.DeletePod(ns, name) }},
+		{nsInf, func(m *compute.Model, o any) { m.UpsertNamespace(o.(*corev1.Namespace)) },
+			func(m *compute.Model, _, name string) { m.DeleteNamespace(name) }},
+		{npInf, func(m *compute.Model, o any) { m.UpsertNetworkPolicy(o.(*networkingv1.NetworkPolicy)) },
+			func(m *compute.Model, ns, name string) { m.DeleteNetworkPolicy(ns, name) }},
+		{nodeInf, func(m *compute.Model, o any) { m.UpsertNode(o.(*corev1.Node)) },
+			func(m *compute.Model, _, name string) { m.DeleteNode(name) }},
+	}
+	for _, s := range specs {
+		s := s
+		_, err := s.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(o any) { l.apply(func(m *compute.Model) { s.upsert(m, o) }) },
+			UpdateFunc: func(_, o any) { l.apply(func(m *compute.Model) { s.upsert(m, o) }) },
+			DeleteFunc: func(o any) {
+				ns, name := deletedKey(o)
+				l.apply(func(m *compute.Model) { s.del(m, ns, name) })
+			},
+		})
+		if err != nil {
+			return fmt.Errorf("add event handler: %w", err)
+		}
+	}
+
+	cpv := cf.Controlplane().V1alpha1()
+	l.kinds = newReconcilers(c.cp, cpv)
+	var synced []cache.InformerSynced
+	for kind, r := range l.kinds {
+		kind := kind
+		inf := r.informer()
+		if err := inf.SetTransform(stripManaged); err != nil {
+			return fmt.Errorf("%s informer transform: %w", kind, err)
+		}
+		_, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(o any) { l.storedChanged(kind, o) },
+			UpdateFunc: func(_, o any) { l.storedChanged(kind, o) },
+			DeleteFunc: func(o any) {
+				_, name := deletedKey(o)
+				l.storedChanged(kind, name)
+			},
+		})
+		if err != nil {
+			return fmt.Errorf("add %s event handler: %w", kind, err)
+		}
+		synced = append(synced, inf.HasSynced)
+	}
+	for _, s := range specs {
+		synced = append(synced, s.inf.HasSynced)
+	}
+
+	c.mu.Lock()
+	c.current = l
+	c.mu.Unlock()
+
+	start := time.Now()
+	kf.Start(ctx.Done())
+	cf.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+		return fmt.Errorf("wait for informer caches: %w", ctx.Err())
+	}
+	// Every source object is in the model now, so its dirty set holds
+	// every desired object; add everything stored, so stale objects get
+	// deleted. Nothing is deleted and recreated: objects equal to what is
+	// stored are left alone.
+	l.mu.Lock()
+	keys := l.model.TakeDirty()
+	l.started = true
+	l.mu.Unlock()
+	seen := make(map[compute.Key]struct{}, len(keys))
+	for _, k := range keys {
+		seen[k] = struct{}{}
+	}
+	for kind, r := range l.kinds {
+		for _, name := range r.storedNames() {
+			k := compute.Key{Kind: kind, Name: name}
+			if _, ok := seen[k]; !ok {
+				keys = append(keys, k)
+			}
+		}
+	}
+	for _, k := range keys {
+		l.enqueue(k, 0)
+	}
+	l.initialDone.Store(true)
+	l.log.Info("policy controller synced", zap.Int("objects", len(keys)), zap.Duration("sync_duration", time.Since(start)))
+
+	for i := 0; i < c.cfg.Workers; i++ {
+		workers.Add(1)
+		go func() {
+			defer workers.Done()
+			for l.work(ctx) {
+			}
+		}()
+	}
+	<-ctx.Done()
+	return nil
+}
+
+// stripManaged drops managed fields of stored objects.
+func stripManaged(obj any) (any, error) {
+	if a, ok := obj.(metav1.Object); ok {
+		a.SetManagedFields(nil)
+	}
+	return obj, nil
+}
+
+// storedChanged handles an informer event of a stored object: echoes of
+// this term's own writes are ignored, anything else (an edit or deletion
+// by someone else) is reconciled.
+func (l *leading) storedChanged(kind compute.Kind, o any) {
+	l.mu.Lock()
+	started := l.started
+	l.mu.Unlock()
+	if !started {
+		return
+	}
+	var name string
+	var obj metav1.Object
+	switch v := o.(type) {
+	case string:
+		name = v
+	case metav1.Object:
+		name, obj = v.GetName(), v
+	default:
+		return
+	}
+	k := compute.Key{Kind: kind, Name: name}
+	if obj != nil {
+		l.smu.Lock()
+		w := l.written[k]
+		if w != nil {
+			cmp := compareRV(obj.GetResourceVersion(), w.GetResourceVersion())
+			if cmp <= 0 {
+				if cmp == 0 {
+					delete(l.written, k)
+				}
+				l.smu.Unlock()
+				return // our own write, or older
+			}
+			delete(l.written, k)
+		}
+		l.smu.Unlock()
+	}
+	l.enqueue(k, l.c.cfg.WriteDelay)
+}
+
+// compareRV orders resource versions numerically (etcd revisions); it
+// returns 1 when they cannot be parsed, so the event is not ignored.
+func compareRV(a, b string) int {
+	x, err1 := strconv.ParseUint(a, 10, 64)
+	y, err2 := strconv.ParseUint(b, 10, 64)
+	switch {
+	case err1 != nil || err2 != nil:
+		return 1
+	case x < y:
+		return -1
+	case x > y:
+		return 1
+	}
+	return 0
+}
+
+// work reconciles one key; false when the queue is shut down.
+func (l *leading) work(ctx context.Context) bool {
+	k, shutdown := l.queue.Get()
+	if shutdown {
+		return false
+	}
+	l.inflight.Add(1)
+	l.smu.Lock()
+	delete(l.scheduled, k)
+	l.smu.Unlock()
+	defer func() {
+		l.queue.Done(k)
+		l.inflight.Add(-1)
+	}()
+	r := l.kinds[k.Kind]
+	if r == nil {
+		l.queue.Forget(k)
+		return true
+	}
+	l.mu.Lock()
+	desired, ok := l.model.Desired(k)
+	l.mu.Unlock()
+	if err := r.reconcile(ctx, l, k, desired, ok); err != nil {
+		if ctx.Err() != nil {
+			return true
+		}
+		l.c.metrics.writeErrors.WithLabelValues(string(k.Kind)).Inc()
+		l.log.Debug("reconcile failed; retrying", zap.String("kind", string(k.Kind)),
+			zap.String("name", k.Name), zap.Error(err))
+		l.smu.Lock()
+		l.scheduled[k] = struct{}{}
+		l.smu.Unlock()
+		l.queue.AddRateLimited(k)
+		return true
+	}
+	l.queue.Forget(k)
+	return true
+}
+
+// wrote records an object this term wrote.
+func (l *leading) wrote(k compute.Key, o metav1.Object) {
+	l.smu.Lock()
+	l.written[k] = o
+	l.smu.Unlock()
+}
+
+// latest returns the newer of the cached object and the one this term
+// last wrote.
+func latest[T metav1.Object](l *leading, k compute.Key, cached T, found bool) (T, bool) {
+	l.smu.Lock()
+	w := l.written[k]
+	l.smu.Unlock()
+	if w == nil {
+		return cached, found
+	}
+	wt, ok := w.(T)
+	if !ok {
+		return cached, found
+	}
+	if !found || compareRV(wt.GetResourceVersion(), cached.GetResourceVersion()) > 0 {
+		return wt, true
+	}
+	return cached, found
+}
+
+// deleteDue reports whether an undesired object may be deleted now; if
+// not, it schedules k for when it may.
+func (l *leading) deleteDue(k compute.Key) bool {
+	now := time.Now()
+	l.smu.Lock()
+	at, ok := l.deleteAt[k]
+	if !ok {
+		at = now.Add(l.c.cfg.DeleteDelay)
+		l.deleteAt[k] = at
+	}
+	l.smu.Unlock()
+	if now.Before(at) {
+		l.enqueue(k, at.Sub(now))
+		return false
+	}
+	l.smu.Lock()
+	delete(l.deleteAt, k)
+	l.smu.Unlock()
+	return true
+}
+
+// keepNow cancels a pending deletion of k (it is desired again).
+func (l *leading) keepNow(k compute.Key) {
+	l.smu.Lock()
+	delete(l.deleteAt, k)
+	l.smu.Unlock()
+}
+

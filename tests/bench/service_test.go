@@ -1,0 +1,477 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/seine-net/seine/datapath/pipeline"
+	"github.com/seine-net/seine/tests/sandbox"
+)
+
+// Environment knobs of the Service benchmarks.
+const (
+	// envKubeProxyOnly, when non-empty, measures kube-proxy alone: without
+	// it BenchmarkServiceProgramming skips when Seine has no Service proxy.
+	envKubeProxyOnly = "SEINE_BENCH_KUBEPROXY_ONLY"
+	// envServiceScales is a comma-separated list of Service counts,
+	// ascending; default "1000,10000".
+	envServiceScales = "SEINE_BENCH_SERVICES"
+)
+
+// changeRepeats is how many one-Service changes are timed per scale (the
+// median is reported); changeGap separates them, longer than
+// kube-proxy's default minSyncPeriod (1 s) so that its rate limit never
+// delays a measured change.
+const (
+	changeRepeats = 5
+	changeGap     = 1500 * time.Millisecond
+)
+
+func serviceScales(b *testing.B) []int {
+	b.Helper()
+	s := os.Getenv(envServiceScales)
+	if s == "" {
+		return []int{1000, 10000}
+	}
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 2 || (len(out) > 0 && n <= out[len(out)-1]) {
+			b.Fatalf("%s=%q: want ascending integers >= 2", envServiceScales, s)
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+func scaleLabel(n int) string {
+	if n%1000 == 0 {
+		return fmt.Sprintf("%dk", n/1000)
+	}
+	return strconv.Itoa(n)
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// seineShape is what Seine's proxy installs per Service, measured on the
+// first two Services: total Service-category flows are about
+// shared + perService*N.
+type seineShape struct {
+	shared, perService int
+}
+
+func (s seineShape) expect(n int) int { return s.shared + s.perService*n }
+
+// waitSeineService waits up to timeout for Service-category flows matching
+// the ClusterIP; false if none appear.
+func waitSeineService(b *testing.B, of *seineOF, clusterIP string, timeout time.Duration) bool {
+	b.Helper()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		fs, err := of.serviceFlows(clusterIP)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(fs) > 0 {
+			return true
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return false
+}
+
+// BenchmarkServiceProgramming times how long Seine's OVS Service proxy and
+// kube-proxy (nftables mode, run in the same sandbox Node) take to program
+// N ClusterIP Services of one TCP port and 4 endpoints each, for N = 1,000
+// and 10,000 (SEINE_BENCH_SERVICES overrides): from a cold start (all
+// objects in the API, the proxy process started) until every Service is
+// programmed, and for one EndpointSlice change (one endpoint replaced;
+// median of 5) until the Service's rules use the new endpoint.
+//
+// The Services are selector-less with hand-written EndpointSlices, so no
+// Pods are needed. The two proxies are measured one after the other with
+// the other one stopped, so they never compete for the CPU.
+//
+// "Programmed" for kube-proxy is the finishing time of its first
+// nftables sync (metric kubeproxy_sync_proxy_rules_last_timestamp_seconds)
+// after which the nftables table holds the expected rules. For Seine it is
+// when ovs-ofctl first shows the flows (cold start: as many flows of the
+// new start round as the first two Services predict, and every ClusterIP
+// covered) or the Service's groups with the new endpoint: an upper bound
+// that includes up to one ovs-ofctl round trip.
+//
+// Metrics per scale L (1k, 10k): seine-cold-L-ms, kubeproxy-cold-L-ms,
+// seine-change-L-ms, kubeproxy-change-L-ms, cold-L-ratio and
+// change-L-ratio (kube-proxy's time over Seine's), seine-flows-L,
+// seine-groups-L, kubeproxy-nft-rules-L, kubeproxy-nft-chains-L, and
+// create-L-s (time to create the objects through the API).
+//
+// It skips when Seine has no Service proxy yet (no flow with cookie
+// category pipeline.CategoryService for a new Service's ClusterIP), unless
+// SEINE_BENCH_KUBEPROXY_ONLY is set, which measures kube-proxy alone.
+func BenchmarkServiceProgramming(b *testing.B) {
+	kubeProxyOnly := os.Getenv(envKubeProxyOnly) != ""
+	scales := serviceScales(b)
+	kubeProxyBinary(b) // fail early when it is not built
+	c := up(b, "bsvc", 1)
+	node := c.Nodes()[0]
+	cs := bulkClient(b, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
+	defer cancel()
+	of := newSeineOF(node)
+
+	// Two Services first: is Seine's proxy there, and what does it install
+	// per Service?
+	refs, err := createServices(ctx, cs, 0, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	seineOn := !kubeProxyOnly
+	var shape seineShape
+	if !waitSeineService(b, of, refs[0].ClusterIP, 20*time.Second) {
+		if !kubeProxyOnly {
+			b.Skipf("Seine's Service proxy is not there yet: no flow with cookie category %d (CategoryService) matches ip,nw_dst=%s on %s 20 s after the Service was created; set %s=1 to measure kube-proxy alone",
+				pipeline.CategoryService, refs[0].ClusterIP, of.mgmt, envKubeProxyOnly)
+		}
+		b.Logf("Seine's Service proxy not found; measuring kube-proxy alone")
+	} else if seineOn {
+		t1, err := of.count(categoryFilter(pipeline.CategoryService))
+		if err != nil {
+			b.Fatal(err)
+		}
+		more, err := createServices(ctx, cs, 1, 2)
+		if err != nil {
+			b.Fatal(err)
+		}
+		refs = append(refs, more...)
+		if !waitSeineService(b, of, refs[1].ClusterIP, 20*time.Second) {
+			b.Fatalf("Seine programmed %s but not %s within 20 s", refs[0].Name, refs[1].Name)
+		}
+		time.Sleep(time.Second) // let the second Service's flows settle
+		t2, err := of.count(categoryFilter(pipeline.CategoryService))
+		if err != nil {
+			b.Fatal(err)
+		}
+		shape.perService = t2 - t1
+		if shape.perService <= 0 {
+			fs, _ := of.serviceFlows(refs[1].ClusterIP)
+			shape.perService = len(fs)
+		}
+		shape.shared = t2 - 2*shape.perService
+		b.Logf("seine: %d Service flows per Service, %d shared", shape.perService, shape.shared)
+	}
+	// Neither proxy runs while the objects are created.
+	if seineOn {
+		if err := c.StopSeine(node.Name); err != nil {
+			b.Fatal(err)
+		}
+	}
+	kp := newKubeProxy(b, c, node)
+	b.Logf("kube-proxy log: %s", kp.logPath)
+
+	for si, n := range scales {
+		label := scaleLabel(n)
+		start := time.Now()
+		more, err := createServices(ctx, cs, len(refs), n)
+		if err != nil {
+			b.Fatal(err)
+		}
+		refs = append(refs, more...)
+		b.ReportMetric(time.Since(start).Seconds(), "create-"+label+"-s")
+		b.Logf("%s: created %d Services and EndpointSlices in %v", label, len(more), time.Since(start).Round(time.Millisecond))
+		target := refs[n/2]
+		newIPs := make([]string, changeRepeats)
+		for r := range newIPs {
+			newIPs[r] = changedIP(si*changeRepeats*2 + r)
+		}
+
+		kpCold, kpChange := measureKubeProxy(ctx, b, cs, kp, refs, target, newIPs)
+		b.ReportMetric(ms(kpCold), "kubeproxy-cold-"+label+"-ms")
+		b.ReportMetric(ms(kpChange), "kubeproxy-change-"+label+"-ms")
+		rules, chains, err := kp.ruleCounts()
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(float64(rules), "kubeproxy-nft-rules-"+label)
+		b.ReportMetric(float64(chains), "kubeproxy-nft-chains-"+label)
+		kp.stop()
+		b.Logf("%s: kube-proxy cold %v, change %v (median), %d rules in %d chains", label, kpCold, kpChange, rules, chains)
+
+		if !seineOn {
+			continue
+		}
+		for r := range newIPs {
+			newIPs[r] = changedIP(si*changeRepeats*2 + changeRepeats + r)
+		}
+		sCold, sChange := measureSeine(ctx, b, cs, c, node, of, refs, shape, target, newIPs)
+		b.ReportMetric(ms(sCold), "seine-cold-"+label+"-ms")
+		b.ReportMetric(ms(sChange), "seine-change-"+label+"-ms")
+		b.ReportMetric(float64(kpCold)/float64(sCold), "cold-"+label+"-ratio")
+		b.ReportMetric(float64(kpChange)/float64(sChange), "change-"+label+"-ratio")
+		flows, err := of.count(categoryFilter(pipeline.CategoryService))
+		if err != nil {
+			b.Fatal(err)
+		}
+		groups, err := of.groups()
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(float64(flows), "seine-flows-"+label)
+		b.ReportMetric(float64(groups), "seine-groups-"+label)
+		b.Logf("%s: seine cold %v, change %v (median), %d Service flows, %d groups; change target: < 50 ms and >= 5x faster than kube-proxy (got %.1fx)",
+			label, sCold, sChange, flows, groups, float64(kpChange)/float64(sChange))
+		if si < len(scales)-1 {
+			if err := c.StopSeine(node.Name); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+}
+
+// measureKubeProxy starts kube-proxy on an empty nftables table and times
+// its first full sync, then times changeRepeats endpoint replacements on
+// target; it returns the cold-start time and the median change time.
+func measureKubeProxy(ctx context.Context, b *testing.B, cs kubernetes.Interface, kp *kubeProxy, refs []svcRef, target svcRef, newIPs []string) (cold, change time.Duration) {
+	b.Helper()
+	first, last := refs[0], refs[len(refs)-1]
+	kp.deleteTables()
+	t0 := time.Now()
+	if err := kp.start(); err != nil {
+		b.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	ts, err := kp.waitProgrammed(wctx, t0, 50*time.Millisecond, func() bool {
+		return kp.serviceChain(last) != "" && kp.serviceChain(first) != "" && kp.serviceChain(target) != ""
+	})
+	cancel()
+	if err != nil {
+		b.Fatal(err)
+	}
+	cold = ts.Sub(t0)
+	var lat []time.Duration
+	for _, ip := range newIPs {
+		time.Sleep(changeGap)
+		old, t0, err := replaceEndpoint(ctx, cs, target, ip)
+		if err != nil {
+			b.Fatal(err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, time.Minute)
+		ts, err := kp.waitProgrammed(wctx, t0, 5*time.Millisecond, func() bool { return kp.hasEndpoint(target, ip, old) })
+		cancel()
+		if err != nil {
+			b.Fatalf("change %s -> %s on %s: %v", old, ip, target.Name, err)
+		}
+		lat = append(lat, ts.Sub(t0))
+	}
+	b.Logf("kube-proxy changes: %v", lat)
+	return cold, percentile(lat, 0.5)
+}
+
+// measureSeine restarts Seine and times until its Service flows of the new
+// start round cover every Service, then times changeRepeats endpoint
+// replacements on target; it returns the cold-start time and the median
+// change time.
+func measureSeine(ctx context.Context, b *testing.B, cs kubernetes.Interface, c *sandbox.Cluster, node sandbox.Node, of *seineOF, refs []svcRef, shape seineShape, target svcRef, newIPs []string) (cold, change time.Duration) {
+	b.Helper()
+	oldRound, oldErr := of.round()
+	want := shape.expect(len(refs))
+	t0 := time.Now()
+	if err := c.StartSeine(ctx, node.Name, nil); err != nil {
+		b.Fatal(err)
+	}
+	var (
+		newRound     uint16
+		haveRound    bool
+		lastCount    = -1
+		lastChangeAt time.Time
+		done         time.Time
+	)
+	deadline := time.Now().Add(5 * time.Minute)
+	for done.IsZero() {
+		if time.Now().After(deadline) {
+			b.Fatalf("seine: Service flows of round %d: %d, want %d after 5 min", newRound, lastCount, want)
+		}
+		time.Sleep(50 * time.Millisecond)
+		if !haveRound {
+			r, err := of.round()
+			if err != nil || (oldErr == nil && r == oldRound) {
+				continue
+			}
+			newRound, haveRound = r, true
+		}
+		n, err := of.count(roundCategoryFilter(newRound, pipeline.CategoryService))
+		if err != nil {
+			continue
+		}
+		now := time.Now()
+		if n != lastCount {
+			lastCount, lastChangeAt = n, now
+		}
+		switch {
+		case n >= want:
+			if seineCovers(b, of, newRound, refs) {
+				done = now
+			}
+		case n > 0 && now.Sub(lastChangeAt) > 3*time.Second:
+			// The two-Service estimate was off; accept a stable count that
+			// covers every Service, timed at its last change.
+			if seineCovers(b, of, newRound, refs) {
+				b.Logf("seine: %d Service flows, estimate was %d", n, want)
+				done = lastChangeAt
+			}
+		}
+	}
+	cold = done.Sub(t0)
+
+	before, gids, err := of.serviceText(target.ClusterIP)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var lat []time.Duration
+	for _, ip := range newIPs {
+		time.Sleep(changeGap)
+		old, t0, err := replaceEndpoint(ctx, cs, target, ip)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if !mentionsIP(before, old) {
+			b.Fatalf("seine: the flows and groups of %s (%s) do not name its endpoint %s; cannot tell when a change is programmed:\n%s",
+				target.Name, target.ClusterIP, old, before)
+		}
+		deadline := time.Now().Add(time.Minute)
+		for i := 0; ; i++ {
+			var txt string
+			if len(gids) > 0 && i%20 != 19 {
+				txt, err = of.groupText(gids)
+			} else {
+				txt, gids, err = of.serviceText(target.ClusterIP)
+			}
+			if err == nil && mentionsIP(txt, ip) && !mentionsIP(txt, old) {
+				lat = append(lat, time.Since(t0))
+				before = txt
+				break
+			}
+			if err != nil {
+				gids = nil // a group may have been replaced: look it up again
+			}
+			if time.Now().After(deadline) {
+				b.Fatalf("seine: change %s -> %s on %s not programmed after 1 min:\n%s", old, ip, target.Name, txt)
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}
+	b.Logf("seine changes: %v", lat)
+	return cold, percentile(lat, 0.5)
+}
+
+// seineCovers reports whether every Service's ClusterIP appears in the
+// Service flows of the given round.
+func seineCovers(b *testing.B, of *seineOF, round uint16, refs []svcRef) bool {
+	b.Helper()
+	fs, err := of.flows(roundCategoryFilter(round, pipeline.CategoryService))
+	if err != nil {
+		return false
+	}
+	seen := make(map[string]bool, len(refs))
+	for _, f := range fs {
+		if i := strings.Index(f.Text, "nw_dst="); i >= 0 {
+			rest := f.Text[i+len("nw_dst="):]
+			if j := strings.IndexAny(rest, ", "); j >= 0 {
+				rest = rest[:j]
+			}
+			seen[rest] = true
+		}
+	}
+	for _, r := range refs {
+		if !seen[r.ClusterIP] {
+			return false
+		}
+	}
+	return true
+}
+
+// BenchmarkServiceLatency compares the request latency of a TCP exchange
+// (connect, one reply line, close) from a client Pod to an echo Pod
+// through a ClusterIP Service with the same exchange straight to the
+// Pod IP, 500 of each interleaved. Metrics: clusterip-p50-us,
+// podip-p50-us, clusterip-p99-us, podip-p99-us and p50-ratio (ClusterIP
+// over Pod IP). It skips when Seine has no Service proxy yet.
+func BenchmarkServiceLatency(b *testing.B) {
+	c := up(b, "bsvl", 1)
+	node := c.Nodes()[0]
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	const ns = "svclat"
+	srv, err := c.CreatePod(ctx, sandbox.PodSpec{Namespace: ns, Name: "echo", Node: node.Name,
+		Labels: map[string]string{"app": "echo"}, Ports: []sandbox.Port{{Name: "tcp", Port: svcTargetPort}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := c.CreatePod(ctx, sandbox.PodSpec{Namespace: ns, Name: "client", Node: node.Name}); err != nil {
+		b.Fatal(err)
+	}
+	svc, err := c.Client().CoreV1().Services(ns).Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "echo", Namespace: ns},
+		Spec: corev1.ServiceSpec{
+			Selector: map[string]string{"app": "echo"},
+			Ports:    []corev1.ServicePort{{Name: "tcp", Protocol: corev1.ProtocolTCP, Port: svcPort, TargetPort: intstr.FromInt32(svcTargetPort)}},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	vip := svc.Spec.ClusterIP
+	if !waitSeineService(b, newSeineOF(node), vip, 20*time.Second) {
+		b.Skipf("Seine's Service proxy is not there yet: no flow with cookie category %d (CategoryService) matches ip,nw_dst=%s", pipeline.CategoryService, vip)
+	}
+	probe := func(host string, port int) (time.Duration, error) {
+		t0 := time.Now()
+		r := c.Probe(ctx, ns, "client", host, port, corev1.ProtocolTCP, 2*time.Second)
+		d := time.Since(t0)
+		if r.Outcome != sandbox.Connected || r.Reply != "echo" {
+			return d, fmt.Errorf("probe %s:%d: %v (%v)", host, port, r, r.Err)
+		}
+		return d, nil
+	}
+	// The Service works once the endpoint is programmed too.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := probe(vip, svcPort); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			b.Fatalf("ClusterIP %s never answered: %v", vip, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	const probes, warmup = 500, 20
+	var viaVIP, direct []time.Duration
+	for i := 0; i < probes+warmup; i++ {
+		dv, err := probe(vip, svcPort)
+		if err != nil {
+			b.Fatal(err)
+		}
+		dd, err := probe(srv.Status.PodIP, svcTargetPort)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if i >= warmup {
+			viaVIP, direct = append(viaVIP, dv), append(direct, dd)
+		}
+	}
+	us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1000 }
+	b.ReportMetric(us(percentile(viaVIP, 0.5)), "clusterip-p50-us")
+	b.ReportMetric(us(percentile(direct, 0.5)), "podip-p50-us")
+	b.ReportMetric(us(percentile(viaVIP, 0.99)), "clusterip-p99-us")
+	b.ReportMetric(us(percentile(direct, 0.99)), "podip-p99-us")
+	b.ReportMetric(float64(percentile(viaVIP, 0.5))/float64(percentile(direct, 0.5)), "p50-ratio")
+}

@@ -1,0 +1,354 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/seine-net/seine/tests/sandbox"
+	"github.com/seine-net/seine/tests/sandbox/echo"
+)
+
+// svcPods creates one echo Pod per node index, labelled app=<app>, in ns.
+func svcPods(t *testing.T, c *sandbox.Cluster, ns, app string, nodes ...int) []podRef {
+	t.Helper()
+	ctx := testCtx(t, 3*time.Minute)
+	var pods []podRef
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		for _, p := range pods {
+			_ = c.DeletePod(ctx, p.ns, p.name)
+		}
+	})
+	for i, ni := range nodes {
+		node := c.Nodes()[ni]
+		name := fmt.Sprintf("%s-%d-n%d", app, i, ni+1)
+		p, err := c.CreatePod(ctx, sandbox.PodSpec{Namespace: ns, Name: name, Node: node.Name,
+			Labels: map[string]string{"app": app}, Ports: demoPorts})
+		if err != nil {
+			t.Fatalf("creating pod %s: %v", name, err)
+		}
+		pods = append(pods, podRef{ns: ns, name: name, node: node.Name, ip: p.Status.PodIP})
+	}
+	return pods
+}
+
+// createService creates a Service selecting app=<app> (no selector when app
+// is empty) with TCP 80 → named port "http" and UDP 53 → 5353, and deletes
+// it at the end of the test.
+func createService(t *testing.T, c *sandbox.Cluster, ns, name, app string, mutate func(*corev1.Service)) *corev1.Service {
+	t.Helper()
+	ctx := testCtx(t, 30*time.Second)
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{
+			{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromString("http")},
+			{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP, TargetPort: intstr.FromInt32(udpPort)},
+		}}}
+	if app != "" {
+		svc.Spec.Selector = map[string]string{"app": app}
+	}
+	if mutate != nil {
+		mutate(svc)
+	}
+	if _, err := c.Client().CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{}); err != nil {
+		_, _ = c.Client().CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+	}
+	out, err := c.Client().CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("creating service %s/%s: %v", ns, name, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = c.Client().CoreV1().Services(ns).Delete(ctx, name, metav1.DeleteOptions{})
+	})
+	return out
+}
+
+func probeSvc(t *testing.T, c *sandbox.Cluster, from podRef, ip string, port int, proto corev1.Protocol, timeout time.Duration) echo.Result {
+	t.Helper()
+	return c.Probe(testCtx(t, 10*time.Second), from.ns, from.name, ip, port, proto, timeout)
+}
+
+// replies probes n times and counts the answering Pods.
+func replies(t *testing.T, c *sandbox.Cluster, from podRef, ip string, port int, proto corev1.Protocol, n int) map[string]int {
+	t.Helper()
+	got := map[string]int{}
+	for i := 0; i < n; i++ {
+		r := probeSvc(t, c, from, ip, port, proto, 2*time.Second)
+		if r.Outcome != echo.Connected {
+			got["!"+string(r.Outcome)]++
+			continue
+		}
+		got[r.Reply]++
+	}
+	return got
+}
+
+func keys(m map[string]int) string {
+	var ks []string
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	return strings.Join(ks, ",")
+}
+
+func names(pods []podRef) string {
+	var ns []string
+	for _, p := range pods {
+		ns = append(ns, p.name)
+	}
+	sort.Strings(ns)
+	return strings.Join(ns, ",")
+}
+
+// ClusterIP from a Pod on every Node reaches endpoints on every Node, TCP
+// (named targetPort) and UDP (numeric), spread over all of them; the
+// client Pods are themselves endpoints, so hairpin is exercised too.
+func TestServiceClusterIP(t *testing.T) {
+	c := shared
+	pods := svcPods(t, c, "svc-cip", "cip", 0, 1, 2)
+	svc := createService(t, c, "svc-cip", "web", "cip", nil)
+	vip := svc.Spec.ClusterIP
+	all := names(pods)
+	for _, from := range pods {
+		for _, pp := range []struct {
+			port  int
+			proto corev1.Protocol
+		}{{80, corev1.ProtocolTCP}, {53, corev1.ProtocolUDP}} {
+			var got map[string]int
+			eventually(t, 20*time.Second, fmt.Sprintf("%s %s:%d/%s reaches every endpoint", from.name, vip, pp.port, pp.proto), func() error {
+				got = replies(t, c, from, vip, pp.port, pp.proto, 24)
+				if keys(got) != all {
+					return fmt.Errorf("answered by %v, want each of %s", got, all)
+				}
+				return nil
+			})
+		}
+	}
+	// The echo server sees the client's own address (no SNAT) except for
+	// hairpin, where it sees the hairpin address.
+	r := probeSvc(t, c, pods[0], vip, 80, corev1.ProtocolTCP, 2*time.Second)
+	if r.Outcome != echo.Connected {
+		t.Fatalf("probe: %s", r)
+	}
+	wantClient := pods[0].ip
+	if r.Reply == pods[0].name {
+		wantClient = "169.254.100.1"
+	}
+	if !strings.HasPrefix(r.Client, wantClient+":") {
+		t.Errorf("server %s saw client %s, want %s", r.Reply, r.Client, wantClient)
+	}
+}
+
+// Hairpin: a Pod reaches itself through a Service of which it is the only
+// endpoint.
+func TestServiceHairpin(t *testing.T) {
+	c := shared
+	pods := svcPods(t, c, "svc-hairpin", "hp", 1)
+	svc := createService(t, c, "svc-hairpin", "self", "hp", nil)
+	for _, proto := range []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP} {
+		port := 80
+		if proto == corev1.ProtocolUDP {
+			port = 53
+		}
+		eventually(t, 15*time.Second, "hairpin "+string(proto), func() error {
+			r := probeSvc(t, c, pods[0], svc.Spec.ClusterIP, port, proto, 2*time.Second)
+			if r.Outcome != echo.Connected || r.Reply != pods[0].name {
+				return fmt.Errorf("got %s", r)
+			}
+			return nil
+		})
+	}
+}
+
+// A Service without endpoints is refused at once, TCP and UDP.
+func TestServiceNoEndpointsRejects(t *testing.T) {
+	c := shared
+	client := svcPods(t, c, "svc-noep", "client", 0)[0]
+	svc := createService(t, c, "svc-noep", "empty", "nothing-matches", nil)
+	for _, pp := range []struct {
+		port  int
+		proto corev1.Protocol
+	}{{80, corev1.ProtocolTCP}, {53, corev1.ProtocolUDP}} {
+		eventually(t, 15*time.Second, fmt.Sprintf("%d/%s refused", pp.port, pp.proto), func() error {
+			start := time.Now()
+			r := probeSvc(t, c, client, svc.Spec.ClusterIP, pp.port, pp.proto, 3*time.Second)
+			if r.Outcome != echo.Refused {
+				return fmt.Errorf("got %s (%v)", r, r.Err)
+			}
+			if d := time.Since(start); d > time.Second {
+				return fmt.Errorf("refused only after %s", d)
+			}
+			return nil
+		})
+	}
+}
+
+// Scaling the backing Pods up and down: the Service follows within a few
+// seconds; endpoints of a deleted Pod stop receiving connections.
+func TestServiceFollowsEndpoints(t *testing.T) {
+	c := shared
+	ns := "svc-scale"
+	client := svcPods(t, c, ns, "client", 0)[0]
+	first := svcPods(t, c, ns, "scale", 1)
+	svc := createService(t, c, ns, "scale", "scale", nil)
+	vip := svc.Spec.ClusterIP
+	eventually(t, 15*time.Second, "first endpoint", func() error {
+		if got := replies(t, c, client, vip, 80, corev1.ProtocolTCP, 3); keys(got) != first[0].name {
+			return fmt.Errorf("got %v", got)
+		}
+		return nil
+	})
+	// Scale up: a Pod on another Node.
+	more := svcPods(t, c, ns, "scale2", 2)
+	ctx := testCtx(t, time.Minute)
+	p, err := c.Client().CoreV1().Pods(ns).Get(ctx, more[0].name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Labels["app"] = "scale"
+	if _, err := c.Client().CoreV1().Pods(ns).Update(ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	want := names(append(first, more...))
+	start := time.Now()
+	eventually(t, 10*time.Second, "scaled up", func() error {
+		if got := replies(t, c, client, vip, 80, corev1.ProtocolTCP, 12); keys(got) != want {
+			return fmt.Errorf("got %v, want %s", got, want)
+		}
+		return nil
+	})
+	t.Logf("new endpoint served %s after relabel", time.Since(start).Round(time.Millisecond))
+	// Scale down: delete the first Pod.
+	if err := c.DeletePod(ctx, ns, first[0].name); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "scaled down", func() error {
+		if got := replies(t, c, client, vip, 80, corev1.ProtocolTCP, 12); keys(got) != more[0].name {
+			return fmt.Errorf("got %v, want only %s", got, more[0].name)
+		}
+		return nil
+	})
+}
+
+// ClientIP session affinity: every connection of a client goes to the same
+// endpoint while the affinity lives; it expires after timeoutSeconds.
+func TestServiceSessionAffinity(t *testing.T) {
+	c := shared
+	ns := "svc-affinity"
+	client := svcPods(t, c, ns, "client", 0)[0]
+	pods := svcPods(t, c, ns, "aff", 0, 1, 2)
+	svc := createService(t, c, ns, "sticky", "aff", func(s *corev1.Service) {
+		s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+		s.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: ptrTo(int32(3))}}
+	})
+	vip := svc.Spec.ClusterIP
+	node0 := c.Nodes()[0]
+	eventually(t, 20*time.Second, "endpoints up", func() error {
+		r := probeSvc(t, c, client, vip, 80, corev1.ProtocolTCP, 2*time.Second)
+		if r.Outcome != echo.Connected {
+			return fmt.Errorf("%s", r)
+		}
+		return nil
+	})
+	chosen := map[string]bool{}
+	for round := 0; round < 6 && len(chosen) < 2; round++ {
+		got := replies(t, c, client, vip, 80, corev1.ProtocolTCP, 8)
+		if len(got) != 1 {
+			t.Fatalf("round %d: connections spread over %v despite affinity", round, got)
+		}
+		chosen[keys(got)] = true
+		flows := ovs(t, node0, "ovs-ofctl", "dump-flows", brInt(node0), "table=41")
+		if !strings.Contains(flows, "nw_src="+client.ip) {
+			t.Fatalf("no learned affinity flow for %s:\n%s", client.ip, flows)
+		}
+		time.Sleep(4500 * time.Millisecond) // past the 3 s timeout
+		flows = ovs(t, node0, "ovs-ofctl", "dump-flows", brInt(node0), "table=41")
+		if strings.Contains(flows, "nw_src="+client.ip) {
+			t.Fatalf("affinity flow outlived its timeout:\n%s", flows)
+		}
+	}
+	if len(chosen) < 2 {
+		t.Errorf("after 6 expiries the client always got %v of %s", chosen, names(pods))
+	}
+}
+
+// internalTrafficPolicy Local: Pods only reach endpoints on their own Node;
+// a Node without one drops the connection.
+func TestServiceInternalTrafficPolicyLocal(t *testing.T) {
+	c := shared
+	ns := "svc-itp"
+	clients := svcPods(t, c, ns, "client", 0, 2)
+	pods := svcPods(t, c, ns, "itp", 0, 1)
+	svc := createService(t, c, ns, "local", "itp", func(s *corev1.Service) {
+		s.Spec.InternalTrafficPolicy = ptrTo(corev1.ServiceInternalTrafficPolicyLocal)
+	})
+	eventually(t, 20*time.Second, "local endpoint only", func() error {
+		if got := replies(t, c, clients[0], svc.Spec.ClusterIP, 80, corev1.ProtocolTCP, 10); keys(got) != pods[0].name {
+			return fmt.Errorf("got %v, want only %s", got, pods[0].name)
+		}
+		return nil
+	})
+	if r := probeSvc(t, c, clients[1], svc.Spec.ClusterIP, 80, corev1.ProtocolTCP, time.Second); r.Outcome != echo.TimedOut {
+		t.Errorf("from a Node without local endpoint: %s, want the connection dropped", r)
+	}
+}
+
+// A Service with 1,000 endpoints (hand-written EndpointSlice, a Service
+// without selector) is programmed as a select group of 1,000 buckets on
+// every Node.
+func TestServiceThousandEndpoints(t *testing.T) {
+	c := shared
+	ns := "svc-big"
+	svc := createService(t, c, ns, "big", "", nil)
+	ctx := testCtx(t, time.Minute)
+	slice := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: "big-1", Namespace: ns, Labels: map[string]string{discoveryv1.LabelServiceName: "big"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports: []discoveryv1.EndpointPort{{Name: ptrTo("http"), Port: ptrTo(int32(tcpPort)), Protocol: ptrTo(corev1.ProtocolTCP)},
+			{Name: ptrTo("dns"), Port: ptrTo(int32(udpPort)), Protocol: ptrTo(corev1.ProtocolUDP)}},
+	}
+	for i := 0; i < 1000; i++ {
+		slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{
+			Addresses:  []string{fmt.Sprintf("10.244.%d.%d", 200+i/250, i%250+1)},
+			Conditions: discoveryv1.EndpointConditions{Ready: ptrTo(true)}})
+	}
+	if _, err := c.Client().DiscoveryV1().EndpointSlices(ns).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("creating EndpointSlice: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = c.Client().DiscoveryV1().EndpointSlices(ns).Delete(context.Background(), "big-1", metav1.DeleteOptions{})
+	})
+	_ = svc
+	for _, n := range c.Nodes() {
+		eventually(t, 20*time.Second, "1,000-bucket groups on "+n.Name, func() error {
+			out, err := tryOVS(n, "ovs-ofctl", "dump-groups", brInt(n))
+			if err != nil {
+				return err
+			}
+			full := 0
+			for _, line := range strings.Split(out, "\n") {
+				if strings.Count(line, "bucket=") == 1000 {
+					full++
+				}
+			}
+			if full != 2 {
+				return fmt.Errorf("%d groups with 1,000 buckets, want 2 (TCP and UDP ports)", full)
+			}
+			return nil
+		})
+	}
+}
+
+func ptrTo[T any](v T) *T { return &v }
