@@ -52,6 +52,13 @@ type Pod struct {
 	OFPort uint32
 	IP     net.IP
 	MAC    net.HardwareAddr
+	// IngressIsolated and EgressIsolated say whether some NetworkPolicy
+	// isolates the Pod for that direction (networking.k8s.io/v1: a policy
+	// selecting it lists the direction in policyTypes). They set the
+	// IngressIsolated / EgressIsolated register bits on the Pod's traffic,
+	// which the default deny of PolicyBaseFlows drops unless a policy rule
+	// allowed it.
+	IngressIsolated, EgressIsolated bool
 }
 
 // PeerNode is another Node whose podCIDR is reached through the tunnel.
@@ -125,13 +132,26 @@ func BaseFlows(b Bridge) []of.Flow {
 }
 
 // PodFlows returns the flows of one local Pod: classification of its port,
-// its spoof guard, ARP delivery to it, and L3/L2 forwarding to it.
+// its spoof guard, ARP delivery to it, and L3/L2 forwarding to it. The
+// Classifier flow also loads EgressIsolated=1 when p.EgressIsolated, and the
+// L2Forwarding flow IngressIsolated=1 when p.IngressIsolated, so changing a
+// Pod's isolation changes only those two flows.
 func PodFlows(b Bridge, p Pod) []of.Flow {
 	ck := Cookie(b.Round, CategoryPod, uint64(p.OFPort))
 	ip := p.IP.To4()
+	classify := []of.Action{PktSource.Load(FromPod)}
+	if p.EgressIsolated {
+		classify = append(classify, EgressIsolated.Load(1))
+	}
+	classify = append(classify, goTo(SpoofGuard))
+	deliver := []of.Action{TargetOFPort.Load(p.OFPort), OutputResolved.Load(1)}
+	if p.IngressIsolated {
+		deliver = append(deliver, IngressIsolated.Load(1))
+	}
+	deliver = append(deliver, goTo(L2Forwarding.next()))
 	return []of.Flow{
 		{Table: uint8(Classifier), Priority: PrioNormal, Cookie: ck, Match: of.Match{InPort: p.OFPort},
-			Actions: []of.Action{PktSource.Load(FromPod), goTo(SpoofGuard)}},
+			Actions: classify},
 		{Table: uint8(SpoofGuard), Priority: PrioHigh, Cookie: ck,
 			Match:   of.Match{InPort: p.OFPort, EthType: EthTypeARP, ARPSPA: ip, ARPSHA: p.MAC},
 			Actions: []of.Action{goTo(ARPResponder)}},
@@ -145,9 +165,7 @@ func PodFlows(b Bridge, p Pod) []of.Flow {
 			Match:   of.Match{EthType: EthTypeIPv4, IPDst: host(ip)},
 			Actions: []of.Action{of.SetEthSrc{MAC: b.GatewayMAC}, of.SetEthDst{MAC: p.MAC}, goTo(L2Forwarding)}},
 		{Table: uint8(L2Forwarding), Priority: PrioHigh, Cookie: ck,
-			Match: of.Match{EthDst: p.MAC},
-			Actions: []of.Action{TargetOFPort.Load(p.OFPort), OutputResolved.Load(1),
-				goTo(L2Forwarding.next())}},
+			Match: of.Match{EthDst: p.MAC}, Actions: deliver},
 	}
 }
 

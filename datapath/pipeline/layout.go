@@ -122,6 +122,20 @@ const (
 	// endpoint of a Service connection (by the select group or by a
 	// session affinity flow).
 	EndpointSelected RegField = 0<<16 | 17<<8 | 1
+	// HairpinOut (reg0[18]) sends the packet back out of its own in_port
+	// (a Pod talking to itself through a Service): OpenFlow drops an
+	// output to the ingress port unless it is output:in_port.
+	HairpinOut RegField = 0<<16 | 18<<8 | 1
+	// IngressIsolated (reg0[24]) is set by the L2Forwarding flow of a
+	// local Pod that some NetworkPolicy isolates for ingress: the packet
+	// is headed to that Pod, and IngressDefault drops it unless an
+	// IngressRule flow allowed it first.
+	IngressIsolated RegField = 0<<16 | 24<<8 | 1
+	// EgressIsolated (reg0[25]) is set by the Classifier flow of a local
+	// Pod that some NetworkPolicy isolates for egress: the packet comes
+	// from that Pod, and EgressDefault drops it unless an EgressRule flow
+	// allowed it first.
+	EgressIsolated RegField = 0<<16 | 25<<8 | 1
 	// ServicePortID (reg5[0..31]) identifies the Service port a new
 	// connection is addressed to (see ServiceLB).
 	ServicePortID RegField = 5<<16 | 0<<8 | 32

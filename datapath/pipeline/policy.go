@@ -22,8 +22,9 @@ const (
 	PrioPolicyAllow uint16 = PrioNormal + 5
 	// PrioPolicyRule: conjunction clause flows and their conj_id flows.
 	PrioPolicyRule uint16 = PrioNormal
-	// PrioPolicyDefault: the default deny of isolated Pods, in the
-	// *Default tables.
+	// PrioPolicyDefault: the default deny of isolated Pods (one flow per
+	// direction, matching the IngressIsolated / EgressIsolated bit), in
+	// the *Default tables.
 	PrioPolicyDefault uint16 = PrioLow
 )
 
@@ -42,7 +43,12 @@ func (t Table) Next() Table { return t.next() }
 //   - in IngressRule, packets from this Node itself (PktSource gateway with
 //     nw_src the gateway IP or the Node IP, e.g. kubelet probes) skip the
 //     ingress policy, as the Kubernetes NetworkPolicy documentation
-//     requires for traffic from the Pod's own Node.
+//     requires for traffic from the Pod's own Node;
+//   - in EgressDefault and IngressDefault, the default deny: an IPv4
+//     packet with EgressIsolated (IngressIsolated) set, i.e. from (to) a
+//     Pod that PodFlows marks as isolated, that no allow flow of the rule
+//     table sent past the default table is dropped. This is one flow per
+//     direction whatever the number of isolated Pods.
 func PolicyBaseFlows(b Bridge) []of.Flow {
 	ck := Cookie(b.Round, CategoryPolicy, 0)
 	notNew := &of.CtStateMatch{Set: of.CtTrk, Clear: of.CtNew}
@@ -53,6 +59,10 @@ func PolicyBaseFlows(b Bridge) []of.Flow {
 		{Table: uint8(IngressRule), Priority: PrioPolicyBypass, Cookie: ck,
 			Match:   of.Match{EthType: EthTypeIPv4, CtState: notNew},
 			Actions: []of.Action{goTo(IngressDefault.next())}},
+		{Table: uint8(EgressDefault), Priority: PrioPolicyDefault, Cookie: ck,
+			Match: of.Match{EthType: EthTypeIPv4, Regs: []of.RegMatch{EgressIsolated.Match(1)}}}, // drop
+		{Table: uint8(IngressDefault), Priority: PrioPolicyDefault, Cookie: ck,
+			Match: of.Match{EthType: EthTypeIPv4, Regs: []of.RegMatch{IngressIsolated.Match(1)}}}, // drop
 	}
 	for _, ip := range []net.IP{b.GatewayIP, b.NodeIP} {
 		if ip.To4() == nil {

@@ -111,13 +111,20 @@ func ServiceBaseFlows(b Bridge) []of.Flow {
 		{Table: uint8(ServiceLB), Priority: PrioDefault + 1, Cookie: ck, Actions: []of.Action{goTo(EgressRule)}},
 		{Table: uint8(SessionAffinity), Priority: PrioDefault + 1, Cookie: ck}, // return from resubmit
 		{Table: uint8(Conntrack), Priority: PrioHigh + 10, Cookie: ck,
-			Match: of.Match{EthType: EthTypeIPv4, IPDst: host(ServiceHairpinIP)},
+			Match:   of.Match{EthType: EthTypeIPv4, IPDst: host(ServiceHairpinIP)},
 			Actions: []of.Action{of.CT{Zone: ServiceSNATZone, Table: &backTo, NAT: &of.CTNAT{}}}},
 		{Table: uint8(ConntrackCommit), Priority: PrioHigh + 10, Cookie: ck,
 			Match: of.Match{EthType: EthTypeIPv4, CtState: &of.CtStateMatch{Set: of.CtTrk, Clear: of.CtRpl},
 				CtMark: &of.Masked32{Value: CtMarkHairpin, Mask: CtMarkHairpin}},
-			Actions: []of.Action{of.CT{Commit: true, Zone: ServiceSNATZone, Table: &snatTable,
+			Actions: []of.Action{HairpinOut.Load(1), of.CT{Commit: true, Zone: ServiceSNATZone, Table: &snatTable,
 				NAT: &of.CTNAT{SNAT: true, IPMin: ServiceHairpinIP}}}},
+		{Table: uint8(ConntrackCommit), Priority: PrioHigh + 10, Cookie: ck,
+			Match: of.Match{EthType: EthTypeIPv4, CtState: &of.CtStateMatch{Set: of.CtTrk | of.CtRpl},
+				CtMark: &of.Masked32{Value: CtMarkHairpin, Mask: CtMarkHairpin}},
+			Actions: []of.Action{HairpinOut.Load(1), goTo(Output)}},
+		{Table: uint8(Output), Priority: PrioHigh + 10, Cookie: ck,
+			Match:   of.Match{Regs: []of.RegMatch{{Reg: 0, Value: 1<<OutputResolved.Ofs() | 1<<HairpinOut.Ofs(), Mask: OutputResolved.Mask() | HairpinOut.Mask()}}},
+			Actions: []of.Action{of.Output{Port: of.PortInPort}}},
 	}
 }
 

@@ -187,12 +187,16 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	// NetworkPolicy: this Node's agent (enforcement) and its instance of
 	// the leader-elected controller.
 	var policyAgent *policyagent.Agent
+	var backend *podnet.Backend // set below; the agent runs only after that
 	if cfg.PolicyEnabled() {
 		policyAgent = policyagent.New(cp, policyagent.Config{
 			NodeName:       cfg.NodeName,
 			Bridge:         bridge,
 			Flows:          syncer,
 			RealizeTimeout: cfg.NetworkPolicy.RealizeTimeout.Duration,
+			OnIsolation: func(ctx context.Context, namespace, name string, ingress, egress bool) error {
+				return backend.SetIsolation(ctx, namespace, name, ingress, egress)
+			},
 		}, log.Named("policy-agent"))
 	}
 
@@ -204,7 +208,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	if reset {
 		log.Warn("podCIDR changed since the last run: previous IP allocations discarded")
 	}
-	backend := podnet.New(podnet.Config{
+	backend = podnet.New(podnet.Config{
 		BridgeName:        cfg.BridgeName,
 		Bridge:            bridge,
 		MTU:               mtu,
@@ -325,8 +329,8 @@ func policyHook(a *policyagent.Agent) podnet.PolicyHook {
 
 type agentHook struct{ a *policyagent.Agent }
 
-func (h agentHook) PodAttached(namespace, name string, ofport uint32, ip net.IP) {
-	h.a.PodAttached(policyagent.LocalPod{Namespace: namespace, Name: name, OFPort: ofport, IP: ip})
+func (h agentHook) PodAttached(namespace, name string, ofport uint32, ip net.IP, restored bool) {
+	h.a.PodAttached(policyagent.LocalPod{Namespace: namespace, Name: name, OFPort: ofport, IP: ip, Restored: restored})
 }
 
 func (h agentHook) PodDetached(namespace, name string) { h.a.PodDetached(namespace, name) }

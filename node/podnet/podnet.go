@@ -4,6 +4,10 @@
 // route, MTU), attaches the host end to OVS with external_ids naming the
 // Pod, and installs the Pod's flows; every step is undone if a later one
 // fails. DEL undoes all of it and succeeds when there is nothing to undo.
+//
+// The backend remembers the Pods it attached (and restored) so that
+// SetIsolation can re-install a Pod's flows with its NetworkPolicy
+// isolation (pipeline.Pod IngressIsolated / EgressIsolated).
 package podnet
 
 import (
@@ -39,6 +43,11 @@ const (
 	ExtIDPodNamespace = "seine.io/pod-namespace"
 	ExtIDIP           = "seine.io/ip"
 	ExtIDMAC          = "seine.io/mac"
+	// ExtIDIsolation records the Pod's NetworkPolicy isolation ("",
+	// "ingress", "egress" or "ingress,egress"), so a restarted daemon
+	// reinstalls the Pod's flows with it and never opens a window without
+	// default deny.
+	ExtIDIsolation = "seine.io/isolation"
 )
 
 // Ports is the OVSDB part the backend needs.
@@ -58,8 +67,9 @@ type Flows interface {
 // (implemented by an adapter over policy/agent). All methods must be safe
 // for concurrent use.
 type PolicyHook interface {
-	// PodAttached reports a Pod's port, so the Pod's policies can match it.
-	PodAttached(namespace, name string, ofport uint32, ip net.IP)
+	// PodAttached reports a Pod's port, so the Pod's policies can match it;
+	// restored marks a Pod found attached at start-up.
+	PodAttached(namespace, name string, ofport uint32, ip net.IP, restored bool)
 	// PodDetached reports that the Pod's port is gone.
 	PodDetached(namespace, name string)
 	// WaitRealized blocks until the Pod's policies are enforced, or fails
@@ -93,12 +103,95 @@ type Backend struct {
 
 	mu    sync.Mutex
 	ready bool
+
+	// podMu guards pods and serializes the flow updates SetIsolation
+	// makes with the removal of the records they read.
+	podMu sync.Mutex
+	pods  map[string]podRecord // "namespace/name" → attachment
+}
+
+// podRecord is what the backend keeps of an attached Pod: the flowsync
+// owner of its flows and what they were built from.
+type podRecord struct {
+	owner string
+	port  string // the OVS port (host veth)
+	pod   pipeline.Pod
+}
+
+func isolationValue(p pipeline.Pod) string {
+	switch {
+	case p.IngressIsolated && p.EgressIsolated:
+		return "ingress,egress"
+	case p.IngressIsolated:
+		return "ingress"
+	case p.EgressIsolated:
+		return "egress"
+	}
+	return ""
 }
 
 // New returns the backend. It is not ready (STATUS fails, ADD refuses)
 // until MarkReady.
 func New(cfg Config, alloc *ipam.Allocator, ports Ports, flows Flows, log *zap.Logger) *Backend {
-	return &Backend{cfg: cfg, ipam: alloc, ports: ports, flows: flows, log: log}
+	return &Backend{cfg: cfg, ipam: alloc, ports: ports, flows: flows, log: log, pods: map[string]podRecord{}}
+}
+
+// remember records an attached Pod (one record per namespace/name: a newer
+// attachment replaces an older one).
+func (b *Backend) remember(namespace, name, owner, port string, p pipeline.Pod) {
+	if name == "" {
+		return
+	}
+	b.podMu.Lock()
+	b.pods[namespace+"/"+name] = podRecord{owner: owner, port: port, pod: p}
+	b.podMu.Unlock()
+}
+
+// forget removes the record of the attachment with the given flowsync
+// owner, if any.
+func (b *Backend) forget(owner string) {
+	b.podMu.Lock()
+	defer b.podMu.Unlock()
+	for k, r := range b.pods {
+		if r.owner == owner {
+			delete(b.pods, k)
+		}
+	}
+}
+
+// SetIsolation applies a Pod's NetworkPolicy isolation (the directions some
+// policy selecting it isolates it for, as policy/agent computes them) by
+// re-installing its flows: only its Classifier and L2Forwarding flows
+// change (pipeline.PodFlows), and flowsync sends only those. A Pod this
+// backend has no attachment of is ignored (it was detached meanwhile, or
+// its name was not known). It fails only when the switch rejects the
+// flows, naming the Pod.
+func (b *Backend) SetIsolation(ctx context.Context, namespace, name string, ingress, egress bool) error {
+	key := namespace + "/" + name
+	b.podMu.Lock()
+	defer b.podMu.Unlock()
+	r, ok := b.pods[key]
+	if !ok {
+		b.log.Debug("isolation for a Pod not attached here ignored", zap.String("pod", key))
+		return nil
+	}
+	if r.pod.IngressIsolated == ingress && r.pod.EgressIsolated == egress {
+		return nil
+	}
+	p := r.pod
+	p.IngressIsolated, p.EgressIsolated = ingress, egress
+	if err := b.flows.Set(ctx, r.owner, pipeline.PodFlows(b.cfg.Bridge, p)); err != nil {
+		return fmt.Errorf("isolation of pod %s: %w", key, err)
+	}
+	b.pods[key] = podRecord{owner: r.owner, port: r.port, pod: p}
+	if r.port != "" {
+		if _, err := b.ports.EnsurePort(ctx, b.cfg.BridgeName, ovsdb.PortSpec{Name: r.port,
+			ExternalIDs: map[string]string{ExtIDIsolation: isolationValue(p)}}); err != nil {
+			b.log.Warn("recording isolation in OVSDB", zap.String("pod", key), zap.Error(err))
+		}
+	}
+	b.log.Info("Pod isolation changed", zap.String("pod", key), zap.Bool("ingress", ingress), zap.Bool("egress", egress))
+	return nil
 }
 
 // MarkReady lets ADDs in; the daemon calls it once the bridge, pipeline and
@@ -244,7 +337,10 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 		return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "attaching %s to %s: %w", hostName, b.cfg.BridgeName, err)
 	}
 
-	flows := pipeline.PodFlows(br, pipeline.Pod{OFPort: uint32(port.OFPort), IP: podIP, MAC: podMAC})
+	// A new attachment starts isolated for neither direction; the policy
+	// agent isolates it (SetIsolation) before WaitRealized returns.
+	pod := pipeline.Pod{OFPort: uint32(port.OFPort), IP: podIP, MAC: podMAC}
+	flows := pipeline.PodFlows(br, pod)
 	undo = append(undo, func() {
 		if err := b.flows.Set(context.WithoutCancel(ctx), owner(req.ContainerID, req.IfName), nil); err != nil {
 			b.log.Error("rollback: removing flows", zap.String("container_id", req.ContainerID), zap.Error(err))
@@ -253,8 +349,10 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 	if err := b.flows.Set(ctx, owner(req.ContainerID, req.IfName), flows); err != nil {
 		return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "installing Pod flows: %w", err)
 	}
+	b.remember(req.PodNamespace, req.PodName, owner(req.ContainerID, req.IfName), hostName, pod)
+	undo = append(undo, func() { b.forget(owner(req.ContainerID, req.IfName)) })
 	if p := b.cfg.Policy; p != nil && req.PodName != "" {
-		p.PodAttached(req.PodNamespace, req.PodName, uint32(port.OFPort), podIP)
+		p.PodAttached(req.PodNamespace, req.PodName, uint32(port.OFPort), podIP, false)
 		undo = append(undo, func() { p.PodDetached(req.PodNamespace, req.PodName) })
 		if err := p.WaitRealized(ctx, req.PodNamespace, req.PodName, req.PodUID); err != nil {
 			return nil, cniserver.Errorf(types.ErrTryAgainLater, "NetworkPolicies of %s/%s are not in place yet: %w", req.PodNamespace, req.PodName, err)
@@ -294,6 +392,7 @@ func (b *Backend) release(ctx context.Context, containerID, ifName string) error
 			}
 		}
 	}
+	b.forget(owner(containerID, ifName))
 	if err := b.flows.Set(ctx, owner(containerID, ifName), nil); err != nil {
 		return cniserver.Errorf(cniserver.ErrCodeDatapath, "removing Pod flows: %w", err)
 	}
@@ -428,12 +527,16 @@ func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 			b.log.Warn("Pod port without IP allocation", zap.String("port", p.Name), zap.String("ip", podIP.String()))
 		}
 		attached[cid+"/"+ifn] = true
-		flows := pipeline.PodFlows(b.cfg.Bridge, pipeline.Pod{OFPort: uint32(p.OFPort), IP: podIP, MAC: mac})
+		iso := p.ExternalIDs[ExtIDIsolation]
+		pod := pipeline.Pod{OFPort: uint32(p.OFPort), IP: podIP, MAC: mac,
+			IngressIsolated: strings.Contains(iso, "ingress"), EgressIsolated: strings.Contains(iso, "egress")}
+		flows := pipeline.PodFlows(b.cfg.Bridge, pod)
 		if err := b.flows.Set(ctx, owner(cid, ifn), flows); err != nil {
 			return n, err
 		}
+		b.remember(p.ExternalIDs[ExtIDPodNamespace], p.ExternalIDs[ExtIDPodName], owner(cid, ifn), p.Name, pod)
 		if hook := b.cfg.Policy; hook != nil && p.ExternalIDs[ExtIDPodName] != "" {
-			hook.PodAttached(p.ExternalIDs[ExtIDPodNamespace], p.ExternalIDs[ExtIDPodName], uint32(p.OFPort), podIP)
+			hook.PodAttached(p.ExternalIDs[ExtIDPodNamespace], p.ExternalIDs[ExtIDPodName], uint32(p.OFPort), podIP, true)
 		}
 		n++
 	}

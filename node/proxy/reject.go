@@ -65,7 +65,7 @@ func elementKey(vip net.IP, proto uint8, port uint16) []string {
 
 // update adds and removes elements ([vip, proto, port]) in one transaction.
 func (r *rejecter) update(ctx context.Context, add, del [][]string) error {
-	if len(add) == 0 && len(del) == 0 {
+	if r == nil || (len(add) == 0 && len(del) == 0) {
 		return nil
 	}
 	tx := r.nft.NewTransaction()

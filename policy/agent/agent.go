@@ -3,8 +3,11 @@
 // NetworkPolicy, AppliedToGroup, AddressGroup, PodRealization, filtered by
 // the Node's span label), translates them with policy/flows for the Pods
 // attached to this Node's bridge, installs the flows through a
-// flowsync.Syncer, and tells the CNI backend when a Pod's policies are in
-// place (WaitRealized).
+// flowsync.Syncer, tells the CNI backend when a Pod's policies are in
+// place (WaitRealized), and tells the owner of the Pods' flows which Pods
+// are isolated (Config.OnIsolation): the default deny of an isolated Pod
+// is a register bit its own flows load (pipeline.Pod), dropped by one fixed
+// flow per direction (pipeline.PolicyBaseFlows).
 //
 // Reconciliation is debounced and incremental: an event marks the policies
 // it concerns dirty, and only those are translated again; flowsync sends
@@ -60,6 +63,10 @@ type LocalPod struct {
 	Namespace, Name string
 	OFPort          uint32
 	IP              net.IP
+	// Restored marks a Pod found attached at start-up, whose flows may
+	// carry the isolation of the previous run: its isolation is applied
+	// at the first reconcile whatever it is.
+	Restored bool
 }
 
 // Config configures an Agent.
@@ -77,6 +84,35 @@ type Config struct {
 	// Debounce is how long the agent collects events before reconciling;
 	// default 20ms.
 	Debounce time.Duration
+	// OnIsolation, when set, is told the isolation of an attached Pod
+	// whenever it changes: ingress (egress) is true when some installed
+	// policy selecting the Pod lists Ingress (Egress) in its policyTypes
+	// (networking.k8s.io/v1). The owner of the Pod's flows applies it
+	// (pipeline.Pod IngressIsolated / EgressIsolated). A freshly attached
+	// Pod is taken to be isolated for neither direction, so it is called
+	// for a Pod only once the Pod needs isolating.
+	//
+	// The agent calls it from its reconciler, one call at a time, after the
+	// flows of the policies that changed the isolation are installed (a
+	// Pod is never isolated before its allow rules are in place) and
+	// before WaitRealized reports the Pod realized. An error is retried
+	// with backoff, and WaitRealized keeps failing for that Pod meanwhile.
+	// ctx is the reconciler's. It must not call back into the Agent.
+	OnIsolation func(ctx context.Context, namespace, name string, ingress, egress bool) error
+}
+
+// isolation is the isolation of one Pod: the directions some policy
+// selecting it isolates it for.
+type isolation struct{ ingress, egress bool }
+
+// appliedIsolation is what OnIsolation last applied for one attachment of
+// a Pod (gen identifies the attachment, see Agent.gen).
+type appliedIsolation struct {
+	gen uint64
+	iso isolation
+	// unknown: a call meant for an earlier attachment may have reached
+	// this one, so the next reconcile applies the isolation whatever it is.
+	unknown bool
 }
 
 // installed is what the agent last installed for one policy.
@@ -84,6 +120,7 @@ type installed struct {
 	digest  realization.Policy
 	targets map[string]bool // "namespace/name" of the local target Pods
 	conj    []flows.ConjKey
+	iso     isolation // the directions the policy isolates its targets for
 }
 
 // Agent enforces the NetworkPolicies of one Node. Create it with New,
@@ -104,12 +141,26 @@ type Agent struct {
 	informed bool          // informers are set up (the fields below are valid)
 	lastErr  error
 
+	// Isolation state. gen numbers each attachment of a Pod (from
+	// attachSeq) so that a Pod detached and attached again starts from
+	// "not isolated" whatever its earlier attachment had; applied is
+	// what OnIsolation applied per Pod; pending holds the Pods whose
+	// isolation change is being applied or failed (WaitRealized fails for
+	// them).
+	attachSeq uint64
+	gen       map[string]uint64
+	applied   map[string]appliedIsolation
+	pending   map[string]bool
+
 	npInf, atgInf, agInf, prInf cache.SharedIndexInformer
 
 	// Reconciler-only state (one goroutine).
 	state   *flowState
 	conjIDs *flows.Allocator[flows.ConjKey]
 	cookies *flows.Allocator[string]
+	// isoRetry makes the next reconcile apply isolation changes even when
+	// no policy is dirty (an OnIsolation call failed).
+	isoRetry bool
 
 	synced atomic.Bool
 }
@@ -130,6 +181,9 @@ func New(cp versioned.Interface, cfg Config, log *zap.Logger) *Agent {
 		dirty:   map[string]bool{},
 		done:    map[string]*installed{},
 		changed: make(chan struct{}),
+		gen:     map[string]uint64{},
+		applied: map[string]appliedIsolation{},
+		pending: map[string]bool{},
 		state:   newFlowState(cfg.Flows),
 		conjIDs: flows.NewAllocator[flows.ConjKey](0),
 		cookies: flows.NewAllocator[string](1<<32 - 1),
@@ -159,17 +213,36 @@ func (a *Agent) PodAttached(p LocalPod) {
 	key := p.Namespace + "/" + p.Name
 	a.mu.Lock()
 	a.pods[key] = flows.Pod{Namespace: p.Namespace, Name: p.Name, OFPort: p.OFPort, IP: p.IP}
+	a.attachSeq++
+	a.gen[key] = a.attachSeq
+	delete(a.applied, key)
+	delete(a.pending, key)
+	if p.Restored {
+		a.applied[key] = appliedIsolation{gen: a.attachSeq, unknown: true}
+	}
+	// A Pod attached again under the same name has none of its policies'
+	// flows (nor its isolation) yet: until they are translated for the
+	// new attachment, WaitRealized must not count them as installed.
+	for n, d := range a.done {
+		if d.targets[key] {
+			delete(d.targets, key)
+			a.dirty[n] = true
+		}
+	}
 	a.markPodLocked(key)
 	a.mu.Unlock()
 	a.signal()
 }
 
-// PodDetached forgets a Pod and removes it from the flows of the policies
-// that selected it.
+// PodDetached forgets a Pod (and its isolation: OnIsolation is not called
+// for it) and removes it from the flows of the policies that selected it.
 func (a *Agent) PodDetached(namespace, name string) {
 	key := namespace + "/" + name
 	a.mu.Lock()
 	delete(a.pods, key)
+	delete(a.gen, key)
+	delete(a.applied, key)
+	delete(a.pending, key)
 	a.markPodLocked(key)
 	for n, d := range a.done {
 		if d.targets[key] {
@@ -395,17 +468,20 @@ func (s *source) LocalPod(ns, name string) (flows.Pod, bool) {
 	return p, ok
 }
 
-// reconcile translates the dirty policies and installs the result.
+// reconcile translates the dirty policies, installs the result, then
+// applies the isolation changes it causes (applyIsolation).
 func (a *Agent) reconcile(ctx context.Context) error {
 	a.mu.Lock()
 	dirty := a.dirty
 	a.dirty = map[string]bool{}
 	pods := make(map[string]flows.Pod, len(a.pods))
+	gens := make(map[string]uint64, len(a.pods))
 	for k, p := range a.pods {
 		pods[k] = p
+		gens[k] = a.gen[k]
 	}
 	a.mu.Unlock()
-	if len(dirty) == 0 {
+	if len(dirty) == 0 && !a.isoRetry {
 		return nil
 	}
 	src := &source{node: a.cfg.NodeName, atg: a.atgInf.GetIndexer(), ag: a.agInf.GetIndexer(), pods: pods}
@@ -429,7 +505,7 @@ func (a *Agent) reconcile(ctx context.Context) error {
 			a.log.Warn("policy rule partly ignored", zap.String("policy", name), zap.String("reason", w))
 		}
 		want[name] = tr.Flows
-		inst := &installed{targets: map[string]bool{}, conj: tr.Conj,
+		inst := &installed{targets: map[string]bool{}, conj: tr.Conj, iso: isolation{ingress: tr.Ingress, egress: tr.Egress},
 			digest: realization.Policy{Name: np.Name, SpecHash: realization.SpecHash(np.Spec), AddressGroupSlices: map[string]int{}}}
 		for _, t := range tr.Targets {
 			inst.targets[t.Key()] = true
@@ -443,7 +519,6 @@ func (a *Agent) reconcile(ctx context.Context) error {
 	}
 	ok, err := a.state.update(ctx, want)
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	for name, inst := range next {
 		if !ok[name] {
 			a.dirty[name] = true
@@ -454,6 +529,15 @@ func (a *Agent) reconcile(ctx context.Context) error {
 			delete(a.done, name)
 			a.cookies.Release(name)
 		} else {
+			// A target attached again (or detached) since the snapshot
+			// is not covered by these flows; the event made the policy
+			// dirty, and the next round covers it.
+			for k := range inst.targets {
+				if a.gen[k] != gens[k] {
+					delete(inst.targets, k)
+					a.dirty[name] = true
+				}
+			}
 			a.done[name] = inst
 		}
 		// Conjunction IDs no longer used are freed once their flows are
@@ -472,13 +556,108 @@ func (a *Agent) reconcile(ctx context.Context) error {
 			}
 		}
 	}
+	changes := a.isolationChangesLocked()
 	a.lastErr = err
+	a.mu.Unlock()
+	// Pods whose isolation changes are pending in WaitRealized until
+	// applyIsolation is done with them.
+	isoErr := a.applyIsolation(ctx, changes)
+	a.mu.Lock()
+	if isoErr != nil {
+		a.lastErr = errors.Join(err, isoErr)
+	}
 	a.notifyLocked()
-	if err != nil {
+	a.mu.Unlock()
+	if err := errors.Join(err, isoErr); err != nil {
 		return err
 	}
 	a.log.Debug("policy flows installed", zap.Int("policies", len(next)), zap.Int("flows", a.state.count()))
 	return nil
+}
+
+// isoChange is an isolation to apply to one attachment of a Pod.
+type isoChange struct {
+	key, namespace, name string
+	gen                  uint64
+	iso                  isolation
+}
+
+// isolationChangesLocked computes, from the installed policies, every
+// attached Pod's isolation and returns those that differ from what
+// OnIsolation last applied to the Pod's current attachment (a new
+// attachment counts as not isolated), marking them pending. a.mu must be
+// held.
+func (a *Agent) isolationChangesLocked() []isoChange {
+	if a.cfg.OnIsolation == nil {
+		return nil
+	}
+	want := map[string]isolation{}
+	for _, d := range a.done {
+		if !d.iso.ingress && !d.iso.egress {
+			continue
+		}
+		for k := range d.targets {
+			if _, attached := a.pods[k]; !attached {
+				continue
+			}
+			w := want[k]
+			w.ingress = w.ingress || d.iso.ingress
+			w.egress = w.egress || d.iso.egress
+			want[k] = w
+		}
+	}
+	var out []isoChange
+	for k, p := range a.pods {
+		gen := a.gen[k]
+		have, unknown := isolation{}, false
+		if ap, ok := a.applied[k]; ok && ap.gen == gen {
+			have, unknown = ap.iso, ap.unknown
+		}
+		if want[k] == have && !unknown {
+			a.applied[k] = appliedIsolation{gen: gen, iso: have}
+			delete(a.pending, k)
+			continue
+		}
+		a.pending[k] = true
+		out = append(out, isoChange{key: k, namespace: p.Namespace, name: p.Name, gen: gen, iso: want[k]})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].key < out[j].key })
+	return out
+}
+
+// applyIsolation calls OnIsolation for each change, without a.mu held, and
+// records the result for the attachments that are still current. A failure
+// leaves the Pod pending and makes the next reconcile try again.
+func (a *Agent) applyIsolation(ctx context.Context, changes []isoChange) error {
+	a.isoRetry = false
+	var errs []error
+	for _, c := range changes {
+		err := a.cfg.OnIsolation(ctx, c.namespace, c.name, c.iso.ingress, c.iso.egress)
+		a.mu.Lock()
+		current := a.gen[c.key] == c.gen
+		switch {
+		case err != nil:
+			a.isoRetry = true
+			errs = append(errs, fmt.Errorf("isolating pod %s (ingress %v, egress %v): %w", c.key, c.iso.ingress, c.iso.egress, err))
+		case current:
+			a.applied[c.key] = appliedIsolation{gen: c.gen, iso: c.iso}
+			delete(a.pending, c.key)
+		default:
+			// The Pod was attached again during the call, which the
+			// backend may have applied to the new attachment.
+			if gen, ok := a.gen[c.key]; ok {
+				a.applied[c.key] = appliedIsolation{gen: gen, unknown: true}
+				a.isoRetry = true
+				a.signal()
+			}
+		}
+		a.mu.Unlock()
+		if err == nil {
+			a.log.Debug("pod isolation applied", zap.String("pod", c.key),
+				zap.Bool("ingress", c.iso.ingress), zap.Bool("egress", c.iso.egress))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // installedDigestLocked computes the digest of the policy state installed
@@ -523,6 +702,11 @@ func (a *Agent) WaitRealized(ctx context.Context, namespace, name, uid string) e
 			switch {
 			case !found:
 				cause = fmt.Errorf("the controller has not recorded pod %s in PodRealization %s", recKey, prName)
+			case want == have && a.pending[podKey]:
+				cause = fmt.Errorf("the isolation of pod %s is not applied yet", podKey)
+				if a.lastErr != nil {
+					cause = fmt.Errorf("%w; last error: %w", cause, a.lastErr)
+				}
 			case want == have:
 				a.mu.Unlock()
 				return nil

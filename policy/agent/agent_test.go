@@ -9,9 +9,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -105,6 +107,23 @@ type node struct {
 	syncer *flowsync.Syncer
 	br     pipeline.Bridge
 	pods   map[string]LocalPod
+
+	mu    sync.Mutex
+	calls []string // OnIsolation calls, "name ingress egress"
+}
+
+// setPod (re)installs a Pod's flows with the given isolation, what the CNI
+// backend does for OnIsolation.
+func (n *node) setPod(name string, ingress, egress bool) error {
+	p := n.pods[name]
+	return n.syncer.Set(context.Background(), "pod/"+name, pipeline.PodFlows(n.br, pipeline.Pod{OFPort: p.OFPort, IP: p.IP, MAC: mac(p.IP),
+		IngressIsolated: ingress, EgressIsolated: egress}))
+}
+
+func (n *node) isolationCalls() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([]string(nil), n.calls...)
 }
 
 func mac(ip net.IP) net.HardwareAddr {
@@ -138,10 +157,10 @@ func startNode(t *testing.T) *node {
 		ip := net.IPv4(10, 244, 1, byte(3+i)).To4()
 		o.Run("ovs-vsctl", "add-port", "br-int", "p"+name, "--", "set", "interface", "p"+name, "type=internal",
 			fmt.Sprintf("ofport_request=%d", port))
-		if err := n.syncer.Set(ctx, "pod/"+name, pipeline.PodFlows(n.br, pipeline.Pod{OFPort: port, IP: ip, MAC: mac(ip)})); err != nil {
+		n.pods[name] = LocalPod{Namespace: "default", Name: name, OFPort: port, IP: ip}
+		if err := n.setPod(name, false, false); err != nil {
 			t.Fatal(err)
 		}
-		n.pods[name] = LocalPod{Namespace: "default", Name: name, OFPort: port, IP: ip}
 	}
 	return n
 }
@@ -267,7 +286,36 @@ func TestAgentWithAPIServerAndOVS(t *testing.T) {
 	_, err = api.NetworkPolicies().Create(ctx, inPolicy("np-hidden", "tgt-c", "peers-b", 80, nil), metav1.CreateOptions{})
 	mustCreate(err)
 
-	ag := New(cs, Config{NodeName: nodeName, Bridge: n.br, Flows: n.syncer, RealizeTimeout: 3 * time.Second}, zaptest.NewLogger(t).Named("agent"))
+	// OnIsolation re-installs the Pod's flows like the CNI backend, and
+	// checks that a Pod is isolated only once its allow flows are in the
+	// switch (the np-web / np-b port clause).
+	var orderErrs []string
+	onIsolation := func(_ context.Context, namespace, name string, ingress, egress bool) error {
+		if namespace != "default" {
+			t.Errorf("OnIsolation for %s/%s", namespace, name)
+		}
+		if ingress {
+			port := map[string]string{"a": "tp_dst=8", "b": "tp_dst=53"}[name]
+			if !strings.Contains(strings.Join(n.policyDump(t), "\n"), port) {
+				n.mu.Lock()
+				orderErrs = append(orderErrs, fmt.Sprintf("%s isolated before its allow flow (%s) was installed", name, port))
+				n.mu.Unlock()
+			}
+		}
+		n.mu.Lock()
+		n.calls = append(n.calls, fmt.Sprintf("%s %v %v", name, ingress, egress))
+		n.mu.Unlock()
+		return n.setPod(name, ingress, egress)
+	}
+	t.Cleanup(func() {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		for _, e := range orderErrs {
+			t.Error(e)
+		}
+	})
+	ag := New(cs, Config{NodeName: nodeName, Bridge: n.br, Flows: n.syncer, RealizeTimeout: 3 * time.Second,
+		OnIsolation: onIsolation}, zaptest.NewLogger(t).Named("agent"))
 	for _, p := range n.pods {
 		ag.PodAttached(p)
 	}
@@ -298,6 +346,9 @@ func TestAgentWithAPIServerAndOVS(t *testing.T) {
 		if got := n.verdict(t, n.podToPod(c.from, c.to, c.port)); got != c.want {
 			t.Errorf("%s→%s:%d = %s, want %s", c.from, c.to, c.port, got, c.want)
 		}
+	}
+	if got := n.isolationCalls(); !reflect.DeepEqual(got, []string{"a true false"}) {
+		t.Errorf("OnIsolation calls %v, want only a isolated for ingress", got)
 	}
 	base := n.policyDump(t)
 	t.Logf("policy flows with np-web:\n%s", strings.Join(base, "\n"))
@@ -335,6 +386,9 @@ func TestAgentWithAPIServerAndOVS(t *testing.T) {
 		g, a := diff(updated, n.policyDump(t))
 		return len(g) == 0 && len(a) == 0
 	})
+	if got := n.isolationCalls(); !reflect.DeepEqual(got, []string{"a true false", "b true false", "b false false"}) {
+		t.Errorf("OnIsolation calls %v, want b isolated by np-b then released", got)
+	}
 
 	// WaitRealized: a's digest as the controller would compute it.
 	np, err = api.NetworkPolicies().Get(ctx, "np-web", metav1.GetOptions{})
@@ -365,7 +419,36 @@ func TestAgentWithAPIServerAndOVS(t *testing.T) {
 	if d := time.Since(t0); d < 2*time.Second || d > 10*time.Second {
 		t.Errorf("WaitRealized(b) returned after %v, want about RealizeTimeout (3s)", d)
 	}
-	// A Pod detached drops out of the policy's flows.
+	// A Pod detached drops out of the policy's flows, and its isolation is
+	// forgotten (no call: its flows go with it).
 	ag.PodDetached("default", "a")
 	eventually(t, "a's flows removed", func() bool { return len(n.policyDump(t)) == len(pipeline.PolicyBaseFlows(n.br)) })
+	if got := n.isolationCalls(); len(got) != 3 {
+		t.Errorf("OnIsolation calls after detaching a: %v", got)
+	}
+	// Attached again (a new sandbox: fresh, non-isolated Pod flows), a is
+	// isolated again, and WaitRealized returns only once it is: the very
+	// next packet is already subject to np-web.
+	if err := n.setPod("a", false, false); err != nil {
+		t.Fatal(err)
+	}
+	if got := n.verdict(t, n.podToPod("c", "a", 80)); got != "output:3" {
+		t.Fatalf("c→a with a detached and fresh flows = %s, want output:3", got)
+	}
+	ag.PodAttached(n.pods["a"])
+	if err := ag.WaitRealized(ctx, "default", "a", "uid-a"); err != nil {
+		t.Fatalf("WaitRealized(a) after attaching again: %v", err)
+	}
+	if got := n.isolationCalls(); len(got) != 4 || got[3] != "a true false" {
+		t.Errorf("OnIsolation calls after attaching a again: %v", got)
+	}
+	for _, c := range []struct {
+		from string
+		port int
+		want string
+	}{{"c", 80, "drop"}, {"b", 8080, "output:3"}, {"b", 80, "drop"}} {
+		if got := n.verdict(t, n.podToPod(c.from, "a", c.port)); got != c.want {
+			t.Errorf("right after WaitRealized: %s→a:%d = %s, want %s", c.from, c.port, got, c.want)
+		}
+	}
 }

@@ -38,9 +38,9 @@ func shardOf(key string) int {
 //   - an entry wanted by one policy belongs to that policy's owner
 //     ("policy/np/<name>"), so removing the policy removes exactly it;
 //   - an entry wanted by several policies (a shared peer or Pod clause
-//     carrying the conjunction actions of all of them, or one Pod's
-//     default drop) belongs to one of numShards shared owners chosen by a
-//     hash of the entry key, holding the merge (flows.MergeFlows).
+//     carrying the conjunction actions of all of them) belongs to one of
+//     numShards shared owners chosen by a hash of the entry key, holding
+//     the merge (flows.MergeFlows).
 //
 // An entry changing owner is first added to its new owner, then dropped by
 // the old one (flowsync keeps an entry while any owner wants it), so no

@@ -4,6 +4,7 @@ import (
 	"runtime"
 	"runtime/metrics"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -91,12 +92,7 @@ func BenchmarkColdStart(b *testing.B) {
 				base = heapNow()
 				h := startHeapSampler()
 				m := feed(w, 0)
-				objs = 0
-				for _, k := range m.TakeDirty() {
-					if _, ok := m.Desired(k); ok {
-						objs++
-					}
-				}
+				objs = buildAll(m, m.TakeDirty())
 				runtime.KeepAlive(m)
 				peak = max(peak, h.Stop())
 			}
@@ -105,6 +101,30 @@ func BenchmarkColdStart(b *testing.B) {
 			b.ReportMetric(float64(peak-base)/(1<<20), "model-MB")
 		})
 	}
+}
+
+// buildAll builds every object of keys with one goroutine per CPU, as the
+// controller's workers do (Desired may run in parallel), and returns how
+// many exist.
+func buildAll(m *Model, keys []Key) int {
+	workers := runtime.GOMAXPROCS(0)
+	var n atomic.Int64
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			c := 0
+			for i := w; i < len(keys); i += workers {
+				if _, ok := m.Desired(keys[i]); ok {
+					c++
+				}
+			}
+			n.Add(int64(c))
+		}(w)
+	}
+	wg.Wait()
+	return int(n.Load())
 }
 
 // BenchmarkPodLabelChange measures one Pod relabel plus rebuilding the
@@ -123,6 +143,28 @@ func BenchmarkPodLabelChange(b *testing.B) {
 		m.UpsertPod(p)
 		for _, k := range m.TakeDirty() {
 			m.Desired(k)
+		}
+	}
+}
+
+// TestDesiredInParallel builds every object of small versions of the
+// workloads from several goroutines (run with -race) and checks the result
+// equals a sequential build.
+func TestDesiredInParallel(t *testing.T) {
+	for _, spec := range workloads.All(100) {
+		m := feed(spec.Build(), 7)
+		keys := m.TakeDirty()
+		want := 0
+		for _, k := range keys {
+			if _, ok := m.Desired(k); ok {
+				want++
+			}
+		}
+		if want == 0 {
+			t.Fatalf("%s: no objects", spec.Name)
+		}
+		if got := buildAll(m, keys); got != want {
+			t.Errorf("%s: parallel build made %d objects, sequential %d", spec.Name, got, want)
 		}
 	}
 }

@@ -21,7 +21,11 @@ const maxDigestCache = 1 << 17
 // (GroupLabel / PolicyUIDLabel and one SpanLabel per Node of its span),
 // spec and status set, and no other metadata. ok is false when the object
 // must not exist (unknown name, empty span, no longer referenced). The
-// object shares slices with the model: treat it as read-only.
+// object shares slices with the model: treat it as read-only. Those shared
+// parts are replaced, never modified, by later events, so the object stays
+// valid after the model changes. Desired, DesiredKeys and DirtyLen may run
+// concurrently with each other (e.g. under a read lock), not with events
+// or TakeDirty.
 func (m *Model) Desired(k Key) (obj metav1.Object, ok bool) {
 	switch k.Kind {
 	case KindAddressGroup:
@@ -166,7 +170,10 @@ func (m *Model) podDigest(pd *pod, buf []*group, sig []byte) (string, []*group, 
 		sig = strconv.AppendUint(sig, g.ver, 36)
 		sig = append(sig, ',')
 	}
-	if d, ok := m.digestCache[string(sig)]; ok {
+	m.digestMu.Lock()
+	d, ok := m.digestCache[string(sig)]
+	m.digestMu.Unlock()
+	if ok {
 		return d, buf, sig
 	}
 	var ps []realization.Policy
@@ -175,11 +182,13 @@ func (m *Model) podDigest(pd *pod, buf []*group, sig []byte) (string, []*group, 
 			ps = append(ps, m.realizationPolicy(p))
 		}
 	}
-	d := realization.Digest(ps)
+	d = realization.Digest(ps)
+	m.digestMu.Lock()
 	if len(m.digestCache) >= maxDigestCache {
 		clear(m.digestCache)
 	}
 	m.digestCache[string(sig)] = d
+	m.digestMu.Unlock()
 	return d, buf, sig
 }
 

@@ -30,13 +30,15 @@
 // new groups. PodRealization digests are cached per set of target groups,
 // so 10,000 Pods selected by the same 10,000 policies cost one digest.
 //
-// A Model is not safe for concurrent use.
+// A Model is not safe for concurrent use, except that Desired calls may run
+// in parallel with each other.
 package compute
 
 import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -90,6 +92,8 @@ type Model struct {
 
 	dirty map[dkey]struct{}
 
+	// digestMu guards digestCache, the only state Desired writes.
+	digestMu    sync.Mutex
 	digestCache map[string]string
 	emptyDigest string
 }

@@ -309,7 +309,10 @@ func TestControllerAgainstAPIServer(t *testing.T) {
 	}
 	f.Start(wctx.Done())
 	f.WaitForCacheSync(wctx.Done())
-	defer f.Shutdown()
+	defer func() {
+		wcancel() // Shutdown waits for the informers to stop
+		f.Shutdown()
+	}()
 
 	t0 := time.Now()
 	stopA()

@@ -25,7 +25,7 @@ type leading struct {
 	c   *Controller
 	log *zap.Logger
 
-	mu      sync.Mutex // guards model and started
+	mu      sync.RWMutex // guards model and started; Desired runs under RLock
 	model   *compute.Model
 	started bool
 
@@ -287,9 +287,9 @@ func stripManaged(obj any) (any, error) {
 // this term's own writes are ignored, anything else (an edit or deletion
 // by someone else) is reconciled.
 func (l *leading) storedChanged(kind compute.Kind, o any) {
-	l.mu.Lock()
+	l.mu.RLock()
 	started := l.started
-	l.mu.Unlock()
+	l.mu.RUnlock()
 	if !started {
 		return
 	}
@@ -358,9 +358,9 @@ func (l *leading) work(ctx context.Context) bool {
 		l.queue.Forget(k)
 		return true
 	}
-	l.mu.Lock()
+	l.mu.RLock()
 	desired, ok := l.model.Desired(k)
-	l.mu.Unlock()
+	l.mu.RUnlock()
 	if err := r.reconcile(ctx, l, k, desired, ok); err != nil {
 		if ctx.Err() != nil {
 			return true
@@ -385,6 +385,20 @@ func (l *leading) wrote(k compute.Key, o metav1.Object) {
 	l.smu.Unlock()
 }
 
+// deleted marks, in leading.written, an object this term deleted; rv is
+// the resourceVersion it had.
+type deleted struct {
+	metav1.Object
+	rv string
+}
+
+// wroteDelete records that this term deleted k at resourceVersion rv.
+func (l *leading) wroteDelete(k compute.Key, rv string) {
+	l.smu.Lock()
+	l.written[k] = deleted{Object: &metav1.ObjectMeta{ResourceVersion: rv}, rv: rv}
+	l.smu.Unlock()
+}
+
 // latest returns the newer of the cached object and the one this term
 // last wrote.
 func latest[T metav1.Object](l *leading, k compute.Key, cached T, found bool) (T, bool) {
@@ -392,6 +406,15 @@ func latest[T metav1.Object](l *leading, k compute.Key, cached T, found bool) (T
 	w := l.written[k]
 	l.smu.Unlock()
 	if w == nil {
+		return cached, found
+	}
+	if d, ok := w.(deleted); ok {
+		// This term deleted the object: a cache that has not seen the
+		// deletion yet must not make it look present.
+		if !found || compareRV(cached.GetResourceVersion(), d.rv) <= 0 {
+			var zero T
+			return zero, false
+		}
 		return cached, found
 	}
 	wt, ok := w.(T)

@@ -87,6 +87,7 @@ func (o *kindOps[T]) reconcile(ctx context.Context, l *leading, k compute.Key, d
 			return fmt.Errorf("delete %s: %w", k, err)
 		}
 		m.writes.WithLabelValues(string(o.kind), "delete").Inc()
+		l.wroteDelete(k, stored.GetResourceVersion())
 		return nil
 	}
 	l.keepNow(k)

@@ -19,12 +19,22 @@ type packet struct {
 	est      bool // ct_state=-new+est+trk instead of +new+trk
 	source   uint32
 	conjID   *uint32
+	// The isolation bits the Pod flows load (pipeline.PodFlows): egress
+	// of the source Pod, ingress of the destination Pod.
+	egressIso, ingressIso bool
 }
 
 func regValue(p packet, reg uint8) uint32 {
 	switch reg {
 	case 0:
-		return p.source
+		v := p.source
+		if p.ingressIso {
+			v |= pipeline.IngressIsolated.Match(1).Value
+		}
+		if p.egressIso {
+			v |= pipeline.EgressIsolated.Match(1).Value
+		}
+		return v
 	case 1:
 		return p.outPort
 	}
@@ -146,10 +156,44 @@ func lookup(fs []of.Flow, table pipeline.Table, p packet) ([]of.Action, bool) {
 	return nil, false
 }
 
+// isolation is the isolation of one local Pod: the union over the
+// policies that select it of the directions they isolate.
+type isolation struct{ ingress, egress bool }
+
+// evalSet is what the evaluator checks packets against: the installed
+// policy flows (with pipeline.PolicyBaseFlows) and, by ofport, the
+// isolation the local Pods' flows carry.
+type evalSet struct {
+	flows []of.Flow
+	iso   map[uint32]isolation
+}
+
+// isolations is the per-ofport union of the isolation of the policies'
+// targets, what the agent computes for pipeline.Pod.
+func isolations(ps ...Policy) map[uint32]isolation {
+	m := map[uint32]isolation{}
+	for _, p := range ps {
+		for _, t := range p.Targets {
+			i := m[t.OFPort]
+			i.ingress = i.ingress || p.Ingress
+			i.egress = i.egress || p.Egress
+			m[t.OFPort] = i
+		}
+	}
+	return m
+}
+
 // passes runs the packet through a rule table and its default table and
 // reports whether it gets past both (a goto beyond the default table or a
-// miss in both).
-func passes(fs []of.Flow, rule pipeline.Table, p packet) bool {
+// miss in both). It first sets the isolation bits the way the Pod flows
+// do: the Classifier flow of the source Pod's in_port, the L2Forwarding
+// flow of the destination Pod.
+func passes(s evalSet, rule pipeline.Table, p packet) bool {
+	fs := s.flows
+	if p.source == pipeline.FromPod {
+		p.egressIso = s.iso[p.inPort].egress
+	}
+	p.ingressIso = s.iso[p.outPort].ingress
 	def := rule.Next()
 	for _, t := range []pipeline.Table{rule, def} {
 		acts, ok := lookup(fs, t, p)

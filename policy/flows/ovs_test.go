@@ -18,10 +18,10 @@ import (
 )
 
 // ovsBridge starts a private OVS with br-int (tunnel 1, gateway 2, Pods a,
-// b, c on 3, 4, 5) and installs the base pipeline, the Pod flows and the
-// given policy flows. It returns a trace function: the verdict for a flow
+// b, c on 3, 4, 5) and installs the base pipeline, the Pod flows (with the
+// isolation the policies give them) and the given policy flows. It returns a trace function: the verdict for a flow
 // (ovs-ofctl syntax) under the given ct_state of the recirculated packet.
-func ovsBridge(t *testing.T, src *MapSource, policyFlows []of.Flow) func(flow, ct string) string {
+func ovsBridge(t *testing.T, src *MapSource, policies evalSet) func(flow, ct string) string {
 	t.Helper()
 	o := ovstest.Start(t)
 	o.Run("ovs-vsctl", "add-br", "br-int", "--", "set", "bridge", "br-int", "datapath_type=netdev",
@@ -46,9 +46,11 @@ func ovsBridge(t *testing.T, src *MapSource, policyFlows []of.Flow) func(flow, c
 	fs = append(fs, pipeline.PeerNodeFlows(testBridge, peer)...)
 	for _, n := range []string{"a", "b", "c"} {
 		p := src.Pods["default/"+n]
-		fs = append(fs, pipeline.PodFlows(testBridge, pipeline.Pod{OFPort: p.OFPort, IP: p.IP, MAC: podMAC(p)})...)
+		iso := policies.iso[p.OFPort]
+		fs = append(fs, pipeline.PodFlows(testBridge, pipeline.Pod{OFPort: p.OFPort, IP: p.IP, MAC: podMAC(p),
+			IngressIsolated: iso.ingress, EgressIsolated: iso.egress})...)
 	}
-	fs = append(fs, policyFlows...)
+	fs = append(fs, policies.flows...)
 	mods := make([]of.FlowMod, len(fs))
 	for i, f := range fs {
 		mods[i] = of.FlowMod{Op: of.OpAdd, Flow: f}

@@ -9,6 +9,14 @@
 //   - a Pod is isolated for ingress (egress) once a policy that selects it
 //     lists Ingress (Egress) in its policyTypes; isolated Pods only accept
 //     (send) what some rule of some such policy allows; rules add up;
+//   - the default deny of isolated Pods is not part of a policy's flows:
+//     Translate reports the policy's Targets and the directions it
+//     isolates (Policy.Ingress, Policy.Egress), the agent takes the union
+//     over all policies per Pod and has the Pod's own flows mark its
+//     packets (pipeline.Pod IngressIsolated / EgressIsolated), and one
+//     fixed flow per direction (pipeline.PolicyBaseFlows) drops marked
+//     packets that no allow flow let through. A policy therefore costs
+//     nothing per target Pod beyond its rules' Pod clause flows;
 //   - egress is enforced on the source Pod's Node, in EgressRule /
 //     EgressDefault, the Pod matched by in_port; ingress on the destination
 //     Pod's Node, in IngressRule / IngressDefault, the Pod matched by the
@@ -93,6 +101,12 @@ type Policy struct {
 	// Targets are the attached local Pods the policy applies to, sorted by
 	// namespace/name.
 	Targets []Pod
+	// Ingress and Egress say which directions the policy isolates its
+	// Targets for (Spec.PolicyTypes lists "Ingress" / "Egress"): such a
+	// Pod only receives (sends) what an allow flow of some policy lets
+	// through, once its pipeline.Pod IngressIsolated (EgressIsolated) is
+	// set. They are reported whether or not Targets is empty.
+	Ingress, Egress bool
 	// Warnings describe what was left out (malformed CIDR, unknown
 	// protocol, no conjunction ID).
 	Warnings []string
@@ -119,6 +133,7 @@ func Translate(np *v1alpha1.NetworkPolicy, cookie uint64, src Source, ids IDs) P
 			egress = true
 		}
 	}
+	res.Ingress, res.Egress = ingress, egress
 	if len(targets) > 0 {
 		for i := range np.Spec.Rules {
 			r := &np.Spec.Rules[i]
@@ -126,16 +141,6 @@ func Translate(np *v1alpha1.NetworkPolicy, cookie uint64, src Source, ids IDs) P
 				continue
 			}
 			b.rule(ConjKey{Policy: np.Name, Rule: i}, r, targets, src)
-		}
-		for _, t := range targets {
-			if ingress {
-				b.add(of.Flow{Table: uint8(pipeline.IngressDefault), Priority: pipeline.PrioPolicyDefault,
-					Match: ingressPodMatch(t.pod)})
-			}
-			if egress {
-				b.add(of.Flow{Table: uint8(pipeline.EgressDefault), Priority: pipeline.PrioPolicyDefault,
-					Match: egressPodMatch(t.pod)})
-			}
 		}
 	}
 	res.Flows = b.flows()

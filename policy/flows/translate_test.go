@@ -79,17 +79,19 @@ func portRange(proto string, lo, hi int32) v1alpha1.PolicyPort {
 	return p
 }
 
-func translate(t *testing.T, src Source, ids *Allocator[ConjKey], nps ...*v1alpha1.NetworkPolicy) []of.Flow {
+func translate(t *testing.T, src Source, ids *Allocator[ConjKey], nps ...*v1alpha1.NetworkPolicy) evalSet {
 	t.Helper()
 	sets := [][]of.Flow{pipeline.PolicyBaseFlows(testBridge)}
+	var trs []Policy
 	for i, np := range nps {
 		tr := Translate(np, pipeline.Cookie(1, pipeline.CategoryPolicy, uint64(i+1)), src, ids)
 		if len(tr.Warnings) > 0 {
 			t.Logf("%s: warnings %v", np.Name, tr.Warnings)
 		}
 		sets = append(sets, tr.Flows)
+		trs = append(trs, tr)
 	}
-	return MergeAll(sets...)
+	return evalSet{flows: MergeAll(sets...), iso: isolations(trs...)}
 }
 
 func in(src *MapSource, to string, from string, proto uint8, dport uint16) packet {
@@ -109,7 +111,7 @@ type verdictCase struct {
 	want  bool
 }
 
-func checkVerdicts(t *testing.T, fs []of.Flow, cases []verdictCase) {
+func checkVerdicts(t *testing.T, fs evalSet, cases []verdictCase) {
 	t.Helper()
 	for _, c := range cases {
 		if got := passes(fs, c.table, c.pkt); got != c.want {
@@ -133,18 +135,28 @@ func TestDefaultDeny(t *testing.T) {
 		{"host (Node IP) to a passes", pipeline.IngressRule, packet{outPort: 3, src: net.ParseIP("198.18.0.11"), dst: net.ParseIP("10.244.1.3"), proto: ProtoTCP, dport: 8080, source: pipeline.FromGateway}, true},
 		{"gateway IP via the tunnel is not exempt", pipeline.IngressRule, packet{outPort: 3, src: net.ParseIP("10.244.1.1"), dst: net.ParseIP("10.244.1.3"), proto: ProtoTCP, dport: 8080, source: pipeline.FromTunnel}, false},
 	})
-	// Default deny is one flow per isolated Pod and direction, no more.
+	// Default deny costs the policies no flow: the only default-table
+	// flows are the two fixed drops of PolicyBaseFlows, and the isolation
+	// is reported per Pod instead.
 	n := 0
-	for _, f := range fs {
+	for _, f := range fs.flows {
 		if f.Table == uint8(pipeline.IngressDefault) || f.Table == uint8(pipeline.EgressDefault) {
 			n++
-			if len(f.Actions) != 0 || f.Priority != pipeline.PrioPolicyDefault {
-				t.Errorf("default flow %v %v is not a drop at PrioPolicyDefault", f.Match, f.Actions)
+			if len(f.Actions) != 0 || f.Priority != pipeline.PrioPolicyDefault || f.Cookie != pipeline.Cookie(1, pipeline.CategoryPolicy, 0) {
+				t.Errorf("default flow %v %v is not a fixed drop at PrioPolicyDefault", f.Match, f.Actions)
 			}
 		}
 	}
-	if n != 4 {
-		t.Errorf("%d default-deny flows, want 4 (a ingress, a/b/c egress)", n)
+	if n != 2 {
+		t.Errorf("%d default-deny flows, want the 2 fixed ones", n)
+	}
+	want := map[uint32]isolation{3: {ingress: true, egress: true}, 4: {egress: true}, 5: {egress: true}}
+	if !reflect.DeepEqual(fs.iso, want) {
+		t.Errorf("isolation by ofport %v, want %v", fs.iso, want)
+	}
+	tr := Translate(policy("both", "g-a", []string{"Ingress", "Egress"}), 1, src, NewAllocator[ConjKey](0))
+	if !tr.Ingress || !tr.Egress || len(tr.Flows) != 0 || len(tr.Targets) != 1 {
+		t.Errorf("deny-all policy: ingress %v egress %v, %d flows, targets %v", tr.Ingress, tr.Egress, len(tr.Flows), tr.Targets)
 	}
 }
 
@@ -214,9 +226,9 @@ func TestNamedPortCoveringAllPodsJoinsMainConjunction(t *testing.T) {
 	if len(tr.Conj) != 1 || tr.Conj[0].Split != "" {
 		t.Fatalf("conjunctions %v, want the main one only", tr.Conj)
 	}
-	// 2 Pod flows + 2 port flows + conj_id + 2 default drops.
-	if len(tr.Flows) != 7 {
-		t.Errorf("%d flows, want 7:\n%s", len(tr.Flows), dump(tr.Flows))
+	// 2 Pod flows + 2 port flows + conj_id.
+	if len(tr.Flows) != 5 {
+		t.Errorf("%d flows, want 5:\n%s", len(tr.Flows), dump(tr.Flows))
 	}
 }
 
@@ -235,10 +247,10 @@ func TestSharedFlowsCarrySeveralConjunctions(t *testing.T) {
 		v1alpha1.Rule{Direction: v1alpha1.DirectionIn, AddressGroups: []string{"g-peers"}, Ports: []v1alpha1.PolicyPort{port("TCP", 80)}},
 		v1alpha1.Rule{Direction: v1alpha1.DirectionIn, AddressGroups: []string{"g-peers"}, Ports: []v1alpha1.PolicyPort{port("TCP", 443)}})
 	tr := Translate(np, 1, src, ids)
-	// 3 Pods + 2 peers + 2 ports + 2 conj_id + 3 drops: the Pod and peer
-	// flows are shared by both rules.
-	if len(tr.Flows) != 12 {
-		t.Fatalf("%d flows, want 12:\n%s", len(tr.Flows), dump(tr.Flows))
+	// 3 Pods + 2 peers + 2 ports + 2 conj_id: the Pod and peer flows are
+	// shared by both rules.
+	if len(tr.Flows) != 9 {
+		t.Fatalf("%d flows, want 9:\n%s", len(tr.Flows), dump(tr.Flows))
 	}
 	for _, f := range tr.Flows {
 		if f.Match.IPSrc != nil || len(f.Match.Regs) > 0 && f.Table == uint8(pipeline.IngressRule) {
@@ -253,8 +265,8 @@ func TestSharedFlowsCarrySeveralConjunctions(t *testing.T) {
 		v1alpha1.Rule{Direction: v1alpha1.DirectionIn, AddressGroups: []string{"g-peers"}, Ports: []v1alpha1.PolicyPort{port("UDP", 53)}})
 	tr2 := Translate(np2, 2, src, ids)
 	merged := MergeAll(tr.Flows, tr2.Flows)
-	// new: 1 port flow + 1 conj_id; the Pod a flow, its drop and the peers
-	// are shared.
+	// new: 1 port flow + 1 conj_id; the Pod a flow and the peers are
+	// shared.
 	if len(merged) != len(tr.Flows)+2 {
 		t.Fatalf("merged %d flows, want %d:\n%s", len(merged), len(tr.Flows)+2, dump(merged))
 	}
@@ -285,7 +297,7 @@ func TestPlainAllowAndUnion(t *testing.T) {
 		{"b from peer tcp/80", pipeline.IngressRule, in(src, "b", "10.244.2.11", ProtoTCP, 80), true},
 		{"egress not isolated", pipeline.EgressRule, out(src, "b", "1.2.3.4", ProtoTCP, 80), true},
 	})
-	for _, f := range fs {
+	for _, f := range fs.flows {
 		if f.Priority == pipeline.PrioPolicyAllow && (f.Match.Regs == nil || len(f.Actions) != 1) {
 			t.Errorf("unexpected plain allow %v %v", f.Match, f.Actions)
 		}
@@ -302,8 +314,9 @@ func TestUnattachedTargetsAndEmptyPeers(t *testing.T) {
 	// A rule whose peer group is empty allows nothing and costs nothing.
 	tr = Translate(policy("empty", "g-a", []string{"Ingress"},
 		v1alpha1.Rule{Direction: v1alpha1.DirectionIn, AddressGroups: []string{"g-none"}}), 1, src, NewAllocator[ConjKey](0))
-	if len(tr.Flows) != 1 || len(tr.Conj) != 0 {
-		t.Errorf("empty peers: %d flows (want only the default drop), conj %v:\n%s", len(tr.Flows), tr.Conj, dump(tr.Flows))
+	if len(tr.Flows) != 0 || len(tr.Conj) != 0 || len(tr.Targets) != 1 || !tr.Ingress {
+		t.Errorf("empty peers: %d flows (want none: a is only isolated), conj %v, targets %v:\n%s",
+			len(tr.Flows), tr.Conj, tr.Targets, dump(tr.Flows))
 	}
 }
 
@@ -411,8 +424,10 @@ func TestPortRange(t *testing.T) {
 
 // TestFlowEconomy: a policy selecting 100 local Pods, with one rule whose
 // peers are a 100-Pod group and whose ports are 3, costs |pods| + |peers| +
-// |ports| + 1 flows for the rule (never the product), plus one default
-// drop per isolated Pod.
+// |ports| + 1 flows for the rule (never the product) and nothing for the
+// default deny (the Pods' own flows carry their isolation, and the drop is
+// one fixed flow per direction): fewer than 250 flows in all, and still so
+// counting the fixed flows of PolicyBaseFlows.
 func TestFlowEconomy(t *testing.T) {
 	src, np := economyPolicy("eco", 100, 100)
 	tr := Translate(np, 1, src, NewAllocator[ConjKey](0))
@@ -422,12 +437,19 @@ func TestFlowEconomy(t *testing.T) {
 			rule++
 		}
 	}
-	t.Logf("rule flows %d, total %d", rule, len(tr.Flows))
-	if rule != 100+100+3+1 || rule >= 250 {
-		t.Errorf("rule flows %d, want 204 (< 250)", rule)
+	base := len(pipeline.PolicyBaseFlows(testBridge))
+	t.Logf("rule flows %d, policy total %d, with the %d fixed policy flows %d", rule, len(tr.Flows), base, len(tr.Flows)+base)
+	if rule != 100+100+3+1 {
+		t.Errorf("rule flows %d, want 204", rule)
 	}
-	if len(tr.Flows) != rule+100 {
-		t.Errorf("total %d, want rule flows + 100 default drops", len(tr.Flows))
+	if len(tr.Flows) >= 250 || len(tr.Flows)+base >= 250 {
+		t.Errorf("policy costs %d flows (%d with the fixed ones), want < 250", len(tr.Flows), len(tr.Flows)+base)
+	}
+	if len(tr.Flows) != rule {
+		t.Errorf("total %d, want only the rule flows (%d)", len(tr.Flows), rule)
+	}
+	if len(tr.Targets) != 100 || !tr.Ingress || tr.Egress {
+		t.Errorf("%d targets, ingress %v, egress %v; want 100 isolated for ingress only", len(tr.Targets), tr.Ingress, tr.Egress)
 	}
 }
 

@@ -96,7 +96,8 @@ func waitSeineService(b *testing.B, of *seineOF, clusterIP string, timeout time.
 // and 10,000 (SEINE_BENCH_SERVICES overrides): from a cold start (all
 // objects in the API, the proxy process started) until every Service is
 // programmed, and for one EndpointSlice change (one endpoint replaced;
-// median of 5) until the Service's rules use the new endpoint.
+// median of 5) from the update request until the Service's rules use the
+// new endpoint and no longer the old one.
 //
 // The Services are selector-less with hand-written EndpointSlices, so no
 // Pods are needed. The two proxies are measured one after the other with
@@ -104,11 +105,14 @@ func waitSeineService(b *testing.B, of *seineOF, clusterIP string, timeout time.
 //
 // "Programmed" for kube-proxy is the finishing time of its first
 // nftables sync (metric kubeproxy_sync_proxy_rules_last_timestamp_seconds)
-// after which the nftables table holds the expected rules. For Seine it is
-// when ovs-ofctl first shows the flows (cold start: as many flows of the
-// new start round as the first two Services predict, and every ClusterIP
-// covered) or the Service's groups with the new endpoint: an upper bound
-// that includes up to one ovs-ofctl round trip.
+// after which the nftables table holds the expected rules (so listing a
+// large table, which takes seconds, is not counted). For Seine it is when
+// ovs-ofctl first shows the result (cold start: as many Service flows of
+// the new start round as the first two Services predict, and every
+// ClusterIP covered; change: the flows sharing the cookie of the
+// ClusterIP's flows, and their groups, name the new endpoint and not the
+// old): an upper bound that includes up to one poll (a few ovs-ofctl
+// calls) for a change and 50 ms plus one poll for a cold start.
 //
 // Metrics per scale L (1k, 10k): seine-cold-L-ms, kubeproxy-cold-L-ms,
 // seine-change-L-ms, kubeproxy-change-L-ms, cold-L-ratio and
@@ -171,10 +175,8 @@ func BenchmarkServiceProgramming(b *testing.B) {
 		b.Logf("seine: %d Service flows per Service, %d shared", shape.perService, shape.shared)
 	}
 	// Neither proxy runs while the objects are created.
-	if seineOn {
-		if err := c.StopSeine(node.Name); err != nil {
-			b.Fatal(err)
-		}
+	if err := c.StopSeine(node.Name); err != nil {
+		b.Fatal(err)
 	}
 	kp := newKubeProxy(b, c, node)
 	b.Logf("kube-proxy log: %s", kp.logPath)
@@ -243,7 +245,6 @@ func BenchmarkServiceProgramming(b *testing.B) {
 // target; it returns the cold-start time and the median change time.
 func measureKubeProxy(ctx context.Context, b *testing.B, cs kubernetes.Interface, kp *kubeProxy, refs []svcRef, target svcRef, newIPs []string) (cold, change time.Duration) {
 	b.Helper()
-	first, last := refs[0], refs[len(refs)-1]
 	kp.deleteTables()
 	t0 := time.Now()
 	if err := kp.start(); err != nil {
@@ -251,7 +252,7 @@ func measureKubeProxy(ctx context.Context, b *testing.B, cs kubernetes.Interface
 	}
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	ts, err := kp.waitProgrammed(wctx, t0, 50*time.Millisecond, func() bool {
-		return kp.serviceChain(last) != "" && kp.serviceChain(first) != "" && kp.serviceChain(target) != ""
+		return kp.hasServices(refs)
 	})
 	cancel()
 	if err != nil {
@@ -333,7 +334,7 @@ func measureSeine(ctx context.Context, b *testing.B, cs kubernetes.Interface, c 
 	}
 	cold = done.Sub(t0)
 
-	before, gids, err := of.serviceText(target.ClusterIP)
+	before, cookies, err := of.serviceState(target.ClusterIP)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -349,23 +350,20 @@ func measureSeine(ctx context.Context, b *testing.B, cs kubernetes.Interface, c 
 				target.Name, target.ClusterIP, old, before)
 		}
 		deadline := time.Now().Add(time.Minute)
-		for i := 0; ; i++ {
+		for i := 1; ; i++ {
 			var txt string
-			if len(gids) > 0 && i%20 != 19 {
-				txt, err = of.groupText(gids)
-			} else {
-				txt, gids, err = of.serviceText(target.ClusterIP)
+			if i%20 != 0 {
+				txt, err = of.cookieText(cookies)
+			} else { // the Service port may have been renumbered
+				txt, cookies, err = of.serviceState(target.ClusterIP)
 			}
 			if err == nil && mentionsIP(txt, ip) && !mentionsIP(txt, old) {
 				lat = append(lat, time.Since(t0))
 				before = txt
 				break
 			}
-			if err != nil {
-				gids = nil // a group may have been replaced: look it up again
-			}
 			if time.Now().After(deadline) {
-				b.Fatalf("seine: change %s -> %s on %s not programmed after 1 min:\n%s", old, ip, target.Name, txt)
+				b.Fatalf("seine: change %s -> %s on %s not programmed after 1 min (%v):\n%s", old, ip, target.Name, err, txt)
 			}
 			time.Sleep(2 * time.Millisecond)
 		}

@@ -404,30 +404,48 @@ func (k *kubeProxy) lastSync(ctx context.Context) (time.Time, error) {
 	return time.Time{}, nil // no sync yet
 }
 
-var gotoService = regexp.MustCompile(`goto (service-\S+)`)
+var serviceIPsElem = regexp.MustCompile(`(\d+\.\d+\.\d+\.\d+) \. tcp \. (\d+) : goto (service-[^\s,}]+)`)
 
-// serviceChain is the name of kube-proxy's chain for ref's port, from its
-// element in the service-ips map; "" if the element is not there.
-func (k *kubeProxy) serviceChain(ref svcRef) string {
-	out, err := k.nft("get", "element", "ip", "kube-proxy", "service-ips",
-		fmt.Sprintf("{ %s . tcp . %d }", ref.ClusterIP, svcPort))
+// serviceChains reads kube-proxy's service-ips map: "<ClusterIP>:<port>"
+// (TCP) → the Service port's chain. Listing the map alone stays cheap at
+// 10,000 Services, where listing a chain or getting one element makes nft
+// fetch every rule of the table (seconds).
+func (k *kubeProxy) serviceChains() (map[string]string, error) {
+	out, err := k.nft("list", "map", "ip", "kube-proxy", "service-ips")
 	if err != nil {
-		return ""
+		return nil, err
 	}
-	m := gotoService.FindStringSubmatch(out)
-	if m == nil {
-		return ""
+	m := map[string]string{}
+	for _, e := range serviceIPsElem.FindAllStringSubmatch(out, -1) {
+		m[e[1]+":"+e[2]] = e[3]
 	}
-	return m[1]
+	return m, nil
+}
+
+func svcKey(ref svcRef) string { return fmt.Sprintf("%s:%d", ref.ClusterIP, svcPort) }
+
+// hasServices reports whether the service-ips map holds every one of refs.
+func (k *kubeProxy) hasServices(refs []svcRef) bool {
+	m, err := k.serviceChains()
+	if err != nil {
+		return false
+	}
+	for _, r := range refs {
+		if m[svcKey(r)] == "" {
+			return false
+		}
+	}
+	return true
 }
 
 // hasEndpoint reports whether kube-proxy's chain for ref load-balances to
 // ip and not to notIP (either may be "").
 func (k *kubeProxy) hasEndpoint(ref svcRef, ip, notIP string) bool {
-	chain := k.serviceChain(ref)
-	if chain == "" {
+	m, err := k.serviceChains()
+	if err != nil || m[svcKey(ref)] == "" {
 		return false
 	}
+	chain := m[svcKey(ref)]
 	out, err := k.nft("list", "chain", "ip", "kube-proxy", chain)
 	if err != nil {
 		return false
@@ -616,38 +634,49 @@ func (s *seineOF) round() (uint16, error) {
 	return r, nil
 }
 
-// serviceText is what Seine programmed for a ClusterIP: its Service
-// flows and the groups they send to.
-func (s *seineOF) serviceText(clusterIP string) (string, []string, error) {
+// serviceState is what Seine programmed for a ClusterIP: every flow that
+// shares its cookie with one of the ClusterIP's Service flows (the cookie's
+// object ID names the Service port, so this takes in the endpoint flows,
+// which do not match on the ClusterIP) and the groups those flows send to.
+// It returns the text and the cookies, for cheaper polls with cookieText.
+func (s *seineOF) serviceState(clusterIP string) (string, []uint64, error) {
 	fs, err := s.serviceFlows(clusterIP)
 	if err != nil {
 		return "", nil, err
 	}
+	var cookies []uint64
+	seen := map[uint64]bool{}
+	for _, f := range fs {
+		if !seen[f.Cookie] {
+			seen[f.Cookie] = true
+			cookies = append(cookies, f.Cookie)
+		}
+	}
+	txt, err := s.cookieText(cookies)
+	return txt, cookies, err
+}
+
+// cookieText dumps the flows with exactly these cookies and the groups
+// they send to.
+func (s *seineOF) cookieText(cookies []uint64) (string, error) {
 	var sb strings.Builder
 	var gids []string
 	seen := map[string]bool{}
-	for _, f := range fs {
-		sb.WriteString(f.Text + "\n")
-		for _, m := range groupRE.FindAllStringSubmatch(f.Text, -1) {
-			if !seen[m[1]] {
-				seen[m[1]] = true
-				gids = append(gids, m[1])
+	for _, c := range cookies {
+		fs, err := s.flows(fmt.Sprintf("cookie=0x%x/-1", c))
+		if err != nil {
+			return "", err
+		}
+		for _, f := range fs {
+			sb.WriteString(f.Text + "\n")
+			for _, m := range groupRE.FindAllStringSubmatch(f.Text, -1) {
+				if !seen[m[1]] {
+					seen[m[1]] = true
+					gids = append(gids, m[1])
+				}
 			}
 		}
 	}
-	for _, g := range gids {
-		out, err := s.ofctl("dump-groups", s.mgmt, g)
-		if err != nil {
-			return "", nil, err
-		}
-		sb.WriteString(out)
-	}
-	return sb.String(), gids, nil
-}
-
-// groupText dumps the given groups.
-func (s *seineOF) groupText(gids []string) (string, error) {
-	var sb strings.Builder
 	for _, g := range gids {
 		out, err := s.ofctl("dump-groups", s.mgmt, g)
 		if err != nil {

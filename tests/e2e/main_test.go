@@ -21,9 +21,15 @@ import (
 	"github.com/seine-net/seine/tests/sandbox"
 )
 
-// sharedName is the sandbox most tests use; tests that need their own
-// cluster use other names.
-const sharedName = "e2e"
+// sharedName is the sandbox most tests use ($SEINE_E2E_NAME, default
+// "e2e", so that two runs on one machine can use different clusters);
+// tests that need their own cluster use other names.
+var sharedName = func() string {
+	if n := os.Getenv("SEINE_E2E_NAME"); n != "" {
+		return n
+	}
+	return "e2e"
+}()
 
 // shared is the 3-Node cluster, up for the whole run.
 var shared *sandbox.Cluster

@@ -1,0 +1,124 @@
+package podnet
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"net"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/seine-net/seine/datapath/flowsync"
+	of "github.com/seine-net/seine/datapath/openflow"
+	"github.com/seine-net/seine/datapath/ovsdb"
+	"github.com/seine-net/seine/datapath/ovstest"
+	"github.com/seine-net/seine/datapath/pipeline"
+	"github.com/seine-net/seine/ipam"
+	cniserver "github.com/seine-net/seine/node/cni/server"
+)
+
+// TestSetIsolation restores a Pod port (a veth attached to a real
+// OVS bridge, as a daemon restart finds it), then isolates it: the Pod's
+// Classifier and L2Forwarding flows on the switch carry the isolation
+// bits, and after DEL a late SetIsolation installs nothing.
+func TestSetIsolation(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (links, OVS)")
+	}
+	o := ovstest.Start(t)
+	o.Run("ovs-vsctl", "add-br", "br-int", "--", "set", "bridge", "br-int", "datapath_type=netdev", "fail_mode=secure")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	log := zaptest.NewLogger(t)
+
+	// The host end of the Pod: a veth with a unique name (its peer stands
+	// for the Pod's end).
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	cid, ifn := "c0ffee"+hex.EncodeToString(b), "eth0"
+	link := HostVethName(cid, ifn)
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: link}, PeerName: "svp" + hex.EncodeToString(b)}); err != nil {
+		t.Fatalf("creating %s: %v", link, err)
+	}
+	t.Cleanup(func() { _ = deleteLink(link) })
+	mac := "0a:58:0a:f4:01:05"
+	o.Run("ovs-vsctl", "add-port", "br-int", link, "--", "set", "port", link,
+		"external_ids:"+ExtIDContainerID+"="+cid, "external_ids:"+ExtIDIfName+"="+ifn,
+		"external_ids:"+ExtIDPodNamespace+"=ns", "external_ids:"+ExtIDPodName+"=web",
+		"external_ids:"+ExtIDIP+"=10.244.1.5", "external_ids:"+ExtIDMAC+"="+mac)
+
+	db, err := ovsdb.Dial(ctx, o.DBSocket(), log.Named("ovsdb"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	ofc, err := of.Dial(ctx, o.MgmtSocket("br-int"), log.Named("of"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ofc.Close() })
+	_, podCIDR, _ := net.ParseCIDR("10.244.1.0/24")
+	alloc, _, err := ipam.Open(t.TempDir(), podCIDR)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gwMAC, _ := net.ParseMAC("0a:00:00:00:00:01")
+	be := New(Config{BridgeName: "br-int", Bridge: pipeline.Bridge{Round: 1, GatewayPort: 2, GatewayMAC: gwMAC,
+		GatewayIP: net.ParseIP("10.244.1.1"), PodCIDR: podCIDR}}, alloc, db, flowsync.New(ofc), log.Named("podnet"))
+	if n, err := be.RestorePods(ctx); err != nil || n != 1 {
+		t.Fatalf("RestorePods = %d, %v; want 1 Pod", n, err)
+	}
+
+	podFlows := func() string {
+		// The Pod's Classifier (in_port) and L2Forwarding (table 80)
+		// flows, by the cookie category of Pod flows.
+		pod := "cookie=0x20000000000/0xff0000000000"
+		out := o.Run("ovs-ofctl", "-O", "OpenFlow13", "--no-stats", "dump-flows", o.MgmtSocket("br-int"), pod)
+		var lines []string
+		for _, l := range strings.Split(out, "\n") {
+			if strings.Contains(l, "priority=190,in_port=") || strings.Contains(l, "table=80,") {
+				lines = append(lines, strings.TrimSpace(l))
+			}
+		}
+		return strings.Join(lines, "\n")
+	}
+	// ovs-ofctl prints a 1-bit load into reg0[24] as
+	// "load:0x1->NXM_NX_REG0[24]".
+	bit := func(dump string, n string) bool { return strings.Contains(dump, "NXM_NX_REG0["+n+"]") }
+	if d := podFlows(); strings.Count(d, "\n") != 1 || !strings.Contains(d, "dl_dst="+mac) || bit(d, "24") || bit(d, "25") {
+		t.Fatalf("restored Pod flows are missing or isolated:\n%s", d)
+	}
+	if err := be.SetIsolation(ctx, "ns", "web", true, false); err != nil {
+		t.Fatal(err)
+	}
+	if d := podFlows(); !bit(d, "24") || bit(d, "25") {
+		t.Errorf("after isolating for ingress:\n%s", d)
+	}
+	if err := be.SetIsolation(ctx, "ns", "web", true, true); err != nil {
+		t.Fatal(err)
+	}
+	d := podFlows()
+	if !bit(d, "24") || !bit(d, "25") {
+		t.Errorf("after isolating for both:\n%s", d)
+	}
+	t.Logf("isolated Pod flows:\n%s", d)
+	if err := be.SetIsolation(ctx, "ns", "other", true, true); err != nil {
+		t.Errorf("unknown Pod: %v", err)
+	}
+
+	// DEL removes the flows and the record: a late call installs nothing.
+	if err := be.Del(ctx, &cniserver.Request{ContainerID: cid, IfName: ifn}); err != nil {
+		t.Fatalf("Del: %v", err)
+	}
+	if err := be.SetIsolation(ctx, "ns", "web", false, false); err != nil {
+		t.Fatal(err)
+	}
+	if d := podFlows(); d != "" {
+		t.Errorf("flows of a released Pod:\n%s", d)
+	}
+}
