@@ -68,7 +68,6 @@ func (m *Model) DesiredKeys() []Key {
 	return out
 }
 
-
 func (m *Model) desiredAG(name string) (metav1.Object, bool) {
 	key, rest, ok := splitName(name)
 	if !ok {
@@ -105,8 +104,8 @@ func (m *Model) desiredATG(name string) (metav1.Object, bool) {
 	members := buildMembers(g.byNode[n.name])
 	return &v1alpha1.AppliedToGroup{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{
-			v1alpha1.GroupLabel:        g.key,
-			v1alpha1.SpanLabelPrefix + n.key: "",
+			v1alpha1.GroupLabel: g.key,
+			n.label:             "",
 		}},
 		Spec:   v1alpha1.AppliedToGroupSpec{Selector: g.sel, NodeName: n.name, Members: members},
 		Status: v1alpha1.GroupStatus{MemberCount: int32(len(members))},
@@ -142,7 +141,7 @@ func (m *Model) desiredPR(name string) (metav1.Object, bool) {
 		pods[realization.PodKey(pd.ns.name, pd.name, pd.uid)], buf, sig = m.podDigest(pd, buf, sig)
 	}
 	return &v1alpha1.PodRealization{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1alpha1.SpanLabelPrefix + n.key: ""}},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{n.label: ""}},
 		Spec:       v1alpha1.PodRealizationSpec{NodeName: n.name, Pods: pods},
 		Status:     v1alpha1.PodRealizationStatus{PodCount: int32(len(pods))},
 	}, true

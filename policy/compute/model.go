@@ -155,7 +155,8 @@ type pod struct {
 type node struct {
 	name  string
 	key   string
-	known bool // a Node object exists
+	label string // SpanLabel(name)
+	known bool   // a Node object exists
 	pods  map[*pod]struct{}
 }
 
@@ -222,7 +223,9 @@ func (m *Model) nodeKey(nodeName string) string {
 	return v1alpha1.NodeKey(nodeName)
 }
 
-func (m *Model) spanLabel(nodeName string) string { return v1alpha1.SpanLabelPrefix + m.nodeKey(nodeName) }
+func (m *Model) spanLabel(nodeName string) string {
+	return v1alpha1.SpanLabelPrefix + m.nodeKey(nodeName)
+}
 
 // TakeDirty returns the keys of every object that may have changed since
 // the last call (including objects that must now be deleted) and forgets
@@ -275,7 +278,8 @@ func (m *Model) gcNamespace(n *namespace) {
 func (m *Model) nodeFor(name string) *node {
 	n := m.nodes[name]
 	if n == nil {
-		n = &node{name: name, key: v1alpha1.NodeKey(name), pods: make(map[*pod]struct{})}
+		key := v1alpha1.NodeKey(name)
+		n = &node{name: name, key: key, label: v1alpha1.SpanLabelPrefix + key, pods: make(map[*pod]struct{})}
 		m.nodes[name] = n
 		m.nodeByKey[n.key] = n
 	}

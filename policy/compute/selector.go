@@ -2,8 +2,8 @@ package compute
 
 import (
 	"crypto/sha256"
-	"encoding/hex"
 	"encoding/binary"
+	"encoding/hex"
 	"slices"
 	"sort"
 

@@ -454,4 +454,3 @@ func (l *leading) keepNow(k compute.Key) {
 	delete(l.deleteAt, k)
 	l.smu.Unlock()
 }
-
