@@ -62,7 +62,7 @@ test: deps control-plane build
 
 ## bench: benchmarks (docs/benchmarks.md records the figures).
 bench: deps control-plane build
-	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 60m ./tests/bench/... ./datapath/... ./ipam/...
+	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 90m ./tests/bench/... ./datapath/... ./ipam/... ./policy/... ./node/proxy/...
 
 ## sandbox: a 3-Node cluster with demo Pods, left running.
 sandbox: deps control-plane build

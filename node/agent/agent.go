@@ -36,6 +36,7 @@ import (
 
 	"github.com/seine-net/seine/datapath/flowsync"
 	of "github.com/seine-net/seine/datapath/openflow"
+	"github.com/seine-net/seine/datapath/ovsctl"
 	"github.com/seine-net/seine/datapath/ovsdb"
 	"github.com/seine-net/seine/datapath/pipeline"
 	"github.com/seine-net/seine/ipam"
@@ -197,6 +198,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 			OnIsolation: func(ctx context.Context, namespace, name string, ingress, egress bool) error {
 				return backend.SetIsolation(ctx, namespace, name, ingress, egress)
 			},
+			AfterChange: ovsctl.New(cfg.OVSRunDir).PurgeDatapathFlows,
 		}, log.Named("policy-agent"))
 	}
 

@@ -99,6 +99,10 @@ type Config struct {
 	// with backoff, and WaitRealized keeps failing for that Pod meanwhile.
 	// ctx is the reconciler's. It must not call back into the Agent.
 	OnIsolation func(ctx context.Context, namespace, name string, ingress, egress bool) error
+	// AfterChange, when set, runs after every reconcile that installed
+	// flows, before WaitRealized callers are released (the daemon purges
+	// the switch's cached datapath flows here, see datapath/ovsctl).
+	AfterChange func(ctx context.Context) error
 }
 
 // isolation is the isolation of one Pod: the directions some policy
@@ -562,6 +566,11 @@ func (a *Agent) reconcile(ctx context.Context) error {
 	// Pods whose isolation changes are pending in WaitRealized until
 	// applyIsolation is done with them.
 	isoErr := a.applyIsolation(ctx, changes)
+	if a.cfg.AfterChange != nil {
+		if perr := a.cfg.AfterChange(ctx); perr != nil {
+			a.log.Warn("after-change hook failed", zap.Error(perr))
+		}
+	}
 	a.mu.Lock()
 	if isoErr != nil {
 		a.lastErr = errors.Join(err, isoErr)

@@ -3,6 +3,8 @@ package compute
 import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/seine-net/seine/policy/apis/controlplane/v1alpha1"
 )
@@ -94,11 +96,42 @@ func computeSpec(np *networkingv1.NetworkPolicy) (v1alpha1.NetworkPolicySpec, v1
 			for _, er := range np.Spec.Egress {
 				r := v1alpha1.Rule{Direction: v1alpha1.DirectionOut, Ports: convPorts(er.Ports)}
 				convPeers(er.To, &r)
-				spec.Rules = append(spec.Rules, r)
+				numeric, named := splitNamedPorts(r.Ports)
+				if !r.AllPeers || len(named) == 0 {
+					spec.Rules = append(spec.Rules, r)
+					continue
+				}
+				// A named port is resolved per destination Pod, so "to every
+				// peer on a named port" means every Pod that has the port:
+				// the named ports go to a rule whose peers are all Pods (the
+				// agent resolves names from the AddressGroup members), the
+				// numbered ones keep matching every destination.
+				if len(numeric) > 0 {
+					spec.Rules = append(spec.Rules, v1alpha1.Rule{Direction: v1alpha1.DirectionOut, AllPeers: true, Ports: numeric})
+				}
+				sel := NormalizeGroupSelector(v1alpha1.GroupSelector{PodSelector: &metav1.LabelSelector{}, NamespaceSelector: &metav1.LabelSelector{}})
+				k := groupKeyNorm(sel)
+				if !seen[k] {
+					seen[k] = true
+					peers = append(peers, keyedSel{key: k, sel: sel})
+				}
+				spec.Rules = append(spec.Rules, v1alpha1.Rule{Direction: v1alpha1.DirectionOut, AddressGroups: []string{k}, Ports: named})
 			}
 		}
 	}
 	return spec, tgSel, peers
+}
+
+// splitNamedPorts separates ports given by name from the others.
+func splitNamedPorts(ps []v1alpha1.PolicyPort) (numeric, named []v1alpha1.PolicyPort) {
+	for _, p := range ps {
+		if p.Port != nil && p.Port.Type == intstr.String {
+			named = append(named, p)
+		} else {
+			numeric = append(numeric, p)
+		}
+	}
+	return numeric, named
 }
 
 func convPorts(ps []networkingv1.NetworkPolicyPort) []v1alpha1.PolicyPort {

@@ -77,6 +77,10 @@ func run(m *testing.M) int {
 	if code != 0 {
 		dumpLogs(sharedName)
 	}
+	if os.Getenv("SEINE_E2E_KEEP") != "" {
+		fmt.Fprintf(os.Stderr, "sandbox %s kept (SEINE_E2E_KEEP); remove it with: bin/sandbox down --name %s\n", sharedName, sharedName)
+		return code
+	}
 	if err := sandbox.Down(sharedName, ""); err != nil {
 		fmt.Fprintf(os.Stderr, "sandbox down: %v\n", err)
 		return 1

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -34,6 +35,7 @@ func TestNetpolConformance(t *testing.T) {
 				t.Fatal(err)
 			case err != nil:
 				absent = 0
+				dumpPolicyState(t, e)
 				t.Fatal(err)
 			default:
 				absent = 0
@@ -106,4 +108,24 @@ func runScenario(t *testing.T, e *netpolEnv, sc netpol.Scenario) error {
 		}
 	}
 	return nil
+}
+
+// dumpPolicyState logs, for a failed scenario, the computed policy objects
+// and every Node's policy flows, so a CI log shows where enforcement went
+// wrong.
+func dumpPolicyState(t *testing.T, e *netpolEnv) {
+	t.Helper()
+	for _, n := range shared.Nodes() {
+		out, _ := tryOVS(n, "ovs-ofctl", "--names", "--no-stats", "dump-flows", brInt(n))
+		var keep []string
+		for _, l := range strings.Split(out, "\n") {
+			for _, tbl := range []string{"EgressRule", "EgressDefault", "IngressRule", "IngressDefault", "table=Classifier", "table=L2Forwarding"} {
+				if strings.Contains(l, tbl) {
+					keep = append(keep, strings.TrimSpace(l))
+					break
+				}
+			}
+		}
+		t.Logf("policy flows on %s:\n%s", n.Name, strings.Join(keep, "\n"))
+	}
 }
