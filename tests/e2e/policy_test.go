@@ -1,0 +1,217 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/seine-net/seine/tests/sandbox"
+	"github.com/seine-net/seine/tests/sandbox/echo"
+)
+
+// leaseHolder returns the Node holding the policy controller's Lease.
+func leaseHolder(t *testing.T, c *sandbox.Cluster) string {
+	t.Helper()
+	l, err := c.Client().CoordinationV1().Leases("kube-system").Get(testCtx(t, 10*time.Second), "seine-controller", metav1.GetOptions{})
+	if err != nil || l.Spec.HolderIdentity == nil {
+		return ""
+	}
+	return *l.Spec.HolderIdentity
+}
+
+func allowFrom(ns, name string, target, from map[string]string) *networkingv1.NetworkPolicy {
+	return &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: target},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{
+				From: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: from}}},
+			}},
+		},
+	}
+}
+
+// probeUntil probes until the outcome is want or the timeout passes.
+func probeUntil(t *testing.T, c *sandbox.Cluster, from podRef, ip string, want echo.Outcome, timeout time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for {
+		r := c.Probe(context.Background(), from.ns, from.name, ip, tcpPort, corev1.ProtocolTCP, 300*time.Millisecond)
+		if r.Outcome == want {
+			return time.Since(start)
+		}
+		if time.Since(start) > timeout {
+			t.Fatalf("%s/%s -> %s: still %s after %s, want %s", from.ns, from.name, ip, r, timeout, want)
+		}
+	}
+}
+
+// TestPolicyControllerFailover kills (SIGKILL) the seine process holding
+// the controller Lease: another instance must hold it within the lease
+// duration plus one retry period (15 s + 2 s by default), and a policy
+// created afterwards must be enforced; enforcement of existing policies
+// never stops.
+func TestPolicyControllerFailover(t *testing.T) {
+	c := shared
+	ns := "failover"
+	pods := createPods(t, c, ns, 0, 1, 2)
+	ctx := testCtx(t, 3*time.Minute)
+	np := c.Client().NetworkingV1().NetworkPolicies(ns)
+	// Existing policy: only Pods labelled role=friend may reach p0.
+	if _, err := np.Create(ctx, allowFrom(ns, "before", map[string]string{"e2e-target": "p0"}, map[string]string{"role": "friend"}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Client().CoreV1().Pods(ns).Patch(ctx, pods[0].name, "application/merge-patch+json",
+		[]byte(`{"metadata":{"labels":{"e2e-target":"p0"}}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	probeUntil(t, c, pods[1], pods[0].ip, echo.TimedOut, 10*time.Second)
+
+	holder := leaseHolder(t, c)
+	if holder == "" {
+		t.Fatal("no instance holds the controller Lease")
+	}
+	n, err := c.Node(holder)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(n.Dir, "seine.pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("killing seine on %s (pid %d): %v", holder, pid, err)
+	}
+	killed := time.Now()
+	before, err := c.Client().CoordinationV1().Leases("kube-system").Get(ctx, "seine-controller", metav1.GetOptions{})
+	if err != nil || before.Spec.RenewTime == nil || before.Spec.LeaseDurationSeconds == nil {
+		t.Fatalf("reading the Lease: %v", err)
+	}
+	lastRenew := before.Spec.RenewTime.Time
+	leaseDuration := time.Duration(*before.Spec.LeaseDurationSeconds) * time.Second
+	t.Cleanup(func() {
+		if err := c.StartSeine(context.Background(), holder, nil); err != nil {
+			t.Errorf("restarting seine on %s: %v", holder, err)
+		}
+	})
+	var newHolder string
+	eventually(t, 30*time.Second, "a new Lease holder", func() error {
+		newHolder = leaseHolder(t, c)
+		if newHolder == "" || newHolder == holder {
+			return fmt.Errorf("holder is still %q", newHolder)
+		}
+		return nil
+	})
+	took := time.Since(killed)
+	after, err := c.Client().CoordinationV1().Leases("kube-system").Get(ctx, "seine-controller", metav1.GetOptions{})
+	if err != nil || after.Spec.AcquireTime == nil {
+		t.Fatalf("reading the Lease: %v", err)
+	}
+	// The Lease is valid for leaseDuration after its last renewal; the
+	// others retry every retryPeriod (2 s, with client-go's jitter of up
+	// to 1.2 × retryPeriod), so the takeover comes at most
+	// leaseDuration + 2.2 × retryPeriod after the last renewal.
+	gap := after.Spec.AcquireTime.Time.Sub(lastRenew)
+	t.Logf("%s took over the Lease %s after %s was killed, %s after its last renewal (lease duration %s)",
+		newHolder, took.Round(time.Millisecond), holder, gap.Round(time.Millisecond), leaseDuration)
+	if gap > leaseDuration+4400*time.Millisecond+time.Second { // + 1 s: Lease times have second precision
+		t.Errorf("takeover %s after the last renewal, more than the lease duration plus one jittered retry period", gap)
+	}
+	// The old policy is still enforced (by its Node's flows; no object vanished).
+	if r := c.Probe(ctx, ns, pods[1].name, pods[0].ip, tcpPort, corev1.ProtocolTCP, time.Second); r.Outcome == echo.Connected {
+		t.Fatal("an existing policy stopped being enforced during the hand-over")
+	}
+	// A policy created now is enforced: isolate p2 (on a Node whose daemon
+	// is alive) too.
+	target := pods[2]
+	for _, p := range pods {
+		if p.node != holder && p.name != pods[0].name {
+			target = p
+		}
+	}
+	if _, err := c.Client().CoreV1().Pods(ns).Patch(ctx, target.name, "application/merge-patch+json",
+		[]byte(`{"metadata":{"labels":{"e2e-target":"after"}}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := np.Create(ctx, allowFrom(ns, "after", map[string]string{"e2e-target": "after"}, map[string]string{"role": "friend"}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	src := pods[0]
+	if src.name == target.name {
+		src = pods[1]
+	}
+	d := probeUntil(t, c, src, target.ip, echo.TimedOut, 10*time.Second)
+	t.Logf("policy created after the failover enforced in %s", d.Round(time.Millisecond))
+	_ = np.DeleteCollection(context.Background(), metav1.DeleteOptions{}, metav1.ListOptions{})
+}
+
+// TestPolicyFollowsChurn: with a policy in place, a new Pod that it selects
+// is isolated from its very first connection (the CNI ADD waited for its
+// policies), a new client Pod with the allowed label gets in, a relabelled
+// one is cut off, and a recreated Pod with the same name is handled.
+func TestPolicyFollowsChurn(t *testing.T) {
+	c := shared
+	ns := "churn"
+	ctx := testCtx(t, 3*time.Minute)
+	nodes := c.Nodes()
+	if _, err := c.Client().CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Client().CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}) })
+	if _, err := c.Client().NetworkingV1().NetworkPolicies(ns).Create(ctx,
+		allowFrom(ns, "servers", map[string]string{"app": "server"}, map[string]string{"role": "client"}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	mk := func(name string, labels map[string]string, node int) podRef {
+		p, err := c.CreatePod(ctx, sandbox.PodSpec{Namespace: ns, Name: name, Node: nodes[node].Name, Labels: labels, Ports: demoPorts})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.DeletePod(context.Background(), ns, name) })
+		return podRef{ns: ns, name: name, node: nodes[node].Name, ip: p.Status.PodIP}
+	}
+	stranger := mk("stranger", map[string]string{"role": "other"}, 0)
+	// The server is created after the policy: its first connection attempt
+	// from a stranger must already be refused.
+	server := mk("server", map[string]string{"app": "server"}, 1)
+	if r := c.Probe(ctx, ns, stranger.name, server.ip, tcpPort, corev1.ProtocolTCP, time.Second); r.Outcome == echo.Connected {
+		t.Fatal("a new Pod selected by a policy accepted a connection the policy denies right after it became Ready")
+	}
+	client := mk("client", map[string]string{"role": "client"}, 2)
+	probeUntil(t, c, client, server.ip, echo.Connected, 5*time.Second)
+	// Relabel the client: cut off.
+	if _, err := c.Client().CoreV1().Pods(ns).Patch(ctx, "client", "application/merge-patch+json",
+		[]byte(`{"metadata":{"labels":{"role":"former"}}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	d := probeUntil(t, c, client, server.ip, echo.TimedOut, 5*time.Second)
+	t.Logf("relabelled client cut off after %s", d.Round(time.Millisecond))
+	// Relabel the stranger: let in.
+	if _, err := c.Client().CoreV1().Pods(ns).Patch(ctx, "stranger", "application/merge-patch+json",
+		[]byte(`{"metadata":{"labels":{"role":"client"}}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	d = probeUntil(t, c, stranger, server.ip, echo.Connected, 5*time.Second)
+	t.Logf("relabelled stranger let in after %s", d.Round(time.Millisecond))
+	// Recreate the server (same name, new Pod): still protected at once.
+	if err := c.DeletePod(ctx, ns, "server"); err != nil {
+		t.Fatal(err)
+	}
+	server = mk("server", map[string]string{"app": "server"}, 0)
+	if r := c.Probe(ctx, ns, client.name, server.ip, tcpPort, corev1.ProtocolTCP, time.Second); r.Outcome == echo.Connected {
+		t.Fatal("a recreated Pod accepted a denied connection right after it became Ready")
+	}
+	probeUntil(t, c, stranger, server.ip, echo.Connected, 5*time.Second)
+}
