@@ -43,16 +43,17 @@ func (c *Cluster) CNI(node string, conflist []byte) (*CNIClient, error) {
 		cni: libcni.NewCNIConfig([]string{n.CNIBinDir, "/usr/lib/cni"}, nil)}, nil
 }
 
-// RuntimeConf is the invocation of one attachment: container ID, netns path
-// ("" when gone) and kubelet's CNI_ARGS for a Pod of that name in namespace
-// "cni-test".
+// RuntimeConf is the invocation of one attachment: container ID and netns
+// path ("" when gone). It carries no Pod identity (no K8S_POD_NAME), as a
+// runtime outside Kubernetes would call: there is no Pod object for the
+// policy controller to acknowledge, so seine does not wait for
+// NetworkPolicy realization (a Pod named by kubelet's CNI_ARGS must exist).
 func RuntimeConf(containerID, netns string) *libcni.RuntimeConf {
 	return &libcni.RuntimeConf{
 		ContainerID: containerID,
 		NetNS:       netns,
 		IfName:      "eth0",
-		Args: [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "cni-test"},
-			{"K8S_POD_NAME", containerID}, {"K8S_POD_INFRA_CONTAINER_ID", containerID}},
+		Args:        [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_INFRA_CONTAINER_ID", containerID}},
 	}
 }
 
