@@ -342,7 +342,7 @@ func (h agentHook) WaitRealized(ctx context.Context, namespace, name, uid string
 }
 
 func countPeers(f informers.SharedInformerFactory, self string) int {
-	nodes, err := f.Core().V1().Nodes().Lister().List(everything())
+	nodes, err := f.Core().V1().Nodes().Lister().List(labels.Everything())
 	if err != nil {
 		return 0
 	}
@@ -500,5 +500,3 @@ func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry) er
 	}
 	return nil
 }
-
-func everything() labels.Selector { return labels.Everything() }

@@ -110,7 +110,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	if !cache.WaitForCacheSync(ctx.Done(), c.synced) {
 		return fmt.Errorf("waiting for the Node informer: %w", ctx.Err())
 	}
-	nodes, err := c.lister.List(labelsEverything())
+	nodes, err := c.lister.List(labels.Everything())
 	if err != nil {
 		return err
 	}
@@ -319,5 +319,3 @@ func FirstIP(n *net.IPNet) net.IP {
 	ip[3]++
 	return ip
 }
-
-func labelsEverything() labels.Selector { return labels.Everything() }

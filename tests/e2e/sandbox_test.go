@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -11,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/containernetworking/cni/pkg/types"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/seine-net/seine/tests/sandbox"
@@ -126,7 +124,6 @@ func TestSmallSandbox(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		_ = types.ErrTryAgainLater
 	})
 
 	downed = true
@@ -137,5 +134,4 @@ func TestSmallSandbox(t *testing.T) {
 	if after != before {
 		t.Fatalf("the machine differs after up and down:\nbefore:\n%s\nafter:\n%s", before, after)
 	}
-	_ = context.Background
 }
