@@ -67,6 +67,7 @@ func WithBackoff(min, max time.Duration) Option {
 // ovs-vswitchd restarts. It is safe for concurrent use.
 type Client struct {
 	target string
+	of15   *conn15 // group mods with a selection method
 	log    *zap.Logger
 	opts   options
 	ctx    context.Context
@@ -110,6 +111,7 @@ func Dial(ctx context.Context, target string, log *zap.Logger, opts ...Option) (
 	cctx, cancel := context.WithCancel(ctx)
 	c := &Client{
 		target:  target,
+		of15:    &conn15{target: target},
 		log:     log.With(zap.String("openflow_target", target)),
 		opts:    o,
 		ctx:     cctx,
@@ -225,6 +227,9 @@ func (c *Client) shutdown(cn *conn) {
 func (c *Client) Close() error {
 	c.cancel()
 	<-c.done
+	c.of15.mu.Lock()
+	c.of15.close()
+	c.of15.mu.Unlock()
 	return nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -480,6 +481,14 @@ func TestGroupsModifyDelete(t *testing.T) {
 	if err := c.ApplyGroups(ctx, []GroupMod{{Op: GroupOpModify, Group: g}}); err != nil {
 		t.Fatalf("modify: %v", err)
 	}
+	if err := c.ApplyGroups(ctx, []GroupMod{{Op: GroupOpAdd, Group: GroupEntry{ID: 0x1000007, Type: GroupSelect}}}); err != nil {
+		t.Fatalf("add: %v", err)
+	}
+	ids, err := c.GroupIDs(ctx)
+	slices.Sort(ids)
+	if err != nil || fmt.Sprint(ids) != "[10 16777223]" {
+		t.Fatalf("GroupIDs = %v, %v; want [10 16777223]", ids, err)
+	}
 	out := o.Run("ovs-ofctl", "-O", "OpenFlow15", "dump-groups", sock)
 	if !strings.Contains(out, "bucket_id:0,actions=output:1") || !strings.Contains(out, "weight:3,actions=set_field:0x9->reg2,resubmit(,10)") {
 		t.Fatalf("modified group not as expected:\n%s", out)
@@ -489,6 +498,43 @@ func TestGroupsModifyDelete(t *testing.T) {
 	}
 	if out := o.Run("ovs-ofctl", "-O", "OpenFlow15", "dump-groups", sock); strings.Contains(out, "group_id=10") {
 		t.Fatalf("group 10 still present:\n%s", out)
+	}
+}
+
+// A select group with a selection method goes over OpenFlow 1.5, and OVS
+// reports the method and fields.
+func TestGroupSelectionMethod(t *testing.T) {
+	o, sock := startBridge(t)
+	c := dial(t, sock)
+	ctx := testCtx(t)
+	g := GroupEntry{ID: 20, Type: GroupSelect, Selection: &Selection{Method: "hash",
+		Fields: []HashField{HashIPv4Src, HashIPv4Dst, HashIPProto, HashUDPSrc, HashUDPDst}, Param: 7},
+		Buckets: []Bucket{{Actions: []Action{Output{1}}}, {Weight: 2, Actions: []Action{LoadReg{Reg: 6, Value: 9}, Resubmit{42}}}}}
+	for _, op := range []GroupOp{GroupOpAdd, GroupOpModify} {
+		if err := c.ApplyGroups(ctx, []GroupMod{{Op: op, Group: g}}); err != nil {
+			t.Fatalf("%v: %v", op, err)
+		}
+	}
+	out := o.Run("ovs-ofctl", "-O", "OpenFlow15", "dump-groups", sock)
+	for _, want := range []string{"selection_method=hash,selection_method_param=7,fields(ip_src,ip_dst,nw_proto,udp_src,udp_dst)",
+		"bucket=bucket_id:0,actions=output:1", "bucket=bucket_id:1,weight:2,actions=set_field:0x9->reg6,resubmit(,42)"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("dump-groups lacks %q:\n%s", want, out)
+		}
+	}
+	// A bad group (unknown method) fails with an error naming it, and the
+	// connection keeps working.
+	bad := g
+	bad.ID, bad.Selection = 21, &Selection{Method: "nonsense"}
+	if err := c.ApplyGroups(ctx, []GroupMod{{Op: GroupOpAdd, Group: bad}}); err == nil || !strings.Contains(err.Error(), "group_id=21") {
+		t.Errorf("unknown method: %v, want an error naming group 21", err)
+	}
+	if err := c.ApplyGroups(ctx, []GroupMod{{Op: GroupOpDelete, Group: GroupEntry{ID: 20}}}); err != nil {
+		t.Fatal(err)
+	}
+	g.ID = 22
+	if err := c.ApplyGroups(ctx, []GroupMod{{Op: GroupOpAdd, Group: g}}); err != nil {
+		t.Fatalf("after an error: %v", err)
 	}
 }
 

@@ -2,6 +2,7 @@ package openflow
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 
 	of13 "github.com/contiv/libOpenflow/openflow13"
@@ -31,6 +32,9 @@ type GroupEntry struct {
 	ID      uint32
 	Type    GroupType
 	Buckets []Bucket
+	// Selection, when set, is the select group's selection method; such
+	// groups are added and modified over OpenFlow 1.5 (see of15.go).
+	Selection *Selection
 }
 
 // GroupOp is what a GroupMod does.
@@ -108,6 +112,13 @@ func (c *Client) ApplyGroups(ctx context.Context, mods []GroupMod) error {
 	if len(mods) == 0 {
 		return nil
 	}
+	for i := range mods {
+		if needsOF15(&mods[i]) {
+			// Sent in order over the 1.5 connection: each group mod is
+			// atomic, the set is not.
+			return c.of15.send(ctx, mods)
+		}
+	}
 	msgs := make([]ofMessage, len(mods))
 	for i := range mods {
 		m, err := encodeGroupMod(&mods[i])
@@ -122,3 +133,74 @@ func (c *Client) ApplyGroups(ctx context.Context, mods []GroupMod) error {
 	}
 	return cn.bundle(ctx, msgs, func(i int) string { return mods[i].String() })
 }
+
+// GroupIDs returns the IDs of every group on the switch, read with an
+// OFPMP_GROUP_DESC multipart request (OpenFlow 1.3 section 7.3.5.11).
+func (c *Client) GroupIDs(ctx context.Context) ([]uint32, error) {
+	cn, err := c.getConn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	req := &of13.MultipartRequest{Header: of13.NewOfp13Header(), Type: of13.MultipartType_GroupDesc, Body: emptyBody{}}
+	req.Header.Type = of13.Type_MultiPartRequest
+	req.Header.Xid = cn.nextXid()
+	w := cn.register(req.Header.Xid)
+	defer cn.unregister(req.Header.Xid)
+	if err := cn.send(req); err != nil {
+		return nil, err
+	}
+	var out []uint32
+	for {
+		m, err := cn.next(ctx, w)
+		if err != nil {
+			return nil, fmt.Errorf("openflow: dump groups: %w", err)
+		}
+		switch m.typ {
+		case of13.Type_Error:
+			return nil, fmt.Errorf("openflow: dump groups: %w", decodeError(m))
+		case of13.Type_MultiPartReply:
+			ids, more, err := decodeGroupDescReply(m)
+			if err != nil {
+				return nil, fmt.Errorf("openflow: dump groups: %w", err)
+			}
+			out = append(out, ids...)
+			if !more {
+				return out, nil
+			}
+		}
+	}
+}
+
+// decodeGroupDescReply returns the group IDs of one OFPMP_GROUP_DESC reply
+// part: entries of length(2) type(1) pad(1) group_id(4) buckets.
+func decodeGroupDescReply(m message) ([]uint32, bool, error) {
+	b := m.body()
+	if len(b) < 8 {
+		return nil, false, fmt.Errorf("short multipart reply (%d bytes)", len(m.raw))
+	}
+	if t := binary.BigEndian.Uint16(b[0:2]); t != of13.MultipartType_GroupDesc {
+		return nil, false, fmt.Errorf("multipart reply of type %d, want %d (group desc)", t, of13.MultipartType_GroupDesc)
+	}
+	more := binary.BigEndian.Uint16(b[2:4])&mpReqMore != 0
+	b = b[8:]
+	var ids []uint32
+	for len(b) > 0 {
+		if len(b) < 8 {
+			return nil, false, fmt.Errorf("truncated group desc entry (%d bytes)", len(b))
+		}
+		l := int(binary.BigEndian.Uint16(b[0:2]))
+		if l < 8 || l > len(b) {
+			return nil, false, fmt.Errorf("bad group desc entry length %d", l)
+		}
+		ids = append(ids, binary.BigEndian.Uint32(b[4:8]))
+		b = b[l:]
+	}
+	return ids, more, nil
+}
+
+// emptyBody is the empty body of a multipart request without parameters.
+type emptyBody struct{}
+
+func (emptyBody) Len() uint16                       { return 0 }
+func (emptyBody) MarshalBinary() ([]byte, error)    { return nil, nil }
+func (emptyBody) UnmarshalBinary(data []byte) error { return nil }

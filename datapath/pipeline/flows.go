@@ -123,9 +123,18 @@ func BaseFlows(b Bridge) []of.Flow {
 		add(L2Forwarding, PrioHigh, of.Match{EthDst: VirtualMAC()},
 			TargetOFPort.Load(b.TunnelPort), OutputResolved.Load(1), goTo(L2Forwarding.next()))
 	}
-	// Commit new connections, then output.
+	// Commit new connections, then output. Connections the host started
+	// (or forwarded: kube-proxy's DNAT, NodePort) are marked so that their
+	// replies go back through the gateway even when addressed to a Pod:
+	// only the host can undo what it did to them.
 	add(ConntrackCommit, PrioHigh, of.Match{EthType: EthTypeIPv4, CtState: &of.CtStateMatch{Set: of.CtTrk | of.CtNew}},
 		of.CT{Commit: true, Zone: zone}, goTo(Output))
+	add(ConntrackCommit, PrioHigh+1, of.Match{EthType: EthTypeIPv4, CtState: &of.CtStateMatch{Set: of.CtTrk | of.CtNew},
+		Regs: []of.RegMatch{PktSource.Match(FromGateway)}},
+		of.CT{Commit: true, Zone: zone, SetMark: &of.Masked32{Value: CtMarkFromGateway, Mask: CtMarkFromGateway}}, goTo(Output))
+	add(L3Forwarding, PrioHigh+10, of.Match{EthType: EthTypeIPv4, CtState: &of.CtStateMatch{Set: of.CtTrk | of.CtRpl},
+		CtMark: &of.Masked32{Value: CtMarkFromGateway, Mask: CtMarkFromGateway}},
+		of.SetEthSrc{MAC: b.GatewayMAC}, of.SetEthDst{MAC: b.GatewayMAC}, goTo(L2Forwarding))
 	add(Output, PrioHigh, of.Match{Regs: []of.RegMatch{OutputResolved.Match(1)}},
 		of.OutputReg{Reg: TargetOFPort.Reg(), Ofs: TargetOFPort.Ofs(), NBits: TargetOFPort.NBits()})
 	return fs

@@ -29,7 +29,18 @@ import (
 //     to ServiceHairpinIP in the zone ServiceSNATZone, and replies to that
 //     address are un-SNATed by a Conntrack flow before the Pod zone's
 //     ct(nat) un-DNATs them.
-//  4. A Service port without endpoints has no group: its ServiceLB flow
+//  4. External frontends (NodePort, externalIPs, LoadBalancer ingress IPs)
+//     match only packets the host handed over through the gateway: the
+//     host DNATs NodeIP:nodePort to NodePortVIP:nodePort and routes
+//     externalIPs and LoadBalancer IPs to the gateway (node/proxy). Their
+//     DNAT commit sets CtMarkExternal, and replies of such connections are
+//     sent back to the host (L3Forwarding), whose conntrack undoes its
+//     own DNAT. With externalTrafficPolicy Cluster the commit also sets
+//     CtMarkServiceSNAT: ConntrackCommit then SNATs the connection to the
+//     Node's gateway IP in ServiceSNATZone, so that an endpoint on another
+//     Node answers through this one; a Conntrack flow un-SNATs replies to
+//     the gateway IP before the Pod zone un-DNATs them.
+//  5. A Service port without endpoints has no group: its ServiceLB flow
 //     commits the connection (so that the answer is not ct_state=+inv)
 //     and hands the packet to the host through the gateway, where the
 //     node's nftables rejects it (TCP RST, ICMP port unreachable).
@@ -44,9 +55,27 @@ var ServiceHairpinIP = net.IPv4(169, 254, 100, 1).To4()
 // on a connection needs a zone of its own, ovs-actions(7) "ct").
 const ServiceSNATZone uint16 = 65521
 
-// CtMarkHairpin is the ct_mark bit of a Service connection whose client is
-// its own endpoint.
-const CtMarkHairpin uint32 = 1 << 0
+// The ct_mark bits of Service connections (zone ConntrackZone).
+const (
+	// CtMarkHairpin: the client is its own endpoint.
+	CtMarkHairpin uint32 = 1 << 0
+	// CtMarkExternal: the connection came in through an external frontend
+	// (from the host); its replies go back to the host.
+	CtMarkExternal uint32 = 1 << 1
+	// CtMarkServiceSNAT: the connection is SNATed to the gateway IP
+	// (externalTrafficPolicy Cluster).
+	CtMarkServiceSNAT uint32 = 1 << 2
+	// CtMarkFromGateway: the connection entered the bridge from the
+	// gateway; its replies go back there (BaseFlows).
+	CtMarkFromGateway uint32 = 1 << 3
+)
+
+// NodePortVIP is the address the host DNATs NodePort traffic to before
+// handing it to the bridge, and the next hop of the host routes that send
+// externalIPs and LoadBalancer IPs to the gateway (with a permanent
+// neighbour entry naming VirtualMAC, so the host never ARPs for it). It
+// is link-local (RFC 3927), like ServiceHairpinIP.
+var NodePortVIP = net.IPv4(169, 254, 100, 2).To4()
 
 // MaxBucketsPerGroup is the number of buckets one group message carries at
 // most. A bucket here is 56 bytes (16-byte header, 24-byte load, 16-byte
@@ -97,6 +126,13 @@ type ServicePort struct {
 	// AffinitySeconds > 0 enables ClientIP session affinity for that long
 	// after a client's last new connection.
 	AffinitySeconds uint16
+	// External makes this an external frontend: it only matches packets
+	// from the gateway, takes precedence over a frontend without External
+	// on the same VIP and port, and its replies return to the host.
+	External bool
+	// SNAT (External only) makes new connections leave with the gateway
+	// IP as their source (externalTrafficPolicy Cluster).
+	SNAT bool
 }
 
 // ServiceBaseFlows returns the fixed flows of the Service tables, cookie
@@ -125,6 +161,21 @@ func ServiceBaseFlows(b Bridge) []of.Flow {
 		{Table: uint8(Output), Priority: PrioHigh + 10, Cookie: ck,
 			Match:   of.Match{Regs: []of.RegMatch{{Reg: 0, Value: 1<<OutputResolved.Ofs() | 1<<HairpinOut.Ofs(), Mask: OutputResolved.Mask() | HairpinOut.Mask()}}},
 			Actions: []of.Action{of.Output{Port: of.PortInPort}}},
+		// External frontends: un-SNAT replies to the gateway IP (only
+		// untracked packets, so the recirculated one moves on), SNAT new
+		// connections, and send replies back to the host.
+		{Table: uint8(Conntrack), Priority: PrioHigh + 10, Cookie: ck,
+			Match: of.Match{EthType: EthTypeIPv4, IPDst: host(b.GatewayIP), CtState: &of.CtStateMatch{Clear: of.CtTrk}},
+			Actions: []of.Action{of.CT{Zone: ServiceSNATZone, Table: &backTo, NAT: &of.CTNAT{}}}},
+		{Table: uint8(ConntrackCommit), Priority: PrioHigh + 5, Cookie: ck,
+			Match: of.Match{EthType: EthTypeIPv4, CtState: &of.CtStateMatch{Set: of.CtTrk, Clear: of.CtRpl},
+				CtMark: &of.Masked32{Value: CtMarkServiceSNAT, Mask: CtMarkServiceSNAT}},
+			Actions: []of.Action{of.CT{Commit: true, Zone: ServiceSNATZone, Table: &snatTable,
+				NAT: &of.CTNAT{SNAT: true, IPMin: b.GatewayIP.To4()}}}},
+		{Table: uint8(L3Forwarding), Priority: PrioHigh + 10, Cookie: ck,
+			Match: of.Match{EthType: EthTypeIPv4, CtState: &of.CtStateMatch{Set: of.CtTrk | of.CtRpl},
+				CtMark: &of.Masked32{Value: CtMarkExternal, Mask: CtMarkExternal}},
+			Actions: []of.Action{of.SetEthSrc{MAC: b.GatewayMAC}, of.SetEthDst{MAC: b.GatewayMAC}, goTo(L2Forwarding)}},
 	}
 }
 
@@ -164,18 +215,42 @@ func ServicePortFlows(b Bridge, sp ServicePort) ([]of.Flow, []of.GroupEntry, err
 		}
 		lbActs = append(lbActs, goTo(EndpointDNAT))
 	case ServiceReject:
-		lbActs = []of.Action{of.CT{Commit: true, Zone: ConntrackZone},
-			of.SetEthDst{MAC: b.GatewayMAC}, of.Output{Port: b.GatewayPort}}
+		// OpenFlow drops an output to the ingress port unless it is
+		// output:in_port; external frontends only see gateway traffic.
+		out := of.Output{Port: b.GatewayPort}
+		if sp.External {
+			out = of.Output{Port: of.PortInPort}
+		}
+		lbActs = []of.Action{of.CT{Commit: true, Zone: ConntrackZone}, of.SetEthDst{MAC: b.GatewayMAC}, out}
 	case ServiceDrop:
+	}
+	lbPrio := PrioNormal
+	var lbRegs []of.RegMatch
+	if sp.External {
+		lbPrio, lbRegs = PrioHigh, []of.RegMatch{PktSource.Match(FromGateway)}
 	}
 	for _, vip := range sp.VIPs {
 		if vip.To4() == nil {
 			continue
 		}
-		fs = append(fs, of.Flow{Table: uint8(ServiceLB), Priority: PrioNormal, Cookie: ck,
+		fs = append(fs, of.Flow{Table: uint8(ServiceLB), Priority: lbPrio, Cookie: ck,
 			Match: of.Match{EthType: EthTypeIPv4, IPDst: host(vip), IPProto: sp.Protocol,
-				L4Dst: &of.PortMatch{Port: sp.Port}, CtState: newConn},
+				L4Dst: &of.PortMatch{Port: sp.Port}, CtState: newConn, Regs: lbRegs},
 			Actions: lbActs})
+		if sp.Action == ServiceReject && !sp.External {
+			// The host's own connections enter from the gateway.
+			fs = append(fs, of.Flow{Table: uint8(ServiceLB), Priority: lbPrio + 1, Cookie: ck,
+				Match: of.Match{EthType: EthTypeIPv4, IPDst: host(vip), IPProto: sp.Protocol,
+					L4Dst: &of.PortMatch{Port: sp.Port}, CtState: newConn, Regs: []of.RegMatch{PktSource.Match(FromGateway)}},
+				Actions: []of.Action{lbActs[0], lbActs[1], of.Output{Port: of.PortInPort}}})
+		}
+	}
+	var mark uint32
+	if sp.External {
+		mark = CtMarkExternal
+		if sp.SNAT {
+			mark |= CtMarkServiceSNAT
+		}
 	}
 	if sp.Action != ServiceBalance {
 		return fs, nil, nil
@@ -196,27 +271,63 @@ func ServicePortFlows(b Bridge, sp ServicePort) ([]of.Flow, []of.GroupEntry, err
 		seen[ip.String()] = true
 		eps = append(eps, ep)
 		v := ipToU32(ip)
-		dnat := func(mark bool) []of.Action {
+		dnat := func(hairpin bool) []of.Action {
 			var acts []of.Action
 			if sp.AffinitySeconds > 0 {
 				acts = append(acts, affinityLearn(sp, ck, l4))
 			}
 			ct := of.CT{Commit: true, Zone: ConntrackZone, Table: &egress,
 				NAT: &of.CTNAT{DNAT: true, IPMin: ip, PortMin: ep.Port}}
-			if mark {
-				ct.SetMark = &of.Masked32{Value: CtMarkHairpin, Mask: CtMarkHairpin}
+			m := mark
+			if hairpin {
+				m |= CtMarkHairpin
+			}
+			if m != 0 {
+				ct.SetMark = &of.Masked32{Value: m, Mask: CtMarkHairpin | CtMarkExternal | CtMarkServiceSNAT}
 			}
 			return append(acts, ct)
 		}
 		regs := []of.RegMatch{ServicePortID.Match(sp.ID), EndpointIP.Match(v)}
 		fs = append(fs, of.Flow{Table: uint8(EndpointDNAT), Priority: PrioNormal, Cookie: ck,
 			Match: of.Match{EthType: EthTypeIPv4, IPProto: sp.Protocol, Regs: regs}, Actions: dnat(false)})
-		if ep.Local {
+		if ep.Local && !sp.External {
 			fs = append(fs, of.Flow{Table: uint8(EndpointDNAT), Priority: PrioHigh, Cookie: ck,
 				Match: of.Match{EthType: EthTypeIPv4, IPProto: sp.Protocol, IPSrc: host(ip), Regs: regs}, Actions: dnat(true)})
 		}
 	}
-	return fs, serviceGroups(sp.ID, eps), nil
+	groups := serviceGroups(sp.ID, eps)
+	if sel := selectionFor(sp); sel != nil {
+		for i := range groups {
+			s := *sel
+			s.Param = uint64(i)
+			groups[i].Selection = &s
+		}
+	}
+	return fs, groups, nil
+}
+
+// selectionFor returns the selection method of a Service port's groups, nil
+// for OVS's default. The default (dp_hash over the symmetric L4 hash)
+// leaves UDP ports out, so all UDP flows between two addresses would pick
+// one endpoint; and it lets one datapath flow pick endpoints for many
+// connections, which can outrun a just-learned ClientIP affinity flow
+// until OVS revalidates. Hashing the 5-tuple in the slow path ("hash")
+// fixes both, at the cost of one upcall per new connection, so it is used
+// for UDP and for ClientIP affinity only.
+func selectionFor(sp ServicePort) *of.Selection {
+	if sp.Protocol != 17 && sp.AffinitySeconds == 0 {
+		return nil
+	}
+	fields := []of.HashField{of.HashIPv4Src, of.HashIPv4Dst, of.HashIPProto}
+	switch sp.Protocol {
+	case 6:
+		fields = append(fields, of.HashTCPSrc, of.HashTCPDst)
+	case 17:
+		fields = append(fields, of.HashUDPSrc, of.HashUDPDst)
+	case 132:
+		fields = append(fields, of.HashSCTPSrc, of.HashSCTPDst)
+	}
+	return &of.Selection{Method: "hash", Fields: fields}
 }
 
 // serviceGroups builds the select group of a Service port: one bucket per

@@ -263,12 +263,20 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	}
 	var svcProxy *proxy.Proxier
 	if cfg.ProxyEnabled() {
+		npAddrs := cfg.NodePortCIDRs()
+		if len(npAddrs) == 0 {
+			npAddrs = []*net.IPNet{{IP: nodeIP.To4(), Mask: net.CIDRMask(32, 32)}}
+		}
+		_, svcCIDR, _ := net.ParseCIDR(cfg.ServiceCIDR)
 		svcProxy, err = proxy.New(kube, syncer, ofc, proxy.Config{NodeName: cfg.NodeName, Bridge: bridge,
-			SkipServices: cfg.Proxy.SkipServices}, log.Named("proxy"))
+			SkipServices: cfg.Proxy.SkipServices, ProxyAll: cfg.ProxyAllEnabled(), Gateway: cfg.GatewayName,
+			ServiceCIDR: svcCIDR, NodePortAddresses: npAddrs}, log.Named("proxy"))
 		if err != nil {
 			return err
 		}
 		go func() { errc <- svcProxy.Run(ctx) }()
+	} else if err := proxy.Cleanup(ctx, cfg.GatewayName, ofc); err != nil {
+		log.Warn("removing the leftovers of the Service proxy failed", zap.Error(err))
 	}
 	synced := factory.WaitForCacheSync(ctx.Done())
 	for typ, ok := range synced {
@@ -481,6 +489,13 @@ func setSysctls(gateway string) error {
 		"/proc/sys/net/ipv4/conf/all/rp_filter":                  "2",
 		"/proc/sys/net/ipv4/conf/" + gateway + "/rp_filter":      "2",
 		"/proc/sys/net/ipv4/conf/" + gateway + "/send_redirects": "0",
+		// The kernel sends redirects when either "all" or the device
+		// allows it (ip-sysctl.rst, send_redirects). Packets the bridge
+		// hands to the host often leave through the gateway again; a
+		// redirect for them also resets the per-host ICMP rate limit, so
+		// the port-unreachable answering a Service without endpoints
+		// would be suppressed. CIS benchmarks ask for 0 anyway.
+		"/proc/sys/net/ipv4/conf/all/send_redirects": "0",
 	} {
 		if err := os.WriteFile(path, []byte(v), 0o644); err != nil {
 			return fmt.Errorf("sysctl %s: %w", path, err)

@@ -101,10 +101,34 @@ type ProxyConfig struct {
 	Enable *bool `json:"enable,omitempty"`
 	// SkipServices lists "namespace/name" of Services the proxy leaves alone.
 	SkipServices []string `json:"skipServices,omitempty"`
+	// ProxyAll also handles NodePort, externalIPs and LoadBalancer
+	// ingress IPs, and traffic from the host to ClusterIPs, so that the
+	// cluster needs no kube-proxy. Default true (with proxy.enable).
+	ProxyAll *bool `json:"proxyAll,omitempty"`
+	// NodePortAddresses are IPv4 CIDRs: NodePorts answer on the local
+	// addresses inside them. Empty: the Node's transport address only.
+	NodePortAddresses []string `json:"nodePortAddresses,omitempty"`
 }
 
 // ProxyEnabled reports whether the Service proxy runs.
 func (c Config) ProxyEnabled() bool { return c.Proxy.Enable == nil || *c.Proxy.Enable }
+
+// ProxyAllEnabled reports whether the proxy also replaces kube-proxy for
+// NodePort, externalIPs, LoadBalancer IPs and host traffic.
+func (c Config) ProxyAllEnabled() bool {
+	return c.ProxyEnabled() && (c.Proxy.ProxyAll == nil || *c.Proxy.ProxyAll)
+}
+
+// NodePortCIDRs parses proxy.nodePortAddresses (validated by Validate).
+func (c Config) NodePortCIDRs() []*net.IPNet {
+	var out []*net.IPNet
+	for _, s := range c.Proxy.NodePortAddresses {
+		if _, n, err := net.ParseCIDR(s); err == nil {
+			out = append(out, n)
+		}
+	}
+	return out
+}
 
 // NetworkPolicyConfig configures NetworkPolicy enforcement.
 type NetworkPolicyConfig struct {
@@ -282,6 +306,11 @@ func (c Config) Validate() error {
 	for _, s := range c.Proxy.SkipServices {
 		if ns, name, ok := strings.Cut(s, "/"); !ok || ns == "" || name == "" || strings.Contains(name, "/") {
 			bad("proxy.skipServices", "%q is not namespace/name", s)
+		}
+	}
+	for _, s := range c.Proxy.NodePortAddresses {
+		if _, n, err := net.ParseCIDR(s); err != nil || n.IP.To4() == nil {
+			bad("proxy.nodePortAddresses", "%q is not an IPv4 CIDR", s)
 		}
 	}
 	if c.NetworkPolicy.AddressGroupSliceSize < 1 {

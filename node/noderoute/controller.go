@@ -252,7 +252,8 @@ func (c *Controller) deleteRoute(podCIDR *net.IPNet) error {
 }
 
 // removeStaleRoutes deletes gateway routes (with a next hop) to networks
-// that are no peer's podCIDR.
+// that are no peer's podCIDR, leaving the Service proxy's routes (next hop
+// pipeline.NodePortVIP) alone.
 func (c *Controller) removeStaleRoutes() error {
 	link, err := netlink.LinkByName(c.cfg.Gateway)
 	if err != nil {
@@ -269,7 +270,7 @@ func (c *Controller) removeStaleRoutes() error {
 	}
 	c.mu.Unlock()
 	for _, r := range routes {
-		if r.Dst == nil || r.Gw == nil || want[r.Dst.String()] {
+		if r.Dst == nil || r.Gw == nil || want[r.Dst.String()] || r.Gw.Equal(pipeline.NodePortVIP) {
 			continue
 		}
 		if err := netlink.RouteDel(&r); err != nil && !errors.Is(err, syscall.ESRCH) {

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"time"
 
@@ -38,6 +39,8 @@ type Flows interface {
 type Switch interface {
 	ApplyGroups(ctx context.Context, mods []of.GroupMod) error
 	DeleteMatching(ctx context.Context, cookie, mask uint64) error
+	DumpFlows(ctx context.Context, table *uint8, cookie, cookieMask uint64) ([]of.FlowStats, error)
+	GroupIDs(ctx context.Context) ([]uint32, error)
 }
 
 // Config configures a Proxier.
@@ -46,6 +49,17 @@ type Config struct {
 	Bridge   pipeline.Bridge
 	// SkipServices lists "namespace/name" of Services to leave alone.
 	SkipServices []string
+	// ProxyAll also programs NodePorts, externalIPs and LoadBalancer
+	// ingress IPs, and routes the ClusterIP range from the host into the
+	// bridge, so that no kube-proxy is needed.
+	ProxyAll bool
+	// Gateway is the gateway interface (host routes, neighbour entry).
+	Gateway string
+	// ServiceCIDR is the ClusterIP range (routed to Gateway with ProxyAll).
+	ServiceCIDR *net.IPNet
+	// NodePortAddresses are the CIDRs of the local addresses that accept
+	// NodePort traffic (ProxyAll only).
+	NodePortAddresses []*net.IPNet
 }
 
 // Proxier programs Services. Create with New, then Run.
@@ -59,24 +73,30 @@ type Proxier struct {
 	svcs    corelisters.ServiceLister
 	slices  discoverylisters.EndpointSliceLister
 	queue   workqueue.TypedRateLimitingInterface[string]
-	reject  *rejecter
+	host    *host
 	synced  []cache.InformerSynced
 
 	mu        sync.Mutex
 	installed map[string]map[string]*portInstall // service key → port key → state
 	ids       *idAllocator
+	// prior maps frontendKey to the port ID an earlier run of the daemon
+	// gave it (read from the switch at start), so that a restart keeps
+	// IDs, and with them the groups the old flows point to.
+	prior map[string]uint32
 	ready     bool
 }
 
 type portInstall struct {
-	id      uint32
-	groups  map[uint32]bool
-	rejects [][]string
+	id       uint32
+	groups   map[uint32]bool
+	elements []element // host nftables elements
+	routes   []net.IP  // host routes to the gateway
 }
 
 // New returns a Proxier watching kube with its own informers.
 func New(kube kubernetes.Interface, flows Flows, sw Switch, cfg Config, log *zap.Logger) (*Proxier, error) {
-	rj, err := newRejecter()
+	hs, err := newHost(hostConfig{proxyAll: cfg.ProxyAll, gateway: cfg.Gateway, services: cfg.ServiceCIDR,
+		nodePortAddresses: cfg.NodePortAddresses})
 	if err != nil {
 		return nil, err
 	}
@@ -86,7 +106,7 @@ func New(kube kubernetes.Interface, flows Flows, sw Switch, cfg Config, log *zap
 		svcs:      f.Core().V1().Services().Lister(),
 		slices:    f.Discovery().V1().EndpointSlices().Lister(),
 		queue:     workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
-		reject:    rj,
+		host:      hs,
 		installed: map[string]map[string]*portInstall{},
 		ids:       newIDAllocator(pipeline.MaxServicePortID),
 	}
@@ -130,7 +150,10 @@ func (p *Proxier) Synced() bool {
 // Run programs the fixed Service flows and then Services until ctx ends.
 func (p *Proxier) Run(ctx context.Context) error {
 	defer p.queue.ShutDown()
-	if err := p.reject.reset(ctx); err != nil {
+	if err := p.host.reset(ctx); err != nil {
+		return err
+	}
+	if err := p.readPriorIDs(ctx); err != nil {
 		return err
 	}
 	if err := p.flows.Set(ctx, "service-base", pipeline.ServiceBaseFlows(p.cfg.Bridge)); err != nil {
@@ -148,7 +171,12 @@ func (p *Proxier) Run(ctx context.Context) error {
 		}
 		p.mu.Lock()
 		p.ready = true
+		err := errors.Join(p.host.prune(ctx), p.pruneGroups(ctx))
+		p.prior = nil
 		p.mu.Unlock()
+		if err != nil {
+			p.log.Warn("removing stale host rules failed", zap.Error(err))
+		}
 	}()
 	go func() { <-ctx.Done(); p.queue.ShutDown() }()
 	p.log.Info("service proxy running", zap.Int("services", initial))
@@ -200,7 +228,7 @@ func (p *Proxier) SyncService(ctx context.Context, key string) error {
 		if err != nil {
 			return err
 		}
-		want, err = Translate(svc, slices, p.cfg.NodeName)
+		want, err = Translate(svc, slices, Scope{NodeName: p.cfg.NodeName, ProxyAll: p.cfg.ProxyAll})
 		if err != nil {
 			return err
 		}
@@ -222,7 +250,7 @@ func (p *Proxier) apply(ctx context.Context, key string, want []PortState) error
 		keep[ps.Key] = true
 		pi := have[ps.Key]
 		if pi == nil {
-			id, err := p.ids.get(ps.Key)
+			id, err := p.ids.get(ps.Key, p.prior[frontendKey(ps.Port.VIPs[0], ps.Port.Protocol, ps.Port.Port, ps.Port.External)])
 			if err != nil {
 				errs = append(errs, err)
 				continue
@@ -286,17 +314,36 @@ func (p *Proxier) installPort(ctx context.Context, pi *portInstall, ps PortState
 	for _, g := range stale {
 		delete(pi.groups, g.Group.ID)
 	}
-	var rejects [][]string
-	if sp.Action == pipeline.ServiceReject {
-		for _, vip := range sp.VIPs {
-			rejects = append(rejects, elementKey(vip, sp.Protocol, sp.Port))
-		}
-	}
-	if err := p.reject.update(ctx, rejects, minus(pi.rejects, rejects)); err != nil {
+	els, routes := hostNeeds(sp)
+	if err := p.host.update(ctx, els, pi.elements, routes, pi.routes); err != nil {
 		return err
 	}
-	pi.rejects = rejects
+	pi.elements, pi.routes = els, routes
 	return nil
+}
+
+// hostNeeds returns the host nftables elements and routes a frontend
+// needs: a reject element per VIP without endpoints, the NodePort element
+// of a NodePort frontend, a route to the gateway per external IP.
+func hostNeeds(sp pipeline.ServicePort) ([]element, []net.IP) {
+	var els []element
+	var routes []net.IP
+	if sp.Action == pipeline.ServiceReject {
+		for _, vip := range sp.VIPs {
+			els = append(els, rejectElement(vip, sp.Protocol, sp.Port))
+		}
+	}
+	if !sp.External {
+		return els, routes
+	}
+	for _, vip := range sp.VIPs {
+		if vip.Equal(pipeline.NodePortVIP) {
+			els = append(els, nodePortElement(sp.Protocol, sp.Port))
+		} else {
+			routes = append(routes, vip)
+		}
+	}
+	return els, routes
 }
 
 // putGroup adds a group, or modifies it when it already exists (known to
@@ -330,61 +377,119 @@ func (p *Proxier) removePort(ctx context.Context, pi *portInstall) error {
 		return err
 	}
 	pi.groups = map[uint32]bool{}
-	if err := p.reject.update(ctx, nil, pi.rejects); err != nil {
+	if err := p.host.update(ctx, nil, pi.elements, nil, pi.routes); err != nil {
 		return err
 	}
-	pi.rejects = nil
+	pi.elements, pi.routes = nil, nil
 	return nil
 }
 
-func minus(a, b [][]string) [][]string {
-	in := map[string]bool{}
-	for _, k := range b {
-		in[fmt.Sprint(k)] = true
-	}
-	var out [][]string
-	for _, k := range a {
-		if !in[fmt.Sprint(k)] {
-			out = append(out, k)
-		}
-	}
-	return out
+// frontendKey identifies a frontend by its first VIP, protocol, port and
+// kind, as its ServiceLB flows show it.
+func frontendKey(vip net.IP, proto uint8, port uint16, external bool) string {
+	return fmt.Sprintf("%s/%d/%d/%v", vip, proto, port, external)
 }
 
-// idAllocator hands out small IDs per key, reusing released ones.
+// readPriorIDs learns the port IDs of the frontends an earlier run
+// installed, from the cookies of their ServiceLB flows.
+func (p *Proxier) readPriorIDs(ctx context.Context) error {
+	table := uint8(pipeline.ServiceLB)
+	flows, err := p.sw.DumpFlows(ctx, &table, uint64(pipeline.CategoryService)<<pipeline.CookieCategoryShift, pipeline.CookieCategoryMask)
+	if err != nil {
+		return fmt.Errorf("reading installed service flows: %w", err)
+	}
+	prior := map[string]uint32{}
+	for _, f := range flows {
+		id := uint32(f.Cookie & (1<<pipeline.CookieCategoryShift - 1))
+		if id == 0 || id > pipeline.MaxServicePortID || f.Match.IPDst == nil || f.Match.L4Dst == nil {
+			continue
+		}
+		prior[frontendKey(f.Match.IPDst.IP, f.Match.IPProto, f.Match.L4Dst.Port, f.Priority >= pipeline.PrioHigh)] = id
+	}
+	p.mu.Lock()
+	p.prior = prior
+	p.mu.Unlock()
+	if len(prior) > 0 {
+		p.log.Info("reusing service port IDs of the previous run", zap.Int("frontends", len(prior)))
+	}
+	return nil
+}
+
+// pruneGroups deletes the groups no installed Service port uses (left by
+// Services deleted while the daemon was down). Call with p.mu held.
+func (p *Proxier) pruneGroups(ctx context.Context) error {
+	ids, err := p.sw.GroupIDs(ctx)
+	if err != nil {
+		return err
+	}
+	used := map[uint32]bool{}
+	for _, ports := range p.installed {
+		for _, pi := range ports {
+			for id := range pi.groups {
+				used[id] = true
+			}
+		}
+	}
+	var mods []of.GroupMod
+	for _, id := range ids {
+		if !used[id] {
+			mods = append(mods, of.GroupMod{Op: of.GroupOpDelete, Group: of.GroupEntry{ID: id}})
+		}
+	}
+	if len(mods) > 0 {
+		p.log.Info("removing stale service groups", zap.Int("groups", len(mods)))
+	}
+	return p.sw.ApplyGroups(ctx, mods)
+}
+
+// idAllocator hands out small IDs per key, preferring a hinted ID and
+// reusing released ones.
 type idAllocator struct {
 	max  uint32
 	next uint32
 	free []uint32
 	byKy map[string]uint32
+	used map[uint32]bool
 }
 
 func newIDAllocator(max uint32) *idAllocator {
-	return &idAllocator{max: max, next: 1, byKy: map[string]uint32{}}
+	return &idAllocator{max: max, next: 1, byKy: map[string]uint32{}, used: map[uint32]bool{}}
 }
 
-func (a *idAllocator) get(key string) (uint32, error) {
+// get returns key's ID, allocating one (hint if free and non-zero).
+func (a *idAllocator) get(key string, hint uint32) (uint32, error) {
 	if id, ok := a.byKy[key]; ok {
 		return id, nil
 	}
-	var id uint32
-	switch {
-	case len(a.free) > 0:
-		id = a.free[len(a.free)-1]
+	id := uint32(0)
+	if hint != 0 && hint <= a.max && !a.used[hint] {
+		id = hint
+	}
+	for id == 0 && len(a.free) > 0 {
+		c := a.free[len(a.free)-1]
 		a.free = a.free[:len(a.free)-1]
-	case a.next <= a.max:
-		id = a.next
+		if !a.used[c] {
+			id = c
+		}
+	}
+	for id == 0 && a.next <= a.max {
+		if !a.used[a.next] {
+			id = a.next
+		}
 		a.next++
-	default:
+	}
+	if id == 0 {
 		return 0, fmt.Errorf("no free service port id (all %d in use)", a.max)
 	}
 	a.byKy[key] = id
+	a.used[id] = true
 	return id, nil
 }
 
 func (a *idAllocator) release(key string) {
 	if id, ok := a.byKy[key]; ok {
 		delete(a.byKy, key)
+		delete(a.used, id)
 		a.free = append(a.free, id)
 	}
 }

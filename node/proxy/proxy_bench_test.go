@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -18,17 +19,31 @@ import (
 
 // benchProxier returns a Proxier programming a private OVS bridge (no
 // informers, no nftables: the reject set is left out).
-func benchProxier(b *testing.B) *Proxier {
+func benchProxier(b testing.TB) *Proxier {
+	p, _ := ovsProxier(b, "")
+	return p
+}
+
+// ovsProxier returns a Proxier on the bridge of sock ("" = a new private
+// OVS) and the socket.
+func ovsProxier(b testing.TB, sock string) (*Proxier, string) {
+	if sock != "" {
+		return dialProxier(b, sock), sock
+	}
 	o := ovstest.Start(b)
 	o.Run("ovs-vsctl", "add-br", "br-int", "--", "set", "bridge", "br-int", "datapath_type=netdev",
 		"fail_mode=secure", "protocols=OpenFlow10,OpenFlow13,OpenFlow15")
-	sock := o.MgmtSocket("br-int")
+	sock = o.MgmtSocket("br-int")
 	for i := 0; i < 200; i++ {
 		if _, err := os.Stat(sock); err == nil {
 			break
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	return dialProxier(b, sock), sock
+}
+
+func dialProxier(b testing.TB, sock string) *Proxier {
 	ctx, cancel := context.WithCancel(context.Background())
 	b.Cleanup(cancel)
 	c, err := of.Dial(ctx, sock, zap.NewNop())
@@ -46,6 +61,56 @@ func benchProxier(b *testing.B) *Proxier {
 	}
 	return &Proxier{cfg: Config{NodeName: "n1", Bridge: br}, flows: fs, sw: c, log: zap.NewNop(),
 		installed: map[string]map[string]*portInstall{}, ids: newIDAllocator(pipeline.MaxServicePortID)}
+}
+
+// A restarted proxy gives every frontend the ID (and so the group) it had,
+// whatever order Services arrive in, and removes the groups of Services
+// that are gone.
+func TestRestartKeepsServicePortIDs(t *testing.T) {
+	p, sock := ovsProxier(t, "")
+	ctx := context.Background()
+	ids := map[string]uint32{}
+	for i := 0; i < 20; i++ {
+		if err := p.apply(ctx, fmt.Sprintf("ns/s%d", i), benchPort(i, 0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for k, ports := range p.installed {
+		for _, pi := range ports {
+			ids[k] = pi.id
+		}
+	}
+	// "Restart": a new Proxier on the same bridge, Services in reverse
+	// order, s0 gone, the flows of the old round still installed.
+	q := dialProxier(t, sock)
+	if err := q.readPriorIDs(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(q.prior) != 20 {
+		t.Fatalf("learned %d prior IDs, want 20", len(q.prior))
+	}
+	for i := 19; i >= 1; i-- {
+		if err := q.apply(ctx, fmt.Sprintf("ns/s%d", i), benchPort(i, 0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for k, ports := range q.installed {
+		for _, pi := range ports {
+			if pi.id != ids[k] {
+				t.Errorf("%s got port ID %d after restart, had %d", k, pi.id, ids[k])
+			}
+		}
+	}
+	if err := q.pruneGroups(ctx); err != nil {
+		t.Fatal(err)
+	}
+	left, err := q.sw.GroupIDs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(left) != 19 || slices.Contains(left, ids["ns/s0"]) {
+		t.Errorf("groups after prune %v, want 19 without s0's %d", left, ids["ns/s0"])
+	}
 }
 
 func benchPort(i, variant int) []PortState {

@@ -55,33 +55,59 @@ func protoNumber(p corev1.Protocol) (uint8, bool) {
 	return 0, false
 }
 
+// Scope is what Translate needs to know about the Node it translates for.
+type Scope struct {
+	// NodeName decides which endpoints are local.
+	NodeName string
+	// ProxyAll adds the external frontends: NodePort (for type NodePort
+	// and LoadBalancer), externalIPs and LoadBalancer ingress IPs.
+	ProxyAll bool
+}
+
 // Translate computes the desired state of every port of svc from its
-// EndpointSlices (IPv4 only), as seen from the Node nodeName:
+// EndpointSlices (IPv4 only), as seen from the Node scope.NodeName. Each
+// Service port gives up to three frontends, each its own PortState:
+//
+//   - the internal one (key "ns/name/port/PROTO"): the ClusterIPs, and the
+//     externalIPs and LoadBalancer IPs for traffic from Pods;
+//   - with ProxyAll and a nodePort, key suffix "/nodeport": NodePortVIP
+//     on the nodePort, for what the host DNATs there;
+//   - with ProxyAll and externalIPs or LoadBalancer ingress IPs (except
+//     ipMode Proxy, KEP-1860), key suffix "/external": those IPs for
+//     traffic routed in by the host.
+//
+// Endpoint rules:
 //
 //   - new connections go to ready endpoints; when none is ready, to the
 //     serving and terminating ones (KEP-1669 ProxyTerminatingEndpoints);
 //   - the endpoint port is the EndpointSlice port of the same name and
 //     protocol, so named targetPorts arrive already resolved;
-//   - internalTrafficPolicy Local keeps only endpoints on nodeName and
-//     drops connections when there is none (Kubernetes documents that the
-//     traffic is dropped then); a port with no endpoint at all is rejected;
+//   - internalTrafficPolicy Local keeps only endpoints on the Node for the
+//     internal frontend and drops connections when there is none
+//     (Kubernetes documents that the traffic is dropped then);
+//     externalTrafficPolicy Local does the same for the external
+//     frontends and keeps the client's source address, Cluster SNATs it;
+//   - a frontend with no endpoint at all is rejected;
 //   - sessionAffinity ClientIP sets AffinitySeconds (default 10800 s,
 //     capped at 65535, the width of OpenFlow's hard_timeout).
 //
-// The ClusterIP(s) are the VIPs. The result is sorted by Key.
-func Translate(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, nodeName string) ([]PortState, error) {
-	var vips []net.IP
-	ips := svc.Spec.ClusterIPs
-	if len(ips) == 0 {
-		ips = []string{svc.Spec.ClusterIP}
-	}
-	for _, s := range ips {
-		if ip := net.ParseIP(s); ip != nil && ip.To4() != nil {
-			vips = append(vips, ip.To4())
-		}
+// The result is sorted by Key.
+func Translate(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, scope Scope) ([]PortState, error) {
+	vips := ipv4s(svc.Spec.ClusterIPs)
+	if len(vips) == 0 {
+		vips = ipv4s([]string{svc.Spec.ClusterIP})
 	}
 	if len(vips) == 0 {
 		return nil, nil
+	}
+	external := ipv4s(svc.Spec.ExternalIPs)
+	if svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
+		for _, in := range svc.Status.LoadBalancer.Ingress {
+			if in.IPMode != nil && *in.IPMode == corev1.LoadBalancerIPModeProxy {
+				continue
+			}
+			external = append(external, ipv4s([]string{in.IP})...)
+		}
 	}
 	var affinity uint16
 	if svc.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
@@ -91,42 +117,86 @@ func Translate(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, nodeNam
 		}
 		affinity = uint16(min(max(t, 1), 65535))
 	}
-	local := svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
+	internalLocal := svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
+	externalLocal := svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
 	var out []PortState
 	for _, p := range svc.Spec.Ports {
 		proto, ok := protoNumber(p.Protocol)
 		if !ok {
 			return nil, fmt.Errorf("service %s/%s port %q: unsupported protocol %q", svc.Namespace, svc.Name, p.Name, p.Protocol)
 		}
-		ready, serving := endpointsFor(slices, p.Name, p.Protocol, nodeName)
-		eps := ready
-		if len(eps) == 0 {
-			eps = serving
-		}
-		sp := pipeline.ServicePort{VIPs: vips, Protocol: proto, Port: uint16(p.Port), AffinitySeconds: affinity}
-		switch {
-		case len(eps) == 0:
-			sp.Action = pipeline.ServiceReject
-		case local:
-			for _, ep := range eps {
-				if ep.Local {
-					sp.Endpoints = append(sp.Endpoints, ep)
-				}
-			}
-			if len(sp.Endpoints) == 0 {
-				sp.Action = pipeline.ServiceDrop
-			}
-		default:
-			sp.Endpoints = eps
-		}
+		ready, serving := endpointsFor(slices, p.Name, p.Protocol, scope.NodeName)
 		key := svc.Namespace + "/" + svc.Name + "/" + p.Name + "/" + string(protoOrTCP(p.Protocol))
 		if p.Name == "" {
 			key = svc.Namespace + "/" + svc.Name + "/" + strconv.Itoa(int(p.Port)) + "/" + string(protoOrTCP(p.Protocol))
 		}
-		out = append(out, PortState{Key: key, Port: sp})
+		base := pipeline.ServicePort{Protocol: proto, AffinitySeconds: affinity}
+		in := base
+		in.VIPs, in.Port = append(append([]net.IP{}, vips...), external...), uint16(p.Port)
+		choose(&in, ready, serving, internalLocal)
+		out = append(out, PortState{Key: key, Port: in})
+		if !scope.ProxyAll {
+			continue
+		}
+		ext := base
+		ext.External, ext.SNAT = true, !externalLocal
+		choose(&ext, ready, serving, externalLocal)
+		if p.NodePort > 0 && (svc.Spec.Type == corev1.ServiceTypeNodePort || svc.Spec.Type == corev1.ServiceTypeLoadBalancer) {
+			np := ext
+			np.VIPs, np.Port = []net.IP{pipeline.NodePortVIP}, uint16(p.NodePort)
+			out = append(out, PortState{Key: key + "/nodeport", Port: np})
+		}
+		if len(external) > 0 {
+			ext.VIPs, ext.Port = external, uint16(p.Port)
+			out = append(out, PortState{Key: key + "/external", Port: ext})
+		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
 	return out, nil
+}
+
+// choose sets sp's endpoints and action: ready endpoints, else serving
+// ones; local ones only when local is set, dropping when there is none.
+func choose(sp *pipeline.ServicePort, ready, serving []pipeline.ServiceEndpoint, local bool) {
+	eps := ready
+	if len(eps) == 0 {
+		eps = serving
+	}
+	if len(eps) == 0 {
+		sp.Action = pipeline.ServiceReject
+		return
+	}
+	if !local {
+		sp.Endpoints = eps
+		return
+	}
+	var mine []pipeline.ServiceEndpoint
+	for _, l := range [][]pipeline.ServiceEndpoint{ready, serving} {
+		for _, ep := range l {
+			if ep.Local {
+				mine = append(mine, ep)
+			}
+		}
+		if len(mine) > 0 {
+			break
+		}
+	}
+	if len(mine) == 0 {
+		sp.Action = pipeline.ServiceDrop
+		return
+	}
+	sp.Endpoints = mine
+}
+
+// ipv4s parses the IPv4 addresses of l, skipping others.
+func ipv4s(l []string) []net.IP {
+	var out []net.IP
+	for _, s := range l {
+		if ip := net.ParseIP(s).To4(); ip != nil {
+			out = append(out, ip)
+		}
+	}
+	return out
 }
 
 func protoOrTCP(p corev1.Protocol) corev1.Protocol {

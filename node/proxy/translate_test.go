@@ -50,7 +50,7 @@ func TestTranslateConditionsAndNamedPorts(t *testing.T) {
 		slice("http", 8080, ep{"10.244.1.5", "n1", true, true, false}, ep{"10.244.2.5", "n2", false, true, true}),
 		slice("http", 8080, ep{"10.244.0.5", "n1", true, true, false}, ep{"10.244.0.5", "n1", true, true, false}),
 		slice("other", 9090, ep{"10.244.3.5", "n1", true, true, false}),
-	}, "n1")
+	}, Scope{NodeName: "n1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,11 +67,11 @@ func TestTranslateConditionsAndNamedPorts(t *testing.T) {
 	// No ready endpoint: the serving terminating ones take over; neither:
 	// reject.
 	got, _ = Translate(svc, []*discoveryv1.EndpointSlice{slice("http", 8080,
-		ep{"10.244.1.5", "n1", false, false, true}, ep{"10.244.2.5", "n2", false, true, true})}, "n1")
+		ep{"10.244.1.5", "n1", false, false, true}, ep{"10.244.2.5", "n2", false, true, true})}, Scope{NodeName: "n1"})
 	if ips(got[0].Port.Endpoints) != "10.244.2.5:8080 " {
 		t.Errorf("terminating fallback: %s", ips(got[0].Port.Endpoints))
 	}
-	got, _ = Translate(svc, []*discoveryv1.EndpointSlice{slice("http", 8080, ep{"10.244.1.5", "n1", false, false, true})}, "n1")
+	got, _ = Translate(svc, []*discoveryv1.EndpointSlice{slice("http", 8080, ep{"10.244.1.5", "n1", false, false, true})}, Scope{NodeName: "n1"})
 	if got[0].Port.Action != pipeline.ServiceReject {
 		t.Errorf("no endpoints: action %d, want reject", got[0].Port.Action)
 	}
@@ -84,12 +84,12 @@ func TestTranslateLocalPolicyAndAffinity(t *testing.T) {
 	svc.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: ptr(int32(7))}}
 	s := slice("dns", 5353, ep{"10.244.1.5", "n1", true, true, false}, ep{"10.244.2.5", "n2", true, true, false})
 	s.Ports[0].Protocol = ptr(corev1.ProtocolUDP)
-	got, _ := Translate(svc, []*discoveryv1.EndpointSlice{s}, "n1")
+	got, _ := Translate(svc, []*discoveryv1.EndpointSlice{s}, Scope{NodeName: "n1"})
 	p := got[0].Port
 	if ips(p.Endpoints) != "10.244.1.5:5353 " || !p.Endpoints[0].Local || p.AffinitySeconds != 7 || p.Protocol != 17 {
 		t.Errorf("local+affinity: %s %+v", ips(p.Endpoints), p)
 	}
-	got, _ = Translate(svc, []*discoveryv1.EndpointSlice{s}, "n3")
+	got, _ = Translate(svc, []*discoveryv1.EndpointSlice{s}, Scope{NodeName: "n3"})
 	if got[0].Port.Action != pipeline.ServiceDrop {
 		t.Errorf("no local endpoint: action %d, want drop", got[0].Port.Action)
 	}
@@ -134,7 +134,7 @@ func benchmarkTranslate(b *testing.B, n int) {
 	b.ResetTimer()
 	for b.Loop() {
 		for i, s := range svcs {
-			ports, err := Translate(s, slices[i], "n1")
+			ports, err := Translate(s, slices[i], Scope{NodeName: "n1"})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -151,3 +151,90 @@ func benchmarkTranslate(b *testing.B, n int) {
 
 func BenchmarkTranslate1000Services(b *testing.B)  { benchmarkTranslate(b, 1000) }
 func BenchmarkTranslate10000Services(b *testing.B) { benchmarkTranslate(b, 10000) }
+
+// With proxyAll, a LoadBalancer Service gets a NodePort frontend on
+// NodePortVIP and an external frontend on its externalIPs and ingress IPs
+// (not those with ipMode Proxy); externalTrafficPolicy decides SNAT and
+// local endpoints, and a Node without local endpoint drops.
+func TestTranslateExternalFrontends(t *testing.T) {
+	svc := service(corev1.ServicePort{Name: "http", Port: 80, NodePort: 30080})
+	svc.Spec.Type = corev1.ServiceTypeLoadBalancer
+	svc.Spec.ExternalIPs = []string{"198.18.100.1", "2001:db8::1"}
+	svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.18.100.2"},
+		{IP: "198.18.100.3", IPMode: ptr(corev1.LoadBalancerIPModeProxy)}}
+	slices := []*discoveryv1.EndpointSlice{slice("http", 8080,
+		ep{"10.244.1.5", "n1", true, true, false}, ep{"10.244.2.5", "n2", true, true, false})}
+
+	got, err := Translate(svc, slices, Scope{NodeName: "n1"})
+	if err != nil || len(got) != 1 {
+		t.Fatalf("without proxyAll: %+v, %v; want only the internal frontend", got, err)
+	}
+	if v := fmt.Sprint(got[0].Port.VIPs); v != "[10.96.0.10 198.18.100.1 198.18.100.2]" {
+		t.Errorf("internal VIPs %s, want the ClusterIP, externalIP and ingress IP", v)
+	}
+
+	got, err = Translate(svc, slices, Scope{NodeName: "n1", ProxyAll: true})
+	if err != nil || len(got) != 3 {
+		t.Fatalf("got %+v, %v; want 3 frontends", got, err)
+	}
+	byKey := map[string]pipeline.ServicePort{}
+	for _, ps := range got {
+		byKey[ps.Key] = ps.Port
+	}
+	np, ok := byKey["ns/web/http/TCP/nodeport"]
+	if !ok || !np.External || !np.SNAT || np.Port != 30080 || !np.VIPs[0].Equal(pipeline.NodePortVIP) || len(np.Endpoints) != 2 {
+		t.Errorf("nodeport frontend %+v", np)
+	}
+	ext, ok := byKey["ns/web/http/TCP/external"]
+	if !ok || !ext.External || ext.Port != 80 || fmt.Sprint(ext.VIPs) != "[198.18.100.1 198.18.100.2]" {
+		t.Errorf("external frontend %+v", ext)
+	}
+
+	svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	got, _ = Translate(svc, slices, Scope{NodeName: "n1", ProxyAll: true})
+	for _, ps := range got {
+		switch {
+		case ps.Port.External && (ps.Port.SNAT || ips(ps.Port.Endpoints) != "10.244.1.5:8080 "):
+			t.Errorf("%s with externalTrafficPolicy Local: SNAT %v, endpoints %s; want no SNAT, the local one", ps.Key, ps.Port.SNAT, ips(ps.Port.Endpoints))
+		case !ps.Port.External && len(ps.Port.Endpoints) != 2:
+			t.Errorf("internal frontend must keep every endpoint, got %s", ips(ps.Port.Endpoints))
+		}
+	}
+	got, _ = Translate(svc, slices, Scope{NodeName: "n3", ProxyAll: true})
+	for _, ps := range got {
+		if ps.Port.External && ps.Port.Action != pipeline.ServiceDrop {
+			t.Errorf("%s on a Node without local endpoint: action %v, want drop", ps.Key, ps.Port.Action)
+		}
+	}
+	got, _ = Translate(svc, nil, Scope{NodeName: "n1", ProxyAll: true})
+	for _, ps := range got {
+		if ps.Port.Action != pipeline.ServiceReject {
+			t.Errorf("%s without endpoints: action %v, want reject", ps.Key, ps.Port.Action)
+		}
+	}
+	// A ClusterIP Service has no NodePort frontend even with a stale nodePort.
+	svc.Spec.Type = corev1.ServiceTypeClusterIP
+	svc.Spec.ExternalIPs, svc.Status.LoadBalancer.Ingress = nil, nil
+	if got, _ = Translate(svc, slices, Scope{NodeName: "n1", ProxyAll: true}); len(got) != 1 {
+		t.Errorf("ClusterIP Service: %d frontends, want 1", len(got))
+	}
+}
+
+func TestHostNeeds(t *testing.T) {
+	els, routes := hostNeeds(pipeline.ServicePort{VIPs: []net.IP{pipeline.NodePortVIP}, Protocol: 17, Port: 30053,
+		External: true, Action: pipeline.ServiceReject})
+	if len(routes) != 0 || len(els) != 2 || els[0].id() != "no-endpoints 169.254.100.2 . 17 . 30053" || els[1].id() != "nodeports 17 . 30053" {
+		t.Errorf("nodeport without endpoints: %v %v", els, routes)
+	}
+	els, routes = hostNeeds(pipeline.ServicePort{VIPs: []net.IP{net.ParseIP("198.18.100.1")}, Protocol: 6, Port: 80, External: true})
+	if len(els) != 0 || len(routes) != 1 || routes[0].String() != "198.18.100.1" {
+		t.Errorf("external IP: %v %v", els, routes)
+	}
+}
+
+func TestCanonicalKey(t *testing.T) {
+	got := element{SetNoEndpoints, canonicalKey([]string{"10.96.0.1", "udp", "53"})}
+	if want := rejectElement(net.ParseIP("10.96.0.1"), 17, 53); got.id() != want.id() {
+		t.Errorf("listed element %q does not match written %q", got.id(), want.id())
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"strings"
@@ -13,6 +14,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+
+	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/seine-net/seine/tests/sandbox/echo"
 	"github.com/seine-net/seine/tests/sandbox/kubelet"
@@ -270,4 +273,58 @@ func (c *Cluster) Serve(netnsName, reply string, ports []Port) (*echo.Servers, e
 		eps = append(eps, echo.Port{Port: p.Port, Protocol: p.Protocol})
 	}
 	return echo.Serve(netnsPath(netnsName), reply, eps, c.log)
+}
+
+// RouteToNode makes the underlay router send dst (a CIDR, e.g. an
+// externalIP or a LoadBalancer address) to the Node's address, as an
+// upstream router or a load balancer would. The returned function removes
+// the route.
+func (c *Cluster) RouteToNode(ctx context.Context, dst, node string) (func(), error) {
+	n, err := c.Node(node)
+	if err != nil {
+		return nil, err
+	}
+	u := underlayNS(c.st.Name)
+	if _, err := execIn(ctx, u, []string{"ip", "route", "replace", dst, "via", n.IP}); err != nil {
+		return nil, err
+	}
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, _ = execIn(ctx, u, []string{"ip", "route", "del", dst})
+	}, nil
+}
+
+// DialFrom opens a TCP connection to addr from inside the Pod's network
+// namespace (the socket stays there), for tests that need a long-lived
+// connection.
+func (c *Cluster) DialFrom(ctx context.Context, namespace, pod, addr string) (net.Conn, error) {
+	name, err := c.podNetNS(namespace, pod)
+	if err != nil {
+		return nil, err
+	}
+	var conn net.Conn
+	err = ns.WithNetNSPath(netnsPath(name), func(ns.NetNS) error {
+		var d net.Dialer
+		var err error
+		conn, err = d.DialContext(ctx, "tcp", addr)
+		return err
+	})
+	return conn, err
+}
+
+// ListenIn listens on the TCP address addr inside the Pod's network
+// namespace.
+func (c *Cluster) ListenIn(namespace, pod, addr string) (net.Listener, error) {
+	name, err := c.podNetNS(namespace, pod)
+	if err != nil {
+		return nil, err
+	}
+	var l net.Listener
+	err = ns.WithNetNSPath(netnsPath(name), func(ns.NetNS) error {
+		var err error
+		l, err = net.Listen("tcp", addr)
+		return err
+	})
+	return l, err
 }

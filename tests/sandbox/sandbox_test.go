@@ -392,12 +392,15 @@ func TestCrashThenDown(t *testing.T) {
 	if len(pids) < 5 {
 		t.Fatalf("found only %d sandbox processes: %v", len(pids), pids)
 	}
+	self := protected() // never this test process or its parents
 	for _, pid := range pids {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
+		if !self[pid] {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
 	}
 	if err := waitFor(ctx, 10*time.Second, 50*time.Millisecond, "killed processes", func(context.Context) (bool, error) {
 		for _, pid := range pids {
-			if alive(pid) {
+			if !self[pid] && alive(pid) {
 				return false, nil
 			}
 		}

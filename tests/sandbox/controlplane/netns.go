@@ -20,7 +20,10 @@ const netnsDir = "/run/netns"
 // namespace; "" runs fn on the calling goroutine. Sockets created by fn stay
 // in that namespace after fn returns. The thread is never unlocked, so the Go
 // runtime discards it when the goroutine ends instead of reusing a thread
-// with a foreign namespace.
+// with a foreign namespace. fn never runs on the process's main thread: the
+// main thread's namespace is what /proc/PID/ns/net (and so `ip netns pids`)
+// reports for the whole process, and a wedged main thread would make this
+// process look like a member of the sandbox.
 func inNetNS(name string, fn func() error) error {
 	if name == "" {
 		return fn()
@@ -28,6 +31,13 @@ func inNetNS(name string, fn func() error) error {
 	done := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
+		if unix.Gettid() == unix.Getpid() {
+			// Holding the main thread locked forces the nested call onto
+			// another thread; release it afterwards, untouched.
+			done <- inNetNS(name, fn)
+			runtime.UnlockOSThread()
+			return
+		}
 		f, err := os.Open(filepath.Join(netnsDir, name))
 		if err != nil {
 			done <- fmt.Errorf("open network namespace %q: %w", name, err)

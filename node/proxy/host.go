@@ -1,0 +1,333 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/vishvananda/netlink"
+	"sigs.k8s.io/knftables"
+
+	of "github.com/seine-net/seine/datapath/openflow"
+	"github.com/seine-net/seine/datapath/pipeline"
+)
+
+// HostTable is the nftables table (family ip) holding the proxy's host
+// rules:
+//
+//   - connections to Service frontends without endpoints are rejected in
+//     the forward and input paths (OVS cannot build a TCP RST or an ICMP
+//     error, so the bridge hands such packets to the host): TCP with a
+//     reset, everything else with ICMP port unreachable;
+//   - with proxyAll, NodePort traffic to the node-port addresses is DNATed
+//     to pipeline.NodePortVIP (port unchanged) in prerouting and output,
+//     which routes it into the bridge through the gateway.
+const HostTable = "seine-proxy"
+
+// The sets of HostTable.
+const (
+	SetNoEndpoints       = "no-endpoints"       // ipv4_addr . inet_proto . inet_service
+	SetNodePorts         = "nodeports"          // inet_proto . inet_service
+	SetNodePortAddresses = "nodeport-addresses" // ipv4_addr, intervals
+)
+
+// routeProtocol marks the host routes the proxy owns (rtnetlink
+// rtm_protocol; values above 4 are free for routing daemons, rtnetlink(7)).
+const routeProtocol netlink.RouteProtocol = 0x5e
+
+// element is one element of a HostTable set.
+type element struct {
+	set string
+	key []string
+}
+
+func (e element) id() string { return e.set + " " + strings.Join(e.key, " . ") }
+
+func rejectElement(vip net.IP, proto uint8, port uint16) element {
+	return element{SetNoEndpoints, []string{vip.String(), strconv.Itoa(int(proto)), strconv.Itoa(int(port))}}
+}
+
+func nodePortElement(proto uint8, port uint16) element {
+	return element{SetNodePorts, []string{strconv.Itoa(int(proto)), strconv.Itoa(int(port))}}
+}
+
+// hostConfig configures the host side of the proxy.
+type hostConfig struct {
+	proxyAll bool
+	gateway  string     // the gateway interface
+	services *net.IPNet // the ClusterIP range, routed to the gateway with proxyAll
+	// nodePortAddresses are the local addresses (CIDRs) that accept
+	// NodePort traffic.
+	nodePortAddresses []*net.IPNet
+}
+
+// host keeps the proxy's nftables elements and routes, reference counted
+// (two frontends may need the same element or route). Not safe for
+// concurrent use; the Proxier serialises calls.
+type host struct {
+	cfg      hostConfig
+	nft      knftables.Interface
+	elements map[string]int
+	routes   map[string]int
+}
+
+func newHost(cfg hostConfig) (*host, error) {
+	nft, err := knftables.New(knftables.IPv4Family, HostTable)
+	if err != nil {
+		return nil, fmt.Errorf("nftables: %w", err)
+	}
+	return &host{cfg: cfg, nft: nft, elements: map[string]int{}, routes: map[string]int{}}, nil
+}
+
+// reset (re)creates the table's chains and rules in one transaction
+// without flushing the element sets, so traffic keeps flowing across a
+// daemon restart; prune later removes what is no longer wanted. With
+// proxyAll it also installs the route and permanent neighbour entry of
+// NodePortVIP on the gateway, and the route of the ClusterIP range.
+func (h *host) reset(ctx context.Context) error {
+	tx := h.nft.NewTransaction()
+	tx.Add(&knftables.Table{Comment: knftables.PtrTo("seine: Service proxy host rules")})
+	tx.Add(&knftables.Set{Name: SetNoEndpoints, Type: "ipv4_addr . inet_proto . inet_service",
+		Comment: knftables.PtrTo("Service frontends without endpoints")})
+	tx.Add(&knftables.Set{Name: SetNodePorts, Type: "inet_proto . inet_service",
+		Comment: knftables.PtrTo("NodePorts handled by seine")})
+	tx.Add(&knftables.Set{Name: SetNodePortAddresses, Type: "ipv4_addr", Flags: []knftables.SetFlag{knftables.IntervalFlag},
+		Comment: knftables.PtrTo("local addresses accepting NodePort traffic")})
+	tx.Flush(&knftables.Set{Name: SetNodePortAddresses})
+	for _, n := range h.cfg.nodePortAddresses {
+		tx.Add(&knftables.Element{Set: SetNodePortAddresses, Key: []string{n.String()}})
+	}
+	type chain struct {
+		name     string
+		typ      knftables.BaseChainType
+		hook     knftables.BaseChainHook
+		priority knftables.BaseChainPriority
+	}
+	chains := []chain{
+		{"forward", knftables.FilterType, knftables.ForwardHook, knftables.FilterPriority + "-10"},
+		{"input", knftables.FilterType, knftables.InputHook, knftables.FilterPriority + "-10"},
+		{"prerouting", knftables.NATType, knftables.PreroutingHook, knftables.DNATPriority},
+		{"output", knftables.NATType, knftables.OutputHook, knftables.DNATPriority},
+	}
+	for _, c := range chains {
+		tx.Add(&knftables.Chain{Name: c.name, Type: knftables.PtrTo(c.typ), Hook: knftables.PtrTo(c.hook),
+			Priority: knftables.PtrTo(c.priority)})
+		tx.Flush(&knftables.Chain{Name: c.name})
+	}
+	for _, c := range chains[:2] {
+		tx.Add(&knftables.Rule{Chain: c.name, Rule: knftables.Concat(
+			"ip daddr . meta l4proto . th dport", "@"+SetNoEndpoints, "meta l4proto tcp reject with tcp reset")})
+		tx.Add(&knftables.Rule{Chain: c.name, Rule: knftables.Concat(
+			"ip daddr . meta l4proto . th dport", "@"+SetNoEndpoints, "reject with icmp type port-unreachable")})
+	}
+	if h.cfg.proxyAll {
+		for _, c := range chains[2:] {
+			tx.Add(&knftables.Rule{Chain: c.name, Rule: knftables.Concat(
+				"ip daddr", "@"+SetNodePortAddresses, "fib daddr type local",
+				"meta l4proto . th dport", "@"+SetNodePorts, "dnat to", pipeline.NodePortVIP.String()),
+				Comment: knftables.PtrTo("NodePort into the bridge")})
+		}
+	}
+	if err := h.nft.Run(ctx, tx); err != nil {
+		return fmt.Errorf("programming table %s: %w", HostTable, err)
+	}
+	if !h.cfg.proxyAll {
+		return nil
+	}
+	link, err := netlink.LinkByName(h.cfg.gateway)
+	if err != nil {
+		return fmt.Errorf("gateway %s: %w", h.cfg.gateway, err)
+	}
+	vip := &net.IPNet{IP: pipeline.NodePortVIP, Mask: net.CIDRMask(32, 32)}
+	if err := netlink.RouteReplace(&netlink.Route{LinkIndex: link.Attrs().Index, Dst: vip, Scope: netlink.SCOPE_LINK,
+		Protocol: routeProtocol}); err != nil {
+		return fmt.Errorf("route to %s: %w", vip, err)
+	}
+	if err := netlink.NeighSet(&netlink.Neigh{LinkIndex: link.Attrs().Index, Family: netlink.FAMILY_V4,
+		State: netlink.NUD_PERMANENT, IP: pipeline.NodePortVIP, HardwareAddr: pipeline.VirtualMAC()}); err != nil {
+		return fmt.Errorf("neighbour %s: %w", pipeline.NodePortVIP, err)
+	}
+	if h.cfg.services != nil {
+		if err := h.replaceRoute(link, h.cfg.services); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (h *host) replaceRoute(link netlink.Link, dst *net.IPNet) error {
+	err := netlink.RouteReplace(&netlink.Route{LinkIndex: link.Attrs().Index, Dst: dst, Gw: pipeline.NodePortVIP,
+		Flags: int(netlink.FLAG_ONLINK), Protocol: routeProtocol})
+	if err != nil {
+		return fmt.Errorf("route %s via %s: %w", dst, pipeline.NodePortVIP, err)
+	}
+	return nil
+}
+
+// update applies reference count changes: elements and routes (IPv4
+// addresses routed to the gateway) going from 0 to 1 are added, those
+// dropping to 0 removed.
+func (h *host) update(ctx context.Context, addEl, delEl []element, addRoutes, delRoutes []net.IP) error {
+	if h == nil { // tests and benchmarks of the datapath side only
+		return nil
+	}
+	tx := h.nft.NewTransaction()
+	for _, e := range addEl {
+		if h.elements[e.id()]++; h.elements[e.id()] == 1 {
+			tx.Add(&knftables.Element{Set: e.set, Key: e.key})
+		}
+	}
+	for _, e := range delEl {
+		switch h.elements[e.id()]--; {
+		case h.elements[e.id()] == 0:
+			delete(h.elements, e.id())
+			tx.Add(&knftables.Element{Set: e.set, Key: e.key}) // so that the delete cannot fail
+			tx.Delete(&knftables.Element{Set: e.set, Key: e.key})
+		case h.elements[e.id()] < 0:
+			delete(h.elements, e.id())
+		}
+	}
+	if tx.NumOperations() > 0 {
+		if err := h.nft.Run(ctx, tx); err != nil {
+			return fmt.Errorf("updating table %s: %w", HostTable, err)
+		}
+	}
+	if len(addRoutes)+len(delRoutes) == 0 {
+		return nil
+	}
+	link, err := netlink.LinkByName(h.cfg.gateway)
+	if err != nil {
+		return fmt.Errorf("gateway %s: %w", h.cfg.gateway, err)
+	}
+	var errs []error
+	for _, ip := range addRoutes {
+		k := ip.String()
+		if h.routes[k]++; h.routes[k] == 1 {
+			errs = append(errs, h.replaceRoute(link, &net.IPNet{IP: ip.To4(), Mask: net.CIDRMask(32, 32)}))
+		}
+	}
+	for _, ip := range delRoutes {
+		k := ip.String()
+		if h.routes[k]--; h.routes[k] <= 0 {
+			delete(h.routes, k)
+			err := netlink.RouteDel(&netlink.Route{LinkIndex: link.Attrs().Index,
+				Dst: &net.IPNet{IP: ip.To4(), Mask: net.CIDRMask(32, 32)}, Gw: pipeline.NodePortVIP})
+			if err != nil && !errors.Is(err, syscall.ESRCH) {
+				errs = append(errs, fmt.Errorf("deleting route to %s: %w", ip, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// prune removes the elements and routes left by an earlier run that no
+// frontend wants now. Call it once every known Service is programmed.
+func (h *host) prune(ctx context.Context) error {
+	if h == nil {
+		return nil
+	}
+	tx := h.nft.NewTransaction()
+	for _, set := range []string{SetNoEndpoints, SetNodePorts} {
+		els, err := h.nft.ListElements(ctx, "set", set)
+		if err != nil {
+			return fmt.Errorf("listing set %s: %w", set, err)
+		}
+		for _, el := range els {
+			if h.elements[element{set, canonicalKey(el.Key)}.id()] == 0 {
+				tx.Delete(&knftables.Element{Set: set, Key: el.Key})
+			}
+		}
+	}
+	if tx.NumOperations() > 0 {
+		if err := h.nft.Run(ctx, tx); err != nil {
+			return fmt.Errorf("pruning table %s: %w", HostTable, err)
+		}
+	}
+	link, err := netlink.LinkByName(h.cfg.gateway)
+	if err != nil {
+		return fmt.Errorf("gateway %s: %w", h.cfg.gateway, err)
+	}
+	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{LinkIndex: link.Attrs().Index,
+		Protocol: routeProtocol}, netlink.RT_FILTER_OIF|netlink.RT_FILTER_PROTOCOL)
+	if err != nil {
+		return fmt.Errorf("listing routes: %w", err)
+	}
+	for _, r := range routes {
+		if r.Dst == nil || r.Gw == nil || !r.Gw.Equal(pipeline.NodePortVIP) {
+			continue
+		}
+		ones, _ := r.Dst.Mask.Size()
+		keep := h.routes[r.Dst.IP.String()] > 0 && ones == 32 ||
+			h.cfg.proxyAll && h.cfg.services != nil && r.Dst.String() == h.cfg.services.String()
+		if !keep {
+			if err := netlink.RouteDel(&r); err != nil && !errors.Is(err, syscall.ESRCH) {
+				return fmt.Errorf("deleting stale route to %s: %w", r.Dst, err)
+			}
+		}
+	}
+	return nil
+}
+
+// canonicalKey turns protocol names, as nft lists inet_proto values, back
+// into the numbers the proxy writes.
+func canonicalKey(key []string) []string {
+	out := make([]string, len(key))
+	for i, k := range key {
+		switch k {
+		case "tcp":
+			k = "6"
+		case "udp":
+			k = "17"
+		case "sctp":
+			k = "132"
+		}
+		out[i] = k
+	}
+	return out
+}
+
+// Cleanup removes what a Proxier leaves behind — HostTable, its routes and
+// the NodePortVIP neighbour entry on gateway, and the bridge's groups —
+// for a Node whose proxy has been turned off. Missing pieces are fine.
+func Cleanup(ctx context.Context, gateway string, sw Switch) error {
+	var errs []error
+	nft, err := knftables.New(knftables.IPv4Family, HostTable)
+	if err == nil {
+		tx := nft.NewTransaction()
+		tx.Add(&knftables.Table{})
+		tx.Delete(&knftables.Table{})
+		err = nft.Run(ctx, tx)
+	}
+	if err != nil {
+		errs = append(errs, fmt.Errorf("deleting table %s: %w", HostTable, err))
+	}
+	if link, err := netlink.LinkByName(gateway); err == nil {
+		routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{LinkIndex: link.Attrs().Index,
+			Protocol: routeProtocol}, netlink.RT_FILTER_OIF|netlink.RT_FILTER_PROTOCOL)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("listing routes: %w", err))
+		}
+		for _, r := range routes {
+			if err := netlink.RouteDel(&r); err != nil && !errors.Is(err, syscall.ESRCH) {
+				errs = append(errs, fmt.Errorf("deleting route to %s: %w", r.Dst, err))
+			}
+		}
+		err = netlink.NeighDel(&netlink.Neigh{LinkIndex: link.Attrs().Index, Family: netlink.FAMILY_V4, IP: pipeline.NodePortVIP})
+		if err != nil && !errors.Is(err, syscall.ENOENT) {
+			errs = append(errs, fmt.Errorf("deleting neighbour %s: %w", pipeline.NodePortVIP, err))
+		}
+	}
+	ids, err := sw.GroupIDs(ctx)
+	if err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	var mods []of.GroupMod
+	for _, id := range ids {
+		mods = append(mods, of.GroupMod{Op: of.GroupOpDelete, Group: of.GroupEntry{ID: id}})
+	}
+	return errors.Join(append(errs, sw.ApplyGroups(ctx, mods))...)
+}

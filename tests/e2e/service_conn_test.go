@@ -1,0 +1,204 @@
+package e2e
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/seine-net/seine/tests/sandbox"
+)
+
+// lineServer answers every line of every connection with name+"\n" until
+// l is closed.
+func lineServer(l net.Listener, name string) {
+	for {
+		conn, err := l.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer conn.Close()
+			r := bufio.NewReader(conn)
+			for {
+				if _, err := r.ReadString('\n'); err != nil {
+					return
+				}
+				if _, err := conn.Write([]byte(name + "\n")); err != nil {
+					return
+				}
+			}
+		}()
+	}
+}
+
+// heldConn is a long-lived client connection through a Service.
+type heldConn struct {
+	conn net.Conn
+	r    *bufio.Reader
+}
+
+// ask sends a line and returns the answering Pod's name.
+func (h *heldConn) ask() (string, error) {
+	_ = h.conn.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := h.conn.Write([]byte("ping\n")); err != nil {
+		return "", err
+	}
+	s, err := h.r.ReadString('\n')
+	return strings.TrimSpace(s), err
+}
+
+func hold(t *testing.T, c *sandbox.Cluster, from podRef, addr string) (*heldConn, error) {
+	conn, err := c.DialFrom(testCtx(t, 5*time.Second), from.ns, from.name, addr)
+	if err != nil {
+		return nil, err
+	}
+	t.Cleanup(func() { conn.Close() })
+	return &heldConn{conn: conn, r: bufio.NewReader(conn)}, nil
+}
+
+// Established connections through a ClusterIP keep their endpoint when
+// the other endpoints go away, while new connections only reach the one
+// left.
+func TestServiceKeepsEstablishedConnections(t *testing.T) {
+	c := shared
+	ns := "svc-est"
+	const port = 9000
+	pods := svcPods(t, c, ns, "est", 0, 1, 2)
+	client := svcPods(t, c, ns, "client", 0)[0]
+	for _, p := range pods {
+		l, err := c.ListenIn(p.ns, p.name, fmt.Sprintf(":%d", port))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		go lineServer(l, p.name)
+	}
+	svc := createService(t, c, ns, "est", "est", func(s *corev1.Service) {
+		s.Spec.Ports = []corev1.ServicePort{{Name: "hold", Port: port, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(port)}}
+	})
+	addr := net.JoinHostPort(svc.Spec.ClusterIP, fmt.Sprint(port))
+	all := names(pods)
+	var held []*heldConn
+	var owner []string
+	eventually(t, 20*time.Second, "connections to every endpoint", func() error {
+		seen := map[string]int{}
+		held, owner = nil, nil
+		for i := 0; i < 12; i++ {
+			h, err := hold(t, c, client, addr)
+			if err != nil {
+				return err
+			}
+			who, err := h.ask()
+			if err != nil {
+				return err
+			}
+			held, owner = append(held, h), append(owner, who)
+			seen[who]++
+		}
+		if keys(seen) != all {
+			return fmt.Errorf("connections went to %v, want each of %s", seen, all)
+		}
+		return nil
+	})
+	keep := owner[0]
+	ctx := testCtx(t, time.Minute)
+	for _, p := range pods {
+		if p.name != keep {
+			if err := c.DeletePod(ctx, p.ns, p.name); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	eventually(t, 10*time.Second, "new connections reach only "+keep, func() error {
+		for i := 0; i < 6; i++ {
+			h, err := hold(t, c, client, addr)
+			if err != nil {
+				return err
+			}
+			if who, err := h.ask(); err != nil || who != keep {
+				return fmt.Errorf("new connection answered by %q (%v)", who, err)
+			}
+		}
+		return nil
+	})
+	for i, h := range held {
+		if owner[i] != keep {
+			continue
+		}
+		for j := 0; j < 3; j++ {
+			if who, err := h.ask(); err != nil || who != keep {
+				t.Errorf("established connection %d to %s: answered by %q (%v)", i, keep, who, err)
+			}
+		}
+	}
+}
+
+// With proxy.enable=false, seine leaves Services to kube-proxy on the host:
+// no Service flows, groups, routes or nftables table on the Node, and a
+// Pod's ClusterIP traffic reaches the host, where a kube-proxy-like DNAT
+// rule sends it to an endpoint on another Node and the replies find their
+// way back through the host. Turning the proxy on again restores it.
+func TestServiceProxyDisabled(t *testing.T) {
+	c := shared
+	ns := "svc-noproxy"
+	server := svcPods(t, c, ns, "kp", 1)[0]
+	client := svcPods(t, c, ns, "client", 0)[0]
+	svc := createService(t, c, ns, "kp", "kp", nil)
+	vip := svc.Spec.ClusterIP
+	node := c.Nodes()[0]
+	eventually(t, 15*time.Second, "ClusterIP through seine", func() error {
+		if r := probeSvc(t, c, client, vip, 80, corev1.ProtocolTCP, 2*time.Second); r.Outcome != sandbox.Connected {
+			return fmt.Errorf("got %s", r)
+		}
+		return nil
+	})
+	restart := func(set map[string]string) {
+		t.Helper()
+		if err := c.StopSeine(node.Name); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.StartSeine(testCtx(t, time.Minute), node.Name, set); err != nil {
+			t.Fatal(err)
+		}
+	}
+	restart(map[string]string{"proxy.enable": "false"})
+	t.Cleanup(func() {
+		_, _ = c.NodeExec(testCtx(t, 10*time.Second), node.Name, "nft", "delete", "table", "ip", "fake-kube-proxy")
+		restart(nil)
+	})
+	eventually(t, 15*time.Second, "no Service state left on "+node.Name, func() error {
+		if out := ovs(t, node, "ovs-ofctl", "dump-flows", brInt(node), "table=40"); strings.Contains(out, vip) {
+			return fmt.Errorf("ServiceLB still has %s:\n%s", vip, out)
+		}
+		if out := ovs(t, node, "ovs-ofctl", "-O", "OpenFlow13", "dump-groups", brInt(node)); strings.Contains(out, "group_id") {
+			return fmt.Errorf("groups left:\n%s", out)
+		}
+		ctx := testCtx(t, 10*time.Second)
+		if out, _ := c.NodeExec(ctx, node.Name, "ip", "route", "show", "proto", "94"); strings.TrimSpace(string(out)) != "" {
+			return fmt.Errorf("proxy routes left: %s", out)
+		}
+		if _, err := c.NodeExec(ctx, node.Name, "nft", "list", "table", "ip", "seine-proxy"); err == nil {
+			return fmt.Errorf("table seine-proxy left")
+		}
+		return nil
+	})
+	rules := fmt.Sprintf(`table ip fake-kube-proxy {
+  chain prerouting { type nat hook prerouting priority dstnat; ip daddr %s tcp dport 80 dnat to %s:%d; }
+}`, vip, server.ip, tcpPort)
+	if out, err := c.NodeExec(testCtx(t, 10*time.Second), node.Name, "sh", "-c", "echo '"+rules+"' | nft -f -"); err != nil {
+		t.Fatalf("fake kube-proxy rules: %v: %s", err, out)
+	}
+	eventually(t, 15*time.Second, "ClusterIP through the host", func() error {
+		r := probeSvc(t, c, client, vip, 80, corev1.ProtocolTCP, 2*time.Second)
+		if r.Outcome != sandbox.Connected || r.Reply != server.name {
+			return fmt.Errorf("got %s", r)
+		}
+		return nil
+	})
+}

@@ -1,0 +1,193 @@
+package e2e
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/seine-net/seine/tests/sandbox"
+	"github.com/seine-net/seine/tests/sandbox/echo"
+)
+
+// probeFrom probes from a network namespace by name n times and counts the
+// answering Pods (failures as "!outcome"); it returns one connected result.
+func probeFromNS(t *testing.T, c *sandbox.Cluster, netns, ip string, port int, proto corev1.Protocol, n int) (map[string]int, echo.Result) {
+	t.Helper()
+	got := map[string]int{}
+	var last echo.Result
+	for i := 0; i < n; i++ {
+		r := c.ProbeFrom(testCtx(t, 10*time.Second), netns, ip, port, proto, 2*time.Second)
+		if r.Outcome != echo.Connected {
+			got["!"+string(r.Outcome)]++
+			continue
+		}
+		got[r.Reply]++
+		last = r
+	}
+	return got, last
+}
+
+func nodePortOf(t *testing.T, svc *corev1.Service, name string) int {
+	t.Helper()
+	for _, p := range svc.Spec.Ports {
+		if p.Name == name && p.NodePort > 0 {
+			return int(p.NodePort)
+		}
+	}
+	t.Fatalf("service %s/%s has no nodePort for %q", svc.Namespace, svc.Name, name)
+	return 0
+}
+
+// NodePort (externalTrafficPolicy Cluster) from the external host on every
+// Node address, TCP and UDP: every Node serves, also one without a local
+// endpoint; connections spread over the endpoints of all Nodes; the
+// source is SNATed so replies come back. The same NodePort works from a
+// Pod, and from a Node's host to its own address; the host also reaches
+// the ClusterIP.
+func TestServiceNodePort(t *testing.T) {
+	c := shared
+	ns := "svc-nodeport"
+	pods := svcPods(t, c, ns, "np", 0, 1)
+	svc := createService(t, c, ns, "np", "np", func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeNodePort })
+	extNS, extIP := c.ExternalHost()
+	tcpNP, udpNP := nodePortOf(t, svc, "http"), nodePortOf(t, svc, "dns")
+	all := names(pods)
+	for _, n := range c.Nodes() {
+		eventually(t, 20*time.Second, fmt.Sprintf("external host to %s:%d reaches every endpoint", n.IP, tcpNP), func() error {
+			got, r := probeFromNS(t, c, extNS, n.IP, tcpNP, corev1.ProtocolTCP, 16)
+			if keys(got) != all {
+				return fmt.Errorf("answered by %v, want each of %s", got, all)
+			}
+			if strings.HasPrefix(r.Client, extIP+":") || !strings.HasPrefix(r.Client, "10.244.") {
+				return fmt.Errorf("server saw client %s, want a Node's gateway address (SNAT)", r.Client)
+			}
+			return nil
+		})
+		eventually(t, 10*time.Second, fmt.Sprintf("external host to %s:%d/UDP", n.IP, udpNP), func() error {
+			if r := c.ProbeFrom(testCtx(t, 10*time.Second), extNS, n.IP, udpNP, corev1.ProtocolUDP, 2*time.Second); r.Outcome != echo.Connected {
+				return fmt.Errorf("got %s", r)
+			}
+			return nil
+		})
+	}
+	nodes := c.Nodes()
+	client := svcPods(t, c, ns, "client", 2)[0]
+	eventually(t, 10*time.Second, "Pod to a Node's NodePort", func() error {
+		if r := probeSvc(t, c, client, nodes[0].IP, tcpNP, corev1.ProtocolTCP, 2*time.Second); r.Outcome != echo.Connected {
+			return fmt.Errorf("got %s", r)
+		}
+		return nil
+	})
+	eventually(t, 10*time.Second, "host to its own NodePort and to the ClusterIP", func() error {
+		for _, dst := range []struct {
+			ip   string
+			port int
+		}{{nodes[2].IP, tcpNP}, {svc.Spec.ClusterIP, 80}} {
+			if r := c.ProbeFrom(testCtx(t, 10*time.Second), nodes[2].NetNS, dst.ip, dst.port, corev1.ProtocolTCP, 2*time.Second); r.Outcome != echo.Connected {
+				return fmt.Errorf("%s:%d: got %s", dst.ip, dst.port, r)
+			}
+		}
+		return nil
+	})
+}
+
+// externalTrafficPolicy Local: only Nodes with a local endpoint serve the
+// NodePort, and the endpoint sees the external host's own address.
+func TestServiceExternalTrafficPolicyLocal(t *testing.T) {
+	c := shared
+	ns := "svc-etp"
+	pods := svcPods(t, c, ns, "etp", 1)
+	svc := createService(t, c, ns, "etp", "etp", func(s *corev1.Service) {
+		s.Spec.Type = corev1.ServiceTypeNodePort
+		s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	})
+	extNS, extIP := c.ExternalHost()
+	np := nodePortOf(t, svc, "http")
+	nodes := c.Nodes()
+	eventually(t, 20*time.Second, "the Node with the endpoint serves", func() error {
+		got, r := probeFromNS(t, c, extNS, nodes[1].IP, np, corev1.ProtocolTCP, 4)
+		if keys(got) != pods[0].name {
+			return fmt.Errorf("answered by %v", got)
+		}
+		if !strings.HasPrefix(r.Client, extIP+":") {
+			return fmt.Errorf("server saw client %s, want the external host %s", r.Client, extIP)
+		}
+		return nil
+	})
+	for _, n := range []sandbox.Node{nodes[0], nodes[2]} {
+		if r := c.ProbeFrom(testCtx(t, 10*time.Second), extNS, n.IP, np, corev1.ProtocolTCP, time.Second); r.Outcome != echo.TimedOut {
+			t.Errorf("%s without a local endpoint: %s, want the connection dropped", n.Name, r)
+		}
+	}
+}
+
+// externalIPs and LoadBalancer ingress IPs, routed by the underlay router
+// to one Node, reach the Service from the external host; a LoadBalancer
+// Service with externalTrafficPolicy Local keeps the client address.
+func TestServiceExternalIPsAndLoadBalancer(t *testing.T) {
+	c := shared
+	ns := "svc-lb"
+	pods := svcPods(t, c, ns, "lb", 0, 2)
+	const extIPAddr, lbIP = "198.18.100.10", "198.18.100.11"
+	eip := createService(t, c, ns, "eip", "lb", func(s *corev1.Service) { s.Spec.ExternalIPs = []string{extIPAddr} })
+	lb := createService(t, c, ns, "lb", "lb", func(s *corev1.Service) {
+		s.Spec.Type = corev1.ServiceTypeLoadBalancer
+		s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	})
+	ctx := testCtx(t, time.Minute)
+	lb.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: lbIP}}
+	if _, err := c.Client().CoreV1().Services(ns).UpdateStatus(ctx, lb, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("setting LoadBalancer ingress: %v", err)
+	}
+	nodes := c.Nodes()
+	for _, r := range []struct{ dst, node string }{{extIPAddr + "/32", nodes[1].Name}, {lbIP + "/32", nodes[2].Name}} {
+		undo, err := c.RouteToNode(ctx, r.dst, r.node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(undo)
+	}
+	extNS, extIP := c.ExternalHost()
+	all := names(pods)
+	eventually(t, 20*time.Second, "externalIP through "+nodes[1].Name, func() error {
+		if got, _ := probeFromNS(t, c, extNS, extIPAddr, 80, corev1.ProtocolTCP, 16); keys(got) != all {
+			return fmt.Errorf("answered by %v, want each of %s", got, all)
+		}
+		return nil
+	})
+	eventually(t, 20*time.Second, "LoadBalancer IP through "+nodes[2].Name, func() error {
+		got, r := probeFromNS(t, c, extNS, lbIP, 80, corev1.ProtocolTCP, 6)
+		if keys(got) != pods[1].name {
+			return fmt.Errorf("answered by %v, want only the local %s", got, pods[1].name)
+		}
+		if !strings.HasPrefix(r.Client, extIP+":") {
+			return fmt.Errorf("server saw client %s, want %s", r.Client, extIP)
+		}
+		return nil
+	})
+	// From a Pod, the externalIP is served like the ClusterIP.
+	eventually(t, 10*time.Second, "Pod to externalIP", func() error {
+		if r := probeSvc(t, c, pods[0], extIPAddr, 80, corev1.ProtocolTCP, 2*time.Second); r.Outcome != echo.Connected {
+			return fmt.Errorf("got %s", r)
+		}
+		return nil
+	})
+	// Deleting the Service removes its host route.
+	if err := c.Client().CoreV1().Services(ns).Delete(ctx, eip.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "externalIP route removed", func() error {
+		out, err := c.NodeExec(ctx, nodes[1].Name, "ip", "route", "show", extIPAddr)
+		if err != nil {
+			return err
+		}
+		if strings.TrimSpace(string(out)) != "" {
+			return fmt.Errorf("route left: %s", out)
+		}
+		return nil
+	})
+}
