@@ -165,7 +165,7 @@ func ServiceBaseFlows(b Bridge) []of.Flow {
 		// untracked packets, so the recirculated one moves on), SNAT new
 		// connections, and send replies back to the host.
 		{Table: uint8(Conntrack), Priority: PrioHigh + 10, Cookie: ck,
-			Match: of.Match{EthType: EthTypeIPv4, IPDst: host(b.GatewayIP), CtState: &of.CtStateMatch{Clear: of.CtTrk}},
+			Match:   of.Match{EthType: EthTypeIPv4, IPDst: host(b.GatewayIP), CtState: &of.CtStateMatch{Clear: of.CtTrk}},
 			Actions: []of.Action{of.CT{Zone: ServiceSNATZone, Table: &backTo, NAT: &of.CTNAT{}}}},
 		{Table: uint8(ConntrackCommit), Priority: PrioHigh + 5, Cookie: ck,
 			Match: of.Match{EthType: EthTypeIPv4, CtState: &of.CtStateMatch{Set: of.CtTrk, Clear: of.CtRpl},

@@ -83,7 +83,7 @@ type Proxier struct {
 	// gave it (read from the switch at start), so that a restart keeps
 	// IDs, and with them the groups the old flows point to.
 	prior map[string]uint32
-	ready     bool
+	ready bool
 }
 
 type portInstall struct {
