@@ -45,6 +45,36 @@ func TestNetpolConformance(t *testing.T) {
 	t.Logf("48 scenarios in %s", time.Since(start).Round(time.Millisecond))
 }
 
+// TestNetpolConformanceViaClusterIP runs the TCP and UDP scenarios again,
+// probing each destination through its own Service's ClusterIP: policies
+// apply to the endpoint the proxy chose, after DNAT, with the client's
+// address as source. SCTP is left out (its probes are traces of single
+// packets, which cannot follow the Service's conntrack recirculations).
+func TestNetpolConformanceViaClusterIP(t *testing.T) {
+	e := netpolSetup(t)
+	undo, err := e.createServices(testCtx(t, time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.viaService = true
+	t.Cleanup(func() { e.viaService = false; undo() })
+	start := time.Now()
+	n := 0
+	for _, sc := range netpol.Scenarios() {
+		if sc.Group == "SCTP" {
+			continue
+		}
+		n++
+		t.Run(sc.Group+"/"+sc.Name, func(t *testing.T) {
+			if err := runScenario(t, e, sc); err != nil {
+				dumpPolicyState(t, e)
+				t.Fatal(err)
+			}
+		})
+	}
+	t.Logf("%d scenarios through ClusterIPs in %s", n, time.Since(start).Round(time.Millisecond))
+}
+
 // runScenario runs a scenario's steps; the policies and labels it set are
 // removed when the subtest ends, and the all-allowed state is awaited.
 func runScenario(t *testing.T, e *netpolEnv, sc netpol.Scenario) error {

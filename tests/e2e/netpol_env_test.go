@@ -19,6 +19,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/seine-net/seine/tests/netpol"
 	"github.com/seine-net/seine/tests/sandbox"
@@ -53,6 +54,11 @@ type netpolEnv struct {
 	traceOnce sync.Once
 	trace     *traceTopology
 	traceErr  error
+
+	// viaService makes TCP and UDP probes go to the destination Pod's own
+	// ClusterIP (svcIP) instead of its Pod IP.
+	viaService bool
+	svcIP      map[netpol.PodID]string
 }
 
 var (
@@ -467,7 +473,73 @@ func (e *netpolEnv) prober(proto corev1.Protocol) (netpol.ProbeFunc, int) {
 	if proto == corev1.ProtocolSCTP {
 		return e.traceProbe, netpolTraceParallel
 	}
+	if e.viaService {
+		return e.serviceProbe, netpolConcurrency
+	}
 	return e.socketProbe, netpolConcurrency
+}
+
+// createServices gives every model Pod a ClusterIP Service of its own
+// (selecting its "pod" label, TCP and UDP model ports, targetPort = port),
+// as upstream's suite does, and returns a function deleting them.
+func (e *netpolEnv) createServices(ctx context.Context) (func(), error) {
+	cs := e.c.Client()
+	e.svcIP = map[netpol.PodID]string{}
+	var created []netpol.PodID
+	undo := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		for _, id := range created {
+			_ = cs.CoreV1().Services(id.Namespace).Delete(ctx, "s-"+id.Name, metav1.DeleteOptions{})
+		}
+	}
+	for _, ns := range netpol.Namespaces() {
+		for _, name := range netpol.PodNames() {
+			svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "s-" + name},
+				Spec: corev1.ServiceSpec{Selector: map[string]string{netpol.LabelPod: name}}}
+			for _, p := range netpol.ModelPorts() {
+				if p.Protocol == corev1.ProtocolSCTP {
+					continue
+				}
+				svc.Spec.Ports = append(svc.Spec.Ports, corev1.ServicePort{Name: strings.ToLower(fmt.Sprintf("p%d-%s", p.Port, p.Protocol)),
+					Port: p.Port, Protocol: p.Protocol, TargetPort: intstr.FromInt32(p.Port)})
+			}
+			out, err := cs.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{})
+			if apierrors.IsAlreadyExists(err) {
+				out, err = cs.CoreV1().Services(ns).Get(ctx, svc.Name, metav1.GetOptions{})
+			}
+			if err != nil {
+				undo()
+				return nil, fmt.Errorf("service %s/%s: %w", ns, svc.Name, err)
+			}
+			id := netpol.PodID{Namespace: ns, Name: name}
+			created = append(created, id)
+			e.svcIP[id] = out.Spec.ClusterIP
+		}
+	}
+	return undo, nil
+}
+
+// serviceProbe connects through the destination Pod's ClusterIP. A Pod
+// reaching itself through a Service is hairpin traffic, SNATed to
+// 169.254.100.1 (kube-proxy masquerades it too), so NetworkPolicy sees
+// another source than the Pod; those pairs are probed by Pod IP.
+func (e *netpolEnv) serviceProbe(ctx context.Context, from, to *netpol.Pod, pp netpol.PortProto) (bool, error) {
+	if from.PodID == to.PodID {
+		return e.socketProbe(ctx, from, to, pp)
+	}
+	ip, ok := e.svcIP[to.PodID]
+	if !ok {
+		return false, fmt.Errorf("no Service for %s/%s", to.Namespace, to.Name)
+	}
+	r := e.c.Probe(ctx, from.Namespace, from.Name, ip, int(pp.Port), pp.Protocol, netpolProbeTimeout)
+	if r.Outcome != echo.Connected {
+		return false, nil
+	}
+	if r.Reply != to.Name {
+		return true, fmt.Errorf("ClusterIP %s answered by %q, want %q", ip, r.Reply, to.Name)
+	}
+	return true, nil
 }
 
 // noEnforcement reports whether observed tables show no denial at all

@@ -167,11 +167,11 @@ func TestServiceProxyDisabled(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	restart(map[string]string{"proxy.enable": "false"})
 	t.Cleanup(func() {
 		_, _ = c.NodeExec(testCtx(t, 10*time.Second), node.Name, "nft", "delete", "table", "ip", "fake-kube-proxy")
 		restart(nil)
 	})
+	restart(map[string]string{"proxy": "{enable: false}"})
 	eventually(t, 15*time.Second, "no Service state left on "+node.Name, func() error {
 		if out := ovs(t, node, "ovs-ofctl", "dump-flows", brInt(node), "table=40"); strings.Contains(out, vip) {
 			return fmt.Errorf("ServiceLB still has %s:\n%s", vip, out)
