@@ -452,3 +452,63 @@ func TestAgentWithAPIServerAndOVS(t *testing.T) {
 		}
 	}
 }
+
+// TestFlowEconomyOnNode: a policy selecting 100 local Pods, admitting a
+// 100-Pod peer group on 3 ports, installs fewer than 250 flows on the
+// Node's switch (counted in OVS, not in the translation).
+func TestFlowEconomyOnNode(t *testing.T) {
+	cs := startControlPlane(t)
+	n := startNode(t)
+	api := cs.ControlplaneV1alpha1()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ag := New(cs, Config{NodeName: nodeName, Bridge: n.br, Flows: n.syncer, RealizeTimeout: 3 * time.Second,
+		OnIsolation: func(context.Context, string, string, bool, bool) error { return nil }}, zaptest.NewLogger(t).Named("agent"))
+	var targets, peers []v1alpha1.GroupMember
+	for i := 0; i < 100; i++ {
+		name, ip := fmt.Sprintf("t%d", i), fmt.Sprintf("10.244.1.%d", 20+i)
+		ag.PodAttached(LocalPod{Namespace: "default", Name: name, OFPort: uint32(100 + i), IP: net.ParseIP(ip)})
+		targets = append(targets, member(name, ip))
+		peers = append(peers, member(fmt.Sprintf("p%d", i), fmt.Sprintf("10.244.%d.%d", 2+i/200, i%200+2)))
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	runDone := make(chan error, 1)
+	go func() { runDone <- ag.Run(runCtx) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-runDone; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	eventually(t, "agent synced", ag.Synced)
+	before := len(n.policyDump(t))
+	nk := v1alpha1.NodeKey(nodeName)
+	if _, err := api.AppliedToGroups().Create(ctx, &v1alpha1.AppliedToGroup{ObjectMeta: metav1.ObjectMeta{Name: "eco-" + nk,
+		Labels: span(map[string]string{v1alpha1.GroupLabel: "eco"})},
+		Spec: v1alpha1.AppliedToGroupSpec{NodeName: nodeName, Members: targets}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := api.AddressGroups().Create(ctx, &v1alpha1.AddressGroup{ObjectMeta: metav1.ObjectMeta{Name: "eco-peers-0",
+		Labels: span(map[string]string{v1alpha1.GroupLabel: "eco-peers"})},
+		Spec: v1alpha1.AddressGroupSpec{Members: peers}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	np := inPolicy("np-eco", "eco", "eco-peers", 80, span(nil))
+	p443, p53 := intstr.FromInt32(443), intstr.FromInt32(53)
+	np.Spec.Rules[0].Ports = append(np.Spec.Rules[0].Ports, v1alpha1.PolicyPort{Protocol: "TCP", Port: &p443},
+		v1alpha1.PolicyPort{Protocol: "UDP", Port: &p53})
+	if _, err := api.NetworkPolicies().Create(ctx, np, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var got int
+	eventually(t, "np-eco installed", func() bool {
+		got = len(n.policyDump(t)) - before
+		return got >= 200
+	})
+	time.Sleep(500 * time.Millisecond) // let a straggling batch land before the final count
+	got = len(n.policyDump(t)) - before
+	t.Logf("100 targets × 100 peers × 3 ports: %d flows on the switch", got)
+	if got >= 250 {
+		t.Errorf("the policy installed %d flows, want fewer than 250", got)
+	}
+}
