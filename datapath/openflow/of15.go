@@ -232,17 +232,26 @@ func (c *conn15) dial(ctx context.Context) error {
 func (c *conn15) send(ctx context.Context, mods []GroupMod) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.nc == nil {
-		if err := c.dial(ctx); err != nil {
-			return fmt.Errorf("openflow 1.5: %w", err)
+	for attempt := 0; ; attempt++ {
+		fresh := c.nc == nil
+		if fresh {
+			if err := c.dial(ctx); err != nil {
+				return fmt.Errorf("openflow 1.5: %w", err)
+			}
+		}
+		err := c.exchange(ctx, mods)
+		var ofe *OFError
+		if err == nil || errors.As(err, &ofe) {
+			return err
+		}
+		c.close() // connection state unknown: start afresh
+		// A connection idle since the switch restarted fails on first
+		// use; a fresh one gets one more try (group adds and modifies
+		// are idempotent enough: a repeated add fails as "exists").
+		if fresh || attempt > 0 {
+			return err
 		}
 	}
-	err := c.exchange(ctx, mods)
-	var ofe *OFError
-	if err != nil && !errors.As(err, &ofe) {
-		c.close() // connection state unknown: start afresh next time
-	}
-	return err
 }
 
 func (c *conn15) exchange(ctx context.Context, mods []GroupMod) error {

@@ -158,9 +158,15 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 
 	// OpenFlow and the pipeline.
 	var syncer *flowsync.Syncer
+	var svcProxy *proxy.Proxier
 	ofc, err := of.Dial(ctx, cfg.BridgeMgmtSocket(), log.Named("openflow"),
 		of.WithOnReconnect(func(ctx context.Context) error {
-			log.Warn("OpenFlow connection re-established; replaying all flows")
+			log.Warn("OpenFlow connection re-established; replaying all groups and flows")
+			if svcProxy != nil {
+				if err := svcProxy.ReplayGroups(ctx); err != nil {
+					return fmt.Errorf("replaying service groups: %w", err)
+				}
+			}
 			return syncer.Replay(ctx)
 		}))
 	if err != nil {
@@ -261,7 +267,6 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		}
 		go func() { errc <- pc.Run(ctx) }()
 	}
-	var svcProxy *proxy.Proxier
 	if cfg.ProxyEnabled() {
 		npAddrs := cfg.NodePortCIDRs()
 		if len(npAddrs) == 0 {

@@ -87,8 +87,9 @@ type Proxier struct {
 }
 
 type portInstall struct {
-	id       uint32
-	groups   map[uint32]bool
+	id uint32
+	// groups are the installed groups by ID, second-level ones included.
+	groups   map[uint32]of.GroupEntry
 	elements []element // host nftables elements
 	routes   []net.IP  // host routes to the gateway
 }
@@ -255,7 +256,7 @@ func (p *Proxier) apply(ctx context.Context, key string, want []PortState) error
 				errs = append(errs, err)
 				continue
 			}
-			pi = &portInstall{id: id, groups: map[uint32]bool{}}
+			pi = &portInstall{id: id, groups: map[uint32]of.GroupEntry{}}
 			have[ps.Key] = pi
 		}
 		if err := p.installPort(ctx, pi, ps); err != nil {
@@ -294,10 +295,11 @@ func (p *Proxier) installPort(ctx context.Context, pi *portInstall, ps PortState
 	for i := len(groups) - 1; i >= 0; i-- {
 		g := groups[i]
 		wantGroups[g.ID] = true
-		if err := p.putGroup(ctx, g, pi.groups[g.ID]); err != nil {
+		_, known := pi.groups[g.ID]
+		if err := p.putGroup(ctx, g, known); err != nil {
 			return err
 		}
-		pi.groups[g.ID] = true
+		pi.groups[g.ID] = g
 	}
 	if err := p.flows.Set(ctx, pipeline.ServiceOwner(pi.id), flows); err != nil {
 		return err
@@ -376,7 +378,7 @@ func (p *Proxier) removePort(ctx context.Context, pi *portInstall) error {
 	if err := p.sw.ApplyGroups(ctx, mods); err != nil {
 		return err
 	}
-	pi.groups = map[uint32]bool{}
+	pi.groups = map[uint32]of.GroupEntry{}
 	if err := p.host.update(ctx, nil, pi.elements, nil, pi.routes); err != nil {
 		return err
 	}
@@ -388,6 +390,36 @@ func (p *Proxier) removePort(ctx context.Context, pi *portInstall) error {
 // kind, as its ServiceLB flows show it.
 func frontendKey(vip net.IP, proto uint8, port uint16, external bool) string {
 	return fmt.Sprintf("%s/%d/%d/%v", vip, proto, port, external)
+}
+
+// ReplayGroups installs every group again, second-level groups first, for
+// a switch that lost them (ovs-vswitchd restarted): run it before the
+// flows that name them are replayed.
+func (p *Proxier) ReplayGroups(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var subs, tops []of.GroupMod
+	for _, ports := range p.installed {
+		for _, pi := range ports {
+			for id, g := range pi.groups {
+				m := of.GroupMod{Op: of.GroupOpAdd, Group: g}
+				if id == pi.id {
+					tops = append(tops, m)
+				} else {
+					subs = append(subs, m)
+				}
+			}
+		}
+	}
+	for _, mods := range [][]of.GroupMod{subs, tops} {
+		for _, m := range mods {
+			// Add, or modify when the switch kept the group after all.
+			if err := p.putGroup(ctx, m.Group, false); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // readPriorIDs learns the port IDs of the frontends an earlier run

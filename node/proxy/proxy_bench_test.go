@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,38 +21,45 @@ import (
 // benchProxier returns a Proxier programming a private OVS bridge (no
 // informers, no nftables: the reject set is left out).
 func benchProxier(b testing.TB) *Proxier {
-	p, _ := ovsProxier(b, "")
-	return p
+	_, sock := startOVS(b)
+	return dialProxier(b, sock)
 }
 
-// ovsProxier returns a Proxier on the bridge of sock ("" = a new private
-// OVS) and the socket.
-func ovsProxier(b testing.TB, sock string) (*Proxier, string) {
-	if sock != "" {
-		return dialProxier(b, sock), sock
-	}
+// startOVS starts a private OVS with br-int and returns it and the
+// bridge's OpenFlow socket.
+func startOVS(b testing.TB) (*ovstest.OVS, string) {
 	o := ovstest.Start(b)
 	o.Run("ovs-vsctl", "add-br", "br-int", "--", "set", "bridge", "br-int", "datapath_type=netdev",
 		"fail_mode=secure", "protocols=OpenFlow10,OpenFlow13,OpenFlow15")
-	sock = o.MgmtSocket("br-int")
+	sock := o.MgmtSocket("br-int")
 	for i := 0; i < 200; i++ {
 		if _, err := os.Stat(sock); err == nil {
 			break
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return dialProxier(b, sock), sock
+	return o, sock
 }
 
+// dialProxier returns a Proxier on the bridge of sock with the base flows
+// installed; after a reconnection it replays groups, then flows, as the
+// daemon does.
 func dialProxier(b testing.TB, sock string) *Proxier {
 	ctx, cancel := context.WithCancel(context.Background())
 	b.Cleanup(cancel)
-	c, err := of.Dial(ctx, sock, zap.NewNop())
+	var p *Proxier
+	var fs *flowsync.Syncer
+	c, err := of.Dial(ctx, sock, zap.NewNop(), of.WithOnReconnect(func(ctx context.Context) error {
+		if err := p.ReplayGroups(ctx); err != nil {
+			return err
+		}
+		return fs.Replay(ctx)
+	}))
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = c.Close() })
-	fs := flowsync.New(c)
+	fs = flowsync.New(c)
 	br := benchBridge
 	if err := fs.Set(ctx, "pipeline", pipeline.BaseFlows(br)); err != nil {
 		b.Fatal(err)
@@ -59,15 +67,61 @@ func dialProxier(b testing.TB, sock string) *Proxier {
 	if err := fs.Set(ctx, "service-base", pipeline.ServiceBaseFlows(br)); err != nil {
 		b.Fatal(err)
 	}
-	return &Proxier{cfg: Config{NodeName: "n1", Bridge: br}, flows: fs, sw: c, log: zap.NewNop(),
+	p = &Proxier{cfg: Config{NodeName: "n1", Bridge: br}, flows: fs, sw: c, log: zap.NewNop(),
 		installed: map[string]map[string]*portInstall{}, ids: newIDAllocator(pipeline.MaxServicePortID)}
+	return p
+}
+
+// After ovs-vswitchd restarts (empty tables, no groups), the replay puts
+// back every group, UDP ones with their selection method, before the flows
+// naming them.
+func TestGroupsReplayedAfterSwitchRestart(t *testing.T) {
+	o, sock := startOVS(t)
+	p := dialProxier(t, sock)
+	ctx := context.Background()
+	for i := 0; i < 5; i++ {
+		ps := benchPort(i, 0)
+		if i == 4 {
+			ps[0].Port.Protocol = 17
+		}
+		if err := p.apply(ctx, fmt.Sprintf("ns/s%d", i), ps); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dump := func() (groups, flows string) {
+		fl := strings.Split(o.Run("ovs-ofctl", "-O", "OpenFlow13", "--no-stats", "dump-flows", sock), "\n")
+		slices.Sort(fl)
+		gl := strings.Split(o.Run("ovs-ofctl", "-O", "OpenFlow15", "dump-groups", sock), "\n")
+		slices.Sort(gl)
+		return strings.Join(gl, "\n"), strings.Join(fl, "\n")
+	}
+	g0, f0 := dump()
+	if strings.Count(g0, "group_id=") != 5 || !strings.Contains(g0, "selection_method=hash") {
+		t.Fatalf("before the restart:\n%s", g0)
+	}
+	o.Restart()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		g, f := dump()
+		if strings.Count(g, "group_id=") == 5 && f == f0 {
+			if g != g0 {
+				t.Errorf("groups differ after the replay:\n%s\nwant\n%s", g, g0)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the restart: %d groups, flows equal: %v\n%s\n----\n%s", strings.Count(g, "group_id="), f == f0, f, f0)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // A restarted proxy gives every frontend the ID (and so the group) it had,
 // whatever order Services arrive in, and removes the groups of Services
 // that are gone.
 func TestRestartKeepsServicePortIDs(t *testing.T) {
-	p, sock := ovsProxier(t, "")
+	_, sock := startOVS(t)
+	p := dialProxier(t, sock)
 	ctx := context.Background()
 	ids := map[string]uint32{}
 	for i := 0; i < 20; i++ {
