@@ -24,7 +24,15 @@ type OVS struct {
 	// bridge, <bridge>.mgmt (the OpenFlow management socket).
 	RunDir string
 	t      testing.TB
+	lock   *os.File
 }
+
+// LockPath is the file whose exclusive flock(2) a running test switch
+// holds. Every userspace-datapath ovs-vswitchd of a network namespace
+// opens the same tap device, "ovs-netdev", and a second one fails with
+// EBUSY; test binaries of different packages run in parallel, so they
+// take turns.
+const LockPath = "/tmp/seine-ovstest.lock"
 
 // DBSocket is the OVSDB endpoint in libovsdb form ("unix:/path/db.sock").
 func (o *OVS) DBSocket() string { return "unix:" + filepath.Join(o.RunDir, "db.sock") }
@@ -85,7 +93,16 @@ func Start(t testing.TB) *OVS {
 	if err != nil {
 		t.Fatal(err)
 	}
-	o := &OVS{RunDir: dir, t: t}
+	lock, err := os.OpenFile(LockPath, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		lock.Close()
+		os.RemoveAll(dir)
+		t.Fatalf("lock %s: %v", LockPath, err)
+	}
+	o := &OVS{RunDir: dir, t: t, lock: lock}
 	t.Cleanup(func() { o.stop() })
 
 	run := func(name string, args ...string) {
@@ -143,6 +160,7 @@ func (o *OVS) stop() {
 		}
 	}
 	_ = os.RemoveAll(o.RunDir)
+	o.lock.Close() // releases the flock
 }
 
 // stopDaemon terminates the daemon whose pid file is RunDir/<name>.pid and
