@@ -18,11 +18,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
-	discoverylisters "k8s.io/client-go/listers/discovery/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 
@@ -71,7 +69,7 @@ type Proxier struct {
 	log     *zap.Logger
 	factory informers.SharedInformerFactory
 	svcs    corelisters.ServiceLister
-	slices  discoverylisters.EndpointSliceLister
+	slices  cache.Indexer // EndpointSlices, indexed by Service (byService)
 	queue   workqueue.TypedRateLimitingInterface[string]
 	host    *host
 	synced  []cache.InformerSynced
@@ -105,7 +103,7 @@ func New(kube kubernetes.Interface, flows Flows, sw Switch, cfg Config, log *zap
 	p := &Proxier{
 		cfg: cfg, skip: map[string]bool{}, flows: flows, sw: sw, log: log, factory: f,
 		svcs:      f.Core().V1().Services().Lister(),
-		slices:    f.Discovery().V1().EndpointSlices().Lister(),
+
 		queue:     workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
 		host:      hs,
 		installed: map[string]map[string]*portInstall{},
@@ -116,6 +114,13 @@ func New(kube kubernetes.Interface, flows Flows, sw Switch, cfg Config, log *zap
 	}
 	svcInf := f.Core().V1().Services().Informer()
 	sliceInf := f.Discovery().V1().EndpointSlices().Informer()
+	// Listing a Service's slices by label selector scans every slice of
+	// the namespace: quadratic at cold start with thousands of Services
+	// in one namespace. An index keyed by "namespace/service" is not.
+	if err := sliceInf.AddIndexers(cache.Indexers{byService: sliceService}); err != nil {
+		return nil, err
+	}
+	p.slices = sliceInf.GetIndexer()
 	enqueue := func(obj any) {
 		if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 			obj = t.Obj
@@ -139,6 +144,23 @@ func New(kube kubernetes.Interface, flows Flows, sw Switch, cfg Config, log *zap
 	}
 	p.synced = []cache.InformerSynced{svcInf.HasSynced, sliceInf.HasSynced}
 	return p, nil
+}
+
+// byService is the EndpointSlice index by owning Service.
+const byService = "service"
+
+// sliceService indexes an EndpointSlice under "namespace/service" (its
+// kubernetes.io/service-name label).
+func sliceService(obj any) ([]string, error) {
+	s, ok := obj.(*discoveryv1.EndpointSlice)
+	if !ok {
+		return nil, nil
+	}
+	name := s.Labels[discoveryv1.LabelServiceName]
+	if name == "" {
+		return nil, nil
+	}
+	return []string{s.Namespace + "/" + name}, nil
 }
 
 // Synced reports whether every Service known at start has been programmed.
@@ -225,9 +247,15 @@ func (p *Proxier) SyncService(ctx context.Context, key string) error {
 			p.log.Debug("service ignored", zap.String("service", key), zap.String("reason", why))
 			break
 		}
-		slices, err := p.slices.EndpointSlices(ns).List(labels.SelectorFromSet(labels.Set{discoveryv1.LabelServiceName: name}))
+		objs, err := p.slices.ByIndex(byService, key)
 		if err != nil {
 			return err
+		}
+		slices := make([]*discoveryv1.EndpointSlice, 0, len(objs))
+		for _, o := range objs {
+			if s, ok := o.(*discoveryv1.EndpointSlice); ok {
+				slices = append(slices, s)
+			}
 		}
 		want, err = Translate(svc, slices, Scope{NodeName: p.cfg.NodeName, ProxyAll: p.cfg.ProxyAll})
 		if err != nil {

@@ -246,7 +246,13 @@ func (m *Model) TakeDirty() []Key {
 		}
 		out = append(out, Key{k.kind, name})
 	}
-	clear(m.dirty)
+	if len(out) > 1024 {
+		// clear keeps a map's memory: after a burst (a cold start marks
+		// every object), let the big table go.
+		m.dirty = make(map[dkey]struct{})
+	} else {
+		clear(m.dirty)
+	}
 	return out
 }
 
