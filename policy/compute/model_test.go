@@ -694,3 +694,31 @@ func sortedKeys[V any](m map[string]V) []string {
 	sort.Strings(out)
 	return out
 }
+
+// An egress rule with a named port and an ipBlock peer keeps its own rule
+// and gains one towards every Pod, kept to the blocks, on the named ports:
+// the Pods inside the block resolve the name themselves.
+func TestEgressNamedPortToIPBlock(t *testing.T) {
+	m := New(0)
+	m.UpsertNode(mkNode("n1"))
+	m.UpsertNamespace(mkNS("ns", nil))
+	m.UpsertPod(mkPod("ns", "web", "n1", "10.0.0.1", map[string]string{"app": "web"}))
+	named, n9 := intstr.FromString("http"), intstr.FromInt32(9)
+	np := mkNP("ns", "out", nil, nil, []networkingv1.NetworkPolicyEgressRule{{
+		Ports: []networkingv1.NetworkPolicyPort{{Port: &named}, {Port: &n9}},
+		To:    []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "10.0.0.0/8", Except: []string{"10.1.0.0/16"}}}},
+	}})
+	m.UpsertNetworkPolicy(np)
+	rules := mustPolicy(t, m, "ns", "out").Spec.Rules
+	if len(rules) != 2 {
+		t.Fatalf("rules %+v, want the rule as written plus the named-port rule", rules)
+	}
+	if len(rules[0].IPBlocks) != 1 || len(rules[0].Ports) != 2 || len(rules[0].WithinIPBlocks) != 0 {
+		t.Errorf("first rule %+v, want the rule as written", rules[0])
+	}
+	r := rules[1]
+	if len(r.AddressGroups) != 1 || len(r.IPBlocks) != 0 || len(r.Ports) != 1 || r.Ports[0].Port.StrVal != "http" ||
+		!reflect.DeepEqual(r.WithinIPBlocks, rules[0].IPBlocks) {
+		t.Errorf("named-port rule %+v, want every Pod within the block on the named port", r)
+	}
+}

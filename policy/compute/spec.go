@@ -97,8 +97,23 @@ func computeSpec(np *networkingv1.NetworkPolicy) (v1alpha1.NetworkPolicySpec, v1
 				r := v1alpha1.Rule{Direction: v1alpha1.DirectionOut, Ports: convPorts(er.Ports)}
 				convPeers(er.To, &r)
 				numeric, named := splitNamedPorts(r.Ports)
+				allPods := func() string {
+					sel := NormalizeGroupSelector(v1alpha1.GroupSelector{PodSelector: &metav1.LabelSelector{}, NamespaceSelector: &metav1.LabelSelector{}})
+					k := groupKeyNorm(sel)
+					if !seen[k] {
+						seen[k] = true
+						peers = append(peers, keyedSel{key: k, sel: sel})
+					}
+					return k
+				}
 				if !r.AllPeers || len(named) == 0 {
 					spec.Rules = append(spec.Rules, r)
+					if len(named) > 0 && len(r.IPBlocks) > 0 {
+						// A Pod inside an ipBlock is reached on the port its
+						// own name resolves to: every Pod, kept to the blocks.
+						spec.Rules = append(spec.Rules, v1alpha1.Rule{Direction: v1alpha1.DirectionOut,
+							AddressGroups: []string{allPods()}, Ports: named, WithinIPBlocks: r.IPBlocks})
+					}
 					continue
 				}
 				// A named port is resolved per destination Pod, so "to every
@@ -109,13 +124,7 @@ func computeSpec(np *networkingv1.NetworkPolicy) (v1alpha1.NetworkPolicySpec, v1
 				if len(numeric) > 0 {
 					spec.Rules = append(spec.Rules, v1alpha1.Rule{Direction: v1alpha1.DirectionOut, AllPeers: true, Ports: numeric})
 				}
-				sel := NormalizeGroupSelector(v1alpha1.GroupSelector{PodSelector: &metav1.LabelSelector{}, NamespaceSelector: &metav1.LabelSelector{}})
-				k := groupKeyNorm(sel)
-				if !seen[k] {
-					seen[k] = true
-					peers = append(peers, keyedSel{key: k, sel: sel})
-				}
-				spec.Rules = append(spec.Rules, v1alpha1.Rule{Direction: v1alpha1.DirectionOut, AddressGroups: []string{k}, Ports: named})
+				spec.Rules = append(spec.Rules, v1alpha1.Rule{Direction: v1alpha1.DirectionOut, AddressGroups: []string{allPods()}, Ports: named})
 			}
 		}
 	}

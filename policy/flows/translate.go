@@ -38,6 +38,7 @@ package flows
 import (
 	"fmt"
 	"net"
+	"slices"
 	"sort"
 	"strings"
 
@@ -413,6 +414,20 @@ func (b *builder) peers(ri int, r *v1alpha1.Rule, src Source) (pods []peerIP, bl
 		}
 	}
 	sort.Slice(pods, func(i, j int) bool { return string(pods[i].ip) < string(pods[j].ip) })
+	if len(r.WithinIPBlocks) > 0 {
+		var within []*net.IPNet
+		for _, blk := range r.WithinIPBlocks {
+			nets, err := SubtractCIDRs(blk.CIDR, blk.Except)
+			if err != nil {
+				b.warn("rule %d: withinIPBlocks %s: %v", ri, blk.CIDR, err)
+				continue
+			}
+			within = append(within, nets...)
+		}
+		pods = slices.DeleteFunc(pods, func(p peerIP) bool {
+			return !slices.ContainsFunc(within, func(n *net.IPNet) bool { return n.Contains(p.ip) })
+		})
+	}
 	for _, blk := range r.IPBlocks {
 		nets, err := SubtractCIDRs(blk.CIDR, blk.Except)
 		if err != nil {

@@ -216,6 +216,22 @@ func TestNamedPortsPerPod(t *testing.T) {
 	}
 }
 
+// WithinIPBlocks keeps only the group members inside the blocks: x
+// (10.244.2.10) is in 10.244.2.10/32, y is not.
+func TestWithinIPBlocks(t *testing.T) {
+	src := fixture()
+	ids := NewAllocator[ConjKey](0)
+	np := policy("within", "g-all", []string{"Egress"},
+		v1alpha1.Rule{Direction: v1alpha1.DirectionOut, AddressGroups: []string{"g-peers"}, Ports: []v1alpha1.PolicyPort{named("UDP", "dns")},
+			WithinIPBlocks: []v1alpha1.IPBlock{{CIDR: "10.244.2.0/24", Except: []string{"10.244.2.11/32"}}}})
+	fs := translate(t, src, ids, np)
+	checkVerdicts(t, fs, []verdictCase{
+		{"egress to x dns=53", pipeline.EgressRule, out(src, "a", "10.244.2.10", ProtoUDP, 53), true},
+		{"y is outside the block", pipeline.EgressRule, out(src, "a", "10.244.2.11", ProtoUDP, 5353), false},
+		{"the block alone allows nothing", pipeline.EgressRule, out(src, "a", "10.244.2.12", ProtoUDP, 53), false},
+	})
+}
+
 func TestNamedPortCoveringAllPodsJoinsMainConjunction(t *testing.T) {
 	src := fixture()
 	src.AppliedToGroups["g-bc"] = src.AppliedToGroups["g-all"][1:]

@@ -177,6 +177,13 @@ type Rule struct {
 	IPBlocks []IPBlock `json:"ipBlocks,omitempty"`
 	// +optional
 	Ports []PolicyPort `json:"ports,omitempty"`
+	// WithinIPBlocks, when set, keeps only the AddressGroups' members with
+	// an address inside one of these blocks. It carries named ports
+	// towards ipBlock peers: a named port is resolved on the destination
+	// Pod, so the rule lists every Pod (with its named ports) and keeps
+	// those inside the blocks.
+	// +optional
+	WithinIPBlocks []IPBlock `json:"withinIPBlocks,omitempty"`
 }
 
 // PolicyReference names the source networking.k8s.io/v1 NetworkPolicy.
