@@ -72,6 +72,7 @@ type Proxier struct {
 	slices  cache.Indexer // EndpointSlices, indexed by Service (byService)
 	queue   workqueue.TypedRateLimitingInterface[string]
 	host    *host
+	health  *healthChecks // nil without ProxyAll
 	synced  []cache.InformerSynced
 
 	mu        sync.Mutex
@@ -111,6 +112,9 @@ func New(kube kubernetes.Interface, flows Flows, sw Switch, cfg Config, log *zap
 	}
 	for _, s := range cfg.SkipServices {
 		p.skip[s] = true
+	}
+	if cfg.ProxyAll {
+		p.health = newHealthChecks(log)
 	}
 	svcInf := f.Core().V1().Services().Informer()
 	sliceInf := f.Discovery().V1().EndpointSlices().Informer()
@@ -173,6 +177,9 @@ func (p *Proxier) Synced() bool {
 // Run programs the fixed Service flows and then Services until ctx ends.
 func (p *Proxier) Run(ctx context.Context) error {
 	defer p.queue.ShutDown()
+	if p.health != nil {
+		defer p.health.close()
+	}
 	if err := p.host.reset(ctx); err != nil {
 		return err
 	}
@@ -237,6 +244,8 @@ func (p *Proxier) SyncService(ctx context.Context, key string) error {
 		return err
 	}
 	var want []PortState
+	var hcPort int32
+	var hcLocal int
 	svc, err := p.svcs.Services(ns).Get(name)
 	switch {
 	case apierrors.IsNotFound(err):
@@ -260,6 +269,13 @@ func (p *Proxier) SyncService(ctx context.Context, key string) error {
 		want, err = Translate(svc, slices, Scope{NodeName: p.cfg.NodeName, ProxyAll: p.cfg.ProxyAll})
 		if err != nil {
 			return err
+		}
+		hcPort, hcLocal = healthCheckPort(svc), localReady(slices, p.cfg.NodeName)
+	}
+	if p.health != nil {
+		// A health check that cannot listen must not hold the datapath up.
+		if err := p.health.set(key, hcPort, hcLocal); err != nil {
+			p.log.Warn("health check node port not served", zap.String("service", key), zap.Error(err))
 		}
 	}
 	return p.apply(ctx, key, want)

@@ -169,6 +169,22 @@ func TestServiceExternalIPsAndLoadBalancer(t *testing.T) {
 		}
 		return nil
 	})
+	// The health check node port tells a load balancer which Nodes have a
+	// local endpoint: 200 on the Nodes of the two endpoints, 503 elsewhere.
+	lbNow, err := c.Client().CoreV1().Services(ns).Get(ctx, lb.Name, metav1.GetOptions{})
+	if err != nil || lbNow.Spec.HealthCheckNodePort == 0 {
+		t.Fatalf("LoadBalancer Service without healthCheckNodePort: %v", err)
+	}
+	for i, want := range []string{"200", "503", "200"} {
+		url := fmt.Sprintf("http://%s:%d/healthz", nodes[i].IP, lbNow.Spec.HealthCheckNodePort)
+		eventually(t, 10*time.Second, "health check "+url, func() error {
+			out, err := c.ExternalExec(testCtx(t, 10*time.Second), "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "2", url)
+			if got := strings.TrimSpace(string(out)); got != want {
+				return fmt.Errorf("got %q (%v), want %s", got, err, want)
+			}
+			return nil
+		})
+	}
 	// From a Pod, the externalIP is served like the ClusterIP.
 	eventually(t, 10*time.Second, "Pod to externalIP", func() error {
 		if r := probeSvc(t, c, pods[0], extIPAddr, 80, corev1.ProtocolTCP, 2*time.Second); r.Outcome != echo.Connected {

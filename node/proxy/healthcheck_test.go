@@ -1,0 +1,83 @@
+package proxy
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"testing"
+
+	"go.uber.org/zap/zaptest"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+)
+
+func freePort(t *testing.T) int32 {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return int32(l.Addr().(*net.TCPAddr).Port)
+}
+
+func check(t *testing.T, port int32) (int, healthBody, error) {
+	t.Helper()
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/healthz", port))
+	if err != nil {
+		return 0, healthBody{}, err
+	}
+	defer resp.Body.Close()
+	var b healthBody
+	err = json.NewDecoder(resp.Body).Decode(&b)
+	return resp.StatusCode, b, err
+}
+
+// The health check node port answers 503 without a local endpoint, 200
+// with one, names its Service, refuses a second Service on the same port,
+// and stops when the Service no longer needs it.
+func TestHealthCheckNodePort(t *testing.T) {
+	h := newHealthChecks(zaptest.NewLogger(t))
+	defer h.close()
+	port := freePort(t)
+	if err := h.set("ns/lb", port, 0); err != nil {
+		t.Fatal(err)
+	}
+	if code, b, err := check(t, port); err != nil || code != http.StatusServiceUnavailable || b.LocalEndpoints != 0 ||
+		b.Service.Namespace != "ns" || b.Service.Name != "lb" {
+		t.Errorf("no local endpoint: %d %+v %v", code, b, err)
+	}
+	if err := h.set("ns/lb", port, 2); err != nil {
+		t.Fatal(err)
+	}
+	if code, b, err := check(t, port); err != nil || code != http.StatusOK || b.LocalEndpoints != 2 {
+		t.Errorf("two local endpoints: %d %+v %v", code, b, err)
+	}
+	if err := h.set("ns/other", port, 1); err == nil {
+		t.Error("a second Service took the same health check port")
+	}
+	if err := h.set("ns/lb", 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := check(t, port); err == nil {
+		t.Error("the health check port still answers after its Service dropped it")
+	}
+}
+
+func TestHealthCheckPortAndLocalReady(t *testing.T) {
+	svc := &corev1.Service{Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer,
+		ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyLocal, HealthCheckNodePort: 32000}}
+	if got := healthCheckPort(svc); got != 32000 {
+		t.Errorf("LoadBalancer with Local: %d", got)
+	}
+	svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyCluster
+	if got := healthCheckPort(svc); got != 0 {
+		t.Errorf("Cluster policy: %d, want none", got)
+	}
+	s := slice("http", 8080, ep{"10.244.1.5", "n1", true, true, false}, ep{"10.244.1.6", "n1", false, true, true},
+		ep{"10.244.2.5", "n2", true, true, false})
+	s2 := slice("dns", 53, ep{"10.244.1.5", "n1", true, true, false})
+	if got := localReady([]*discoveryv1.EndpointSlice{s, s2}, "n1"); got != 1 {
+		t.Errorf("local ready endpoints on n1: %d, want 1", got)
+	}
+}
