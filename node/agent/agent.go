@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -158,12 +159,12 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 
 	// OpenFlow and the pipeline.
 	var syncer *flowsync.Syncer
-	var svcProxy *proxy.Proxier
+	var replayProxy atomic.Pointer[proxy.Proxier] // set once the proxy exists
 	ofc, err := of.Dial(ctx, cfg.BridgeMgmtSocket(), log.Named("openflow"),
 		of.WithOnReconnect(func(ctx context.Context) error {
 			log.Warn("OpenFlow connection re-established; replaying all groups and flows")
-			if svcProxy != nil {
-				if err := svcProxy.ReplayGroups(ctx); err != nil {
+			if p := replayProxy.Load(); p != nil {
+				if err := p.ReplayGroups(ctx); err != nil {
 					return fmt.Errorf("replaying service groups: %w", err)
 				}
 			}
@@ -267,6 +268,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		}
 		go func() { errc <- pc.Run(ctx) }()
 	}
+	var svcProxy *proxy.Proxier
 	if cfg.ProxyEnabled() {
 		npAddrs := cfg.NodePortCIDRs()
 		if len(npAddrs) == 0 {
@@ -279,6 +281,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		if err != nil {
 			return err
 		}
+		replayProxy.Store(svcProxy)
 		go func() { errc <- svcProxy.Run(ctx) }()
 	} else if err := proxy.Cleanup(ctx, cfg.GatewayName, ofc); err != nil {
 		log.Warn("removing the leftovers of the Service proxy failed", zap.Error(err))

@@ -103,8 +103,7 @@ func New(kube kubernetes.Interface, flows Flows, sw Switch, cfg Config, log *zap
 	f := informers.NewSharedInformerFactory(kube, 0)
 	p := &Proxier{
 		cfg: cfg, skip: map[string]bool{}, flows: flows, sw: sw, log: log, factory: f,
-		svcs: f.Core().V1().Services().Lister(),
-
+		svcs:      f.Core().V1().Services().Lister(),
 		queue:     workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
 		host:      hs,
 		installed: map[string]map[string]*portInstall{},
