@@ -148,15 +148,19 @@ func (b *Backend) remember(namespace, name, owner, port string, p pipeline.Pod) 
 }
 
 // forget removes the record of the attachment with the given flowsync
-// owner, if any.
-func (b *Backend) forget(owner string) {
+// owner, if any, and returns the "namespace/name" keys it removed (none
+// when a newer attachment of the same Pod replaced the record).
+func (b *Backend) forget(owner string) []string {
 	b.podMu.Lock()
 	defer b.podMu.Unlock()
+	var gone []string
 	for k, r := range b.pods {
 		if r.owner == owner {
 			delete(b.pods, k)
+			gone = append(gone, k)
 		}
 	}
+	return gone
 }
 
 // SetIsolation applies a Pod's NetworkPolicy isolation (the directions some
@@ -383,16 +387,12 @@ func (b *Backend) Del(ctx context.Context, req *cniserver.Request) error {
 
 func (b *Backend) release(ctx context.Context, containerID, ifName string) error {
 	hostName := HostVethName(containerID, ifName)
-	if p := b.cfg.Policy; p != nil {
-		if ports, err := b.ports.ListPorts(ctx, b.cfg.BridgeName); err == nil {
-			for _, port := range ports {
-				if port.Name == hostName && port.ExternalIDs[ExtIDPodName] != "" {
-					p.PodDetached(port.ExternalIDs[ExtIDPodNamespace], port.ExternalIDs[ExtIDPodName])
-				}
-			}
+	for _, k := range b.forget(owner(containerID, ifName)) {
+		if p := b.cfg.Policy; p != nil {
+			ns, name, _ := strings.Cut(k, "/")
+			p.PodDetached(ns, name)
 		}
 	}
-	b.forget(owner(containerID, ifName))
 	if err := b.flows.Set(ctx, owner(containerID, ifName), nil); err != nil {
 		return cniserver.Errorf(cniserver.ErrCodeDatapath, "removing Pod flows: %w", err)
 	}
