@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"reflect"
 	"sort"
 	"strings"
 	"sync"
@@ -150,8 +151,11 @@ func (s *Syncer) Count() int {
 	return len(seen)
 }
 
+// sameFlow reports whether two entries with equal keys also carry the same
+// cookie and actions (pointed-to values compared, as reflect.DeepEqual
+// does: actions hold pointers for optional fields).
 func sameFlow(a, b of.Flow) bool {
-	return a.Cookie == b.Cookie && fmt.Sprintf("%#v", a.Actions) == fmt.Sprintf("%#v", b.Actions)
+	return a.Cookie == b.Cookie && reflect.DeepEqual(a.Actions, b.Actions)
 }
 
 // Key identifies a flow entry: table, priority and match.
