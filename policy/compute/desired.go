@@ -3,7 +3,6 @@ package compute
 import (
 	"cmp"
 	"slices"
-	"sort"
 	"strconv"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -212,11 +211,13 @@ func buildMembers(set []*pod) []v1alpha1.GroupMember {
 	for _, pd := range set {
 		out = append(out, v1alpha1.GroupMember{Namespace: pd.ns.name, Name: pd.name, IPs: pd.ips, Ports: pd.ports})
 	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].Namespace != out[j].Namespace {
-			return out[i].Namespace < out[j].Namespace
-		}
-		return out[i].Name < out[j].Name
-	})
+	if len(out) > 1 {
+		slices.SortFunc(out, func(a, b v1alpha1.GroupMember) int {
+			if c := cmp.Compare(a.Namespace, b.Namespace); c != 0 {
+				return c
+			}
+			return cmp.Compare(a.Name, b.Name)
+		})
+	}
 	return out
 }

@@ -223,8 +223,12 @@ func (m *Model) nodeKey(nodeName string) string {
 	return v1alpha1.NodeKey(nodeName)
 }
 
+// spanLabel returns SpanLabel(nodeName), cached like nodeKey.
 func (m *Model) spanLabel(nodeName string) string {
-	return v1alpha1.SpanLabelPrefix + m.nodeKey(nodeName)
+	if n := m.nodes[nodeName]; n != nil {
+		return n.label
+	}
+	return v1alpha1.SpanLabel(nodeName)
 }
 
 // TakeDirty returns the keys of every object that may have changed since
