@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -123,6 +124,7 @@ func TestPolicySurvivesAPIServerOutage(t *testing.T) {
 		}
 	}
 	resume()
+	resumedAt := time.Now()
 	ctx := testCtx(t, time.Minute)
 	var err error
 	for i := 0; i < 60; i++ { // the API server needs a moment to answer again
@@ -137,4 +139,17 @@ func TestPolicySurvivesAPIServerOutage(t *testing.T) {
 	}
 	d := probeUntil(t, c, stranger, server.ip, echo.Connected, 30*time.Second)
 	t.Logf("after the outage, a relabel was enforced in %s", d.Round(time.Millisecond))
+	// Leave a healthy controller behind: its Lease renewed after the
+	// outage (a renewal sent while the API server was frozen lands late
+	// with an old renewTime, which would skew the next test's timings).
+	eventually(t, 30*time.Second, "the controller Lease renewed after the outage", func() error {
+		l, err := c.Client().CoordinationV1().Leases("kube-system").Get(testCtx(t, 5*time.Second), "seine-controller", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if l.Spec.RenewTime == nil || !l.Spec.RenewTime.Time.After(resumedAt.Add(time.Second)) {
+			return fmt.Errorf("last renewal %v, resumed at %v", l.Spec.RenewTime, resumedAt)
+		}
+		return nil
+	})
 }
