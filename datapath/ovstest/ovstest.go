@@ -25,7 +25,11 @@ type OVS struct {
 	RunDir string
 	t      testing.TB
 	lock   *os.File
+	ownTap bool // netdevTap did not exist before this switch
 }
+
+// netdevTap is the tap device of the userspace datapath.
+const netdevTap = "ovs-netdev"
 
 // LockPath is the file whose exclusive flock(2) a running test switch
 // holds. Every userspace-datapath ovs-vswitchd of a network namespace
@@ -102,7 +106,10 @@ func Start(t testing.TB) *OVS {
 		os.RemoveAll(dir)
 		t.Fatalf("lock %s: %v", LockPath, err)
 	}
-	o := &OVS{RunDir: dir, t: t, lock: lock}
+	// The datapath's tap device outlives ovs-vswitchd; remove it at the end
+	// unless it was there before (someone else's switch).
+	_, err = os.Stat("/sys/class/net/" + netdevTap)
+	o := &OVS{RunDir: dir, t: t, lock: lock, ownTap: os.IsNotExist(err)}
 	t.Cleanup(func() { o.stop() })
 
 	run := func(name string, args ...string) {
@@ -160,6 +167,9 @@ func (o *OVS) stop() {
 		}
 	}
 	_ = os.RemoveAll(o.RunDir)
+	if o.ownTap {
+		_ = exec.Command("ip", "link", "del", netdevTap).Run()
+	}
 	o.lock.Close() // releases the flock
 }
 
