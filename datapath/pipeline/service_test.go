@@ -42,10 +42,14 @@ func TestServiceFlowsInOVS(t *testing.T) {
 		big.Endpoints = append(big.Endpoints, pipeline.ServiceEndpoint{IP: net.IPv4(10, 245, byte(i/250), byte(i%250+1)), Port: 5353})
 	}
 	none := pipeline.ServicePort{ID: 9, VIPs: []net.IP{net.ParseIP("10.96.0.12")}, Protocol: 6, Port: 80, Action: pipeline.ServiceReject}
+	sctp := pipeline.ServicePort{ID: 10, VIPs: []net.IP{net.ParseIP("10.96.0.13")}, Protocol: 132, Port: 7777,
+		Endpoints: []pipeline.ServiceEndpoint{{IP: net.ParseIP("10.244.2.6"), Port: 7777}}}
+	nodePort := pipeline.ServicePort{ID: 11, VIPs: []net.IP{pipeline.NodePortVIP}, Protocol: 6, Port: 30080, External: true, SNAT: true,
+		Endpoints: []pipeline.ServiceEndpoint{{IP: net.ParseIP("10.244.2.7"), Port: 8080}}}
 	flows := append(pipeline.BaseFlows(br), pipeline.PodFlows(br, p1)...)
 	flows = append(flows, pipeline.ServiceBaseFlows(br)...)
 	var groups []of.GroupMod
-	for _, sp := range []pipeline.ServicePort{small, big, none} {
+	for _, sp := range []pipeline.ServicePort{small, big, none, sctp, nodePort} {
 		fs, gs, err := pipeline.ServicePortFlows(br, sp)
 		if err != nil {
 			t.Fatal(err)
@@ -55,8 +59,8 @@ func TestServiceFlowsInOVS(t *testing.T) {
 			groups = append(groups, of.GroupMod{Op: of.GroupOpAdd, Group: gs[i]})
 		}
 	}
-	if len(groups) != 1+4 {
-		t.Fatalf("%d groups, want 1 for the small service and 1+3 for 2,500 endpoints", len(groups))
+	if len(groups) != 1+4+2 {
+		t.Fatalf("%d groups, want 1 for the small service, 1+3 for 2,500 endpoints, 1 each for SCTP and the NodePort", len(groups))
 	}
 	for _, g := range groups { // one message per group: each must fit 64 KiB
 		if err := c.ApplyGroups(ctx, []of.GroupMod{g}); err != nil {
@@ -71,8 +75,8 @@ func TestServiceFlowsInOVS(t *testing.T) {
 		t.Fatal(err)
 	}
 	dump := o.Run("ovs-ofctl", "-O", "OpenFlow13", "dump-groups", o.MgmtSocket("br-int"))
-	if n := strings.Count(dump, "bucket="); n != 2+2500+3 {
-		t.Errorf("%d buckets installed, want %d", n, 2+2500+3)
+	if n := strings.Count(dump, "bucket="); n != 2+2500+3+2 {
+		t.Errorf("%d buckets installed, want %d", n, 2+2500+3+2)
 	}
 	trace := func(flow string, ct ...string) string {
 		args := []string{"ofproto/trace", "br-int", flow}
@@ -98,6 +102,29 @@ func TestServiceFlowsInOVS(t *testing.T) {
 	out = trace(syn+"nw_dst=10.96.0.12,tp_dst=80", "trk,new")
 	if !strings.Contains(out, "ct(commit,zone=65520)") || !strings.HasSuffix(strings.TrimSpace(out), "2") {
 		t.Errorf("no-endpoint service: want commit and output to the gateway:\n%s", out)
+	}
+	// SCTP: the VIP's group, then the DNAT.
+	sctpNew := "in_port=3,dl_src=0a:00:00:00:01:05,dl_dst=0a:00:00:00:00:01,sctp,nw_ttl=64,nw_src=10.244.1.5,sctp_src=40000,nw_dst=10.96.0.13,sctp_dst=7777"
+	if out := trace(sctpNew, "trk,new"); !strings.Contains(out, "group:10") {
+		t.Errorf("SCTP connection to the VIP does not reach its group:\n%s", out)
+	}
+	if out := trace("reg6=0x0af40206,"+sctpNew, "trk,new", "trk,new"); !strings.Contains(out, "nat(dst=10.244.2.6:7777)") {
+		t.Errorf("SCTP connection: no DNAT in trace:\n%s", out)
+	}
+	// NodePort: only from the gateway, DNAT with the external and SNAT
+	// marks; a Pod sending to the NodePort VIP does not match it.
+	npNew := "dl_src=0a:00:00:00:00:01,dl_dst=0e:5e:1e:00:00:01,tcp,nw_ttl=64,nw_src=198.19.0.10,tp_src=40000,nw_dst=169.254.100.2,tp_dst=30080"
+	if out := trace("in_port=2,"+npNew, "trk,new"); !strings.Contains(out, "group:11") {
+		t.Errorf("NodePort from the gateway does not reach its group:\n%s", out)
+	}
+	out = trace("in_port=2,reg6=0x0af40207,"+npNew, "trk,new", "trk,new")
+	for _, want := range []string{"nat(dst=10.244.2.7:8080)", "exec(load:0x6->NXM_NX_CT_MARK[0..2])"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("NodePort connection: no %q in trace:\n%s", want, out)
+		}
+	}
+	if out := trace("in_port=3,"+strings.Replace(npNew, "nw_src=198.19.0.10", "nw_src=10.244.1.5", 1), "trk,new"); strings.Contains(out, "group:11") {
+		t.Errorf("a Pod's packet matched the NodePort frontend:\n%s", out)
 	}
 	// Non-Service traffic is untouched by the Service tables.
 	out = trace(syn+"nw_dst=198.19.0.10,tp_dst=80", "trk,new")
