@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"sync"
 	"time"
@@ -179,23 +178,6 @@ func header15(typ uint8, length uint16, xid uint32) []byte {
 	return h
 }
 
-func readMsg15(r io.Reader) (typ uint8, xid uint32, raw []byte, err error) {
-	h := make([]byte, 8)
-	if _, err := io.ReadFull(r, h); err != nil {
-		return 0, 0, nil, err
-	}
-	l := int(binary.BigEndian.Uint16(h[2:4]))
-	if l < 8 {
-		return 0, 0, nil, fmt.Errorf("openflow message length %d", l)
-	}
-	raw = make([]byte, l)
-	copy(raw, h)
-	if _, err := io.ReadFull(r, raw[8:]); err != nil {
-		return 0, 0, nil, err
-	}
-	return h[1], binary.BigEndian.Uint32(h[4:8]), raw, nil
-}
-
 // dial connects and exchanges Hellos; the switch must agree on 1.5.
 func (c *conn15) dial(ctx context.Context) error {
 	network, addr, err := parseTarget(c.target)
@@ -212,15 +194,15 @@ func (c *conn15) dial(ctx context.Context) error {
 		nc.Close()
 		return fmt.Errorf("hello: %w", err)
 	}
-	typ, _, raw, err := readMsg15(nc)
+	m, err := readMessage(nc)
 	if err != nil {
 		nc.Close()
 		return fmt.Errorf("hello: %w", err)
 	}
-	if typ != ofptHello || raw[0] < of15Version {
+	if m.typ != ofptHello || m.raw[0] < of15Version {
 		nc.Close()
 		return fmt.Errorf("switch does not speak OpenFlow 1.5 (answered version %d, type %d): "+
-			"add OpenFlow15 to the bridge's protocols", raw[0], typ)
+			"add OpenFlow15 to the bridge's protocols", m.raw[0], m.typ)
 	}
 	_ = nc.SetDeadline(time.Time{})
 	c.nc, c.xid = nc, 0x100
@@ -279,22 +261,22 @@ func (c *conn15) exchange(ctx context.Context, mods []GroupMod) error {
 	}
 	var first error
 	for {
-		typ, xid, raw, err := readMsg15(c.nc)
+		m, err := readMessage(c.nc)
 		if err != nil {
 			return fmt.Errorf("openflow 1.5: read: %w", err)
 		}
-		switch typ {
+		switch m.typ {
 		case ofptEchoRequest:
-			reply := append(header15(ofptEchoReply, uint16(len(raw)), xid), raw[8:]...)
+			reply := append(header15(ofptEchoReply, uint16(len(m.raw)), m.xid), m.body()...)
 			if _, err := c.nc.Write(reply); err != nil {
 				return fmt.Errorf("openflow 1.5: echo reply: %w", err)
 			}
 		case ofptError:
-			if i, ok := byXid[xid]; ok && first == nil {
-				first = fmt.Errorf("openflow: %s: %w", mods[i].String(), decodeError(message{typ: typ, xid: xid, raw: raw}))
+			if i, ok := byXid[m.xid]; ok && first == nil {
+				first = fmt.Errorf("openflow: %s: %w", mods[i].String(), decodeError(m))
 			}
 		case ofptBarrierReply:
-			if xid == bx {
+			if m.xid == bx {
 				return first
 			}
 		}

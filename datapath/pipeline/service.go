@@ -215,13 +215,7 @@ func ServicePortFlows(b Bridge, sp ServicePort) ([]of.Flow, []of.GroupEntry, err
 		}
 		lbActs = append(lbActs, goTo(EndpointDNAT))
 	case ServiceReject:
-		// OpenFlow drops an output to the ingress port unless it is
-		// output:in_port; external frontends only see gateway traffic.
-		out := of.Output{Port: b.GatewayPort}
-		if sp.External {
-			out = of.Output{Port: of.PortInPort}
-		}
-		lbActs = []of.Action{of.CT{Commit: true, Zone: ConntrackZone}, of.SetEthDst{MAC: b.GatewayMAC}, out}
+		lbActs = toHostForReject(b, sp.External)
 	case ServiceDrop:
 	}
 	lbPrio := PrioNormal
@@ -242,7 +236,7 @@ func ServicePortFlows(b Bridge, sp ServicePort) ([]of.Flow, []of.GroupEntry, err
 			fs = append(fs, of.Flow{Table: uint8(ServiceLB), Priority: lbPrio + 1, Cookie: ck,
 				Match: of.Match{EthType: EthTypeIPv4, IPDst: host(vip), IPProto: sp.Protocol,
 					L4Dst: &of.PortMatch{Port: sp.Port}, CtState: newConn, Regs: []of.RegMatch{PktSource.Match(FromGateway)}},
-				Actions: []of.Action{lbActs[0], lbActs[1], of.Output{Port: of.PortInPort}}})
+				Actions: toHostForReject(b, true)})
 		}
 	}
 	var mark uint32
@@ -304,6 +298,18 @@ func ServicePortFlows(b Bridge, sp ServicePort) ([]of.Flow, []of.GroupEntry, err
 		}
 	}
 	return fs, groups, nil
+}
+
+// toHostForReject commits a new connection (so the host's answer is not
+// ct_state=+inv) and hands it to the host, which rejects it. fromGateway:
+// the packet entered from the gateway, and OpenFlow drops an output to
+// the ingress port unless it is output:in_port.
+func toHostForReject(b Bridge, fromGateway bool) []of.Action {
+	out := of.Output{Port: b.GatewayPort}
+	if fromGateway {
+		out = of.Output{Port: of.PortInPort}
+	}
+	return []of.Action{of.CT{Commit: true, Zone: ConntrackZone}, of.SetEthDst{MAC: b.GatewayMAC}, out}
 }
 
 // selectionFor returns the selection method of a Service port's groups, nil

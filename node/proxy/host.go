@@ -251,10 +251,9 @@ func (h *host) prune(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("gateway %s: %w", h.cfg.gateway, err)
 	}
-	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{LinkIndex: link.Attrs().Index,
-		Protocol: routeProtocol}, netlink.RT_FILTER_OIF|netlink.RT_FILTER_PROTOCOL)
+	routes, err := proxyRoutes(link)
 	if err != nil {
-		return fmt.Errorf("listing routes: %w", err)
+		return err
 	}
 	for _, r := range routes {
 		if r.Dst == nil || r.Gw == nil || !r.Gw.Equal(pipeline.NodePortVIP) {
@@ -290,6 +289,16 @@ func canonicalKey(key []string) []string {
 	return out
 }
 
+// proxyRoutes lists the proxy's routes (protocol routeProtocol) on link.
+func proxyRoutes(link netlink.Link) ([]netlink.Route, error) {
+	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{LinkIndex: link.Attrs().Index,
+		Protocol: routeProtocol}, netlink.RT_FILTER_OIF|netlink.RT_FILTER_PROTOCOL)
+	if err != nil {
+		return nil, fmt.Errorf("listing routes of %s: %w", link.Attrs().Name, err)
+	}
+	return routes, nil
+}
+
 // Cleanup removes what a Proxier leaves behind — HostTable, its routes and
 // the NodePortVIP neighbour entry on gateway, and the bridge's groups —
 // for a Node whose proxy has been turned off. Missing pieces are fine.
@@ -306,10 +315,9 @@ func Cleanup(ctx context.Context, gateway string, sw Switch) error {
 		errs = append(errs, fmt.Errorf("deleting table %s: %w", HostTable, err))
 	}
 	if link, err := netlink.LinkByName(gateway); err == nil {
-		routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{LinkIndex: link.Attrs().Index,
-			Protocol: routeProtocol}, netlink.RT_FILTER_OIF|netlink.RT_FILTER_PROTOCOL)
+		routes, err := proxyRoutes(link)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("listing routes: %w", err))
+			errs = append(errs, err)
 		}
 		for _, r := range routes {
 			if err := netlink.RouteDel(&r); err != nil && !errors.Is(err, syscall.ESRCH) {

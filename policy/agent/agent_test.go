@@ -505,8 +505,19 @@ func TestFlowEconomyOnNode(t *testing.T) {
 		got = len(n.policyDump(t)) - before
 		return got >= 200
 	})
-	time.Sleep(500 * time.Millisecond) // let a straggling batch land before the final count
-	got = len(n.policyDump(t)) - before
+	// Count once the number has held still for a second, so a straggling
+	// batch is included.
+	stable := 0
+	eventually(t, "np-eco's flow count settles", func() bool {
+		time.Sleep(200 * time.Millisecond)
+		now := len(n.policyDump(t)) - before
+		if now == got {
+			stable++
+		} else {
+			got, stable = now, 0
+		}
+		return stable >= 5
+	})
 	t.Logf("100 targets × 100 peers × 3 ports: %d flows on the switch", got)
 	if got >= 250 {
 		t.Errorf("the policy installed %d flows, want fewer than 250", got)

@@ -13,8 +13,9 @@ import (
 	"github.com/seine-net/seine/tests/sandbox/echo"
 )
 
-// probeFrom probes from a network namespace by name n times and counts the
-// answering Pods (failures as "!outcome"); it returns one connected result.
+// probeFromNS probes from a network namespace by name n times and counts
+// the answering Pods (failures as "!outcome"); it returns one connected
+// result.
 func probeFromNS(t *testing.T, c *sandbox.Cluster, netns, ip string, port int, proto corev1.Protocol, n int) (map[string]int, echo.Result) {
 	t.Helper()
 	got := map[string]int{}
