@@ -44,7 +44,7 @@ func (m *Model) DesiredKeys() []Key {
 	var out []Key
 	for _, g := range m.groups {
 		if g.targetRefs > 0 {
-			for nodeName := range g.byNode {
+			for nodeName := range g.byNode.Keys() {
 				out = append(out, Key{KindAppliedToGroup, m.atgName(g, nodeName)})
 			}
 		}
@@ -55,7 +55,7 @@ func (m *Model) DesiredKeys() []Key {
 		}
 	}
 	for _, p := range m.policies {
-		if len(p.tg.byNode) > 0 {
+		if p.tg.byNode.Len() > 0 {
 			out = append(out, Key{KindNetworkPolicy, p.objName})
 		}
 	}
@@ -78,9 +78,9 @@ func (m *Model) desiredAG(name string) (metav1.Object, bool) {
 		return nil, false
 	}
 	members := buildMembers(g.slices[s])
-	lbls := make(map[string]string, len(g.span)+1)
+	lbls := make(map[string]string, g.span.Len()+1)
 	lbls[v1alpha1.GroupLabel] = g.key
-	for n := range g.span {
+	for n := range g.span.Keys() {
 		lbls[m.spanLabel(n)] = ""
 	}
 	return &v1alpha1.AddressGroup{
@@ -97,10 +97,14 @@ func (m *Model) desiredATG(name string) (metav1.Object, bool) {
 	}
 	g := m.groups[key]
 	n := m.nodeByKey[nk]
-	if g == nil || n == nil || g.targetRefs == 0 || len(g.byNode[n.name]) == 0 {
+	if g == nil || n == nil || g.targetRefs == 0 {
 		return nil, false
 	}
-	members := buildMembers(g.byNode[n.name])
+	list, _ := g.byNode.Get(n.name)
+	if len(list) == 0 {
+		return nil, false
+	}
+	members := buildMembers(list)
 	return &v1alpha1.AppliedToGroup{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{
 			v1alpha1.GroupLabel: g.key,
@@ -113,18 +117,18 @@ func (m *Model) desiredATG(name string) (metav1.Object, bool) {
 
 func (m *Model) desiredNP(name string) (metav1.Object, bool) {
 	p := m.byObjName[name]
-	if p == nil || len(p.tg.byNode) == 0 {
+	if p == nil || p.tg.byNode.Len() == 0 {
 		return nil, false
 	}
-	lbls := make(map[string]string, len(p.tg.byNode)+1)
+	lbls := make(map[string]string, p.tg.byNode.Len()+1)
 	lbls[v1alpha1.PolicyUIDLabel] = p.uid
-	for n := range p.tg.byNode {
+	for n := range p.tg.byNode.Keys() {
 		lbls[m.spanLabel(n)] = ""
 	}
 	return &v1alpha1.NetworkPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: lbls},
 		Spec:       p.spec,
-		Status:     v1alpha1.NetworkPolicyStatus{RuleCount: int32(len(p.spec.Rules)), SpanSize: int32(len(p.tg.byNode))},
+		Status:     v1alpha1.NetworkPolicyStatus{RuleCount: int32(len(p.spec.Rules)), SpanSize: int32(p.tg.byNode.Len())},
 	}, true
 }
 
@@ -176,7 +180,7 @@ func (m *Model) podDigest(pd *pod, buf []*group, sig []byte) (string, []*group, 
 	}
 	var ps []realization.Policy
 	for _, g := range buf {
-		for p := range g.policies {
+		for p := range g.policies.Keys() {
 			ps = append(ps, m.realizationPolicy(p))
 		}
 	}

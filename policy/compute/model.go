@@ -88,7 +88,7 @@ type Model struct {
 	nodeByKey  map[string]*node
 
 	// nsIdx indexes known namespaces by label pair.
-	nsIdx map[labelPair]map[*namespace]struct{}
+	nsIdx labelIndex[*namespace]
 
 	dirty map[dkey]struct{}
 
@@ -112,7 +112,6 @@ func New(sliceSize int) *Model {
 		byObjName:   make(map[string]*policy),
 		nodes:       make(map[string]*node),
 		nodeByKey:   make(map[string]*node),
-		nsIdx:       make(map[labelPair]map[*namespace]struct{}),
 		dirty:       make(map[dkey]struct{}),
 		digestCache: make(map[string]string),
 		emptyDigest: realization.Digest(nil),
@@ -125,13 +124,13 @@ type namespace struct {
 	known  bool
 	pods   map[string]*pod
 	// podIdx indexes the Pods by label pair.
-	podIdx map[labelPair]map[*pod]struct{}
+	podIdx labelIndex[*pod]
 	// idx indexes the namespace-scoped groups of this namespace by their
 	// Pod selector.
 	idx selIndex
 	// cluster holds the cluster-wide groups whose namespace selector
 	// matches this namespace.
-	cluster map[*group]struct{}
+	cluster set[*group]
 }
 
 type membership struct {
@@ -170,18 +169,18 @@ type group struct {
 
 	targetRefs, peerRefs int
 	// policies are the policies targeting this group.
-	policies map[*policy]struct{}
+	policies set[*policy]
 	// peerAGs counts, per peer group, the policies of this (target) group
 	// referencing it.
-	peerAGs map[*group]int
+	peerAGs smallMap[*group, int]
 	// peerOf holds the target groups whose policies use this group as peer.
-	peerOf map[*group]struct{}
+	peerOf set[*group]
 	// span counts, per Node, the target groups in peerOf with members there.
-	span map[string]int
+	span smallMap[string, int]
 
 	// byNode lists the members per Node (members without a Node are in
 	// no list), slices the members with IPs per AddressGroup slice.
-	byNode map[string][]*pod
+	byNode smallMap[string, []*pod]
 	slices [][]*pod
 	// ver changes whenever the digest input of its policies changes.
 	ver uint64
@@ -202,17 +201,27 @@ type policy struct {
 // slice}, AppliedToGroup {a: group key, b: Node}, NetworkPolicy {a: object
 // name}, PodRealization {b: Node}.
 type dkey struct {
-	kind Kind
 	a, b string
-	i    int
+	i    int32
+	kind dkind
 }
 
+// dkind is Kind as one byte, which keeps the dirty set's keys small.
+type dkind uint8
+
+const (
+	dAddressGroup dkind = iota
+	dAppliedToGroup
+	dNetworkPolicy
+	dPodRealization
+)
+
 func (m *Model) markATG(g *group, nodeName string) {
-	m.dirty[dkey{kind: KindAppliedToGroup, a: g.key, b: nodeName}] = struct{}{}
+	m.dirty[dkey{kind: dAppliedToGroup, a: g.key, b: nodeName}] = struct{}{}
 }
-func (m *Model) markNP(p *policy) { m.dirty[dkey{kind: KindNetworkPolicy, a: p.objName}] = struct{}{} }
+func (m *Model) markNP(p *policy) { m.dirty[dkey{kind: dNetworkPolicy, a: p.objName}] = struct{}{} }
 func (m *Model) markPR(nodeName string) {
-	m.dirty[dkey{kind: KindPodRealization, b: nodeName}] = struct{}{}
+	m.dirty[dkey{kind: dPodRealization, b: nodeName}] = struct{}{}
 }
 
 // nodeKey returns NodeKey(nodeName), cached for the Nodes the model knows.
@@ -237,18 +246,18 @@ func (m *Model) spanLabel(nodeName string) string {
 func (m *Model) TakeDirty() []Key {
 	out := make([]Key, 0, len(m.dirty))
 	for k := range m.dirty {
-		var name string
+		var key Key
 		switch k.kind {
-		case KindAddressGroup:
-			name = k.a + "-" + strconv.Itoa(k.i)
-		case KindAppliedToGroup:
-			name = k.a + "-" + m.nodeKey(k.b)
-		case KindNetworkPolicy:
-			name = k.a
-		case KindPodRealization:
-			name = m.nodeKey(k.b)
+		case dAddressGroup:
+			key = Key{KindAddressGroup, k.a + "-" + strconv.Itoa(int(k.i))}
+		case dAppliedToGroup:
+			key = Key{KindAppliedToGroup, k.a + "-" + m.nodeKey(k.b)}
+		case dNetworkPolicy:
+			key = Key{KindNetworkPolicy, k.a}
+		case dPodRealization:
+			key = Key{KindPodRealization, m.nodeKey(k.b)}
 		}
-		out = append(out, Key{k.kind, name})
+		out = append(out, key)
 	}
 	if len(out) > 1024 {
 		// clear keeps a map's memory: after a burst (a cold start marks
@@ -266,14 +275,9 @@ func (m *Model) DirtyLen() int { return len(m.dirty) }
 func (m *Model) ns(name string) *namespace {
 	n := m.namespaces[name]
 	if n == nil {
-		n = &namespace{name: name, pods: make(map[string]*pod), podIdx: make(map[labelPair]map[*pod]struct{})}
+		n = &namespace{name: name, pods: make(map[string]*pod)}
 		m.namespaces[name] = n
-		m.clusterIdx.each(nil, nsMatcher, func(g *group) {
-			if n.cluster == nil {
-				n.cluster = make(map[*group]struct{})
-			}
-			n.cluster[g] = struct{}{}
-		})
+		m.clusterIdx.each(nil, nsMatcher, func(g *group) { n.cluster.Add(g) })
 	}
 	return n
 }
@@ -331,7 +335,8 @@ func (m *Model) DeleteNode(name string) {
 // ---- Namespaces ----
 
 // UpsertNamespace records a Namespace's labels; a relabel re-evaluates the
-// namespace selectors of cluster-wide groups for it.
+// namespace selectors of cluster-wide groups for it. Like UpsertPod, the
+// model keeps ns.Labels without copying it.
 func (m *Model) UpsertNamespace(ns *corev1.Namespace) {
 	n := m.ns(ns.Name)
 	n.known = true
@@ -354,21 +359,23 @@ func (m *Model) relabelNamespace(n *namespace, l map[string]string) {
 	if mapsEqual(n.labels, l) && n.labels != nil {
 		return
 	}
-	l = copyMap(l)
-	indexLabels(m.nsIdx, n, n.labels, l)
+	if l == nil {
+		l = map[string]string{} // known, without labels
+	}
+	m.nsIdx.move(n, n.labels, l)
 	n.labels = l
-	next := make(map[*group]struct{})
-	m.clusterIdx.each(n.labels, nsMatcher, func(g *group) { next[g] = struct{}{} })
-	for g := range n.cluster {
-		if _, ok := next[g]; ok {
+	var next set[*group]
+	m.clusterIdx.each(n.labels, nsMatcher, func(g *group) { next.Add(g) })
+	for g := range n.cluster.Keys() {
+		if next.Has(g) {
 			continue
 		}
 		for _, pd := range n.pods {
 			m.leave(pd, g)
 		}
 	}
-	for g := range next {
-		if _, ok := n.cluster[g]; ok {
+	for g := range next.Keys() {
+		if n.cluster.Has(g) {
 			continue
 		}
 		for _, pd := range n.pods {
@@ -440,7 +447,7 @@ func (m *Model) updatePod(pd *pod, lbls map[string]string, nodeName string, ips 
 	if active {
 		want = make(map[*group]struct{}, len(pd.groups)+2)
 		pd.ns.idx.each(lbls, podMatcher, func(g *group) { want[g] = struct{}{} })
-		for g := range pd.ns.cluster {
+		for g := range pd.ns.cluster.Keys() {
 			if g.podM.matches(lbls) {
 				want[g] = struct{}{}
 			}
@@ -478,7 +485,7 @@ func (m *Model) updatePod(pd *pod, lbls map[string]string, nodeName string, ips 
 	portsChanged := !slices.Equal(pd.ports, ports)
 	hadIPs := len(pd.ips) > 0
 	if !mapsEqual(pd.labels, lbls) {
-		indexLabels(pd.ns.podIdx, pd, pd.labels, lbls)
+		pd.ns.podIdx.move(pd, pd.labels, lbls)
 	}
 	pd.labels, pd.node, pd.ips, pd.ports, pd.active = lbls, nodeName, ips, ports, active
 	if newNode != "" {
@@ -550,30 +557,30 @@ func agName(g *group, slice int) string { return g.key + "-" + strconv.Itoa(slic
 func npName(uid string) string { return "np-" + uid }
 
 func (m *Model) addToNode(g *group, pd *pod, nodeName string) {
-	if g.byNode == nil {
-		g.byNode = make(map[string][]*pod)
-	}
-	set := append(g.byNode[nodeName], pd)
-	g.byNode[nodeName] = set
+	list := g.byNode.Ptr(nodeName)
+	*list = append(*list, pd)
+	n := len(*list)
 	if g.targetRefs > 0 {
 		m.markATG(g, nodeName)
 	}
-	if len(set) == 1 {
+	if n == 1 {
 		m.groupNodeChanged(g, nodeName, +1)
 	}
 }
 
 func (m *Model) removeFromNode(g *group, pd *pod, nodeName string) {
-	set, ok := removePod(g.byNode[nodeName], pd)
+	list, _ := g.byNode.Get(nodeName)
+	list, ok := removePod(list, pd)
 	if !ok {
 		return
 	}
-	g.byNode[nodeName] = set
 	if g.targetRefs > 0 {
 		m.markATG(g, nodeName)
 	}
-	if len(set) == 0 {
-		delete(g.byNode, nodeName)
+	if len(list) > 0 {
+		g.byNode.Put(nodeName, list)
+	} else {
+		g.byNode.Delete(nodeName)
 		m.groupNodeChanged(g, nodeName, -1)
 	}
 }
@@ -585,41 +592,39 @@ func (m *Model) groupNodeChanged(g *group, nodeName string, d int) {
 	if g.targetRefs == 0 {
 		return
 	}
-	for p := range g.policies {
+	for p := range g.policies.Keys() {
 		m.markNP(p)
 	}
-	for ag := range g.peerAGs {
+	for ag := range g.peerAGs.Keys() {
 		m.spanAdd(ag, nodeName, d)
 	}
 }
 
 // spanAdd adjusts the count of target groups giving ag a presence on node.
 func (m *Model) spanAdd(ag *group, nodeName string, d int) {
-	if ag.span == nil {
-		ag.span = make(map[string]int)
-	}
-	c := ag.span[nodeName] + d
+	c, _ := ag.span.Get(nodeName)
+	c += d
 	if c <= 0 {
-		delete(ag.span, nodeName)
+		ag.span.Delete(nodeName)
 	} else {
-		ag.span[nodeName] = c
+		ag.span.Put(nodeName, c)
 	}
 	if (d > 0 && c == 1) || (d < 0 && c == 0) {
 		m.markAllSlices(ag)
 	}
 }
 
-func (m *Model) exported(ag *group) bool { return ag.peerRefs > 0 && len(ag.span) > 0 }
+func (m *Model) exported(ag *group) bool { return ag.peerRefs > 0 && ag.span.Len() > 0 }
 
 func (m *Model) markSlice(ag *group, s int) {
 	if m.exported(ag) {
-		m.dirty[dkey{kind: KindAddressGroup, a: ag.key, i: s}] = struct{}{}
+		m.dirty[dkey{kind: dAddressGroup, a: ag.key, i: int32(s)}] = struct{}{}
 	}
 }
 
 func (m *Model) markAllSlices(ag *group) {
 	for i := range ag.slices {
-		m.dirty[dkey{kind: KindAddressGroup, a: ag.key, i: i}] = struct{}{}
+		m.dirty[dkey{kind: dAddressGroup, a: ag.key, i: int32(i)}] = struct{}{}
 	}
 }
 
@@ -659,7 +664,7 @@ func (m *Model) releaseSlice(g *group, pd *pod, s int32) {
 // sliceCountChanged invalidates the digests of the Pods targeted by
 // policies using g as peer.
 func (m *Model) sliceCountChanged(g *group) {
-	for tg := range g.peerOf {
+	for tg := range g.peerOf.Keys() {
 		m.bumpDigest(tg)
 	}
 }
@@ -667,7 +672,7 @@ func (m *Model) sliceCountChanged(g *group) {
 // bumpDigest invalidates the digest of every Pod in target group tg.
 func (m *Model) bumpDigest(tg *group) {
 	tg.ver++
-	for nodeName := range tg.byNode {
+	for nodeName := range tg.byNode.Keys() {
 		m.markPR(nodeName)
 	}
 }
@@ -710,31 +715,23 @@ func (m *Model) attach(p *policy, tgSel v1alpha1.GroupSelector, peerSels []keyed
 	p.tg = tg
 	tg.targetRefs++
 	if tg.targetRefs == 1 {
-		for nodeName := range tg.byNode {
+		for nodeName := range tg.byNode.Keys() {
 			m.markATG(tg, nodeName)
 		}
 	}
-	if tg.policies == nil {
-		tg.policies = make(map[*policy]struct{})
-	}
-	tg.policies[p] = struct{}{}
+	tg.policies.Add(p)
 	for _, ks := range peerSels {
 		ag := m.acquire(ks.sel, ks.key)
 		p.peers = append(p.peers, ag)
 		ag.peerRefs++
-		if ag.peerRefs == 1 && len(ag.span) > 0 {
+		if ag.peerRefs == 1 && ag.span.Len() > 0 {
 			m.markAllSlices(ag)
 		}
-		if tg.peerAGs == nil {
-			tg.peerAGs = make(map[*group]int)
-		}
-		tg.peerAGs[ag]++
-		if tg.peerAGs[ag] == 1 {
-			if ag.peerOf == nil {
-				ag.peerOf = make(map[*group]struct{})
-			}
-			ag.peerOf[tg] = struct{}{}
-			for nodeName := range tg.byNode {
+		refs := tg.peerAGs.Ptr(ag)
+		*refs++
+		if *refs == 1 {
+			ag.peerOf.Add(tg)
+			for nodeName := range tg.byNode.Keys() {
 				m.spanAdd(ag, nodeName, +1)
 			}
 		}
@@ -751,11 +748,12 @@ func (m *Model) detach(p *policy) {
 	}
 	m.bumpDigest(tg)
 	for _, ag := range p.peers {
-		tg.peerAGs[ag]--
-		if tg.peerAGs[ag] == 0 {
-			delete(tg.peerAGs, ag)
-			delete(ag.peerOf, tg)
-			for nodeName := range tg.byNode {
+		refs := tg.peerAGs.Ptr(ag)
+		*refs--
+		if *refs == 0 {
+			tg.peerAGs.Delete(ag)
+			ag.peerOf.Delete(tg)
+			for nodeName := range tg.byNode.Keys() {
 				m.spanAdd(ag, nodeName, -1)
 			}
 		}
@@ -764,10 +762,10 @@ func (m *Model) detach(p *policy) {
 			m.markAllSlices(ag)
 		}
 	}
-	delete(tg.policies, p)
+	tg.policies.Delete(p)
 	tg.targetRefs--
 	if tg.targetRefs == 0 {
-		for nodeName := range tg.byNode {
+		for nodeName := range tg.byNode.Keys() {
 			m.markATG(tg, nodeName)
 		}
 	}
@@ -787,7 +785,7 @@ func (m *Model) acquire(sel v1alpha1.GroupSelector, key string) *group {
 	g := &group{id: m.nextID, key: key, sel: sel, podM: newMatcher(sel.PodSelector)}
 	m.groups[key] = g
 	populate := func(n *namespace) {
-		forCandidates(n.pods, n.podIdx, g.podM, func(pd *pod) {
+		forCandidates(n.pods, &n.podIdx, g.podM, func(pd *pod) {
 			if pd.active && g.podM.matches(pd.labels) {
 				m.join(pd, g)
 			}
@@ -802,14 +800,11 @@ func (m *Model) acquire(sel v1alpha1.GroupSelector, key string) *group {
 	g.cluster = true
 	g.nsM = newMatcher(sel.NamespaceSelector)
 	m.clusterIdx.add(g, g.nsM)
-	forCandidates(m.namespaces, m.nsIdx, g.nsM, func(n *namespace) {
+	forCandidates(m.namespaces, &m.nsIdx, g.nsM, func(n *namespace) {
 		if !g.nsM.matches(n.labels) {
 			return
 		}
-		if n.cluster == nil {
-			n.cluster = make(map[*group]struct{})
-		}
-		n.cluster[g] = struct{}{}
+		n.cluster.Add(g)
 		populate(n)
 	})
 	return g
@@ -817,7 +812,7 @@ func (m *Model) acquire(sel v1alpha1.GroupSelector, key string) *group {
 
 // forCandidates calls fn for every item of all that may match mt: the
 // items under mt's anchor pairs in idx, or all of them without an anchor.
-func forCandidates[T comparable](all map[string]T, idx map[labelPair]map[T]struct{}, mt *matcher, fn func(T)) {
+func forCandidates[T comparable](all map[string]T, idx *labelIndex[T], mt *matcher, fn func(T)) {
 	if mt.anchorKey == "" {
 		for _, x := range all {
 			fn(x)
@@ -825,23 +820,33 @@ func forCandidates[T comparable](all map[string]T, idx map[labelPair]map[T]struc
 		return
 	}
 	for _, v := range mt.anchorVals {
-		for x := range idx[labelPair{mt.anchorKey, v}] {
-			fn(x)
+		if s, ok := idx.Get(labelPair{mt.anchorKey, v}); ok {
+			for x := range s.Keys() {
+				fn(x)
+			}
 		}
 	}
 }
 
-// indexLabels moves x in idx from its old label pairs to its new ones.
-func indexLabels[T comparable](idx map[labelPair]map[T]struct{}, x T, old, new map[string]string) {
+// labelIndex files items (Pods, namespaces) under each of their label
+// pairs.
+type labelIndex[T comparable] struct {
+	smallMap[labelPair, set[T]]
+}
+
+// move refiles x from its old label pairs to its new ones.
+func (idx *labelIndex[T]) move(x T, old, new map[string]string) {
 	for k, v := range old {
 		if w, ok := new[k]; ok && w == v {
 			continue
 		}
 		p := labelPair{k, v}
-		if s := idx[p]; s != nil {
-			delete(s, x)
-			if len(s) == 0 {
-				delete(idx, p)
+		if s, ok := idx.Get(p); ok {
+			s.Delete(x)
+			if s.Len() == 0 {
+				idx.Delete(p)
+			} else {
+				idx.Put(p, s)
 			}
 		}
 	}
@@ -849,13 +854,7 @@ func indexLabels[T comparable](idx map[labelPair]map[T]struct{}, x T, old, new m
 		if w, ok := old[k]; ok && w == v {
 			continue
 		}
-		p := labelPair{k, v}
-		s := idx[p]
-		if s == nil {
-			s = make(map[T]struct{}, 1)
-			idx[p] = s
-		}
-		s[x] = struct{}{}
+		idx.Ptr(labelPair{k, v}).Add(x)
 	}
 }
 
@@ -865,11 +864,11 @@ func (m *Model) releaseGroup(g *group) {
 		return
 	}
 	leaveAll := func(n *namespace) {
-		forCandidates(n.pods, n.podIdx, g.podM, func(pd *pod) { m.leave(pd, g) })
+		forCandidates(n.pods, &n.podIdx, g.podM, func(pd *pod) { m.leave(pd, g) })
 	}
 	if g.cluster {
 		for _, n := range m.namespaces {
-			if _, ok := n.cluster[g]; ok {
+			if n.cluster.Has(g) {
 				leaveAll(n)
 			}
 		}
@@ -885,7 +884,7 @@ func (m *Model) releaseGroup(g *group) {
 	}
 	m.clusterIdx.remove(g, g.nsM)
 	for _, n := range m.namespaces {
-		delete(n.cluster, g)
+		n.cluster.Delete(g)
 	}
 }
 
@@ -941,17 +940,6 @@ func namedPorts(p *corev1.Pod) []v1alpha1.NamedPort {
 			}
 			out = append(out, v1alpha1.NamedPort{Name: cp.Name, Protocol: proto, Port: cp.ContainerPort})
 		}
-	}
-	return out
-}
-
-func copyMap(in map[string]string) map[string]string {
-	if in == nil {
-		return map[string]string{}
-	}
-	out := make(map[string]string, len(in))
-	for k, v := range in {
-		out[k] = v
 	}
 	return out
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"slices"
 	"sort"
+	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -76,7 +77,7 @@ func appendSelector(b []byte, ls *metav1.LabelSelector) []byte {
 // NamespaceSelector becomes a non-nil empty selector (every namespace);
 // Namespace is cleared when NamespaceSelector is set; expressions are
 // sorted by key, operator and values, and values sorted and deduplicated.
-// The input is not modified.
+// The input is not modified; the result may share its selectors.
 func NormalizeGroupSelector(sel v1alpha1.GroupSelector) v1alpha1.GroupSelector {
 	out := v1alpha1.GroupSelector{Namespace: sel.Namespace}
 	out.PodSelector = normalizeLabelSelector(sel.PodSelector)
@@ -90,19 +91,18 @@ func NormalizeGroupSelector(sel v1alpha1.GroupSelector) v1alpha1.GroupSelector {
 	return out
 }
 
-// normalizeLabelSelector returns nil for a nil or empty selector and a
-// sorted copy otherwise.
+// normalizeLabelSelector returns nil for a nil or empty selector, ls
+// itself when it is already canonical (the common case: matchLabels only,
+// since a map has no order), and a sorted copy otherwise. Informer objects
+// are immutable, so sharing ls is safe.
 func normalizeLabelSelector(ls *metav1.LabelSelector) *metav1.LabelSelector {
 	if ls == nil || (len(ls.MatchLabels) == 0 && len(ls.MatchExpressions) == 0) {
 		return nil
 	}
-	out := &metav1.LabelSelector{}
-	if len(ls.MatchLabels) > 0 {
-		out.MatchLabels = make(map[string]string, len(ls.MatchLabels))
-		for k, v := range ls.MatchLabels {
-			out.MatchLabels[k] = v
-		}
+	if canonicalExpressions(ls.MatchExpressions) {
+		return ls
 	}
+	out := &metav1.LabelSelector{MatchLabels: ls.MatchLabels}
 	for _, e := range ls.MatchExpressions {
 		vals := append([]string(nil), e.Values...)
 		sort.Strings(vals)
@@ -111,17 +111,35 @@ func normalizeLabelSelector(ls *metav1.LabelSelector) *metav1.LabelSelector {
 			Key: e.Key, Operator: e.Operator, Values: vals,
 		})
 	}
-	sort.Slice(out.MatchExpressions, func(i, j int) bool {
-		a, b := out.MatchExpressions[i], out.MatchExpressions[j]
-		if a.Key != b.Key {
-			return a.Key < b.Key
-		}
-		if a.Operator != b.Operator {
-			return a.Operator < b.Operator
-		}
-		return slices.Compare(a.Values, b.Values) < 0
-	})
+	slices.SortFunc(out.MatchExpressions, compareRequirements)
 	return out
+}
+
+// compareRequirements orders expressions by key, operator and values.
+func compareRequirements(a, b metav1.LabelSelectorRequirement) int {
+	if a.Key != b.Key {
+		return strings.Compare(a.Key, b.Key)
+	}
+	if a.Operator != b.Operator {
+		return strings.Compare(string(a.Operator), string(b.Operator))
+	}
+	return slices.Compare(a.Values, b.Values)
+}
+
+// canonicalExpressions reports whether es is sorted with compareRequirements
+// and each one's values are sorted without duplicates.
+func canonicalExpressions(es []metav1.LabelSelectorRequirement) bool {
+	for i, e := range es {
+		if i > 0 && compareRequirements(es[i-1], e) > 0 {
+			return false
+		}
+		for j := 1; j < len(e.Values); j++ {
+			if e.Values[j-1] >= e.Values[j] {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // matcher evaluates one label selector. anchorKey/anchorVals, when
@@ -173,46 +191,36 @@ type labelPair struct{ k, v string }
 // evaluating every selector: selectors with an anchor are filed under each
 // anchor pair, the others are always candidates.
 type selIndex struct {
-	byPair map[labelPair]map[*group]struct{}
-	rest   map[*group]struct{}
+	byPair smallMap[labelPair, set[*group]]
+	rest   set[*group]
 	n      int
 }
 
 func (ix *selIndex) add(g *group, m *matcher) {
 	ix.n++
 	if m.anchorKey == "" {
-		if ix.rest == nil {
-			ix.rest = make(map[*group]struct{})
-		}
-		ix.rest[g] = struct{}{}
+		ix.rest.Add(g)
 		return
 	}
-	if ix.byPair == nil {
-		ix.byPair = make(map[labelPair]map[*group]struct{})
-	}
 	for _, v := range m.anchorVals {
-		p := labelPair{m.anchorKey, v}
-		s := ix.byPair[p]
-		if s == nil {
-			s = make(map[*group]struct{}, 1)
-			ix.byPair[p] = s
-		}
-		s[g] = struct{}{}
+		ix.byPair.Ptr(labelPair{m.anchorKey, v}).Add(g)
 	}
 }
 
 func (ix *selIndex) remove(g *group, m *matcher) {
 	ix.n--
 	if m.anchorKey == "" {
-		delete(ix.rest, g)
+		ix.rest.Delete(g)
 		return
 	}
 	for _, v := range m.anchorVals {
 		p := labelPair{m.anchorKey, v}
-		if s := ix.byPair[p]; s != nil {
-			delete(s, g)
-			if len(s) == 0 {
-				delete(ix.byPair, p)
+		if s, ok := ix.byPair.Get(p); ok {
+			s.Delete(g)
+			if s.Len() == 0 {
+				ix.byPair.Delete(p)
+			} else {
+				ix.byPair.Put(p, s)
 			}
 		}
 	}
@@ -222,16 +230,17 @@ func (ix *selIndex) remove(g *group, m *matcher) {
 // filed under several anchor values is reached at most once, since a label
 // key has one value.
 func (ix *selIndex) each(l map[string]string, m func(*group) *matcher, fn func(*group)) {
-	for g := range ix.rest {
+	for g := range ix.rest.Keys() {
 		if m(g).matches(l) {
 			fn(g)
 		}
 	}
-	if len(ix.byPair) == 0 {
+	if ix.byPair.Len() == 0 {
 		return
 	}
 	for k, v := range l {
-		for g := range ix.byPair[labelPair{k, v}] {
+		s, _ := ix.byPair.Get(labelPair{k, v})
+		for g := range s.Keys() {
 			if m(g).matches(l) {
 				fn(g)
 			}

@@ -44,7 +44,7 @@ func Digest(policies []Policy) string {
 		}
 		h.Write([]byte{'\n'})
 	}
-	return hex.EncodeToString(h.Sum(nil))[:32]
+	return hex.EncodeToString(h.Sum(nil)[:16]) // 32 hex digits
 }
 
 // SpecHash hashes any JSON-encodable spec (the controller and the agent
@@ -55,7 +55,7 @@ func SpecHash(spec any) string {
 		return "unencodable"
 	}
 	s := sha256.Sum256(b)
-	return hex.EncodeToString(s[:])[:32]
+	return hex.EncodeToString(s[:16]) // 32 hex digits
 }
 
 // PodKey is the key of a Pod in PodRealizationSpec.Pods.
