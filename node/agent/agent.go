@@ -69,7 +69,11 @@ const (
 func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	log = log.With(zap.String("node", cfg.NodeName))
 	reg := prometheus.NewRegistry()
-	kube, cp, err := kubeClients(cfg.Kubeconfig)
+	rc, err := restConfig(cfg.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	kube, cp, err := kubeClients(rc)
 	if err != nil {
 		return err
 	}
@@ -253,7 +257,17 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	go func() { errc <- routes.Run(ctx) }()
 	if policyAgent != nil {
 		go func() { errc <- policyAgent.Run(ctx) }()
-		pc, err := policycontroller.New(kube, cp, policycontroller.Config{
+		// The leader writes every computed object of the cluster: its own
+		// client and rate limit, so a cold start of a large cluster is not
+		// throttled to the agent's 50 requests per second.
+		crc := rest.CopyConfig(rc)
+		crc.UserAgent = "seine-policy-controller"
+		crc.QPS, crc.Burst = cfg.NetworkPolicy.ControllerQPS, cfg.NetworkPolicy.ControllerBurst
+		ccp, err := versioned.NewForConfig(crc)
+		if err != nil {
+			return err
+		}
+		pc, err := policycontroller.New(kube, ccp, policycontroller.Config{
 			Identity:       cfg.NodeName,
 			LeaseNamespace: cfg.LeaderElection.Namespace,
 			LeaseName:      cfg.LeaderElection.Name,
@@ -261,6 +275,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 			RenewDeadline:  cfg.LeaderElection.RenewDeadline.Duration,
 			RetryPeriod:    cfg.LeaderElection.RetryPeriod.Duration,
 			SliceSize:      cfg.NetworkPolicy.AddressGroupSliceSize,
+			Workers:        cfg.NetworkPolicy.ControllerWorkers,
 			Registry:       reg,
 		}, log.Named("policy-controller"))
 		if err != nil {
@@ -371,7 +386,9 @@ func countPeers(f informers.SharedInformerFactory, self string) int {
 	return n
 }
 
-func kubeClients(kubeconfig string) (kubernetes.Interface, versioned.Interface, error) {
+// restConfig loads the API server connection: in-cluster, or from the
+// kubeconfig file when one is given.
+func restConfig(kubeconfig string) (*rest.Config, error) {
 	var rc *rest.Config
 	var err error
 	if kubeconfig == "" {
@@ -380,8 +397,16 @@ func kubeClients(kubeconfig string) (kubernetes.Interface, versioned.Interface, 
 		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("kubernetes client configuration: %w", err)
+		return nil, fmt.Errorf("kubernetes client configuration: %w", err)
 	}
+	return rc, nil
+}
+
+// kubeClients returns the clients of the daemon's own API calls (watches
+// of its Node's share, CNI lookups, status): 50 requests per second, bursts
+// of 100.
+func kubeClients(base *rest.Config) (kubernetes.Interface, versioned.Interface, error) {
+	rc := rest.CopyConfig(base)
 	rc.UserAgent = "seine-node"
 	rc.QPS, rc.Burst = 50, 100
 	kube, err := kubernetes.NewForConfig(rc)

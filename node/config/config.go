@@ -141,6 +141,15 @@ type NetworkPolicyConfig struct {
 	// AddressGroupSliceSize is the most Pods one AddressGroup object holds.
 	// Default 500.
 	AddressGroupSliceSize int `json:"addressGroupSliceSize,omitempty"`
+	// ControllerWorkers is how many writes the leader's controller has in
+	// flight at once. Default 8.
+	ControllerWorkers int `json:"controllerWorkers,omitempty"`
+	// ControllerQPS and ControllerBurst rate-limit the controller's writes
+	// of computed objects (client-go token bucket: requests per second,
+	// bucket size), separately from the rest of the daemon's API calls.
+	// Defaults 500 and 1000.
+	ControllerQPS   float32 `json:"controllerQPS,omitempty"`
+	ControllerBurst int     `json:"controllerBurst,omitempty"`
 }
 
 // LeaderElectionConfig configures the controller's Lease (client-go
@@ -186,6 +195,9 @@ func Default() Config {
 			Enable:                &t,
 			RealizeTimeout:        metav1.Duration{Duration: 10 * time.Second},
 			AddressGroupSliceSize: 500,
+			ControllerWorkers:     8,
+			ControllerQPS:         500,
+			ControllerBurst:       1000,
 		},
 		LeaderElection: LeaderElectionConfig{
 			Namespace:     "kube-system",
@@ -315,6 +327,13 @@ func (c Config) Validate() error {
 	}
 	if c.NetworkPolicy.AddressGroupSliceSize < 1 {
 		bad("networkPolicy.addressGroupSliceSize", "must be at least 1")
+	}
+	if c.NetworkPolicy.ControllerWorkers < 1 {
+		bad("networkPolicy.controllerWorkers", "must be at least 1")
+	}
+	if c.NetworkPolicy.ControllerQPS <= 0 || c.NetworkPolicy.ControllerBurst < 1 {
+		bad("networkPolicy.controllerQPS", "want controllerQPS > 0 and controllerBurst ≥ 1, got %g and %d",
+			c.NetworkPolicy.ControllerQPS, c.NetworkPolicy.ControllerBurst)
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":

@@ -23,8 +23,12 @@ import (
 // endpoint of the Service and 503 otherwise, so a cloud load balancer
 // sends traffic only to Nodes that can serve it (KEP-3836 describes the
 // contract; the body names the Service and counts the local endpoints).
+// Like the NodePorts, the servers listen only on the Node's addresses
+// inside proxy.nodePortAddresses (all addresses when a range is 0.0.0.0/0).
 type healthChecks struct {
 	log *zap.Logger
+	// addrs returns the addresses to listen on; nil means every address.
+	addrs func() ([]net.IP, error)
 
 	mu      sync.Mutex
 	servers map[int32]*healthServer // by port
@@ -50,8 +54,75 @@ type healthBody struct {
 	ServiceProxyHealthy bool `json:"serviceProxyHealthy"`
 }
 
-func newHealthChecks(log *zap.Logger) *healthChecks {
-	return &healthChecks{log: log, servers: map[int32]*healthServer{}, byKey: map[string]int32{}}
+// newHealthChecks returns health check servers that listen on the
+// addresses addrs returns when a server starts.
+func newHealthChecks(addrs func() ([]net.IP, error), log *zap.Logger) *healthChecks {
+	return &healthChecks{log: log, addrs: addrs, servers: map[int32]*healthServer{}, byKey: map[string]int32{}}
+}
+
+// localAddrsIn returns a function listing the local IPv4 addresses inside
+// cidrs, or nil (every address) when one of them is 0.0.0.0/0. An error
+// names the ranges when no local address is inside them.
+func localAddrsIn(cidrs []*net.IPNet) func() ([]net.IP, error) {
+	return func() ([]net.IP, error) {
+		for _, c := range cidrs {
+			if ones, _ := c.Mask.Size(); ones == 0 {
+				return nil, nil
+			}
+		}
+		ifAddrs, err := net.InterfaceAddrs()
+		if err != nil {
+			return nil, fmt.Errorf("listing local addresses: %w", err)
+		}
+		var out []net.IP
+		for _, a := range ifAddrs {
+			n, ok := a.(*net.IPNet)
+			if !ok || n.IP.To4() == nil {
+				continue
+			}
+			for _, c := range cidrs {
+				if c.Contains(n.IP) {
+					out = append(out, n.IP.To4())
+					break
+				}
+			}
+		}
+		if len(out) == 0 {
+			return nil, fmt.Errorf("no local address inside nodePortAddresses %v", cidrs)
+		}
+		return out, nil
+	}
+}
+
+// listen opens the listeners of a health check port: one per address, or
+// one on every address.
+func (h *healthChecks) listen(port int32) ([]net.Listener, error) {
+	var ips []net.IP
+	if h.addrs != nil {
+		var err error
+		if ips, err = h.addrs(); err != nil {
+			return nil, err
+		}
+	}
+	if ips == nil {
+		l, err := net.Listen("tcp4", ":"+strconv.Itoa(int(port)))
+		if err != nil {
+			return nil, err
+		}
+		return []net.Listener{l}, nil
+	}
+	var ls []net.Listener
+	for _, ip := range ips {
+		l, err := net.Listen("tcp4", net.JoinHostPort(ip.String(), strconv.Itoa(int(port))))
+		if err != nil {
+			for _, o := range ls {
+				o.Close()
+			}
+			return nil, err
+		}
+		ls = append(ls, l)
+	}
+	return ls, nil
 }
 
 func (s *healthServer) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
@@ -108,18 +179,23 @@ func (h *healthChecks) set(key string, port int32, local int) error {
 	s := h.servers[port]
 	if s == nil {
 		s = &healthServer{namespace: ns, name: name}
-		l, err := net.Listen("tcp", ":"+strconv.Itoa(int(port)))
+		ls, err := h.listen(port)
 		if err != nil {
 			return fmt.Errorf("health check node port %d: %w", port, err)
 		}
 		s.srv = &http.Server{Handler: s, ReadHeaderTimeout: 5 * time.Second}
-		go func() {
-			if err := s.srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				h.log.Warn("health check server stopped", zap.Int32("port", port), zap.Error(err))
-			}
-		}()
+		addrs := make([]string, 0, len(ls))
+		for _, l := range ls {
+			addrs = append(addrs, l.Addr().String())
+			go func() {
+				if err := s.srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+					h.log.Warn("health check server stopped", zap.Int32("port", port), zap.Error(err))
+				}
+			}()
+		}
 		h.servers[port] = s
-		h.log.Info("serving health check node port", zap.String("service", key), zap.Int32("port", port))
+		h.log.Info("serving health check node port", zap.String("service", key), zap.Int32("port", port),
+			zap.Strings("addresses", addrs))
 	} else if s.namespace+"/"+s.name != key {
 		return fmt.Errorf("health check node port %d is already served for %s/%s", port, s.namespace, s.name)
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"testing"
 
 	"go.uber.org/zap/zaptest"
@@ -23,7 +24,12 @@ func freePort(t *testing.T) int32 {
 
 func check(t *testing.T, port int32) (int, healthBody, error) {
 	t.Helper()
-	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/healthz", port))
+	return checkAt(t, "127.0.0.1", port)
+}
+
+func checkAt(t *testing.T, ip string, port int32) (int, healthBody, error) {
+	t.Helper()
+	resp, err := http.Get(fmt.Sprintf("http://%s:%d/healthz", ip, port))
 	if err != nil {
 		return 0, healthBody{}, err
 	}
@@ -37,7 +43,7 @@ func check(t *testing.T, port int32) (int, healthBody, error) {
 // with one, names its Service, refuses a second Service on the same port,
 // and stops when the Service no longer needs it.
 func TestHealthCheckNodePort(t *testing.T) {
-	h := newHealthChecks(zaptest.NewLogger(t))
+	h := newHealthChecks(nil, zaptest.NewLogger(t))
 	defer h.close()
 	port := freePort(t)
 	if err := h.set("ns/lb", port, 0); err != nil {
@@ -61,6 +67,47 @@ func TestHealthCheckNodePort(t *testing.T) {
 	}
 	if _, _, err := check(t, port); err == nil {
 		t.Error("the health check port still answers after its Service dropped it")
+	}
+}
+
+// With nodePortAddresses set, the health check listens only on the local
+// addresses inside them: 127.0.0.1 answers, 127.0.0.2 (also local, on lo)
+// does not; with 0.0.0.0/0 both answer.
+func TestHealthCheckListensOnNodePortAddresses(t *testing.T) {
+	mustCIDR := func(s string) *net.IPNet {
+		_, n, err := net.ParseCIDR(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	h := newHealthChecks(localAddrsIn([]*net.IPNet{mustCIDR("127.0.0.1/32")}), zaptest.NewLogger(t))
+	defer h.close()
+	port := freePort(t)
+	if err := h.set("ns/lb", port, 1); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, err := checkAt(t, "127.0.0.1", port); err != nil || code != http.StatusOK {
+		t.Errorf("127.0.0.1 inside nodePortAddresses: %d %v", code, err)
+	}
+	if _, _, err := checkAt(t, "127.0.0.2", port); err == nil {
+		t.Error("127.0.0.2 is outside nodePortAddresses but answers")
+	}
+
+	all := newHealthChecks(localAddrsIn([]*net.IPNet{mustCIDR("0.0.0.0/0")}), zaptest.NewLogger(t))
+	defer all.close()
+	port2 := freePort(t)
+	if err := all.set("ns/lb", port2, 1); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, err := checkAt(t, "127.0.0.2", port2); err != nil || code != http.StatusOK {
+		t.Errorf("0.0.0.0/0: 127.0.0.2 does not answer: %d %v", code, err)
+	}
+
+	none := newHealthChecks(localAddrsIn([]*net.IPNet{mustCIDR("198.19.255.0/24")}), zaptest.NewLogger(t))
+	defer none.close()
+	if err := none.set("ns/lb", freePort(t), 1); err == nil || !strings.Contains(err.Error(), "no local address inside nodePortAddresses") {
+		t.Errorf("no local address in range: %v", err)
 	}
 }
 

@@ -113,7 +113,7 @@ func New(kube kubernetes.Interface, flows Flows, sw Switch, cfg Config, log *zap
 		p.skip[s] = true
 	}
 	if cfg.ProxyAll {
-		p.health = newHealthChecks(log)
+		p.health = newHealthChecks(localAddrsIn(cfg.NodePortAddresses), log)
 	}
 	svcInf := f.Core().V1().Services().Informer()
 	sliceInf := f.Discovery().V1().EndpointSlices().Informer()

@@ -154,33 +154,27 @@ func TestGeneratedClients(t *testing.T) {
 					{Direction: cpv1.DirectionIn, IPBlocks: []cpv1.IPBlock{{CIDR: "10.0.0.0/8", Except: []string{"10.1.0.0/16"}}}},
 				},
 			},
-			// Create may not set status when the status subresource is on.
-			Status: cpv1.NetworkPolicyStatus{RuleCount: 9},
+			// No status subresource: create and update carry the status.
+			Status: cpv1.NetworkPolicyStatus{RuleCount: 2, SpanSize: 1},
 		}
 		got, err := c.NetworkPolicies().Create(ctx, np, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatalf("create: %v", err)
 		}
-		if got.Status.RuleCount != 0 {
-			t.Errorf("create set status.ruleCount = %d; status subresource not enabled?", got.Status.RuleCount)
+		if got.Status != np.Status {
+			t.Errorf("create stored status %+v, want %+v", got.Status, np.Status)
 		}
-		got.Status = cpv1.NetworkPolicyStatus{RuleCount: 2, SpanSize: 1}
-		got, err = c.NetworkPolicies().UpdateStatus(ctx, got, metav1.UpdateOptions{})
-		if err != nil {
-			t.Fatalf("update status: %v", err)
-		}
-		// An update of the main resource keeps the status.
 		got.Spec.PolicyTypes = []string{"Ingress", "Egress"}
-		got.Status.RuleCount = 7
-		if got, err = c.NetworkPolicies().Update(ctx, got, metav1.UpdateOptions{}); err != nil {
+		got.Status.SpanSize = 3
+		if _, err = c.NetworkPolicies().Update(ctx, got, metav1.UpdateOptions{}); err != nil {
 			t.Fatalf("update: %v", err)
 		}
 		got, err = c.NetworkPolicies().Get(ctx, "np-uid-1", metav1.GetOptions{})
 		if err != nil {
 			t.Fatalf("get: %v", err)
 		}
-		if got.Status != (cpv1.NetworkPolicyStatus{RuleCount: 2, SpanSize: 1}) || !slices.Equal(got.Spec.PolicyTypes, []string{"Ingress", "Egress"}) {
-			t.Errorf("after updates: status %+v policyTypes %v", got.Status, got.Spec.PolicyTypes)
+		if got.Status != (cpv1.NetworkPolicyStatus{RuleCount: 2, SpanSize: 3}) || !slices.Equal(got.Spec.PolicyTypes, []string{"Ingress", "Egress"}) {
+			t.Errorf("after update: status %+v policyTypes %v", got.Status, got.Spec.PolicyTypes)
 		}
 		if p := got.Spec.Rules[0].Ports[0].Port; p == nil || p.Type != intstr.String || p.StrVal != "http" {
 			t.Errorf("named port round trip: %v", p)
@@ -213,7 +207,7 @@ func TestGeneratedClients(t *testing.T) {
 		if h := strings.Fields(lines[0]); !slices.Equal(h, []string{"NAME", "SOURCE", "NAMESPACE", "RULES", "NODES", "AGE"}) {
 			t.Errorf("kubectl header %q", lines[0])
 		}
-		if f := strings.Fields(lines[1]); len(f) != 6 || !slices.Equal(f[:5], []string{"np-uid-1", "web", "prod", "2", "1"}) {
+		if f := strings.Fields(lines[1]); len(f) != 6 || !slices.Equal(f[:5], []string{"np-uid-1", "web", "prod", "2", "3"}) {
 			t.Errorf("kubectl row %q", lines[1])
 		}
 	})
@@ -228,23 +222,17 @@ func TestGeneratedClients(t *testing.T) {
 				Members:  []cpv1.GroupMember{{Namespace: "prod", Name: "web-0", IPs: []string{"10.244.1.5"}, Ports: []cpv1.NamedPort{{Name: "http", Protocol: "TCP", Port: 8080}}}},
 			},
 		}
+		atg.Status.MemberCount = 1
 		got, err := c.AppliedToGroups().Create(ctx, atg, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatalf("create: %v", err)
 		}
-		got.Status.MemberCount = 1
-		if _, err := c.AppliedToGroups().UpdateStatus(ctx, got, metav1.UpdateOptions{}); err != nil {
-			t.Fatalf("update status: %v", err)
-		}
-		got, err = c.AppliedToGroups().Get(ctx, atg.Name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatalf("get: %v", err)
-		}
 		got.Spec.Members = append(got.Spec.Members, cpv1.GroupMember{Namespace: "prod", Name: "web-1"})
+		got.Status.MemberCount = 2
 		if got, err = c.AppliedToGroups().Update(ctx, got, metav1.UpdateOptions{}); err != nil {
 			t.Fatalf("update: %v", err)
 		}
-		if len(got.Spec.Members) != 2 || got.Status.MemberCount != 1 ||
+		if len(got.Spec.Members) != 2 || got.Status.MemberCount != 2 ||
 			got.Spec.Members[0].Ports[0].Port != 8080 || got.Spec.Selector.PodSelector.MatchLabels["app"] != "web" {
 			t.Errorf("after update: %+v", got)
 		}
@@ -264,13 +252,9 @@ func TestGeneratedClients(t *testing.T) {
 			t.Fatalf("create: %v", err)
 		}
 		got.Spec.Pods["prod/web-1/u2"] = "d2"
-		if got, err = c.PodRealizations().Update(ctx, got, metav1.UpdateOptions{}); err != nil {
-			t.Fatalf("update: %v", err)
-		}
 		got.Status.PodCount = 2
-		got.Spec.Pods = nil // ignored by the status subresource
-		if _, err = c.PodRealizations().UpdateStatus(ctx, got, metav1.UpdateOptions{}); err != nil {
-			t.Fatalf("update status: %v", err)
+		if _, err = c.PodRealizations().Update(ctx, got, metav1.UpdateOptions{}); err != nil {
+			t.Fatalf("update: %v", err)
 		}
 		got, err = c.PodRealizations().Get(ctx, pr.Name, metav1.GetOptions{})
 		if err != nil || len(got.Spec.Pods) != 2 || got.Status.PodCount != 2 {
@@ -383,7 +367,7 @@ func TestGeneratedClients(t *testing.T) {
 		}
 		expect("update ag-1-0")
 		o.Status.MemberCount = 1
-		if _, err = c.AddressGroups().UpdateStatus(ctx, o, metav1.UpdateOptions{}); err != nil {
+		if _, err = c.AddressGroups().Update(ctx, o, metav1.UpdateOptions{}); err != nil {
 			t.Fatalf("update status: %v", err)
 		}
 		expect("update ag-1-0")

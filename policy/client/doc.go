@@ -7,7 +7,8 @@
 //   - clientset/versioned: Clientset (NewForConfig) with
 //     ControlplaneV1alpha1().{AddressGroups,AppliedToGroups,NetworkPolicies,
 //     PodRealizations}() typed, cluster-scoped clients (Create, Get, List,
-//     Watch, Update, UpdateStatus, Patch, Delete, DeleteCollection);
+//     Watch, Update, Patch, Delete, DeleteCollection; no UpdateStatus:
+//     the kinds have no status subresource);
 //     clientset/versioned/fake is an in-memory Clientset for unit tests.
 //   - listers/controlplane/v1alpha1: indexer-backed listers.
 //   - informers: SharedInformerFactory (NewSharedInformerFactoryWithOptions,

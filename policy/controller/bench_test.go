@@ -23,6 +23,12 @@ func benchScale() int {
 	return 20
 }
 
+// benchWorkers is $SEINE_BENCH_WORKERS, default 0 (DefaultWorkers).
+func benchWorkers() int {
+	n, _ := strconv.Atoi(os.Getenv("SEINE_BENCH_WORKERS"))
+	return n
+}
+
 // BenchmarkWorkloadsIntoAPIServer runs workloads 1–4 (scaled down by
 // benchScale) against a real API server: each in a fresh control plane,
 // the source objects are created first (not timed), then a controller
@@ -45,10 +51,12 @@ func BenchmarkWorkloadsIntoAPIServer(b *testing.B) {
 				e.createAll(b, ctx, w.Nodes, w.Namespaces, w.Pods, w.Policies)
 				b.Logf("%s: %d pods, %d policies created in %v", spec.Name, len(w.Pods), len(w.Policies), time.Since(t0))
 				reg := prometheus.NewRegistry()
-				cfg := Config{Identity: "bench", Registry: reg, Workers: 16,
+				cfg := Config{Identity: "bench", Registry: reg, Workers: benchWorkers(),
 					LeaseDuration: 5 * time.Second, RenewDeadline: 4 * time.Second, RetryPeriod: 500 * time.Millisecond}
 				b.StartTimer()
-				c, stop := startController(b, e, e.countingCP(), cfg)
+				// The daemon's default rate limit for the controller's
+				// client (networkPolicy.controllerQPS/controllerBurst).
+				c, stop := startController(b, e, e.countingCP(500, 1000), cfg)
 				waitFor(b, 15*time.Minute, "leader", c.IsLeader)
 				waitIdle(b, c, 15*time.Minute, 200*time.Millisecond)
 				b.StopTimer()
@@ -56,7 +64,7 @@ func BenchmarkWorkloadsIntoAPIServer(b *testing.B) {
 				objects = float64(countStored(b, e))
 				writes = 0
 				for _, kind := range []string{"AddressGroup", "AppliedToGroup", "NetworkPolicy", "PodRealization"} {
-					for _, verb := range []string{"create", "update", "update_status", "delete"} {
+					for _, verb := range []string{"create", "update", "delete"} {
 						writes += metricValue(c.metrics.writes.WithLabelValues(kind, verb))
 					}
 				}

@@ -45,7 +45,7 @@ const (
 	DefaultRetryPeriod    = 2 * time.Second
 	DefaultWriteDelay     = 30 * time.Millisecond
 	DefaultDeleteDelay    = 200 * time.Millisecond
-	DefaultWorkers        = 4
+	DefaultWorkers        = 8
 )
 
 // Config configures the controller. Zero fields take the defaults above.
@@ -70,7 +70,7 @@ type Config struct {
 	// DeleteDelay is how much longer than WriteDelay a deletion waits;
 	// default 200 ms.
 	DeleteDelay time.Duration
-	// Workers is the number of concurrent writers; default 4.
+	// Workers is the number of concurrent writers; default 8.
 	Workers int
 }
 

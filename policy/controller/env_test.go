@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"go.uber.org/zap/zaptest"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -115,9 +117,11 @@ func startEnv(tb testing.TB) *env {
 }
 
 // countingCP returns a controlplane clientset whose request bodies are
-// counted in e.bytes.
-func (e *env) countingCP() versioned.Interface {
+// counted in e.bytes, rate-limited to qps requests per second with bursts
+// of burst.
+func (e *env) countingCP(qps float32, burst int) versioned.Interface {
 	rc := rest.CopyConfig(e.rc)
+	rc.QPS, rc.Burst = qps, burst
 	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &countingRT{rt: rt, n: &e.bytes} })
 	return versioned.NewForConfigOrDie(rc)
 }
@@ -189,7 +193,16 @@ func (e *env) createPod(ctx context.Context, p *corev1.Pod) error {
 			in.Spec.Containers[i].Image = "none"
 		}
 	}
-	created, err := e.kube.CoreV1().Pods(p.Namespace).Create(ctx, in, metav1.CreateOptions{})
+	var created *corev1.Pod
+	var err error
+	// A Pod needs its namespace's default ServiceAccount, which
+	// kube-controller-manager creates shortly after the namespace.
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		created, err = e.kube.CoreV1().Pods(p.Namespace).Create(ctx, in, metav1.CreateOptions{})
+		if err == nil || !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "serviceaccount") || time.Now().After(deadline) {
+			break
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("create pod %s/%s: %w", p.Namespace, p.Name, err)
 	}

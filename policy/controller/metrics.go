@@ -6,7 +6,7 @@ import (
 
 // metrics of one Controller. Names (all prefixed seine_policy_controller_):
 //
-//	writes_total{kind,verb}   counter; verb create|update|update_status|delete
+//	writes_total{kind,verb}   counter; verb create|update|delete
 //	write_errors_total{kind}  counter; failed writes (retried)
 //	queue_depth               gauge; objects waiting to be reconciled
 //	leader                    gauge; 1 while this instance leads

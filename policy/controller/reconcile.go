@@ -34,7 +34,6 @@ type object interface {
 type kindClient[T object] interface {
 	Create(context.Context, T, metav1.CreateOptions) (T, error)
 	Update(context.Context, T, metav1.UpdateOptions) (T, error)
-	UpdateStatus(context.Context, T, metav1.UpdateOptions) (T, error)
 	Delete(context.Context, string, metav1.DeleteOptions) error
 }
 
@@ -67,8 +66,9 @@ func (o *kindOps[T]) storedNames() []string {
 }
 
 // reconcile makes the stored object k equal to desired (or absent when
-// !ok): create, update of labels+spec, update of status, or delete, each
-// only when it differs. Metadata other than labels is never compared.
+// !ok): one create, update (labels, spec and status together: the kinds
+// have no status subresource) or delete, only when it differs. Metadata
+// other than labels is never compared.
 func (o *kindOps[T]) reconcile(ctx context.Context, l *leading, k compute.Key, desired metav1.Object, ok bool) error {
 	m := l.c.metrics
 	cached, err := o.lister.Get(k.Name)
@@ -99,27 +99,17 @@ func (o *kindOps[T]) reconcile(ctx context.Context, l *leading, k compute.Key, d
 		}
 		m.writes.WithLabelValues(string(o.kind), "create").Inc()
 		l.wrote(k, created)
-		stored = created
-	} else if !labelsEqual(stored.GetLabels(), d.GetLabels()) || !equality.Semantic.DeepEqual(o.spec(stored), o.spec(d)) {
+	} else if !labelsEqual(stored.GetLabels(), d.GetLabels()) || !equality.Semantic.DeepEqual(o.spec(stored), o.spec(d)) ||
+		!equality.Semantic.DeepEqual(o.status(stored), o.status(d)) {
 		upd := o.copy(stored)
 		upd.SetLabels(d.GetLabels())
 		o.setSpec(upd, d)
+		o.setStatus(upd, d)
 		updated, err := o.client.Update(ctx, upd, metav1.UpdateOptions{})
 		if err != nil {
 			return fmt.Errorf("update %s: %w", k, err)
 		}
 		m.writes.WithLabelValues(string(o.kind), "update").Inc()
-		l.wrote(k, updated)
-		stored = updated
-	}
-	if !equality.Semantic.DeepEqual(o.status(stored), o.status(d)) {
-		upd := o.copy(stored)
-		o.setStatus(upd, d)
-		updated, err := o.client.UpdateStatus(ctx, upd, metav1.UpdateOptions{})
-		if err != nil {
-			return fmt.Errorf("update status of %s: %w", k, err)
-		}
-		m.writes.WithLabelValues(string(o.kind), "update_status").Inc()
 		l.wrote(k, updated)
 	}
 	return nil

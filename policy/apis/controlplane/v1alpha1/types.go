@@ -61,9 +61,9 @@ type GroupMember struct {
 //
 // +genclient
 // +genclient:nonNamespaced
+// +genclient:noStatus
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
 // +kubebuilder:resource:scope=Cluster,shortName=sag
-// +kubebuilder:subresource:status
 // +kubebuilder:printcolumn:name="Group",type=string,JSONPath=`.metadata.labels.controlplane\.seine\.io/group`
 // +kubebuilder:printcolumn:name="Members",type=integer,JSONPath=`.status.memberCount`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
@@ -104,9 +104,9 @@ type AddressGroupList struct {
 //
 // +genclient
 // +genclient:nonNamespaced
+// +genclient:noStatus
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
 // +kubebuilder:resource:scope=Cluster,shortName=satg
-// +kubebuilder:subresource:status
 // +kubebuilder:printcolumn:name="Group",type=string,JSONPath=`.metadata.labels.controlplane\.seine\.io/group`
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.spec.nodeName`
 // +kubebuilder:printcolumn:name="Members",type=integer,JSONPath=`.status.memberCount`
@@ -200,9 +200,9 @@ type PolicyReference struct {
 //
 // +genclient
 // +genclient:nonNamespaced
+// +genclient:noStatus
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
 // +kubebuilder:resource:scope=Cluster,shortName=snp
-// +kubebuilder:subresource:status
 // +kubebuilder:printcolumn:name="Source",type=string,JSONPath=`.spec.source.name`
 // +kubebuilder:printcolumn:name="Namespace",type=string,JSONPath=`.spec.source.namespace`
 // +kubebuilder:printcolumn:name="Rules",type=integer,JSONPath=`.status.ruleCount`
@@ -254,9 +254,9 @@ type NetworkPolicyList struct {
 //
 // +genclient
 // +genclient:nonNamespaced
+// +genclient:noStatus
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
 // +kubebuilder:resource:scope=Cluster,shortName=spr
-// +kubebuilder:subresource:status
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.spec.nodeName`
 // +kubebuilder:printcolumn:name="Pods",type=integer,JSONPath=`.status.podCount`
 type PodRealization struct {

@@ -26,8 +26,6 @@ type AddressGroupsGetter interface {
 type AddressGroupInterface interface {
 	Create(ctx context.Context, addressGroup *controlplanev1alpha1.AddressGroup, opts v1.CreateOptions) (*controlplanev1alpha1.AddressGroup, error)
 	Update(ctx context.Context, addressGroup *controlplanev1alpha1.AddressGroup, opts v1.UpdateOptions) (*controlplanev1alpha1.AddressGroup, error)
-	// Add a +genclient:noStatus comment above the type to avoid generating UpdateStatus().
-	UpdateStatus(ctx context.Context, addressGroup *controlplanev1alpha1.AddressGroup, opts v1.UpdateOptions) (*controlplanev1alpha1.AddressGroup, error)
 	Delete(ctx context.Context, name string, opts v1.DeleteOptions) error
 	DeleteCollection(ctx context.Context, opts v1.DeleteOptions, listOpts v1.ListOptions) error
 	Get(ctx context.Context, name string, opts v1.GetOptions) (*controlplanev1alpha1.AddressGroup, error)

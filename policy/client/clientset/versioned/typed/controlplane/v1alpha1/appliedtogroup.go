@@ -26,8 +26,6 @@ type AppliedToGroupsGetter interface {
 type AppliedToGroupInterface interface {
 	Create(ctx context.Context, appliedToGroup *controlplanev1alpha1.AppliedToGroup, opts v1.CreateOptions) (*controlplanev1alpha1.AppliedToGroup, error)
 	Update(ctx context.Context, appliedToGroup *controlplanev1alpha1.AppliedToGroup, opts v1.UpdateOptions) (*controlplanev1alpha1.AppliedToGroup, error)
-	// Add a +genclient:noStatus comment above the type to avoid generating UpdateStatus().
-	UpdateStatus(ctx context.Context, appliedToGroup *controlplanev1alpha1.AppliedToGroup, opts v1.UpdateOptions) (*controlplanev1alpha1.AppliedToGroup, error)
 	Delete(ctx context.Context, name string, opts v1.DeleteOptions) error
 	DeleteCollection(ctx context.Context, opts v1.DeleteOptions, listOpts v1.ListOptions) error
 	Get(ctx context.Context, name string, opts v1.GetOptions) (*controlplanev1alpha1.AppliedToGroup, error)

@@ -26,8 +26,6 @@ type PodRealizationsGetter interface {
 type PodRealizationInterface interface {
 	Create(ctx context.Context, podRealization *controlplanev1alpha1.PodRealization, opts v1.CreateOptions) (*controlplanev1alpha1.PodRealization, error)
 	Update(ctx context.Context, podRealization *controlplanev1alpha1.PodRealization, opts v1.UpdateOptions) (*controlplanev1alpha1.PodRealization, error)
-	// Add a +genclient:noStatus comment above the type to avoid generating UpdateStatus().
-	UpdateStatus(ctx context.Context, podRealization *controlplanev1alpha1.PodRealization, opts v1.UpdateOptions) (*controlplanev1alpha1.PodRealization, error)
 	Delete(ctx context.Context, name string, opts v1.DeleteOptions) error
 	DeleteCollection(ctx context.Context, opts v1.DeleteOptions, listOpts v1.ListOptions) error
 	Get(ctx context.Context, name string, opts v1.GetOptions) (*controlplanev1alpha1.PodRealization, error)
