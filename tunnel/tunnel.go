@@ -2,7 +2,8 @@
 // options of each tunnel type, how to find the transport interface that
 // carries tunnel traffic, and, for the userspace (netdev) datapath, how to
 // hand that interface to an OVS bridge so OVS's native tunnelling can send
-// and receive through it.
+// and receive through it, and how to keep OVS's tunnel neighbor cache
+// filled for the peers.
 package tunnel
 
 import (

@@ -245,9 +245,11 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		return err
 	}
 	factory := informers.NewSharedInformerFactory(kube, 0)
-	routes, err := noderoute.New(factory.Core().V1().Nodes(), noderoute.Config{
-		NodeName: cfg.NodeName, Gateway: cfg.GatewayName, Bridge: bridge, Flows: syncer, SNAT: masq,
-	}, log.Named("noderoute"))
+	rcfg := noderoute.Config{NodeName: cfg.NodeName, Gateway: cfg.GatewayName, Bridge: bridge, Flows: syncer, SNAT: masq}
+	if cfg.OVSDatapathType == config.DatapathNetdev {
+		rcfg.Neighbors = &tunnel.Neighbors{Bridge: cfg.TransportBridge, Appctl: ovsctl.New(cfg.OVSRunDir)}
+	}
+	routes, err := noderoute.New(factory.Core().V1().Nodes(), rcfg, log.Named("noderoute"))
 	if err != nil {
 		return err
 	}

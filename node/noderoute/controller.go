@@ -2,7 +2,9 @@
 // with a podCIDR it installs the OVS flows that send traffic for that
 // podCIDR through the tunnel to the peer's InternalIP, a host route for the
 // podCIDR via the gateway interface, and the peer's IP in the SNAT
-// exemption set; all three are removed when the Node goes away.
+// exemption set; all three are removed when the Node goes away. With the
+// userspace datapath it also keeps OVS's tunnel neighbor cache filled for
+// every peer (see tunnel.Neighbors), so no first packet is dropped.
 package noderoute
 
 import (
@@ -42,6 +44,16 @@ type NodeIPSet interface {
 	Sync(ctx context.Context) error
 }
 
+// NeighborCache fills the userspace datapath's tunnel neighbor cache for a
+// peer Node's IP (see tunnel.Neighbors).
+type NeighborCache interface {
+	Ensure(ctx context.Context, peer net.IP) error
+}
+
+// neighborRefresh is how often every peer's tunnel neighbor entry is
+// refreshed: well inside OVS's default 15-minute aging of idle entries.
+const neighborRefresh = time.Minute
+
 // Config wires the controller to this Node's datapath.
 type Config struct {
 	NodeName string
@@ -51,6 +63,8 @@ type Config struct {
 	Bridge  pipeline.Bridge
 	Flows   FlowSetter
 	SNAT    NodeIPSet
+	// Neighbors, when set (userspace datapath), is told about every peer.
+	Neighbors NeighborCache
 }
 
 type peer struct {
@@ -118,6 +132,9 @@ func (c *Controller) Run(ctx context.Context) error {
 		c.queue.Add(n.Name)
 	}
 	go wait.UntilWithContext(ctx, c.worker, time.Second)
+	if c.cfg.Neighbors != nil {
+		go wait.UntilWithContext(ctx, c.refreshNeighbors, neighborRefresh)
+	}
 	// Give the initial sync a moment to install every known peer, then drop
 	// stale routes.
 	go func() {
@@ -201,7 +218,29 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 		c.log.Info("peer Node connected", zap.String("node", name),
 			zap.String("pod_cidr", podCIDR.String()), zap.String("node_ip", nodeIP.String()))
 	}
+	if c.cfg.Neighbors != nil && (!had || !old.nodeIP.Equal(nodeIP)) {
+		// Not fatal: the tunnel works without it, at the price of the
+		// first packet; the periodic refresh tries again.
+		if err := c.cfg.Neighbors.Ensure(ctx, nodeIP); err != nil {
+			c.log.Warn("tunnel neighbor of peer Node not resolved", zap.String("node", name), zap.Error(err))
+		}
+	}
 	return nil
+}
+
+// refreshNeighbors re-resolves the tunnel neighbor of every peer.
+func (c *Controller) refreshNeighbors(ctx context.Context) {
+	c.mu.Lock()
+	ips := make(map[string]net.IP, len(c.peers))
+	for name, p := range c.peers {
+		ips[name] = p.nodeIP
+	}
+	c.mu.Unlock()
+	for name, ip := range ips {
+		if err := c.cfg.Neighbors.Ensure(ctx, ip); err != nil && ctx.Err() == nil {
+			c.log.Warn("tunnel neighbor of peer Node not resolved", zap.String("node", name), zap.Error(err))
+		}
+	}
 }
 
 func (c *Controller) removePeer(ctx context.Context, name string) error {

@@ -60,3 +60,46 @@ func TestTunnelTypes(t *testing.T) {
 		})
 	}
 }
+
+// TestTunnelNeighborsFilledBeforeTraffic empties a Node's OVS tunnel
+// neighbor cache and kernel neighbor table, restarts its seine, and checks
+// that the cache holds every peer Node before any Pod sends a packet, and
+// that the first connection from a Pod there to each peer gets through on
+// its first SYN. OVS's userspace tunnelling drops a packet whose outer
+// next hop it has not resolved yet; before seine filled the cache, the
+// first connection between two Nodes lost its SYN.
+func TestTunnelNeighborsFilledBeforeTraffic(t *testing.T) {
+	c := shared
+	nodes := c.Nodes()
+	pods := createPods(t, c, "tnl-neigh", 0, 1, 2)
+	ctx := testCtx(t, 2*time.Minute)
+	n0 := nodes[0]
+	if err := c.StopSeine(n0.Name); err != nil {
+		t.Fatal(err)
+	}
+	ovs(t, n0, "ovs-appctl", "tnl/neigh/flush")
+	if out, err := c.NodeExec(ctx, n0.Name, "ip", "neigh", "flush", "dev", "br-phy"); err != nil {
+		t.Fatalf("flushing the kernel's neighbors: %v: %s", err, out)
+	}
+	if out := ovs(t, n0, "ovs-appctl", "tnl/neigh/show"); strings.Contains(out, nodes[1].IP) || strings.Contains(out, nodes[2].IP) {
+		t.Fatalf("cache not empty after the flush:\n%s", out)
+	}
+	if err := c.StartSeine(ctx, n0.Name, nil); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "peers in the tunnel neighbor cache of "+n0.Name, func() error {
+		out := ovs(t, n0, "ovs-appctl", "tnl/neigh/show")
+		for _, peer := range nodes[1:] {
+			if !strings.Contains(out, peer.IP+" ") {
+				return fmt.Errorf("%s (%s) missing:\n%s", peer.Name, peer.IP, out)
+			}
+		}
+		return nil
+	})
+	for _, dst := range pods[1:] {
+		// Shorter than TCP's 1 s initial retransmission timeout: only the
+		// first SYN can succeed.
+		r := c.Probe(ctx, pods[0].ns, pods[0].name, dst.ip, tcpPort, corev1.ProtocolTCP, 500*time.Millisecond)
+		expectConnected(t, r, dst.name, "first connection from "+n0.Name+" to "+dst.node)
+	}
+}
