@@ -49,8 +49,10 @@ func ResolveNetdevTransport(ctx context.Context, pm PortManager, bridge string, 
 //     added to it as a system port; the bridge forwards with the NORMAL
 //     action (installed by the caller through OpenFlow);
 //  2. the device's IPv4 addresses and routes move to the bridge's internal
-//     interface, which takes the device's MTU (and, being the bridge's only
-//     physical port, its MAC, so neighbours' ARP caches stay valid);
+//     interface, which takes the device's MTU and MAC (other_config:hwaddr;
+//     OVS would otherwise pick a random one), so the Node's address keeps
+//     its MAC and neighbours' ARP caches, filled before seine started,
+//     stay valid;
 //  3. an nftables netdev-family ingress chain drops everything the kernel
 //     itself would receive on the device: OVS reads the device through
 //     AF_PACKET, which sees packets before that hook, so only the kernel's
@@ -64,7 +66,8 @@ func AttachNetdev(ctx context.Context, pm PortManager, nft knftables.Interface, 
 		return Transport{}, fmt.Errorf("transport interface %q: %w", device, err)
 	}
 	if err := pm.EnsureBridge(ctx, ovsdb.BridgeConfig{Name: bridge, DatapathType: "netdev",
-		ExternalIDs: map[string]string{"seine.io/role": "transport"}}); err != nil {
+		ExternalIDs: map[string]string{"seine.io/role": "transport"},
+		OtherConfig: map[string]string{"hwaddr": dev.Attrs().HardwareAddr.String()}}); err != nil {
 		return Transport{}, fmt.Errorf("transport bridge %s: %w", bridge, err)
 	}
 	if _, err := pm.EnsurePort(ctx, bridge, ovsdb.PortSpec{Name: device,

@@ -41,6 +41,10 @@ type BridgeConfig struct {
 	// ExternalIDs are merged into the bridge's existing external_ids: the
 	// keys given here are set, other keys are kept.
 	ExternalIDs map[string]string
+	// OtherConfig is merged into the bridge's other_config like
+	// ExternalIDs (e.g. "hwaddr": the MAC of the bridge's own internal
+	// interface, ovs-vswitchd.conf.db(5), Bridge table).
+	OtherConfig map[string]string
 	// TableNames names OpenFlow tables (Bridge.flow_tables ->
 	// Flow_Table.name), so that `ovs-ofctl dump-flows --names` and
 	// `ovs-ofctl dump-tables` show them. Keys are table numbers 0-254.
@@ -52,7 +56,7 @@ type BridgeConfig struct {
 // with fail_mode=secure (no flows until a controller installs them),
 // protocols OpenFlow10, OpenFlow13 and OpenFlow15, and its own internal port
 // named like the bridge; an existing bridge gets its datapath type,
-// external_ids and table names updated. It is idempotent and returns once
+// external_ids, other_config and table names updated. It is idempotent and returns once
 // ovs-vswitchd has applied the change, so the bridge's OpenFlow management
 // socket exists when it returns.
 //
@@ -133,6 +137,7 @@ func (c *Client) createBridgeOps(t *txn, root *vswitch.OpenvSwitch, cfg BridgeCo
 		Name:         cfg.Name,
 		DatapathType: cfg.DatapathType,
 		ExternalIDs:  maps.Clone(cfg.ExternalIDs),
+		OtherConfig:  maps.Clone(cfg.OtherConfig),
 		FailMode:     &failMode,
 		Protocols: []vswitch.BridgeProtocols{
 			vswitch.BridgeProtocolsOpenflow10,
@@ -174,6 +179,9 @@ func (c *Client) updateBridgeOps(ctx context.Context, t *txn, br *vswitch.Bridge
 	var mutations []model.Mutation
 	if !containsAll(br.ExternalIDs, cfg.ExternalIDs) {
 		mutations = append(mutations, mergeMapMutations(&br.ExternalIDs, cfg.ExternalIDs)...)
+	}
+	if !containsAll(br.OtherConfig, cfg.OtherConfig) {
+		mutations = append(mutations, mergeMapMutations(&br.OtherConfig, cfg.OtherConfig)...)
 	}
 	newTables := map[int]string{}
 	for id, name := range cfg.TableNames {

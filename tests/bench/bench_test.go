@@ -43,6 +43,10 @@ func up(b *testing.B, name string, nodes int) *sandbox.Cluster {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() {
+		if os.Getenv("SEINE_BENCH_KEEP") != "" {
+			b.Logf("keeping sandbox %s (SEINE_BENCH_KEEP); remove it with: bin/sandbox down --name %s", name, name)
+			return
+		}
 		if err := sandbox.Down(name, ""); err != nil {
 			b.Errorf("down: %v", err)
 		}

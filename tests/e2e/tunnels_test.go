@@ -8,6 +8,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/seine-net/seine/tests/sandbox"
 )
 
 // TestTunnelTypes restarts seine on every Node with each tunnel type and
@@ -96,10 +98,38 @@ func TestTunnelNeighborsFilledBeforeTraffic(t *testing.T) {
 		}
 		return nil
 	})
+	// The cached MAC is the peer's: its transport bridge took the MAC of
+	// the physical interface, which the peer's neighbours knew before
+	// seine started.
+	cache := ovs(t, n0, "ovs-appctl", "tnl/neigh/show")
+	for _, peer := range nodes {
+		phy, br := linkMAC(t, c, peer.Name, "eth0"), linkMAC(t, c, peer.Name, "br-phy")
+		if phy != br {
+			t.Errorf("%s: br-phy has MAC %s, its transport interface eth0 %s", peer.Name, br, phy)
+		}
+		if peer.Name == n0.Name {
+			continue
+		}
+		for _, line := range strings.Split(cache, "\n") {
+			if f := strings.Fields(line); len(f) >= 2 && f[0] == peer.IP && f[1] != br {
+				t.Errorf("%s caches %s (%s) at %s, but its MAC is %s", n0.Name, peer.Name, peer.IP, f[1], br)
+			}
+		}
+	}
 	for _, dst := range pods[1:] {
 		// Shorter than TCP's 1 s initial retransmission timeout: only the
 		// first SYN can succeed.
 		r := c.Probe(ctx, pods[0].ns, pods[0].name, dst.ip, tcpPort, corev1.ProtocolTCP, 500*time.Millisecond)
 		expectConnected(t, r, dst.name, "first connection from "+n0.Name+" to "+dst.node)
 	}
+}
+
+// linkMAC returns the MAC of a network device of a Node.
+func linkMAC(t *testing.T, c *sandbox.Cluster, node, dev string) string {
+	t.Helper()
+	out, err := c.NodeExec(testCtx(t, 10*time.Second), node, "cat", "/sys/class/net/"+dev+"/address")
+	if err != nil {
+		t.Fatalf("MAC of %s on %s: %v: %s", dev, node, err, out)
+	}
+	return strings.TrimSpace(string(out))
 }
