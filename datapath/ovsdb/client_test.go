@@ -125,10 +125,18 @@ func TestEnsureBridge(t *testing.T) {
 		Name:         name,
 		DatapathType: DatapathNetdev,
 		ExternalIDs:  map[string]string{"version": "2"},
+		OtherConfig:  map[string]string{"hwaddr": "02:53:45:49:4e:45"},
 		TableNames:   map[uint8]string{10: "l2-lookup", 20: "output"},
 	})
 	if err != nil {
 		t.Fatalf("EnsureBridge again: %v", err)
+	}
+	if got := vsctl(o, "get", "Bridge", name, "other_config:hwaddr"); got != `"02:53:45:49:4e:45"` {
+		t.Errorf("other_config:hwaddr = %s", got)
+	}
+	// ovs-vswitchd applied it to the bridge's own interface.
+	if got := vsctl(o, "get", "Interface", name, "mac_in_use"); got != `"02:53:45:49:4e:45"` {
+		t.Errorf("mac_in_use of %s = %s, want the hwaddr", name, got)
 	}
 	if n := vsctl(o, "--columns=name", "--bare", "find", "Bridge", "name="+name); n != name {
 		t.Errorf("bridge rows named %s: %q", name, n)
