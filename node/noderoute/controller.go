@@ -54,6 +54,11 @@ type NeighborCache interface {
 // refreshed: well inside OVS's default 15-minute aging of idle entries.
 const neighborRefresh = time.Minute
 
+// neighborWorkers resolve tunnel neighbors apart from the peer worker, so
+// a silent peer (each attempt waits for ARP) delays no other peer's flows
+// and routes, and several silent peers no other resolution.
+const neighborWorkers = 4
+
 // Config wires the controller to this Node's datapath.
 type Config struct {
 	NodeName string
@@ -78,7 +83,9 @@ type Controller struct {
 	lister corelisters.NodeLister
 	synced cache.InformerSynced
 	queue  workqueue.TypedRateLimitingInterface[string]
-	log    *zap.Logger
+	// neighQueue holds the peers whose tunnel neighbor to resolve.
+	neighQueue workqueue.TypedInterface[string]
+	log        *zap.Logger
 
 	mu    sync.Mutex
 	peers map[string]peer // installed state by Node name
@@ -93,8 +100,9 @@ func New(informer coreinformers.NodeInformer, cfg Config, log *zap.Logger) (*Con
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "noderoute"}),
-		log:   log,
-		peers: map[string]peer{},
+		neighQueue: workqueue.NewTypedWithConfig(workqueue.TypedQueueConfig[string]{Name: "noderoute-neighbors"}),
+		log:        log,
+		peers:      map[string]peer{},
 	}
 	_, err := informer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    c.enqueue,
@@ -121,6 +129,7 @@ func (c *Controller) enqueue(obj any) {
 // by an earlier run).
 func (c *Controller) Run(ctx context.Context) error {
 	defer c.queue.ShutDown()
+	defer c.neighQueue.ShutDown()
 	if !cache.WaitForCacheSync(ctx.Done(), c.synced) {
 		return fmt.Errorf("waiting for the Node informer: %w", ctx.Err())
 	}
@@ -133,6 +142,9 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 	go wait.UntilWithContext(ctx, c.worker, time.Second)
 	if c.cfg.Neighbors != nil {
+		for i := 0; i < neighborWorkers; i++ {
+			go c.neighborWorker(ctx)
+		}
 		go wait.UntilWithContext(ctx, c.refreshNeighbors, neighborRefresh)
 	}
 	// Give the initial sync a moment to install every known peer, then drop
@@ -219,27 +231,39 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 			zap.String("pod_cidr", podCIDR.String()), zap.String("node_ip", nodeIP.String()))
 	}
 	if c.cfg.Neighbors != nil && (!had || !old.nodeIP.Equal(nodeIP)) {
-		// Not fatal: the tunnel works without it, at the price of the
-		// first packet; the periodic refresh tries again.
-		if err := c.cfg.Neighbors.Ensure(ctx, nodeIP); err != nil {
-			c.log.Warn("tunnel neighbor of peer Node not resolved", zap.String("node", name), zap.Error(err))
-		}
+		c.neighQueue.Add(name)
 	}
 	return nil
 }
 
-// refreshNeighbors re-resolves the tunnel neighbor of every peer.
-func (c *Controller) refreshNeighbors(ctx context.Context) {
+// refreshNeighbors queues every peer for tunnel neighbor resolution.
+func (c *Controller) refreshNeighbors(context.Context) {
 	c.mu.Lock()
-	ips := make(map[string]net.IP, len(c.peers))
-	for name, p := range c.peers {
-		ips[name] = p.nodeIP
+	defer c.mu.Unlock()
+	for name := range c.peers {
+		c.neighQueue.Add(name)
 	}
-	c.mu.Unlock()
-	for name, ip := range ips {
-		if err := c.cfg.Neighbors.Ensure(ctx, ip); err != nil && ctx.Err() == nil {
-			c.log.Warn("tunnel neighbor of peer Node not resolved", zap.String("node", name), zap.Error(err))
+}
+
+// neighborWorker resolves queued peers' tunnel neighbors. A failure is not
+// retried here: the tunnel works without the entry, at the price of the
+// first packet, and the periodic refresh tries again.
+func (c *Controller) neighborWorker(ctx context.Context) {
+	for {
+		name, quit := c.neighQueue.Get()
+		if quit {
+			return
 		}
+		c.mu.Lock()
+		p, ok := c.peers[name]
+		c.mu.Unlock()
+		if ok {
+			if err := c.cfg.Neighbors.Ensure(ctx, p.nodeIP); err != nil && ctx.Err() == nil {
+				c.log.Warn("tunnel neighbor of peer Node not resolved", zap.String("node", name),
+					zap.String("node_ip", p.nodeIP.String()), zap.Error(err))
+			}
+		}
+		c.neighQueue.Done(name)
 	}
 }
 
