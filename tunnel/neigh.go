@@ -36,14 +36,17 @@ type Neighbors struct {
 	Bridge string
 	// Appctl reaches ovs-vswitchd.
 	Appctl Appctl
-	// Wait bounds how long Ensure waits for the kernel to resolve a next
-	// hop; default 1 s.
+	// Wait bounds how long Ensure waits for the kernel to confirm a next
+	// hop; default 7 s: a STALE entry is confirmed only after the kernel's
+	// delay_first_probe_time (5 s) and one unicast probe (ip-sysctl).
 	Wait time.Duration
 }
 
 // Ensure makes OVS's tunnel neighbor cache hold the MAC of the next hop
-// towards peer (peer itself when on-link, else its gateway). Errors name
-// the step: no route, no answer within Wait, or the appctl command.
+// towards peer (peer itself when on-link, else its gateway), once the
+// kernel has confirmed it (REACHABLE): a STALE entry may hold an old MAC,
+// which must not overwrite a fresher one OVS snooped. Errors name the
+// step: no route, no confirmation within Wait, or the appctl command.
 func (n *Neighbors) Ensure(ctx context.Context, peer net.IP) error {
 	hop, link, err := nextHop(peer)
 	if err != nil {
@@ -77,7 +80,7 @@ var errNoRoute = errors.New("no route")
 
 // resolve asks the kernel to (re)confirm hop on link (a neighbor update
 // with NTF_USE starts resolution as sending a packet would, rtnetlink(7))
-// and waits until the entry has a MAC.
+// and waits until the entry is confirmed.
 func (n *Neighbors) resolve(ctx context.Context, hop net.IP, link int) (net.HardwareAddr, error) {
 	use := &netlink.Neigh{LinkIndex: link, Family: netlink.FAMILY_V4, IP: hop, Flags: netlink.NTF_USE}
 	if err := netlink.NeighSet(use); err != nil {
@@ -85,7 +88,7 @@ func (n *Neighbors) resolve(ctx context.Context, hop net.IP, link int) (net.Hard
 	}
 	wait := n.Wait
 	if wait <= 0 {
-		wait = time.Second
+		wait = 7 * time.Second
 	}
 	deadline := time.Now().Add(wait)
 	for {
@@ -93,7 +96,7 @@ func (n *Neighbors) resolve(ctx context.Context, hop net.IP, link int) (net.Hard
 			return mac, nil
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("neighbor %s did not answer ARP within %s", hop, wait)
+			return nil, fmt.Errorf("neighbor %s was not confirmed by ARP within %s", hop, wait)
 		}
 		select {
 		case <-ctx.Done():
@@ -103,13 +106,13 @@ func (n *Neighbors) resolve(ctx context.Context, hop net.IP, link int) (net.Hard
 	}
 }
 
-// kernelMAC returns the MAC of a usable kernel neighbor entry for hop.
+// kernelMAC returns the MAC of a confirmed kernel neighbor entry for hop.
 func kernelMAC(hop net.IP, link int) net.HardwareAddr {
 	neighs, err := netlink.NeighList(link, netlink.FAMILY_V4)
 	if err != nil {
 		return nil
 	}
-	const usable = netlink.NUD_REACHABLE | netlink.NUD_STALE | netlink.NUD_DELAY | netlink.NUD_PROBE | netlink.NUD_PERMANENT
+	const usable = netlink.NUD_REACHABLE | netlink.NUD_PERMANENT | netlink.NUD_NOARP
 	for _, e := range neighs {
 		if e.IP.Equal(hop) && e.State&usable != 0 && len(e.HardwareAddr) == 6 {
 			return e.HardwareAddr

@@ -93,7 +93,7 @@ func TestNeighborsEnsure(t *testing.T) {
 	}
 
 	err = n.Ensure(ctx, net.ParseIP("198.19.251.9"))
-	if err == nil || !strings.Contains(err.Error(), "did not answer ARP") {
+	if err == nil || !strings.Contains(err.Error(), "was not confirmed by ARP") {
 		t.Errorf("silent peer: %v", err)
 	}
 	err = n.Ensure(ctx, net.ParseIP("198.18.200.1"))
@@ -111,5 +111,16 @@ func TestNeighborsEnsure(t *testing.T) {
 	}
 	if !found {
 		t.Errorf("no kernel neighbor entry for the peer: %v", neighs)
+	}
+
+	// An unconfirmed (STALE) entry may hold an old MAC: it is not written.
+	ipCmd(t, "neigh", "replace", "198.19.251.2", "dev", "tn0", "lladdr", "02:00:00:00:00:99", "nud", "stale")
+	if err := n.Ensure(ctx, net.ParseIP("198.19.251.2")); err == nil {
+		t.Error("a STALE neighbor entry was taken as confirmed")
+	}
+	for _, c := range rec.calls {
+		if strings.Contains(c, "02:00:00:00:00:99") {
+			t.Errorf("the stale MAC was written: %s", c)
+		}
 	}
 }

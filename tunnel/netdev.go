@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"syscall"
 
 	"github.com/vishvananda/netlink"
@@ -64,6 +65,15 @@ func AttachNetdev(ctx context.Context, pm PortManager, nft knftables.Interface, 
 	dev, err := netlink.LinkByName(device)
 	if err != nil {
 		return Transport{}, fmt.Errorf("transport interface %q: %w", device, err)
+	}
+	if _, err := netlink.LinkByName(bridge); err == nil {
+		// A bridge from a release that let OVS pick its MAC changes MAC
+		// below while holding the Node's address: announce the new one
+		// (gratuitous ARP on a MAC change, ip-sysctl arp_notify), or
+		// neighbours keep the old one until their ARP entries expire.
+		if err := os.WriteFile("/proc/sys/net/ipv4/conf/"+bridge+"/arp_notify", []byte("1"), 0o644); err != nil {
+			log.Warn("arp_notify on the transport bridge", zap.String("bridge", bridge), zap.Error(err))
+		}
 	}
 	if err := pm.EnsureBridge(ctx, ovsdb.BridgeConfig{Name: bridge, DatapathType: "netdev",
 		ExternalIDs: map[string]string{"seine.io/role": "transport"},

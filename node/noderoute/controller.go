@@ -59,6 +59,9 @@ const neighborRefresh = time.Minute
 // and routes, and several silent peers no other resolution.
 const neighborWorkers = 4
 
+// neighborTimeout bounds one resolution (ARP included).
+const neighborTimeout = 10 * time.Second
+
 // Config wires the controller to this Node's datapath.
 type Config struct {
 	NodeName string
@@ -222,6 +225,10 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 	c.mu.Lock()
 	c.peers[name] = peer{podCIDR: podCIDR, nodeIP: nodeIP}
 	c.mu.Unlock()
+	if c.cfg.Neighbors != nil && (!had || !old.nodeIP.Equal(nodeIP)) {
+		// Queued now: a retry of this sync finds the peer already known.
+		c.neighQueue.Add(name)
+	}
 	c.cfg.SNAT.SetNodeIP(name, nodeIP)
 	if err := c.cfg.SNAT.Sync(ctx); err != nil {
 		return err
@@ -229,9 +236,6 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 	if !had {
 		c.log.Info("peer Node connected", zap.String("node", name),
 			zap.String("pod_cidr", podCIDR.String()), zap.String("node_ip", nodeIP.String()))
-	}
-	if c.cfg.Neighbors != nil && (!had || !old.nodeIP.Equal(nodeIP)) {
-		c.neighQueue.Add(name)
 	}
 	return nil
 }
@@ -258,7 +262,11 @@ func (c *Controller) neighborWorker(ctx context.Context) {
 		p, ok := c.peers[name]
 		c.mu.Unlock()
 		if ok {
-			if err := c.cfg.Neighbors.Ensure(ctx, p.nodeIP); err != nil && ctx.Err() == nil {
+			// Bounded: a hung ovs-vswitchd must not hold a worker forever.
+			ectx, cancel := context.WithTimeout(ctx, neighborTimeout)
+			err := c.cfg.Neighbors.Ensure(ectx, p.nodeIP)
+			cancel()
+			if err != nil && ctx.Err() == nil {
 				c.log.Warn("tunnel neighbor of peer Node not resolved", zap.String("node", name),
 					zap.String("node_ip", p.nodeIP.String()), zap.Error(err))
 			}

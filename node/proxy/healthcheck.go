@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -80,9 +81,12 @@ func localAddrsIn(cidrs []*net.IPNet) func() ([]net.IP, error) {
 			if !ok || n.IP.To4() == nil {
 				continue
 			}
+			ip := n.IP.To4()
 			for _, c := range cidrs {
-				if c.Contains(n.IP) {
-					out = append(out, n.IP.To4())
+				// An address may sit on two interfaces (a VIP on lo and
+				// eth0): listen on it once.
+				if c.Contains(ip) && !slices.ContainsFunc(out, ip.Equal) {
+					out = append(out, ip)
 					break
 				}
 			}

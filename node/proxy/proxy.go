@@ -271,13 +271,16 @@ func (p *Proxier) SyncService(ctx context.Context, key string) error {
 		}
 		hcPort, hcLocal = healthCheckPort(svc), localReady(slices, p.cfg.NodeName)
 	}
+	var hcErr error
 	if p.health != nil {
-		// A health check that cannot listen must not hold the datapath up.
-		if err := p.health.set(key, hcPort, hcLocal); err != nil {
-			p.log.Warn("health check node port not served", zap.String("service", key), zap.Error(err))
+		// A health check that cannot listen must not hold the datapath up:
+		// the Service is programmed anyway, and the error requeues it, so
+		// the port is tried again (with backoff).
+		if hcErr = p.health.set(key, hcPort, hcLocal); hcErr != nil {
+			p.log.Warn("health check node port not served", zap.String("service", key), zap.Error(hcErr))
 		}
 	}
-	return p.apply(ctx, key, want)
+	return errors.Join(p.apply(ctx, key, want), hcErr)
 }
 
 // apply installs want for the Service key and removes its other ports.

@@ -14,13 +14,19 @@ func TestSmallMapAgainstMap(t *testing.T) {
 	want := map[int]int{}
 	for step := 0; step < 20000; step++ {
 		k := r.IntN(3 * smallMapMax)
-		if r.IntN(2) == 0 {
+		switch r.IntN(3) {
+		case 2:
+			// Ptr adds a missing key with the zero value; writes through
+			// the pointer land in the map.
+			*s.Ptr(k) += 1000
+			want[k] += 1000
+		case 0:
 			_, existed := want[k]
 			if isNew := s.Put(k, step); isNew == existed {
 				t.Fatalf("step %d: Put(%d) new=%v, but present=%v", step, k, isNew, existed)
 			}
 			want[k] = step
-		} else {
+		default:
 			_, existed := want[k]
 			if got := s.Delete(k); got != existed {
 				t.Fatalf("step %d: Delete(%d)=%v, want %v", step, k, got, existed)
