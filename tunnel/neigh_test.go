@@ -7,13 +7,13 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
+
+	"github.com/seine-net/seine/tests/netnstest"
 )
 
 // recordingAppctl records the commands it is given and answers "".
@@ -46,20 +46,10 @@ func TestNeighborsEnsure(t *testing.T) {
 	ipCmd(t, "netns", "add", peerNS)
 	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", peerNS).Run() })
 
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer orig.Close()
-	ns, err := netns.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	defer netns.Set(orig)
+	netnstest.Run(t, func() { neighborsInNetns(t, peerNS) })
+}
 
+func neighborsInNetns(t *testing.T, peerNS string) {
 	ipCmd(t, "link", "add", "tn0", "type", "veth", "peer", "name", "tn1", "netns", peerNS)
 	ipCmd(t, "addr", "add", "198.19.251.1/24", "dev", "tn0")
 	ipCmd(t, "link", "set", "tn0", "up")

@@ -3,40 +3,15 @@ package snat
 import (
 	"context"
 	"net"
-	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"testing"
 
-	"github.com/vishvananda/netns"
+	"github.com/seine-net/seine/tests/netnstest"
 )
 
-// inNewNetns runs the test body in a fresh network namespace, so the real
-// nftables ruleset it programs touches nothing else.
-func inNewNetns(t *testing.T, body func()) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer orig.Close()
-	ns, err := netns.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	defer netns.Set(orig)
-	body()
-}
-
 func TestSyncProgramsMasqueradeAndNodeSet(t *testing.T) {
-	inNewNetns(t, func() {
+	netnstest.Run(t, func() {
 		nft, err := NewNFTables()
 		if err != nil {
 			t.Fatal(err)
