@@ -36,6 +36,7 @@ const (
 	IngressDefault  Table = 100 // default deny for Pods isolated for ingress
 	ConntrackCommit Table = 110 // ct(commit) new connections
 	Output          Table = 120 // output:reg1
+	TunnelOutput    Table = 130 // segmented packets back from the segmentation port: tun_dst by peer MAC, to the tunnel
 )
 
 // Miss is what a table does with a packet that matches none of its flows.
@@ -72,6 +73,7 @@ func Tables() []TableInfo {
 		{IngressDefault, "IngressDefault", MissNext},
 		{ConntrackCommit, "ConntrackCommit", MissNext},
 		{Output, "Output", MissDrop},
+		{TunnelOutput, "TunnelOutput", MissDrop},
 	}
 }
 

@@ -36,6 +36,7 @@ import (
 	"sigs.k8s.io/knftables"
 
 	"github.com/seine-net/seine/datapath/flowsync"
+	"github.com/seine-net/seine/datapath/offload"
 	of "github.com/seine-net/seine/datapath/openflow"
 	"github.com/seine-net/seine/datapath/ovsctl"
 	"github.com/seine-net/seine/datapath/ovsdb"
@@ -99,15 +100,15 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	defer ovs.Close()
 
 	// Transport and MTU.
-	transport, err := tunnel.FindTransport(cfg.TransportInterface, nodeIP)
-	if err != nil && cfg.OVSDatapathType != config.DatapathNetdev {
-		return err
-	}
-	if cfg.OVSDatapathType == config.DatapathNetdev {
-		transport, err = setupNetdevTransport(ctx, cfg, ovs, nodeIP, log)
-		if err != nil {
+	if userspaceDatapath(cfg) {
+		if err := setUserspaceTSO(ctx, cfg, ovs, log); err != nil {
 			return err
 		}
+	}
+	tunnelKind := tunnel.Choose(userspaceDatapath(cfg), cfg.TunnelType)
+	transport, err := setupTransport(ctx, cfg, tunnelKind, ovs, nodeIP, log)
+	if err != nil {
+		return err
 	}
 	overhead, err := tunnel.Overhead(cfg.TunnelType)
 	if err != nil {
@@ -139,12 +140,9 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	}); err != nil {
 		return fmt.Errorf("bridge %s: %w", cfg.BridgeName, err)
 	}
-	tunOpts, _ := tunnel.PortOptions(cfg.TunnelType)
-	tunPort, err := ovs.EnsurePort(ctx, cfg.BridgeName, ovsdb.PortSpec{
-		Name: cfg.TunnelName, Type: cfg.TunnelType, Options: tunOpts, OFPortRequest: TunnelOFPort,
-	})
+	tunPort, kernelTunnel, err := tunnelPort(ctx, cfg, tunnelKind, ovs, nodeIP, mtu)
 	if err != nil {
-		return fmt.Errorf("tunnel port: %w", err)
+		return err
 	}
 	gwPort, err := ovs.EnsurePort(ctx, cfg.BridgeName, ovsdb.PortSpec{
 		Name: cfg.GatewayName, Type: "internal", OFPortRequest: GatewayOFPort, MTURequest: mtu,
@@ -159,6 +157,16 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	}
 	if err := setSysctls(cfg.GatewayName); err != nil {
 		return err
+	}
+	// Userspace TSO is in effect only if ovs-vswitchd started with it.
+	tso := false
+	if userspaceDatapath(cfg) {
+		if tso, err = offload.UserspaceTSOActive(cfg.GatewayName); err != nil {
+			return err
+		}
+		if cfg.UserspaceTSOEnabled() && !tso {
+			log.Warn("ovs-vswitchd runs without userspace TSO: Pods get checksum offload off and traffic crosses the bridge one MTU-sized packet at a time until ovs-vswitchd restarts")
+		}
 	}
 
 	// OpenFlow and the pipeline.
@@ -188,6 +196,11 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		NodeIP:      nodeIP,
 		TunnelPort:  uint32(tunPort.OFPort),
 	}
+	if err := tunnelEgress(ctx, cfg, tunnelKind, tso, ovs, mtu, &bridge); err != nil {
+		return err
+	}
+	log.Info("tunnel", zap.String("kind", tunnelKind.String()), zap.Stringer("egress", bridge.Tunnel),
+		zap.Bool("userspace_tso", tso))
 	baseFlows := pipeline.BaseFlows(bridge)
 	if cfg.PolicyEnabled() {
 		baseFlows = append(baseFlows, pipeline.PolicyBaseFlows(bridge)...)
@@ -225,7 +238,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		BridgeName:        cfg.BridgeName,
 		Bridge:            bridge,
 		MTU:               mtu,
-		DisableTxChecksum: cfg.OVSDatapathType == config.DatapathNetdev,
+		DisableTxChecksum: userspaceDatapath(cfg) && !tso,
 		Policy:            policyHook(policyAgent),
 	}, alloc, ovs, syncer, log.Named("podnet"))
 	restored, err := backend.RestorePods(ctx)
@@ -245,8 +258,9 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		return err
 	}
 	factory := informers.NewSharedInformerFactory(kube, 0)
-	rcfg := noderoute.Config{NodeName: cfg.NodeName, Gateway: cfg.GatewayName, Bridge: bridge, Flows: syncer, SNAT: masq}
-	if cfg.OVSDatapathType == config.DatapathNetdev {
+	rcfg := noderoute.Config{NodeName: cfg.NodeName, Gateway: cfg.GatewayName, Bridge: bridge, Flows: syncer, SNAT: masq,
+		Tunnel: peerTunnel(kernelTunnel)}
+	if userspaceDatapath(cfg) && tunnelKind == tunnel.KindOVSPort {
 		rcfg.Neighbors = &tunnel.Neighbors{Bridge: cfg.TransportBridge, Appctl: ovsctl.New(cfg.OVSRunDir)}
 	}
 	routes, err := noderoute.New(factory.Core().V1().Nodes(), rcfg, log.Named("noderoute"))

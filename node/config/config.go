@@ -60,6 +60,11 @@ type Config struct {
 	// over TransportInterface and its addresses so that OVS's userspace
 	// tunnels can reach peers. Default br-phy. Unused with "system".
 	TransportBridge string `json:"transportBridge,omitempty"`
+	// UserspaceTSO, with the netdev datapath, sets ovs-vswitchd's
+	// other_config:userspace-tso-enable, so TCP segments up to 64 KiB cross
+	// the bridge whole and Pods keep their checksum offload. Default true.
+	// ovs-vswitchd reads it at start only. Unused with "system".
+	UserspaceTSO *bool `json:"userspaceTSO,omitempty"`
 
 	// ClusterCIDR is the cluster's Pod CIDR; traffic from Pods to anything
 	// outside it (and outside the Node IPs) is masqueraded. Default
@@ -184,6 +189,7 @@ func Default() Config {
 		TunnelName:      "seine-tun0",
 		TunnelType:      TunnelGeneve,
 		TransportBridge: "br-phy",
+		UserspaceTSO:    &t,
 		ClusterCIDR:     "10.244.0.0/16",
 		ServiceCIDR:     "10.96.0.0/16",
 		SNAT:            &t,
@@ -342,6 +348,10 @@ func (c Config) Validate() error {
 	}
 	return errors.Join(errs...)
 }
+
+// UserspaceTSOEnabled reports whether the netdev datapath should run with
+// userspace TSO.
+func (c Config) UserspaceTSOEnabled() bool { return c.UserspaceTSO == nil || *c.UserspaceTSO }
 
 // SNATEnabled reports whether Pod traffic leaving the cluster is masqueraded.
 func (c Config) SNATEnabled() bool { return c.SNAT == nil || *c.SNAT }

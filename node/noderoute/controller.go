@@ -50,6 +50,18 @@ type NeighborCache interface {
 	Ensure(ctx context.Context, peer net.IP) error
 }
 
+// PeerTunnel keeps the per-peer state of a tunnel device that picks the
+// remote end itself (tunnel.KernelVXLAN: a forwarding entry per peer).
+// AddPeer runs before the peer's flows are installed, so no packet reaches
+// the device before it knows the peer.
+type PeerTunnel interface {
+	AddPeer(nodeIP net.IP) error
+	RemovePeer(nodeIP net.IP) error
+	// Peers lists the Node IPs the device knows, so entries of peers
+	// removed while the daemon was down can be found.
+	Peers() ([]net.IP, error)
+}
+
 // neighborRefresh is how often every peer's tunnel neighbor entry is
 // refreshed: well inside OVS's default 15-minute aging of idle entries.
 const neighborRefresh = time.Minute
@@ -73,6 +85,9 @@ type Config struct {
 	SNAT    NodeIPSet
 	// Neighbors, when set (userspace datapath), is told about every peer.
 	Neighbors NeighborCache
+	// Tunnel, when set, is told about every peer before its flows and
+	// after their removal.
+	Tunnel PeerTunnel
 }
 
 type peer struct {
@@ -159,6 +174,9 @@ func (c *Controller) Run(ctx context.Context) error {
 			if err := c.removeStaleRoutes(); err != nil {
 				c.log.Warn("removing stale routes", zap.Error(err))
 			}
+			if err := c.removeStaleTunnelPeers(); err != nil {
+				c.log.Warn("removing stale tunnel peers", zap.Error(err))
+			}
 		}
 	}()
 	<-ctx.Done()
@@ -205,15 +223,25 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 		return c.removePeer(ctx, name)
 	}
 	gw := FirstIP(podCIDR)
+	c.mu.Lock()
+	old, had := c.peers[name]
+	c.mu.Unlock()
+	if c.cfg.Tunnel != nil {
+		if err := c.cfg.Tunnel.AddPeer(nodeIP); err != nil {
+			return err
+		}
+	}
 	flows := pipeline.PeerNodeFlows(c.cfg.Bridge, pipeline.PeerNode{
 		ID: peerID(name), PodCIDR: podCIDR, NodeIP: nodeIP, GatewayIP: gw,
 	})
 	if err := c.cfg.Flows.Set(ctx, owner(name), flows); err != nil {
 		return err
 	}
-	c.mu.Lock()
-	old, had := c.peers[name]
-	c.mu.Unlock()
+	if had && c.cfg.Tunnel != nil && !old.nodeIP.Equal(nodeIP) {
+		if err := c.cfg.Tunnel.RemovePeer(old.nodeIP); err != nil {
+			return err
+		}
+	}
 	if had && old.podCIDR.String() != podCIDR.String() {
 		if err := c.deleteRoute(old.podCIDR); err != nil {
 			return err
@@ -286,6 +314,11 @@ func (c *Controller) removePeer(ctx context.Context, name string) error {
 		if err := c.deleteRoute(old.podCIDR); err != nil {
 			return err
 		}
+		if c.cfg.Tunnel != nil {
+			if err := c.cfg.Tunnel.RemovePeer(old.nodeIP); err != nil {
+				return err
+			}
+		}
 		c.log.Info("peer Node removed", zap.String("node", name), zap.String("pod_cidr", old.podCIDR.String()))
 	}
 	c.mu.Lock()
@@ -348,6 +381,34 @@ func (c *Controller) removeStaleRoutes() error {
 			return err
 		}
 		c.log.Info("removed stale route", zap.String("dst", r.Dst.String()))
+	}
+	return nil
+}
+
+// removeStaleTunnelPeers removes the tunnel device's entries of Node IPs
+// that are no peer's.
+func (c *Controller) removeStaleTunnelPeers() error {
+	if c.cfg.Tunnel == nil {
+		return nil
+	}
+	ips, err := c.cfg.Tunnel.Peers()
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	want := map[string]bool{}
+	for _, p := range c.peers {
+		want[p.nodeIP.String()] = true
+	}
+	c.mu.Unlock()
+	for _, ip := range ips {
+		if want[ip.String()] {
+			continue
+		}
+		if err := c.cfg.Tunnel.RemovePeer(ip); err != nil {
+			return err
+		}
+		c.log.Info("removed stale tunnel peer", zap.String("node_ip", ip.String()))
 	}
 	return nil
 }

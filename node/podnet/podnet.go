@@ -24,10 +24,10 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ip"
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/safchain/ethtool"
 	"github.com/vishvananda/netlink"
 	"go.uber.org/zap"
 
+	"github.com/seine-net/seine/datapath/offload"
 	of "github.com/seine-net/seine/datapath/openflow"
 	"github.com/seine-net/seine/datapath/ovsdb"
 	"github.com/seine-net/seine/datapath/pipeline"
@@ -83,10 +83,12 @@ type Config struct {
 	BridgeName string
 	Bridge     pipeline.Bridge // gateway, podCIDR, round
 	MTU        int             // Pod interface MTU
-	// DisableTxChecksum turns off transmit checksum offload on both veth
-	// ends. The userspace datapath reads Pod packets through AF_PACKET and
-	// forwards them without completing partial checksums, so the receiver
-	// would drop them.
+	// DisableTxChecksum turns off transmit checksum (and so segmentation)
+	// offload on both veth ends. Set with the userspace datapath when
+	// ovs-vswitchd runs without userspace TSO: it then reads Pod packets
+	// through AF_PACKET without the virtio-net header that marks a partial
+	// checksum, and forwards them uncompleted, so the receiver would drop
+	// them (see datapath/offload).
 	DisableTxChecksum bool
 	// Policy, when set, is told about Pods, and an ADD returns only once
 	// the Pod's NetworkPolicies are enforced.
@@ -299,7 +301,7 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 			return fmt.Errorf("default route via %s: %w", br.GatewayIP, err)
 		}
 		if b.cfg.DisableTxChecksum {
-			return disableTxChecksum(req.IfName)
+			return offload.DisableTx(req.IfName)
 		}
 		return nil
 	})
@@ -314,7 +316,7 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 		return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "configuring the Pod interface: %w", err)
 	}
 	if b.cfg.DisableTxChecksum {
-		if err := disableTxChecksum(hostName); err != nil {
+		if err := offload.DisableTx(hostName); err != nil {
 			return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "%w", err)
 		}
 	}
@@ -562,31 +564,4 @@ func deleteLink(name string) error {
 		return err
 	}
 	return netlink.LinkDel(link)
-}
-
-// disableTxChecksum turns off every tx-checksum-* feature of the interface
-// (ethtool -K <if> tx off).
-func disableTxChecksum(ifName string) error {
-	e, err := ethtool.NewEthtool()
-	if err != nil {
-		return fmt.Errorf("ethtool: %w", err)
-	}
-	defer e.Close()
-	feats, err := e.Features(ifName)
-	if err != nil {
-		return fmt.Errorf("features of %s: %w", ifName, err)
-	}
-	off := map[string]bool{}
-	for name, on := range feats {
-		if on && strings.HasPrefix(name, "tx-checksum") {
-			off[name] = false
-		}
-	}
-	if len(off) == 0 {
-		return nil
-	}
-	if err := e.Change(ifName, off); err != nil {
-		return fmt.Errorf("disabling checksum offload on %s: %w", ifName, err)
-	}
-	return nil
 }

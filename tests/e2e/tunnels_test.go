@@ -3,6 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -13,8 +15,14 @@ import (
 )
 
 // TestTunnelTypes restarts seine on every Node with each tunnel type and
-// checks cross-Node Pod traffic over it; Pods created before the restart
-// keep working (their flows are restored from OVSDB). It ends on geneve.
+// checks cross-Node Pod traffic over it, small and large (8 MiB: with
+// userspace TSO, 64 KiB segments reach the tunnel); Pods created before
+// the restart keep working (their flows are restored from OVSDB). Each
+// switch also moves the Node between the two tunnel kinds of the
+// userspace datapath (tunnel.Choose): VXLAN goes through a kernel VXLAN
+// device and the transport interface stays the kernel's; Geneve and GRE
+// through OVS's tunnel port, the transport bridge and, with userspace
+// TSO, the segmentation port. It ends on geneve.
 func TestTunnelTypes(t *testing.T) {
 	c := shared
 	pods := createPods(t, c, "tunnels", 0, 1, 2)
@@ -39,12 +47,25 @@ func TestTunnelTypes(t *testing.T) {
 			})
 			wantMTU := map[string]string{"geneve": "1450", "vxlan": "1450", "gre": "1458"}[typ]
 			for _, n := range c.Nodes() {
-				if got := strings.TrimSpace(ovs(t, n, "ovs-vsctl", "get", "Interface", "seine-tun0", "type")); got != typ {
-					t.Fatalf("tunnel port type on %s is %s, want %s", n.Name, got, typ)
-				}
+				checkTunnelKind(t, c, n, typ)
 				out, err := c.NodeExec(ctx, n.Name, "cat", "/sys/class/net/seine-gw0/mtu")
 				if err != nil || strings.TrimSpace(string(out)) != wantMTU {
 					t.Errorf("gateway MTU on %s with %s: %q (%v), want %s", n.Name, typ, out, err, wantMTU)
+				}
+			}
+			l, err := c.ListenIn(pods[0].ns, pods[0].name, ":"+strconv.Itoa(bulkPort))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			go bulkReceiver(l)
+			for _, from := range pods[1:] {
+				conn, err := c.DialFrom(ctx, from.ns, from.name, net.JoinHostPort(pods[0].ip, strconv.Itoa(bulkPort)))
+				if err != nil {
+					t.Fatalf("connecting from %s over %s: %v", from.node, typ, err)
+				}
+				if err := sendBulk(conn); err != nil {
+					t.Errorf("%d bytes from %s over %s: %v", bulkSize, from.node, typ, err)
 				}
 			}
 			tx0 := tunnelStat(t, c.Nodes()[0], "tx_packets")
@@ -132,4 +153,48 @@ func linkMAC(t *testing.T, c *sandbox.Cluster, node, dev string) string {
 		t.Fatalf("MAC of %s on %s: %v: %s", dev, node, err, out)
 	}
 	return strings.TrimSpace(string(out))
+}
+
+// checkTunnelKind checks how Node n carries the tunnel type typ with the
+// userspace datapath: VXLAN as a kernel VXLAN device attached as an
+// ordinary port, with a forwarding entry per peer and no transport bridge
+// (the Node IP stays on eth0); Geneve and GRE as OVS's tunnel port through
+// the transport bridge, with the segmentation veth pair on the
+// integration bridge (the sandbox runs ovs-vswitchd with userspace TSO).
+func checkTunnelKind(t *testing.T, c *sandbox.Cluster, n sandbox.Node, typ string) {
+	t.Helper()
+	ctx := testCtx(t, 10*time.Second)
+	got := strings.TrimSpace(ovs(t, n, "ovs-vsctl", "get", "Interface", "seine-tun0", "type"))
+	ports := ovs(t, n, "ovs-vsctl", "list-ports", "br-int")
+	_, phyErr := tryOVS(n, "ovs-vsctl", "br-exists", "br-phy")
+	addrs, err := c.NodeExec(ctx, n.Name, "ip", "-4", "-o", "addr", "show", "dev", "eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	onEth0 := strings.Contains(string(addrs), n.IP+"/")
+	if typ == "vxlan" {
+		dev, err := c.NodeExec(ctx, n.Name, "ip", "-d", "link", "show", "seine-tun0")
+		if got != `""` || err != nil || !strings.Contains(string(dev), "vxlan id 0 ") {
+			t.Fatalf("%s: seine-tun0 has OVS type %s and is %q (%v), want a kernel VXLAN device as a system port", n.Name, got, dev, err)
+		}
+		fdb, _ := c.NodeExec(ctx, n.Name, "bridge", "fdb", "show", "dev", "seine-tun0")
+		for _, peer := range c.Nodes() {
+			if peer.Name != n.Name && !strings.Contains(string(fdb), "dst "+peer.IP+" ") {
+				t.Errorf("%s: no forwarding entry for peer %s:\n%s", n.Name, peer.IP, fdb)
+			}
+		}
+		if phyErr == nil || !onEth0 || strings.Contains(ports, "seine-seg") {
+			t.Errorf("%s with vxlan: br-phy exists %v, Node IP on eth0 %v, ports %q", n.Name, phyErr == nil, onEth0, ports)
+		}
+		return
+	}
+	if got != typ {
+		t.Fatalf("tunnel port type on %s is %s, want %s", n.Name, got, typ)
+	}
+	if phyErr != nil || onEth0 || !strings.Contains(ports, "seine-seg0") || !strings.Contains(ports, "seine-seg1") {
+		t.Errorf("%s with %s: br-phy exists %v, Node IP on eth0 %v, br-int ports %q", n.Name, typ, phyErr == nil, onEth0, ports)
+	}
+	if _, err := c.NodeExec(ctx, n.Name, "ip", "link", "show", "seine-tun0"); err == nil {
+		t.Errorf("%s with %s: a kernel device seine-tun0 is left", n.Name, typ)
+	}
 }

@@ -1,0 +1,166 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+
+	"go.uber.org/zap"
+	"sigs.k8s.io/knftables"
+
+	"github.com/seine-net/seine/datapath/offload"
+	"github.com/seine-net/seine/datapath/ovsdb"
+	"github.com/seine-net/seine/datapath/pipeline"
+	"github.com/seine-net/seine/node/config"
+	"github.com/seine-net/seine/node/noderoute"
+	"github.com/seine-net/seine/tunnel"
+)
+
+// Names of the nftables tables the tunnel uses with the netdev datapath
+// (family netdev): ingress drops on devices whose packets belong to OVS.
+const (
+	nftTransportTable = "seine-transport"
+	nftTunnelTable    = "seine-tunnel"
+)
+
+// userspaceDatapath reports whether cfg runs OVS's netdev datapath.
+func userspaceDatapath(cfg config.Config) bool { return cfg.OVSDatapathType == config.DatapathNetdev }
+
+// setUserspaceTSO records the desired userspace TSO setting in OVSDB (read
+// by ovs-vswitchd at its next start).
+func setUserspaceTSO(ctx context.Context, cfg config.Config, ovs *ovsdb.Client, log *zap.Logger) error {
+	want := strconv.FormatBool(cfg.UserspaceTSOEnabled())
+	oc, err := ovs.SystemOtherConfig(ctx)
+	if err != nil {
+		return err
+	}
+	if oc[offload.OtherConfigUserspaceTSO] == want {
+		return nil
+	}
+	if err := ovs.SetSystemOtherConfig(ctx, map[string]string{offload.OtherConfigUserspaceTSO: want}); err != nil {
+		return fmt.Errorf("setting other_config:%s: %w", offload.OtherConfigUserspaceTSO, err)
+	}
+	log.Info("userspace TSO setting written; ovs-vswitchd applies it when it next starts",
+		zap.String(offload.OtherConfigUserspaceTSO, want))
+	return nil
+}
+
+// setupTransport prepares the Node's side of the underlay for the tunnel
+// kind and returns the transport interface: with OVS's userspace tunnels
+// the transport bridge takes it over (tunnel.AttachNetdev); with a kernel
+// tunnel device a transport bridge left by an earlier configuration is
+// removed (tunnel.DetachNetdev) and the interface stays the kernel's.
+func setupTransport(ctx context.Context, cfg config.Config, kind tunnel.Kind, ovs *ovsdb.Client, nodeIP net.IP, log *zap.Logger) (tunnel.Transport, error) {
+	if !userspaceDatapath(cfg) {
+		return tunnel.FindTransport(cfg.TransportInterface, nodeIP)
+	}
+	if kind == tunnel.KindOVSPort {
+		return setupNetdevTransport(ctx, cfg, ovs, nodeIP, log)
+	}
+	nft, err := knftables.New(knftables.NetDevFamily, nftTransportTable)
+	if err != nil {
+		return tunnel.Transport{}, fmt.Errorf("nftables: %w", err)
+	}
+	if _, err := tunnel.DetachNetdev(ctx, ovs, nft, cfg.TransportBridge, log); err != nil {
+		return tunnel.Transport{}, err
+	}
+	return tunnel.FindTransport(cfg.TransportInterface, nodeIP)
+}
+
+// tunnelPort creates the tunnel port on the integration bridge: OVS's
+// flow-based tunnel port, or a kernel VXLAN device attached as an ordinary
+// port. Switching kinds keeps the port's name and ofport; a kernel device
+// left by the other kind is deleted once the OVS port replaced it.
+func tunnelPort(ctx context.Context, cfg config.Config, kind tunnel.Kind, ovs *ovsdb.Client, nodeIP net.IP, mtu int) (ovsdb.Port, *tunnel.KernelVXLAN, error) {
+	kernel := tunnel.KernelVXLAN{Name: cfg.TunnelName}
+	var nft knftables.Interface
+	if userspaceDatapath(cfg) {
+		var err error
+		if nft, err = knftables.New(knftables.NetDevFamily, nftTunnelTable); err != nil {
+			return ovsdb.Port{}, nil, fmt.Errorf("nftables: %w", err)
+		}
+	}
+	if kind == tunnel.KindKernelDevice {
+		if err := kernel.Ensure(ctx, nft, nodeIP, mtu); err != nil {
+			return ovsdb.Port{}, nil, err
+		}
+		p, err := ovs.EnsurePort(ctx, cfg.BridgeName, ovsdb.PortSpec{
+			Name: cfg.TunnelName, Type: ovsdb.TypeSystem, Options: map[string]string{}, OFPortRequest: TunnelOFPort,
+		})
+		if err != nil {
+			return ovsdb.Port{}, nil, fmt.Errorf("tunnel port: %w", err)
+		}
+		return p, &kernel, nil
+	}
+	opts, err := tunnel.PortOptions(cfg.TunnelType)
+	if err != nil {
+		return ovsdb.Port{}, nil, err
+	}
+	p, err := ovs.EnsurePort(ctx, cfg.BridgeName, ovsdb.PortSpec{
+		Name: cfg.TunnelName, Type: cfg.TunnelType, Options: opts, OFPortRequest: TunnelOFPort,
+	})
+	if err != nil {
+		return ovsdb.Port{}, nil, fmt.Errorf("tunnel port: %w", err)
+	}
+	if nft != nil {
+		if err := kernel.Remove(ctx, nft); err != nil {
+			return ovsdb.Port{}, nil, err
+		}
+	}
+	return p, nil, nil
+}
+
+// tunnelEgress decides how packets reach the tunnel port, and sets up or
+// removes the segmentation veth pair accordingly; it fills b's Tunnel and
+// Segment fields.
+func tunnelEgress(ctx context.Context, cfg config.Config, kind tunnel.Kind, tso bool, ovs *ovsdb.Client, mtu int, b *pipeline.Bridge) error {
+	seg := tunnel.DefaultSegmentPair
+	switch {
+	case kind == tunnel.KindKernelDevice:
+		b.Tunnel = pipeline.TunnelByMAC
+	case userspaceDatapath(cfg) && tso:
+		b.Tunnel = pipeline.TunnelSegmented
+	default:
+		b.Tunnel = pipeline.TunnelByTunDst
+	}
+	if b.Tunnel != pipeline.TunnelSegmented {
+		if !userspaceDatapath(cfg) {
+			return nil
+		}
+		var errs []error
+		for _, name := range []string{seg.Out, seg.In} {
+			errs = append(errs, ovs.DeletePort(ctx, cfg.BridgeName, name))
+		}
+		errs = append(errs, seg.Remove())
+		if err := errors.Join(errs...); err != nil {
+			return fmt.Errorf("removing the segmentation ports: %w", err)
+		}
+		return nil
+	}
+	if err := seg.Ensure(mtu); err != nil {
+		return err
+	}
+	for _, end := range []struct {
+		name string
+		port *uint32
+	}{{seg.Out, &b.SegmentOut}, {seg.In, &b.SegmentIn}} {
+		p, err := ovs.EnsurePort(ctx, cfg.BridgeName, ovsdb.PortSpec{Name: end.name,
+			ExternalIDs: map[string]string{"seine.io/role": "segmentation"}})
+		if err != nil {
+			return fmt.Errorf("segmentation port: %w", err)
+		}
+		*end.port = uint32(p.OFPort)
+	}
+	return nil
+}
+
+// peerTunnel adapts a kernel tunnel device to the route controller (nil
+// interface when there is none).
+func peerTunnel(k *tunnel.KernelVXLAN) noderoute.PeerTunnel {
+	if k == nil {
+		return nil
+	}
+	return k
+}
