@@ -61,6 +61,12 @@ var (
 	nxmOfARPTPA = fieldID{classNXM0, 17, 4}
 	nxmNxARPSHA = fieldID{classNXM1, 17, 6}
 	nxmNxARPTHA = fieldID{classNXM1, 18, 6}
+	nxmOfInPort = fieldID{classNXM0, 0, 2}
+	nxmOfTCPSrc = fieldID{classNXM0, 9, 2}
+	nxmOfTCPDst = fieldID{classNXM0, 10, 2}
+	nxmOfUDPSrc = fieldID{classNXM0, 11, 2}
+	nxmOfUDPDst = fieldID{classNXM0, 12, 2}
+	nxmNxIPTTL  = fieldID{classNXM1, 29, 1}
 )
 
 // nxmReg is NXM_NX_REGn (n in 0..15).
@@ -135,7 +141,13 @@ func encodeMatch(m *Match) (*of13.Match, error) {
 		if err != nil {
 			return nil, err
 		}
-		add(oxmEthDst.tlv(b, nil))
+		var mask []byte
+		if m.EthDstMask != nil {
+			if mask, err = mac(m.EthDstMask, "eth_dst mask"); err != nil {
+				return nil, err
+			}
+		}
+		add(oxmEthDst.tlv(b, mask))
 	}
 	if m.EthSrc != nil {
 		b, err := mac(m.EthSrc, "eth_src")
@@ -372,6 +384,22 @@ func moveField(f Field) (fieldID, bool) {
 		return nxmOfIPSrc, true
 	case FieldIPDst:
 		return nxmOfIPDst, true
+	case FieldInPort:
+		return nxmOfInPort, true
+	case FieldIPTTL:
+		return nxmNxIPTTL, true
+	case FieldTCPSrc:
+		return nxmOfTCPSrc, true
+	case FieldTCPDst:
+		return nxmOfTCPDst, true
+	case FieldUDPSrc:
+		return nxmOfUDPSrc, true
+	case FieldUDPDst:
+		return nxmOfUDPDst, true
+	}
+	var n uint8
+	if _, err := fmt.Sscanf(string(f), "reg%d", &n); err == nil && n <= 15 && string(f) == fmt.Sprintf("reg%d", n) {
+		return nxmReg(n), true
 	}
 	return fieldID{}, false
 }
@@ -461,10 +489,16 @@ func encodeAction(a Action) (of13.Action, error) {
 		if !ok {
 			return nil, fmt.Errorf("move: unsupported destination field %q", a.Dst)
 		}
-		if src.width != dst.width {
-			return nil, fmt.Errorf("move %s->%s: widths differ (%d vs %d bytes)", a.Src, a.Dst, src.width, dst.width)
+		if a.NBits == 0 {
+			if src.width != dst.width || a.SrcOfs != 0 || a.DstOfs != 0 {
+				return nil, fmt.Errorf("move %s->%s: widths differ (%d vs %d bytes)", a.Src, a.Dst, src.width, dst.width)
+			}
+			return of13.NewNXActionRegMove(uint16(src.width)*8, 0, 0, src.header(), dst.header()), nil
 		}
-		return of13.NewNXActionRegMove(uint16(src.width)*8, 0, 0, src.header(), dst.header()), nil
+		if int(a.SrcOfs)+int(a.NBits) > int(src.width)*8 || int(a.DstOfs)+int(a.NBits) > int(dst.width)*8 {
+			return nil, fmt.Errorf("move %s[%d..]->%s[%d..]: %d bits exceed a field", a.Src, a.SrcOfs, a.Dst, a.DstOfs, a.NBits)
+		}
+		return of13.NewNXActionRegMove(uint16(a.NBits), uint16(a.SrcOfs), uint16(a.DstOfs), src.header(), dst.header()), nil
 	case CT:
 		return encodeCT(a)
 	case Conjunction:

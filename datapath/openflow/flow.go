@@ -9,6 +9,7 @@
 package openflow
 
 import (
+	"fmt"
 	"net"
 )
 
@@ -67,6 +68,8 @@ type Match struct {
 	EthType uint16 // 0x0800 IPv4, 0x0806 ARP
 	EthSrc  net.HardwareAddr
 	EthDst  net.HardwareAddr
+	// EthDstMask, when set, matches only the bits of EthDst set in it.
+	EthDstMask net.HardwareAddr
 
 	ARPOp  uint16 // 1 request, 2 reply
 	ARPSPA net.IP
@@ -153,11 +156,27 @@ const (
 	FieldARPTPA Field = "arp_tpa"
 	FieldIPSrc  Field = "ip_src"
 	FieldIPDst  Field = "ip_dst"
+	FieldInPort Field = "in_port" // 16 bits, writable (NXM_OF_IN_PORT)
+	FieldIPTTL  Field = "nw_ttl"
+	FieldTCPSrc Field = "tcp_src"
+	FieldTCPDst Field = "tcp_dst"
+	FieldUDPSrc Field = "udp_src"
+	FieldUDPDst Field = "udp_dst"
 )
 
-// Move copies the whole of field Src into field Dst (ovs-actions(7) "move");
-// both must have the same width.
-type Move struct{ Src, Dst Field }
+// FieldReg names register n (0-15) as a Move operand.
+func FieldReg(n uint8) Field { return Field(fmt.Sprintf("reg%d", n)) }
+
+// Move copies NBits bits of field Src starting at bit SrcOfs into field
+// Dst starting at bit DstOfs (ovs-actions(7) "move:src[a..b]->dst[c..d]").
+// NBits 0 copies the whole of Src into the whole of Dst, which must then
+// have the same width. A transport port operand needs the flow to match
+// its protocol (ovs-ofctl checks prerequisites).
+type Move struct {
+	Src, Dst       Field
+	SrcOfs, DstOfs uint8
+	NBits          uint8
+}
 
 // CT sends the packet through the connection tracker (ovs-actions(7) "ct").
 type CT struct {

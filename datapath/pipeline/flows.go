@@ -50,7 +50,10 @@ type Bridge struct {
 	// Tunnel says how a packet for a peer Node is handed to TunnelPort.
 	Tunnel TunnelEgress
 	// SegmentOut and SegmentIn are the ofports of the two ends of the
-	// segmentation veth pair (TunnelSegmented only).
+	// segmentation veth pair (userspace datapath with userspace TSO; 0
+	// without): packets for the tunnel pass through it with
+	// TunnelSegmented, and NATed packets leaving the Node always
+	// (NATChecksumDetour).
 	SegmentOut, SegmentIn uint32
 }
 
@@ -149,7 +152,7 @@ func BaseFlows(b Bridge) []of.Flow {
 	// Classifier.
 	add(Classifier, PrioHigh, of.Match{InPort: b.GatewayPort}, PktSource.Load(FromGateway), goTo(SpoofGuard))
 	if b.TunnelPort != 0 {
-		add(Classifier, PrioHigh, of.Match{InPort: b.TunnelPort}, PktSource.Load(FromTunnel), goTo(Conntrack))
+		add(Classifier, PrioHigh, of.Match{InPort: b.TunnelPort}, PktSource.Load(FromTunnel), goTo(SaveHeaders))
 	}
 	if b.Tunnel == TunnelSegmented && b.SegmentIn != 0 {
 		// Segments of a packet that already went through the pipeline.
@@ -157,7 +160,7 @@ func BaseFlows(b Bridge) []of.Flow {
 	}
 	// SpoofGuard: the host is trusted.
 	add(SpoofGuard, PrioHigh, of.Match{EthType: EthTypeARP, Regs: []of.RegMatch{PktSource.Match(FromGateway)}}, goTo(ARPResponder))
-	add(SpoofGuard, PrioHigh, of.Match{EthType: EthTypeIPv4, Regs: []of.RegMatch{PktSource.Match(FromGateway)}}, goTo(Conntrack))
+	add(SpoofGuard, PrioHigh, of.Match{EthType: EthTypeIPv4, Regs: []of.RegMatch{PktSource.Match(FromGateway)}}, goTo(SaveHeaders))
 	// ARP for the gateway goes to the gateway, whose kernel answers.
 	add(ARPResponder, PrioNormal, of.Match{EthType: EthTypeARP, ARPTPA: b.GatewayIP}, of.Output{Port: b.GatewayPort})
 	// Conntrack.
@@ -193,7 +196,7 @@ func BaseFlows(b Bridge) []of.Flow {
 		of.SetEthSrc{MAC: b.GatewayMAC}, of.SetEthDst{MAC: b.GatewayMAC}, goTo(L2Forwarding))
 	add(Output, PrioHigh, of.Match{Regs: []of.RegMatch{OutputResolved.Match(1)}},
 		of.OutputReg{Reg: TargetOFPort.Reg(), Ofs: TargetOFPort.Ofs(), NBits: TargetOFPort.NBits()})
-	return fs
+	return append(fs, natDetourFlows(b)...)
 }
 
 // PodFlows returns the flows of one local Pod: classification of its port,
@@ -222,7 +225,7 @@ func PodFlows(b Bridge, p Pod) []of.Flow {
 			Actions: []of.Action{goTo(ARPResponder)}},
 		{Table: uint8(SpoofGuard), Priority: PrioHigh, Cookie: ck,
 			Match:   of.Match{InPort: p.OFPort, EthType: EthTypeIPv4, EthSrc: p.MAC, IPSrc: host(ip)},
-			Actions: []of.Action{goTo(Conntrack)}},
+			Actions: []of.Action{goTo(SaveHeaders)}},
 		{Table: uint8(ARPResponder), Priority: PrioNormal, Cookie: ck,
 			Match:   of.Match{EthType: EthTypeARP, ARPTPA: ip},
 			Actions: []of.Action{of.Output{Port: p.OFPort}}},

@@ -113,7 +113,9 @@ func tunnelPort(ctx context.Context, cfg config.Config, kind tunnel.Kind, ovs *o
 }
 
 // tunnelEgress decides how packets reach the tunnel port, and sets up or
-// removes the segmentation veth pair accordingly; it fills b's Tunnel and
+// removes the segmentation veth pair: with userspace TSO it exists for the
+// NAT checksum detour (pipeline.NATChecksumDetour) and, with an OVS
+// userspace tunnel port, for TunnelSegmented. It fills b's Tunnel and
 // Segment fields.
 func tunnelEgress(ctx context.Context, cfg config.Config, kind tunnel.Kind, tso bool, ovs *ovsdb.Client, mtu int, b *pipeline.Bridge) error {
 	seg := tunnel.DefaultSegmentPair
@@ -125,7 +127,7 @@ func tunnelEgress(ctx context.Context, cfg config.Config, kind tunnel.Kind, tso 
 	default:
 		b.Tunnel = pipeline.TunnelByTunDst
 	}
-	if b.Tunnel != pipeline.TunnelSegmented {
+	if !userspaceDatapath(cfg) || !tso {
 		if !userspaceDatapath(cfg) {
 			return nil
 		}

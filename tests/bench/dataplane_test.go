@@ -405,8 +405,8 @@ func bareBridgePath(b *testing.B, rr string, fast bool) dpResult {
 }
 
 // twoBridgesPath joins two netdev bridges (userspace TSO, in two "Node"
-// namespaces linked by a veth with its offloads off, as the sandbox's
-// underlay) with a kernel VXLAN device on each, attached as an ordinary
+// namespaces linked by a veth configured as the sandbox's underlay: no
+// transmit offloads, GRO on) with a kernel VXLAN device on each, attached as an ordinary
 // port; each bridge forwards between its "Pod" veth and the VXLAN device
 // with two flows, and the VXLAN device's forwarding entry names the other
 // Node.
@@ -421,7 +421,7 @@ func twoBridgesPath(b *testing.B, rr string) dpResult {
 	sh(b, "ip", "-n", n[0], "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", n[1])
 	remoteMAC := func(i int) string { return fmt.Sprintf("0e:5f:c6:12:66:%02x", i+1) }
 	for i := range n {
-		sh(b, "ip", "netns", "exec", n[i], "ethtool", "-K", "eth0", "tx", "off", "tso", "off", "gso", "off")
+		sh(b, "ip", "netns", "exec", n[i], "ethtool", "-K", "eth0", "tx", "off", "tso", "off", "gso", "off", "gro", "on")
 		sh(b, "ip", "-n", n[i], "addr", "add", fmt.Sprintf("198.18.102.%d/24", i+1), "dev", "eth0")
 		sh(b, "ip", "-n", n[i], "link", "set", "eth0", "up")
 	}
