@@ -233,6 +233,18 @@ func TestDetachNetdev(t *testing.T) {
 		if !addrOn("br-tt") || addrOn("tt0") || !hasTable("seine-transport") {
 			t.Fatal("AttachNetdev did not move the address or drop the kernel's ingress")
 		}
+		gro := func() string {
+			out, _ := exec.Command("ethtool", "-k", "tt0").CombinedOutput()
+			for _, l := range strings.Split(string(out), "\n") {
+				if strings.HasPrefix(l, "generic-receive-offload:") {
+					return strings.TrimSpace(strings.TrimPrefix(l, "generic-receive-offload:"))
+				}
+			}
+			return string(out)
+		}
+		if g := gro(); g != "off" {
+			t.Fatalf("GRO on the attached transport device: %q, want off", g)
+		}
 
 		dev, err := DetachNetdev(ctx, c, nft, "br-tt", log)
 		if err != nil {
@@ -247,6 +259,9 @@ func TestDetachNetdev(t *testing.T) {
 		}
 		if hasTable("seine-transport") {
 			t.Fatal("ingress drop left on tt0")
+		}
+		if g := gro(); g != "on" {
+			t.Fatalf("GRO on the detached transport device: %q, want on", g)
 		}
 		if _, err := c.ListPorts(ctx, "br-tt"); err == nil {
 			t.Fatal("transport bridge still in OVSDB")

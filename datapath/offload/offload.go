@@ -87,3 +87,27 @@ func features(name string) (map[string]bool, error) {
 	}
 	return feats, nil
 }
+
+// featGRO is the ethtool name of generic receive offload.
+const featGRO = "rx-gro"
+
+// SetGRO turns generic receive offload of the device on or off (ethtool
+// -K <dev> gro on|off); a device already in that state is left alone.
+func SetGRO(name string, on bool) error {
+	feats, err := features(name)
+	if err != nil {
+		return err
+	}
+	if feats[featGRO] == on {
+		return nil
+	}
+	e, err := ethtool.NewEthtool()
+	if err != nil {
+		return fmt.Errorf("ethtool: %w", err)
+	}
+	defer e.Close()
+	if err := e.Change(name, map[string]bool{featGRO: on}); err != nil {
+		return fmt.Errorf("setting GRO of %s: %w", name, err)
+	}
+	return nil
+}
