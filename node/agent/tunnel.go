@@ -7,6 +7,7 @@ import (
 	"net"
 	"strconv"
 
+	"github.com/vishvananda/netlink"
 	"go.uber.org/zap"
 	"sigs.k8s.io/knftables"
 
@@ -82,6 +83,21 @@ func tunnelPort(ctx context.Context, cfg config.Config, kind tunnel.Kind, ovs *o
 			return ovsdb.Port{}, nil, fmt.Errorf("nftables: %w", err)
 		}
 	}
+	// A port changing kind is removed and added again: ovs-vswitchd 3.1
+	// changes an interface's type in place, but keeps state of the old
+	// netdev (its sends to a kernel VXLAN device that replaced a userspace
+	// GRE port of the same name failed with EMSGSIZE).
+	wantType := cfg.TunnelType
+	if kind == tunnel.KindKernelDevice {
+		wantType = ovsdb.TypeSystem
+	}
+	if old, err := ovs.GetPort(ctx, cfg.TunnelName); err != nil {
+		return ovsdb.Port{}, nil, err
+	} else if old != nil && old.Type != wantType {
+		if err := ovs.DeletePort(ctx, cfg.BridgeName, cfg.TunnelName); err != nil {
+			return ovsdb.Port{}, nil, fmt.Errorf("replacing tunnel port: %w", err)
+		}
+	}
 	if kind == tunnel.KindKernelDevice {
 		if err := kernel.Ensure(ctx, nft, nodeIP, mtu); err != nil {
 			return ovsdb.Port{}, nil, err
@@ -140,6 +156,18 @@ func tunnelEgress(ctx context.Context, cfg config.Config, kind tunnel.Kind, tso 
 			return fmt.Errorf("removing the segmentation ports: %w", err)
 		}
 		return nil
+	}
+	// A pair of another MTU (another tunnel type before) is made anew, for
+	// the same reason as a tunnel port that changes kind (tunnelPort).
+	if l, err := netlink.LinkByName(seg.Out); err == nil && l.Attrs().MTU != mtu {
+		for _, name := range []string{seg.Out, seg.In} {
+			if err := ovs.DeletePort(ctx, cfg.BridgeName, name); err != nil {
+				return fmt.Errorf("replacing the segmentation ports: %w", err)
+			}
+		}
+		if err := seg.Remove(); err != nil {
+			return err
+		}
 	}
 	if err := seg.Ensure(mtu); err != nil {
 		return err

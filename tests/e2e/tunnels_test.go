@@ -53,14 +53,20 @@ func TestTunnelTypes(t *testing.T) {
 					t.Errorf("gateway MTU on %s with %s: %q (%v), want %s", n.Name, typ, out, err, wantMTU)
 				}
 			}
-			l, err := c.ListenIn(pods[0].ns, pods[0].name, ":"+strconv.Itoa(bulkPort))
+			// Bulk between Pods created with this tunnel type's MTU: with
+			// userspace TSO, OVS 3.1 re-segments at the MTU of the port a
+			// packet leaves through, so a Pod of a smaller MTU (made under
+			// another tunnel type) would get segments larger than it takes
+			// (docs/configuration.md).
+			fresh := createPods(t, c, "tunnels-"+typ, 0, 1, 2)
+			l, err := c.ListenIn(fresh[0].ns, fresh[0].name, ":"+strconv.Itoa(bulkPort))
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer l.Close()
 			go bulkReceiver(l)
-			for _, from := range pods[1:] {
-				conn, err := c.DialFrom(ctx, from.ns, from.name, net.JoinHostPort(pods[0].ip, strconv.Itoa(bulkPort)))
+			for _, from := range fresh[1:] {
+				conn, err := c.DialFrom(ctx, from.ns, from.name, net.JoinHostPort(fresh[0].ip, strconv.Itoa(bulkPort)))
 				if err != nil {
 					t.Fatalf("connecting from %s over %s: %v", from.node, typ, err)
 				}
@@ -160,7 +166,8 @@ func linkMAC(t *testing.T, c *sandbox.Cluster, node, dev string) string {
 // ordinary port, with a forwarding entry per peer and no transport bridge
 // (the Node IP stays on eth0); Geneve and GRE as OVS's tunnel port through
 // the transport bridge, with the segmentation veth pair on the
-// integration bridge (the sandbox runs ovs-vswitchd with userspace TSO).
+// integration bridge (the sandbox runs ovs-vswitchd with userspace TSO;
+// the pair exists with VXLAN too, for the NAT checksum detour).
 func checkTunnelKind(t *testing.T, c *sandbox.Cluster, n sandbox.Node, typ string) {
 	t.Helper()
 	ctx := testCtx(t, 10*time.Second)
@@ -183,7 +190,7 @@ func checkTunnelKind(t *testing.T, c *sandbox.Cluster, n sandbox.Node, typ strin
 				t.Errorf("%s: no forwarding entry for peer %s:\n%s", n.Name, peer.IP, fdb)
 			}
 		}
-		if phyErr == nil || !onEth0 || strings.Contains(ports, "seine-seg") {
+		if phyErr == nil || !onEth0 {
 			t.Errorf("%s with vxlan: br-phy exists %v, Node IP on eth0 %v, ports %q", n.Name, phyErr == nil, onEth0, ports)
 		}
 		return
