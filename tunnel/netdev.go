@@ -75,7 +75,12 @@ func AttachNetdev(ctx context.Context, pm PortManager, nft knftables.Interface, 
 			log.Warn("arp_notify on the transport bridge", zap.String("bridge", bridge), zap.Error(err))
 		}
 	}
+	// Standalone: right after ovs-vswitchd restarts, before seine has
+	// reinstalled its flow, the bridge still switches the Node's own
+	// traffic (NORMAL), so the Node keeps its address, and seine its way
+	// to the API server.
 	if err := pm.EnsureBridge(ctx, ovsdb.BridgeConfig{Name: bridge, DatapathType: "netdev",
+		FailMode:    ovsdb.FailModeStandalone,
 		ExternalIDs: map[string]string{"seine.io/role": "transport"},
 		OtherConfig: map[string]string{"hwaddr": dev.Attrs().HardwareAddr.String()}}); err != nil {
 		return Transport{}, fmt.Errorf("transport bridge %s: %w", bridge, err)

@@ -69,7 +69,14 @@ const (
 func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	log = log.With(zap.String("node", cfg.NodeName))
 	reg := prometheus.NewRegistry()
-	rc, err := restConfig(cfg.Kubeconfig)
+	errc := make(chan error, 8)
+	// Health first: /healthz answers while the daemon waits for the API
+	// server, OVS or its podCIDR; /readyz once Pods can be served.
+	var ready atomic.Bool
+	if cfg.MetricsAddress != "" {
+		go func() { errc <- serveMetrics(ctx, cfg.MetricsAddress, reg, &ready) }()
+	}
+	rc, err := restConfig(cfg.Kubeconfig, cfg.KubeAPIServerOverride)
 	if err != nil {
 		return err
 	}
@@ -255,7 +262,6 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	}
 	factory.Start(ctx.Done())
 
-	errc := make(chan error, 8)
 	go func() { errc <- routes.Run(ctx) }()
 	if policyAgent != nil {
 		go func() { errc <- policyAgent.Run(ctx) }()
@@ -319,6 +325,11 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 			return fmt.Errorf("removing flows of round %d: %w", prevRound, err)
 		}
 	}
+	// An ovs-vswitchd restarted with the kernel datapath held its old
+	// flows until now (see datapath/ovsdaemon).
+	if err := ovs.ClearFlowRestoreWait(ctx); err != nil {
+		return err
+	}
 	log.Info("datapath ready", zap.Uint16("round", round), zap.Int("flows", syncer.Count()))
 
 	// Metrics and health.
@@ -332,13 +343,10 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "seine_pod_ips_allocated", Help: "Pod IPs allocated from this Node's podCIDR.",
 	}, func() float64 { return float64(len(alloc.List())) }))
-	if cfg.MetricsAddress != "" {
-		go func() { errc <- serveMetrics(ctx, cfg.MetricsAddress, reg) }()
-	}
-
 	backend.MarkReady()
 	srv := cniserver.New(backend, log.Named("cni"), cniserver.WithRegistry(reg))
 	go func() { errc <- srv.Serve(ctx, cfg.CNISocket) }()
+	ready.Store(true)
 	log.Info("serving CNI", zap.String("socket", cfg.CNISocket))
 
 	select {
@@ -388,15 +396,31 @@ func countPeers(f informers.SharedInformerFactory, self string) int {
 	return n
 }
 
-// restConfig loads the API server connection: in-cluster, or from the
-// kubeconfig file when one is given.
-func restConfig(kubeconfig string) (*rest.Config, error) {
+// serviceAccountDir holds the in-cluster credentials a Pod gets
+// (kubernetes.io/docs: "Accessing the Kubernetes API from a Pod").
+const serviceAccountDir = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+// restConfig loads the API server connection: from the kubeconfig file when
+// one is given, else in-cluster. apiServer, when set, replaces the server
+// (kubeAPIServerOverride): in-cluster it keeps the ServiceAccount's token
+// and CA but skips the "kubernetes" Service address, which nothing serves
+// in a cluster without kube-proxy until seine's proxy runs.
+func restConfig(kubeconfig, apiServer string) (*rest.Config, error) {
 	var rc *rest.Config
 	var err error
-	if kubeconfig == "" {
+	switch {
+	case kubeconfig != "":
+		rc, err = clientcmd.BuildConfigFromFlags(apiServer, kubeconfig)
+	case apiServer != "":
+		token := filepath.Join(serviceAccountDir, "token")
+		if _, err = os.Stat(token); err == nil {
+			rc = &rest.Config{Host: apiServer, BearerTokenFile: token,
+				TLSClientConfig: rest.TLSClientConfig{CAFile: filepath.Join(serviceAccountDir, "ca.crt")}}
+		} else {
+			err = fmt.Errorf("kubeAPIServerOverride without a kubeconfig needs the ServiceAccount token: %w", err)
+		}
+	default:
 		rc, err = rest.InClusterConfig()
-	} else {
-		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client configuration: %w", err)
@@ -539,10 +563,20 @@ func setSysctls(gateway string) error {
 	return nil
 }
 
-func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry) error {
+// serveMetrics serves /metrics, /healthz (the process answers) and /readyz
+// (200 once ready is set: the datapath is programmed and the CNI server
+// runs; 503 before).
+func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, ready *atomic.Bool) error {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !ready.Load() {
+			http.Error(w, "not ready: the datapath is being programmed", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
 	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { <-ctx.Done(); _ = srv.Close() }()
 	if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
