@@ -68,6 +68,10 @@ type Values struct {
 	// externalIPs, LoadBalancer IPs, host traffic). Default false, which
 	// fits a cluster that keeps kube-proxy.
 	ProxyAll bool
+	// WithoutDaemonSet leaves out the ConfigMap and the DaemonSet: the
+	// cluster-wide objects only, for Nodes that run seine as a systemd
+	// service (docs/install-bare-metal.md).
+	WithoutDaemonSet bool
 }
 
 // DefaultValues are the values of the committed deploy/seine.yaml.

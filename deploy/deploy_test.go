@@ -6,11 +6,13 @@ import (
 	"errors"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/urfave/cli/v2"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -20,6 +22,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes/scheme"
 
+	"github.com/seine-net/seine/node/cmd"
 	"github.com/seine-net/seine/node/config"
 )
 
@@ -210,4 +213,84 @@ func TestValuesValidate(t *testing.T) {
 			t.Errorf("error %q does not name %s", err, key)
 		}
 	}
+}
+
+// TestWithoutDaemonSet renders the cluster-wide objects only.
+func TestWithoutDaemonSet(t *testing.T) {
+	v := DefaultValues()
+	v.WithoutDaemonSet = true
+	m, err := Render(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range documents(t, m) {
+		if k := string(d); strings.Contains(k, "\nkind: DaemonSet") || strings.Contains(k, "\nkind: ConfigMap") {
+			t.Errorf("document %q rendered without the DaemonSet", d[:min(len(d), 80)])
+		}
+	}
+	if !bytes.Contains(m, []byte("kind: ClusterRole\n")) || !bytes.Contains(m, []byte("kind: CustomResourceDefinition")) {
+		t.Error("RBAC or CRDs missing")
+	}
+}
+
+// TestSystemdUnitVerifies runs `systemd-analyze verify` on deploy/seine.service
+// in a scratch root holding this machine's system units and an executable
+// at the unit's binary path, and checks that the unit's seine command lines
+// name commands and flags that exist.
+func TestSystemdUnitVerifies(t *testing.T) {
+	if _, err := exec.LookPath("systemd-analyze"); err != nil {
+		t.Skip("systemd-analyze is not installed")
+	}
+	unit, err := os.ReadFile("seine.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	for _, d := range []string{"usr/local/bin", "etc/systemd/system", "usr/lib/systemd"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if out, err := exec.Command("cp", "-a", "/usr/lib/systemd/system", filepath.Join(root, "usr/lib/systemd/")).CombinedOutput(); err != nil {
+		t.Fatalf("copy system units: %v: %s", err, out)
+	}
+	if err := os.WriteFile(filepath.Join(root, "usr/local/bin/seine"), []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "etc/systemd/system/seine.service"), unit, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("systemd-analyze", "verify", "--root="+root, "seine.service").CombinedOutput()
+	if err != nil || len(bytes.TrimSpace(out)) > 0 {
+		t.Fatalf("systemd-analyze verify: %v\n%s", err, out)
+	}
+	app := cmd.NewApp()
+	for _, line := range strings.Split(string(unit), "\n") {
+		_, argv, ok := strings.Cut(line, "=/usr/local/bin/seine ")
+		if !ok || strings.HasPrefix(line, "#") {
+			continue
+		}
+		args := strings.Fields(argv)
+		c := app.Command(args[0])
+		if c == nil {
+			t.Errorf("%s: no command %q", line, args[0])
+			continue
+		}
+		for _, a := range args[1:] {
+			if name, ok := strings.CutPrefix(a, "--"); ok && !hasFlag(c.Flags, strings.SplitN(name, "=", 2)[0]) {
+				t.Errorf("%s: command %s has no flag --%s", line, args[0], name)
+			}
+		}
+	}
+}
+
+func hasFlag(flags []cli.Flag, name string) bool {
+	for _, f := range flags {
+		for _, n := range f.Names() {
+			if n == name {
+				return true
+			}
+		}
+	}
+	return false
 }

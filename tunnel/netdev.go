@@ -14,6 +14,10 @@ import (
 	"github.com/seine-net/seine/datapath/ovsdb"
 )
 
+// TransportTable is the nftables table (netdev family) of the ingress
+// drop on the transport device.
+const TransportTable = "seine-transport"
+
 // PortManager is the OVSDB part AttachNetdev needs.
 type PortManager interface {
 	EnsureBridge(ctx context.Context, cfg ovsdb.BridgeConfig) error

@@ -56,6 +56,10 @@ type Config struct {
 	// container restarts and the failure shows). Default 5 in 5 minutes.
 	MaxRestarts   int
 	RestartWindow time.Duration
+	// BeforeStop, when set, runs while both daemons still run, before Run
+	// stops them (e.g. to hand a device back to the kernel). Its error is
+	// logged; the daemons stop anyway.
+	BeforeStop func(ctx context.Context) error
 }
 
 func (c *Config) defaults() error {
@@ -141,6 +145,15 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 		return err
 	}
 	defer vs.stopVswitchd(cfg.RunDir, log)
+	if cfg.BeforeStop != nil {
+		defer func() {
+			bctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := cfg.BeforeStop(bctx); err != nil {
+				log.Error("before stopping Open vSwitch", zap.Error(err))
+			}
+		}()
+	}
 	log.Info("Open vSwitch running", zap.String("datapath", cfg.Datapath), zap.String("db", cfg.DBFile),
 		zap.String("run_dir", cfg.RunDir))
 	return s.supervise(ctx, db, vs)

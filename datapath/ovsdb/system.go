@@ -37,3 +37,12 @@ func (c *Client) ClearFlowRestoreWait(ctx context.Context) error {
 		return t, nil
 	})
 }
+
+// WaitInitialized waits until the database has its Open_vSwitch row
+// (`ovs-vsctl init` has run), as a freshly started ovsdb-server may not yet.
+func (c *Client) WaitInitialized(ctx context.Context) error {
+	return c.waitUntil(ctx, "the Open_vSwitch row", func() (bool, error) {
+		_, err := c.root(ctx)
+		return err == nil, nil
+	})
+}

@@ -99,9 +99,9 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	_, clusterCIDR, _ := net.ParseCIDR(cfg.ClusterCIDR)
 	log.Info("node found", zap.String("node_ip", nodeIP.String()), zap.String("pod_cidr", podCIDR.String()))
 
-	ovs, err := ovsdb.Dial(ctx, cfg.OVSDBEndpoint(), log.Named("ovsdb"))
+	ovs, err := dialOVSDB(ctx, cfg.OVSDBEndpoint(), log)
 	if err != nil {
-		return fmt.Errorf("connecting to OVSDB at %s: %w", cfg.OVSDBEndpoint(), err)
+		return err
 	}
 	defer ovs.Close()
 
@@ -174,6 +174,11 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	ofc, err := of.Dial(ctx, cfg.BridgeMgmtSocket(), log.Named("openflow"),
 		of.WithOnReconnect(func(ctx context.Context) error {
 			log.Warn("OpenFlow connection re-established; replaying all groups and flows")
+			if cfg.OVSDatapathType == config.DatapathNetdev {
+				if _, err := attachNetdevTransport(ctx, cfg, ovs, nodeIP, log); err != nil {
+					return fmt.Errorf("attaching the transport again: %w", err)
+				}
+			}
 			if p := replayProxy.Load(); p != nil {
 				if err := p.ReplayGroups(ctx); err != nil {
 					return fmt.Errorf("replaying service groups: %w", err)
@@ -396,6 +401,36 @@ func countPeers(f informers.SharedInformerFactory, self string) int {
 	return n
 }
 
+// dialOVSDB connects to the local OVSDB server, waiting for it: in a
+// DaemonSet the openvswitch container starts beside this one.
+func dialOVSDB(ctx context.Context, endpoint string, log *zap.Logger) (*ovsdb.Client, error) {
+	var ovs *ovsdb.Client
+	last := time.Time{}
+	err := wait.PollUntilContextCancel(ctx, 500*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		c, err := ovsdb.Dial(dctx, endpoint, log.Named("ovsdb"))
+		if err == nil {
+			if err = c.WaitInitialized(dctx); err != nil {
+				c.Close()
+			}
+		}
+		if err != nil {
+			if time.Since(last) > 10*time.Second {
+				last = time.Now()
+				log.Info("waiting for OVSDB", zap.String("endpoint", endpoint), zap.NamedError("last_error", err))
+			}
+			return false, nil
+		}
+		ovs = c
+		return true, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("connecting to OVSDB at %s: %w", endpoint, err)
+	}
+	return ovs, nil
+}
+
 // serviceAccountDir holds the in-cluster credentials a Pod gets
 // (kubernetes.io/docs: "Accessing the Kubernetes API from a Pod").
 const serviceAccountDir = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -470,21 +505,9 @@ func waitForPodCIDR(ctx context.Context, kube kubernetes.Interface, name string,
 }
 
 // setupNetdevTransport attaches the transport device to the transport
-// bridge and keeps a NORMAL flow on it (see tunnel.AttachNetdev).
+// bridge (attachNetdevTransport) and keeps a NORMAL flow on it.
 func setupNetdevTransport(ctx context.Context, cfg config.Config, ovs *ovsdb.Client, nodeIP net.IP, log *zap.Logger) (tunnel.Transport, error) {
-	t, err := tunnel.FindTransport(cfg.TransportInterface, nodeIP)
-	if err != nil {
-		return t, err
-	}
-	device, err := tunnel.ResolveNetdevTransport(ctx, ovs, cfg.TransportBridge, t)
-	if err != nil {
-		return t, err
-	}
-	nft, err := knftables.New(knftables.NetDevFamily, "seine-transport")
-	if err != nil {
-		return t, fmt.Errorf("nftables: %w", err)
-	}
-	t, err = tunnel.AttachNetdev(ctx, ovs, nft, cfg.TransportBridge, device, log)
+	t, err := attachNetdevTransport(ctx, cfg, ovs, nodeIP, log)
 	if err != nil {
 		return t, err
 	}
@@ -504,6 +527,26 @@ func setupNetdevTransport(ctx context.Context, cfg config.Config, ovs *ovsdb.Cli
 	}
 	// The moved addresses are the transport's; report the physical MTU.
 	return t, nil
+}
+
+// attachNetdevTransport hands the transport device to the transport
+// bridge (tunnel.AttachNetdev). It is idempotent, and runs again whenever
+// ovs-vswitchd comes back: an openvswitch container that stopped gave the
+// device back to the kernel (tunnel.DetachNetdev).
+func attachNetdevTransport(ctx context.Context, cfg config.Config, ovs *ovsdb.Client, nodeIP net.IP, log *zap.Logger) (tunnel.Transport, error) {
+	t, err := tunnel.FindTransport(cfg.TransportInterface, nodeIP)
+	if err != nil {
+		return t, err
+	}
+	device, err := tunnel.ResolveNetdevTransport(ctx, ovs, cfg.TransportBridge, t)
+	if err != nil {
+		return t, err
+	}
+	nft, err := knftables.New(knftables.NetDevFamily, tunnel.TransportTable)
+	if err != nil {
+		return t, fmt.Errorf("nftables: %w", err)
+	}
+	return tunnel.AttachNetdev(ctx, ovs, nft, cfg.TransportBridge, device, log)
 }
 
 // setupGateway gives the gateway interface the first IP of the podCIDR, the

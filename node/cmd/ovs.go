@@ -10,9 +10,12 @@ import (
 
 	"github.com/urfave/cli/v2"
 	"go.uber.org/zap"
+	"sigs.k8s.io/knftables"
 
 	"github.com/seine-net/seine/datapath/ovsdaemon"
+	"github.com/seine-net/seine/datapath/ovsdb"
 	"github.com/seine-net/seine/node/config"
+	"github.com/seine-net/seine/tunnel"
 )
 
 // ovsCommand runs the Node's Open vSwitch daemons (the DaemonSet's
@@ -40,7 +43,15 @@ func ovsCommand() *cli.Command {
 					defer func() { _ = log.Sync() }()
 					ctx, stop := signal.NotifyContext(c.Context, syscall.SIGINT, syscall.SIGTERM)
 					defer stop()
-					err = ovsdaemon.Run(ctx, ovsConfig(cfg), log.Named("ovs"))
+					oc := ovsConfig(cfg)
+					if cfg.OVSDatapathType == config.DatapathNetdev {
+						// The transport bridge holds the Node's address, and
+						// dies with ovs-vswitchd: give the device back first.
+						oc.BeforeStop = func(ctx context.Context) error {
+							return releaseTransport(ctx, cfg, log)
+						}
+					}
+					err = ovsdaemon.Run(ctx, oc, log.Named("ovs"))
 					if err != nil {
 						log.Error("Open vSwitch failed", zap.Error(err))
 					}
@@ -67,6 +78,21 @@ func ovsCommand() *cli.Command {
 			},
 		},
 	}
+}
+
+// releaseTransport hands the transport device of the userspace datapath
+// back to the kernel (tunnel.DetachNetdev).
+func releaseTransport(ctx context.Context, cfg config.Config, log *zap.Logger) error {
+	ovs, err := ovsdb.Dial(ctx, cfg.OVSDBEndpoint(), log.Named("ovsdb"))
+	if err != nil {
+		return err
+	}
+	defer ovs.Close()
+	nft, err := knftables.New(knftables.NetDevFamily, tunnel.TransportTable)
+	if err != nil {
+		return fmt.Errorf("nftables: %w", err)
+	}
+	return tunnel.DetachNetdev(ctx, ovs, nft, cfg.TransportBridge, log)
 }
 
 // ovsConfig maps seine's configuration onto the daemons'.
