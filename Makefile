@@ -27,7 +27,7 @@ APT_PACKAGES := openvswitch-switch containernetworking-plugins iperf3 nftables i
 TEST_TIMEOUT ?= 25m
 
 .PHONY: all deps build control-plane node-tools image manifests generate test unit-test e2e-test lint bench \
-        sandbox sandbox-down clean
+        sandbox sandbox-kubelet sandbox-down conformance clean
 
 all: build
 
@@ -146,6 +146,13 @@ sandbox: deps control-plane build
 	$(BIN)/sandbox down --name sbx >/dev/null 2>&1 || true
 	$(BIN)/sandbox up --name sbx --nodes 3 --host-link
 	$(BIN)/sandbox demo --name sbx
+
+## sandbox-kubelet: the same cluster with real Nodes (kubelet, containerd) and Seine installed
+## only by `kubectl apply -f` of its manifest, left running (replaces `make sandbox`'s).
+sandbox-kubelet: deps control-plane node-tools build image
+	ln -sf $(NODE_BIN)/kubectl $(BIN)/kubectl
+	$(BIN)/sandbox down --name sbx >/dev/null 2>&1 || true
+	$(BIN)/sandbox up --name sbx --nodes 3 --host-link --kubelet
 
 ## sandbox-down: remove the sandbox completely.
 sandbox-down:

@@ -344,6 +344,9 @@ func statusCommand() *cli.Command {
 			ctx, cancel := context.WithTimeout(c.Context, 10*time.Second)
 			defer cancel()
 			fmt.Printf("sandbox %s (cni %s), state %s\n", cl.Name(), cl.CNIMode(), cl.StateDir())
+			if cl.RealNodes() {
+				fmt.Printf("real Nodes (kubelet, containerd); seine installed by kubectl apply -f %s\n", cl.Manifest())
+			}
 			fmt.Printf("kubeconfig: %s\n", cl.Kubeconfig())
 			fmt.Printf("control plane: %s\n", liveness(cl.ControlPlaneProcesses()))
 			extNS, extIP := cl.ExternalHost()
