@@ -14,6 +14,9 @@ CONTAINERD_VERSION := v2.4.2
 RUNC_VERSION := v1.5.2
 NODE_BIN     ?= $(HOME)/.cache/seine/node-$(K8S_VERSION)-containerd-$(CONTAINERD_VERSION)
 export SEINE_NODE_BIN := $(NODE_BIN)
+# The upstream e2e suite (e2e.test) and its ginkgo runner, for `make conformance`.
+E2E_BIN      ?= $(HOME)/.cache/seine/e2e-$(K8S_VERSION)
+export SEINE_E2E_BIN := $(E2E_BIN)
 # Seine's image: one definition, in package deploy.
 IMAGE        ?= $(shell $(GO) run ./deploy/render --print-image)
 IMAGE_ARCHIVE := $(BIN)/seine-image.tar
@@ -26,7 +29,7 @@ APT_PACKAGES := openvswitch-switch containernetworking-plugins iperf3 nftables i
                 libseccomp-dev busybox-static netcat-openbsd bind9-dnsutils curl kmod
 TEST_TIMEOUT ?= 25m
 
-.PHONY: all deps build control-plane node-tools image manifests generate test unit-test e2e-test lint bench \
+.PHONY: all deps build control-plane node-tools e2e-tools image manifests generate test unit-test e2e-test lint bench \
         sandbox sandbox-kubelet sandbox-down conformance clean
 
 all: build
@@ -63,7 +66,8 @@ $(K8S_BIN)/.built-$(K8S_VERSION): tests/tools/go.mod tests/tools/go.sum tests/to
 ## tests/tools/containerd) and Debian packages into $(NODE_BIN), once: kubelet
 ## and kubectl $(K8S_VERSION), containerd $(CONTAINERD_VERSION) with runc
 ## $(RUNC_VERSION), and the images Pods and the e2e suite run (pause 3.10.2 from
-## the kubelet's pause.c, agnhost 2.63.0), as archives `ctr images import` reads.
+## the kubelet's pause.c, agnhost 2.63.0, CoreDNS 1.15.0 for cluster DNS), as archives
+## `ctr images import` reads.
 node-tools: $(NODE_BIN)/.built
 
 K8S_SRC = $(shell cd tests/tools && $(GO) list -m -f '{{.Dir}}' k8s.io/kubernetes)
@@ -72,7 +76,7 @@ K8S_SRC = $(shell cd tests/tools && $(GO) list -m -f '{{.Dir}}' k8s.io/kubernete
 BUSYBOX = --file /bin/busybox:/bin/busybox $(foreach a,$(filter-out busybox,$(shell /bin/busybox --list)),--link busybox:/bin/$(a))
 
 $(NODE_BIN)/.built: tests/tools/go.mod tests/tools/go.sum tests/tools/tools.go tests/tools/containerd/go.mod \
-		tests/tools/containerd/go.sum deploy/image/main.go | deps
+		tests/tools/containerd/go.sum tests/tools/coredns/go.mod tests/tools/coredns/main.go deploy/image/main.go | deps
 	@mkdir -p $(NODE_BIN)/images
 	cd tests/tools && CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(K8S_LDFLAGS)' -o $(NODE_BIN)/ \
 	  k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kubectl k8s.io/kubernetes/test/images/agnhost
@@ -82,6 +86,7 @@ $(NODE_BIN)/.built: tests/tools/go.mod tests/tools/go.sum tests/tools/tools.go t
 	  github.com/containerd/containerd/v2/cmd/ctr
 	cd tests/tools/containerd && CGO_ENABLED=1 $(GO) build -trimpath -tags 'seccomp urfave_cli_no_docs' \
 	  -ldflags '-X main.version=$(RUNC_VERSION:v%=%)' -o $(NODE_BIN)/runc github.com/opencontainers/runc
+	cd tests/tools/coredns && CGO_ENABLED=0 $(GO) build -trimpath -o $(NODE_BIN)/coredns .
 	gcc -Os -static -o $(NODE_BIN)/pause $(K8S_SRC)/build/pause/linux/pause.c
 	cd deploy/image && $(GO) run . --tag registry.k8s.io/pause:3.10.2 --out $(NODE_BIN)/images/pause.tar \
 	  --file $(NODE_BIN)/pause:/pause --entrypoint /pause
@@ -90,7 +95,23 @@ $(NODE_BIN)/.built: tests/tools/go.mod tests/tools/go.sum tests/tools/tools.go t
 	  --file $(NODE_BIN)/agnhost:/agnhost --link agnhost:/agnhost-2 --mkdir /uploads $(BUSYBOX) \
 	  --file /usr/bin/curl:/usr/bin/curl --file /bin/nc.openbsd:/usr/bin/nc --file /usr/bin/dig:/usr/bin/dig \
 	  --file /usr/bin/ss:/usr/bin/ss --entrypoint /agnhost --cmd pause
+	cd deploy/image && $(GO) run . --tag registry.k8s.io/coredns/coredns:v1.15.0 --out $(NODE_BIN)/images/coredns.tar \
+	  --file $(NODE_BIN)/coredns:/coredns --entrypoint /coredns
 	touch $@
+
+## e2e-tools: e2e.test and ginkgo from the Kubernetes $(K8S_VERSION) module (tests/tools/e2e), once.
+e2e-tools: $(E2E_BIN)/.built
+
+$(E2E_BIN)/.built: tests/tools/e2e/go.mod tests/tools/e2e/go.sum tests/tools/e2e/tools.go
+	@mkdir -p $(E2E_BIN)
+	cd tests/tools/e2e && CGO_ENABLED=0 $(GO) test -c -trimpath -ldflags '$(K8S_LDFLAGS)' -o $(E2E_BIN)/e2e.test k8s.io/kubernetes/test/e2e
+	cd tests/tools/e2e && CGO_ENABLED=0 $(GO) build -trimpath -o $(E2E_BIN)/ github.com/onsi/ginkgo/v2/ginkgo
+	touch $@
+
+## conformance: upstream sig-network conformance, NetworkPolicy and Services e2e tests on real
+## kubelets with Seine installed by its manifest (docs/conformance.md); about an hour.
+conformance: deps control-plane node-tools e2e-tools build image
+	$(GO) test -tags conformance -count=1 -timeout 4h -v ./tests/conformance/
 
 ## image: Seine's image as an OCI archive, $(IMAGE_ARCHIVE), for `ctr images import`
 ## or `podman load`: the static seine binary (seine, seine-cni, seinectl), Open
@@ -122,7 +143,7 @@ generate:
 lint: deps
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
 	$(GO) vet ./...
-	@for m in . tests/tools tests/tools/containerd deploy/image; do \
+	@for m in $$(git ls-files '*go.mod' | xargs -n1 dirname); do \
 	  (cd $$m && $(GO) mod tidy -diff) || { echo "go mod tidy changes $$m/go.mod"; exit 1; }; done
 
 ## unit-test: the package tests (real OVS daemons and a real kube-apiserver where they need them).

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	_ "embed"
 	"errors"
 	"fmt"
 	"os"
@@ -288,6 +289,7 @@ func (c *Cluster) imageArchives() []string {
 	return []string{
 		filepath.Join(c.st.NodeBinDir, "images", "pause.tar"),
 		filepath.Join(c.st.NodeBinDir, "images", "agnhost.tar"),
+		filepath.Join(c.st.NodeBinDir, "images", "coredns.tar"),
 		c.st.ImageArchive,
 	}
 }
@@ -446,6 +448,7 @@ authentication:
 authorization:
   mode: Webhook
 clusterDomain: cluster.local
+clusterDNS: [%s]
 resolvConf: ""
 evictionHard:
   memory.available: 50Mi
@@ -455,7 +458,7 @@ evictionHard:
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
-`, n.Name, n.IP, nodeDirInNode)
+`, n.Name, n.IP, nodeDirInNode, ClusterDNS)
 }
 
 // upRealNodes brings up real Nodes and installs Seine on them the way a
@@ -483,7 +486,35 @@ func (c *Cluster) upRealNodes(ctx context.Context) error {
 	} else {
 		c.log.Debug("kubectl apply", zap.String("output", out))
 	}
-	return c.WaitSeineDaemonSet(ctx, 3*time.Minute)
+	if err := c.WaitSeineDaemonSet(ctx, 3*time.Minute); err != nil {
+		return err
+	}
+	return c.installClusterDNS(ctx)
+}
+
+// corednsManifest is the cluster DNS of real Nodes (manifests/coredns.yaml).
+//
+//go:embed manifests/coredns.yaml
+var corednsManifest []byte
+
+// ClusterDNS is the kube-dns Service address every real kubelet names.
+const ClusterDNS = "10.96.0.10"
+
+// installClusterDNS runs CoreDNS behind the kube-dns Service, a Pod like
+// any other on Seine's network, and waits until it answers.
+func (c *Cluster) installClusterDNS(ctx context.Context) error {
+	path := filepath.Join(c.st.StateDir, "coredns.yaml")
+	if err := os.WriteFile(path, corednsManifest, 0o644); err != nil {
+		return err
+	}
+	c.log.Info("installing cluster DNS", zap.String("manifest", path))
+	if _, err := c.Kubectl(ctx, "apply", "-f", path); err != nil {
+		return fmt.Errorf("cluster DNS: %w", err)
+	}
+	if _, err := c.Kubectl(ctx, "-n", "kube-system", "rollout", "status", "deployment/coredns", "--timeout=2m"); err != nil {
+		return fmt.Errorf("cluster DNS: %w", err)
+	}
+	return nil
 }
 
 // WaitSeineDaemonSet waits until Seine's DaemonSet has an up-to-date,

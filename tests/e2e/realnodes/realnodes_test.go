@@ -239,6 +239,13 @@ func TestServiceClusterIP(t *testing.T) {
 	if err != nil {
 		t.Fatalf("endpoints answering through %s: %v, want %v: %v", svc.Spec.ClusterIP, seen, want, err)
 	}
+	// By name: the cluster DNS (CoreDNS behind kube-dns, a UDP Service
+	// Seine balances) resolves it.
+	out, err := cluster.Kubectl(ctx, "exec", "-n", "svc", pods[0].Name, "--", "curl", "-s", "-m", "5",
+		"http://web.svc.svc.cluster.local/hostname")
+	if err != nil || !want[strings.TrimSpace(out)] {
+		t.Errorf("http://web.svc.svc.cluster.local: %q, %v", out, err)
+	}
 }
 
 // TestNetworkPolicyEnforced: a policy admits only the client role; lifting
