@@ -286,12 +286,11 @@ func inNode(ctx context.Context, n Node, argv ...string) (string, error) {
 // ImageArchives are the images every real Node's containerd imports before
 // its kubelet starts: Pods never pull (nothing here reaches a registry).
 func (c *Cluster) imageArchives() []string {
-	return []string{
-		filepath.Join(c.st.NodeBinDir, "images", "pause.tar"),
-		filepath.Join(c.st.NodeBinDir, "images", "agnhost.tar"),
-		filepath.Join(c.st.NodeBinDir, "images", "coredns.tar"),
-		c.st.ImageArchive,
+	var out []string
+	for _, img := range []string{"pause", "agnhost", "coredns", "busybox", "glibc-dns-testing", "nginx"} {
+		out = append(out, filepath.Join(c.st.NodeBinDir, "images", img+".tar"))
 	}
+	return append(out, c.st.ImageArchive)
 }
 
 // prepareRealNode lays out n's state, creates its cgroupRoot, starts its
