@@ -15,6 +15,10 @@ import (
 	"github.com/seine-net/seine/datapath/ovsdb"
 )
 
+// TransportTable is the nftables table (netdev family) of the ingress
+// drop on the transport device.
+const TransportTable = "seine-transport"
+
 // PortManager is the OVSDB part AttachNetdev needs.
 type PortManager interface {
 	EnsureBridge(ctx context.Context, cfg ovsdb.BridgeConfig) error
@@ -78,7 +82,12 @@ func AttachNetdev(ctx context.Context, pm PortManager, nft knftables.Interface, 
 			log.Warn("arp_notify on the transport bridge", zap.String("bridge", bridge), zap.Error(err))
 		}
 	}
+	// Standalone: right after ovs-vswitchd restarts, before seine has
+	// reinstalled its flow, the bridge still switches the Node's own
+	// traffic (NORMAL), so the Node keeps its address, and seine its way
+	// to the API server.
 	if err := pm.EnsureBridge(ctx, ovsdb.BridgeConfig{Name: bridge, DatapathType: "netdev",
+		FailMode:    ovsdb.FailModeStandalone,
 		ExternalIDs: map[string]string{"seine.io/role": "transport"},
 		OtherConfig: map[string]string{"hwaddr": dev.Attrs().HardwareAddr.String()}}); err != nil {
 		return Transport{}, fmt.Errorf("transport bridge %s: %w", bridge, err)
@@ -173,62 +182,4 @@ func dropKernelIngress(ctx context.Context, nft knftables.Interface, device stri
 		return fmt.Errorf("nftables ingress drop on %s: %w", device, err)
 	}
 	return nil
-}
-
-// BridgeRemover is the OVSDB part DetachNetdev needs.
-type BridgeRemover interface {
-	PortManager
-	DeleteBridge(ctx context.Context, name string) error
-}
-
-// DetachNetdev undoes AttachNetdev, for a Node whose tunnel no longer goes
-// through OVS's userspace tunnelling (a kernel VXLAN device sends from the
-// physical interface itself): the addresses and routes move back from the
-// bridge's internal interface to the transport device, which keeps its
-// MAC (the bridge had taken it, so neighbours' caches stay valid); the
-// ingress drop (nft, table netdev seine-transport) goes; and the bridge is
-// deleted. A Node without the bridge is left alone. It returns the
-// transport device's name, or "" when there was no bridge.
-func DetachNetdev(ctx context.Context, ovs BridgeRemover, nft knftables.Interface, bridge string, log *zap.Logger) (string, error) {
-	ports, err := ovs.ListPorts(ctx, bridge)
-	if errors.Is(err, ovsdb.ErrBridgeNotFound) {
-		return "", nil
-	}
-	if err != nil {
-		return "", err
-	}
-	device := ""
-	for _, p := range ports {
-		if p.Type == "" && p.Name != bridge {
-			device = p.Name
-		}
-	}
-	if device == "" {
-		return "", fmt.Errorf("transport bridge %s has no transport port to give its addresses back to", bridge)
-	}
-	dev, err := netlink.LinkByName(device)
-	if err != nil {
-		return "", fmt.Errorf("transport interface %q: %w", device, err)
-	}
-	if br, err := netlink.LinkByName(bridge); err == nil {
-		if err := moveAddresses(br, dev, log); err != nil {
-			return "", err
-		}
-	}
-	if err := netlink.LinkSetUp(dev); err != nil {
-		return "", fmt.Errorf("bringing up %s: %w", device, err)
-	}
-	// GRO back on, as a NIC's driver has it (AttachNetdev turned it off).
-	if err := offload.SetGRO(device, true); err != nil {
-		log.Warn("turning GRO back on", zap.String("interface", device), zap.Error(err))
-	}
-	if err := deleteTable(ctx, nft); err != nil {
-		return "", err
-	}
-	if err := ovs.DeleteBridge(ctx, bridge); err != nil {
-		return "", fmt.Errorf("deleting transport bridge %s: %w", bridge, err)
-	}
-	log.Info("transport bridge removed: the tunnel sends from the transport interface itself",
-		zap.String("bridge", bridge), zap.String("interface", device))
-	return device, nil
 }

@@ -124,7 +124,7 @@ func Dial(ctx context.Context, endpoint string, log *zap.Logger) (*Client, error
 	)
 	monitor := ovs.NewMonitor(
 		client.WithTable(&root, &root.Bridges, &root.NextCfg, &root.CurCfg, &root.ExternalIDs, &root.OtherConfig),
-		client.WithTable(&br, &br.Name, &br.Ports, &br.DatapathType, &br.ExternalIDs,
+		client.WithTable(&br, &br.Name, &br.Ports, &br.DatapathType, &br.ExternalIDs, &br.OtherConfig,
 			&br.FlowTables, &br.FailMode, &br.Protocols),
 		client.WithTable(&port, &port.Name, &port.Interfaces, &port.ExternalIDs),
 		client.WithTable(&iface, &iface.Name, &iface.Type, &iface.Options, &iface.ExternalIDs,

@@ -64,7 +64,7 @@ func setupTransport(ctx context.Context, cfg config.Config, kind tunnel.Kind, ov
 	if err != nil {
 		return tunnel.Transport{}, fmt.Errorf("nftables: %w", err)
 	}
-	if _, err := tunnel.DetachNetdev(ctx, ovs, nft, cfg.TransportBridge, log); err != nil {
+	if err := tunnel.DetachNetdev(ctx, ovs, nft, cfg.TransportBridge, log); err != nil {
 		return tunnel.Transport{}, err
 	}
 	return tunnel.FindTransport(cfg.TransportInterface, nodeIP)
