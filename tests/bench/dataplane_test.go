@@ -88,14 +88,17 @@ func BenchmarkDataplane(b *testing.B) {
 			report("bare2-vxlan", twoBridgesPath(b, rr))
 			continue
 		}
-		// Bare topologies first, each torn down before the next.
+		// The sandbox first: its control plane, kubelets and daemons run
+		// (mostly idle) during every measurement, the bare ones included,
+		// so all paths share the same background on this 2-core machine.
+		c := up(b, "bdp", 2)
+		nodes := c.Nodes()
+		// Bare topologies, each torn down before the next.
 		report("veth", vethPath(b, rr))
 		report("bare-old", bareBridgePath(b, rr, false))
 		report("bare-fast", bareBridgePath(b, rr, true))
 		report("bare2-vxlan", twoBridgesPath(b, rr))
 
-		c := up(b, "bdp", 2)
-		nodes := c.Nodes()
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 		mk := func(name, node, role string) (netnsName, ip string) {
 			p, err := c.CreatePod(ctx, sandbox.PodSpec{Namespace: "perf", Name: name, Node: node,
