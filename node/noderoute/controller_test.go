@@ -100,7 +100,7 @@ func TestPeerTunnel(t *testing.T) {
 		_ = exec.Command("ip", "link", "set", "gwt", "up").Run()
 		_ = exec.Command("ip", "link", "set", "gwt1", "up").Run()
 		_ = exec.Command("ip", "addr", "add", "10.244.0.1/24", "dev", "gwt").Run() // as the gateway has
-		j := &journal{ips: []string{"198.19.240.99"}} // left by a removed peer
+		j := &journal{ips: []string{"198.19.240.99"}}                              // left by a removed peer
 		cs := fake.NewSimpleClientset(node("self", "10.244.0.0/24", "198.19.240.1"), node("peer-a", "10.244.1.0/24", "198.19.240.2"))
 		factory := informers.NewSharedInformerFactory(cs, 0)
 		_, podCIDR, _ := net.ParseCIDR("10.244.0.0/24")
