@@ -78,7 +78,8 @@ BUSYBOX_APPLETS := $(shell /bin/busybox --list 2>/dev/null)
 busybox = --file /bin/busybox:/bin/busybox $(foreach a,$(filter-out busybox $(1),$(BUSYBOX_APPLETS)),--link busybox:/bin/$(a))
 # What the e2e suite's test images run in their shells.
 E2E_SHELL = $(call busybox,sh ash nc nslookup) --file /bin/dash:/bin/sh --file /bin/bash:/bin/bash \
-  --file /usr/bin/dig:/usr/bin/dig --file /usr/bin/nslookup:/usr/bin/nslookup --file /usr/bin/host:/usr/bin/host
+  --file /usr/bin/dig:/usr/bin/dig --file /usr/bin/nslookup:/usr/bin/nslookup --file /usr/bin/host:/usr/bin/host \
+  --file /usr/bin/getent:/usr/bin/getent
 
 $(NODE_BIN)/.built: tests/tools/go.mod tests/tools/go.sum tests/tools/tools.go tests/tools/containerd/go.mod \
 		tests/tools/containerd/go.sum tests/tools/coredns/go.mod tests/tools/coredns/main.go tests/tools/images/nginx.conf \
@@ -107,7 +108,7 @@ $(NODE_BIN)/.built: tests/tools/go.mod tests/tools/go.sum tests/tools/tools.go t
 	@cd deploy/image && $(GO) run . --tag registry.k8s.io/e2e-test-images/busybox:1.37.0-1 --out $(NODE_BIN)/images/busybox.tar \
 	  $(call busybox,) --cmd sh
 	@cd deploy/image && $(GO) run . --tag registry.k8s.io/e2e-test-images/glibc-dns-testing:2.0.0 \
-	  --out $(NODE_BIN)/images/glibc-dns-testing.tar $(E2E_SHELL) --file /usr/bin/getent:/usr/bin/getent \
+	  --out $(NODE_BIN)/images/glibc-dns-testing.tar $(E2E_SHELL) \
 	  --file $(NODE_BIN)/coredns:/coredns --cmd sh
 	@cd deploy/image && $(GO) run . --tag registry.k8s.io/e2e-test-images/nginx:1.15-4 --out $(NODE_BIN)/images/nginx.tar \
 	  --file /usr/sbin/nginx:/usr/sbin/nginx --file $(CURDIR)/tests/tools/images/nginx.conf:/etc/nginx/nginx.conf \

@@ -476,8 +476,18 @@ func (c *Cluster) upRealNodes(ctx context.Context) error {
 		return err
 	}
 	c.log.Info("waiting for the kubelets to register")
-	if _, err := c.waitNodes(ctx, 90*time.Second, false); err != nil {
+	cidrs, err := c.waitNodes(ctx, 90*time.Second, false)
+	if err != nil {
 		return err
+	}
+	// The control plane reaches Pods as on a cluster whose control-plane
+	// hosts route to the Pod network: through each Node. The API server
+	// proxies to Pods (pods/proxy, services/proxy), and the e2e suite,
+	// run from there, reads its probes' results that way.
+	for _, n := range c.st.Nodes {
+		if _, err := run(ctx, nil, "ip", "-n", cpNS(c.st.Name), "route", "replace", cidrs[n.Name], "via", n.IP); err != nil {
+			return fmt.Errorf("route to the Pods of %s: %w", n.Name, err)
+		}
 	}
 	c.log.Info("installing seine: kubectl apply -f", zap.String("manifest", c.st.Manifest))
 	if out, err := c.Kubectl(ctx, "apply", "-f", c.st.Manifest); err != nil {
