@@ -21,8 +21,10 @@ import (
 
 // Real Nodes (Options.Kubelet): each Node runs the kubelet and containerd
 // (with runc) built by `make node-tools`, as on a machine of its own. Next
-// to its network namespace a Node gets a private mount namespace, held by
-// `sandbox node-init` (NodeInit), in which:
+// to its network namespace a Node gets a host name of its own (a UTS
+// namespace: hostNetwork Pods see the Node's name, as on a real machine)
+// and a private mount namespace, held by `sandbox node-init` (NodeInit),
+// in which:
 //
 //   - /etc, /var and /opt are overlays whose upper directories live in the
 //     Node's state directory, so the kubelet, containerd and the DaemonSet's
@@ -75,8 +77,11 @@ func (p realNodePaths) initPidfile() string { return filepath.Join(p.dir, "node-
 // until ctx ends. It must run as the first process of a fresh, private
 // mount namespace inside the Node's network namespace (`nsenter --net=...
 // unshare --mount --propagation private -- sandbox node-init`).
-func NodeInit(ctx context.Context, dir string, log *zap.Logger) error {
+func NodeInit(ctx context.Context, dir, hostname string, log *zap.Logger) error {
 	p := realNodePaths{dir: dir}
+	if err := unix.Sethostname([]byte(hostname)); err != nil {
+		return fmt.Errorf("host name %s: %w", hostname, err)
+	}
 	mount := func(src, dst, fstype string, flags uintptr, data string) error {
 		if err := unix.Mount(src, dst, fstype, flags, data); err != nil {
 			return fmt.Errorf("mount %s on %s (%s): %w", src, dst, fstype, err)
@@ -268,13 +273,14 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-// inNode runs argv in the real Node's namespaces (held by node-init).
+// inNode runs argv in the real Node's network, mount and UTS namespaces
+// (held by node-init).
 func inNode(ctx context.Context, n Node, argv ...string) (string, error) {
 	pid := readPid(realNodePaths{dir: n.Dir}.initPidfile())
 	if pid == 0 {
 		return "", fmt.Errorf("node %s: node-init is not running", n.Name)
 	}
-	full := append([]string{"nsenter", "-t", fmt.Sprint(pid), "-m", "-n", "--"}, argv...)
+	full := append([]string{"nsenter", "-t", fmt.Sprint(pid), "-m", "-n", "-u", "--"}, argv...)
 	cmd := exec.CommandContext(ctx, full[0], full[1:]...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -336,8 +342,8 @@ func (c *Cluster) prepareRealNode(ctx context.Context, n *Node) error {
 
 	c.log.Info("starting node-init", zap.String("node", n.Name))
 	if _, err := startDetached("", enterNsenter, filepath.Join(n.Dir, "node-init.log"), p.initPidfile(), nil,
-		"nsenter", "--net="+netnsPath(n.NetNS), "--", "unshare", "--mount", "--propagation", "private", "--",
-		c.st.SandboxBinary, "node-init", "--dir", n.Dir); err != nil {
+		"nsenter", "--net="+netnsPath(n.NetNS), "--", "unshare", "--mount", "--uts", "--propagation", "private", "--",
+		c.st.SandboxBinary, "node-init", "--dir", n.Dir, "--hostname", n.Name); err != nil {
 		return fmt.Errorf("node-init: %w", err)
 	}
 	if err := waitFor(ctx, 30*time.Second, 50*time.Millisecond, "node-init of "+n.Name, func(context.Context) (bool, error) {
@@ -349,7 +355,7 @@ func (c *Cluster) prepareRealNode(ctx context.Context, n *Node) error {
 	}); err != nil {
 		return err
 	}
-	enter := []string{"nsenter", "-t", fmt.Sprint(readPid(p.initPidfile())), "-m", "-n", "--"}
+	enter := []string{"nsenter", "-t", fmt.Sprint(readPid(p.initPidfile())), "-m", "-n", "-u", "--"}
 	env := []string{"PATH=" + c.st.NodeBinDir + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 
 	c.log.Info("starting containerd", zap.String("node", n.Name))
