@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -48,12 +49,14 @@ import (
 const nodeDirInNode = "/var/lib/seine-sandbox-node"
 
 // kubeletSysctls are the values the kubelet's container manager requires
-// with protectKernelDefaults (pkg/kubelet/cm, setupKernelTunables) that may
-// differ from the host's.
-var kubeletSysctls = map[string]string{
-	"vm/overcommit_memory": "1",
-	"kernel/panic":         "10",
-	"kernel/panic_on_oops": "1",
+// with protectKernelDefaults (pkg/kubelet/cm, setupKernelTunables) that
+// differ from this machine's defaults.
+func kubeletSysctls() map[string]string {
+	return map[string]string{
+		"vm/overcommit_memory": "1",
+		"kernel/panic":         "10",
+		"kernel/panic_on_oops": "1",
+	}
 }
 
 // realNodePaths are the host paths of a real Node's state.
@@ -108,7 +111,7 @@ func NodeInit(ctx context.Context, dir, hostname string, log *zap.Logger) error 
 			return err
 		}
 	}
-	for key := range kubeletSysctls {
+	for key := range kubeletSysctls() {
 		if err := mount(p.sysctlFile(key), "/proc/sys/"+key, "", unix.MS_BIND, ""); err != nil {
 			return err
 		}
@@ -256,21 +259,12 @@ func nodeCgroupsOf(name string) []string {
 	for _, h := range hs {
 		entries, _ := os.ReadDir(h)
 		for _, e := range entries {
-			if e.IsDir() && re.MatchString(e.Name()) && !contains(out, e.Name()) {
+			if e.IsDir() && re.MatchString(e.Name()) && !slices.Contains(out, e.Name()) {
 				out = append(out, e.Name())
 			}
 		}
 	}
 	return out
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // inNode runs argv in the real Node's network, mount and UTS namespaces
@@ -313,7 +307,7 @@ func (c *Cluster) prepareRealNode(ctx context.Context, n *Node) error {
 			return err
 		}
 	}
-	for key, v := range kubeletSysctls {
+	for key, v := range kubeletSysctls() {
 		if err := os.WriteFile(p.sysctlFile(key), []byte(v+"\n"), 0o444); err != nil {
 			return err
 		}
