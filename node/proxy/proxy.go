@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -100,7 +101,12 @@ func New(kube kubernetes.Interface, flows Flows, sw Switch, cfg Config, log *zap
 	if err != nil {
 		return nil, err
 	}
-	f := informers.NewSharedInformerFactory(kube, 0)
+	// As kube-proxy does: Services another proxy implements, and
+	// EndpointSlices marked headless, are not watched at all (a slice that
+	// gains the label leaves the cache like a deleted one).
+	f := informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.LabelSelector = "!" + LabelServiceProxyName + ",!" + corev1.IsHeadlessService
+	}))
 	p := &Proxier{
 		cfg: cfg, skip: map[string]bool{}, flows: flows, sw: sw, log: log, factory: f,
 		svcs:      f.Core().V1().Services().Lister(),
