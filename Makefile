@@ -26,7 +26,7 @@ K8S_LDFLAGS  := -X k8s.io/component-base/version.gitVersion=$(K8S_VERSION) \
                 -X k8s.io/component-base/version.gitTreeState=clean
 APT_PACKAGES := openvswitch-switch containernetworking-plugins iperf3 nftables iproute2 \
                 tcpdump conntrack ethtool kubectl protobuf-compiler iputils-ping \
-                libseccomp-dev busybox-static netcat-openbsd bind9-dnsutils curl kmod nginx-light
+                libseccomp-dev busybox netcat-openbsd bind9-dnsutils curl kmod nginx-light
 TEST_TIMEOUT ?= 25m
 
 .PHONY: all deps build control-plane node-tools e2e-tools image manifests generate test unit-test e2e-test lint bench \
@@ -71,14 +71,18 @@ $(K8S_BIN)/.built-$(K8S_VERSION): tests/tools/go.mod tests/tools/go.sum tests/to
 node-tools: $(NODE_BIN)/.built
 
 K8S_SRC = $(shell cd tests/tools && $(GO) list -m -f '{{.Dir}}' k8s.io/kubernetes)
-# busybox (Debian's static build) at /bin/busybox with a link per applet but those named in
+# busybox (Debian's) at /bin/busybox with a link per applet but those named in
 # $(1): a shell and the usual tools. Its shell runs its own applets before PATH, so images
 # that carry real tools (nc, nslookup) get dash as /bin/sh instead.
 BUSYBOX_APPLETS := $(shell /bin/busybox --list 2>/dev/null)
 busybox = --file /bin/busybox:/bin/busybox $(foreach a,$(filter-out busybox $(1),$(BUSYBOX_APPLETS)),--link busybox:/bin/$(a))
 # What the e2e suite's test images run in their shells.
-E2E_SHELL = $(call busybox,sh ash nc nslookup) --file /bin/dash:/bin/sh --file /bin/bash:/bin/bash \
-  --file /usr/bin/dig:/usr/bin/dig --file /usr/bin/nslookup:/usr/bin/nslookup --file /usr/bin/host:/usr/bin/host
+# (busybox is linked statically with glibc, whose name service then crashes without glibc's
+# own libraries: its wget and others that resolve names give way to Debian's.)
+E2E_SHELL = $(call busybox,sh ash nc nslookup wget) --file /bin/dash:/bin/sh --file /bin/bash:/bin/bash \
+  --file /usr/bin/wget:/usr/bin/wget \
+  --file /usr/bin/dig:/usr/bin/dig --file /usr/bin/nslookup:/usr/bin/nslookup --file /usr/bin/host:/usr/bin/host \
+  --file /usr/bin/getent:/usr/bin/getent
 
 $(NODE_BIN)/.built: tests/tools/go.mod tests/tools/go.sum tests/tools/tools.go tests/tools/containerd/go.mod \
 		tests/tools/containerd/go.sum tests/tools/coredns/go.mod tests/tools/coredns/main.go tests/tools/images/nginx.conf \
@@ -107,7 +111,7 @@ $(NODE_BIN)/.built: tests/tools/go.mod tests/tools/go.sum tests/tools/tools.go t
 	@cd deploy/image && $(GO) run . --tag registry.k8s.io/e2e-test-images/busybox:1.37.0-1 --out $(NODE_BIN)/images/busybox.tar \
 	  $(call busybox,) --cmd sh
 	@cd deploy/image && $(GO) run . --tag registry.k8s.io/e2e-test-images/glibc-dns-testing:2.0.0 \
-	  --out $(NODE_BIN)/images/glibc-dns-testing.tar $(E2E_SHELL) --file /usr/bin/getent:/usr/bin/getent \
+	  --out $(NODE_BIN)/images/glibc-dns-testing.tar $(E2E_SHELL) \
 	  --file $(NODE_BIN)/coredns:/coredns --cmd sh
 	@cd deploy/image && $(GO) run . --tag registry.k8s.io/e2e-test-images/nginx:1.15-4 --out $(NODE_BIN)/images/nginx.tar \
 	  --file /usr/sbin/nginx:/usr/sbin/nginx --file $(CURDIR)/tests/tools/images/nginx.conf:/etc/nginx/nginx.conf \

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -100,7 +101,12 @@ func New(kube kubernetes.Interface, flows Flows, sw Switch, cfg Config, log *zap
 	if err != nil {
 		return nil, err
 	}
-	f := informers.NewSharedInformerFactory(kube, 0)
+	// As kube-proxy does: Services another proxy implements, and
+	// EndpointSlices marked headless, are not watched at all (a slice that
+	// gains the label leaves the cache like a deleted one).
+	f := informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.LabelSelector = "!" + LabelServiceProxyName + ",!" + corev1.IsHeadlessService
+	}))
 	p := &Proxier{
 		cfg: cfg, skip: map[string]bool{}, flows: flows, sw: sw, log: log, factory: f,
 		svcs:      f.Core().V1().Services().Lister(),
@@ -265,7 +271,8 @@ func (p *Proxier) SyncService(ctx context.Context, key string) error {
 				slices = append(slices, s)
 			}
 		}
-		want, err = Translate(svc, slices, Scope{NodeName: p.cfg.NodeName, ProxyAll: p.cfg.ProxyAll})
+		want, err = Translate(svc, slices, Scope{NodeName: p.cfg.NodeName, ProxyAll: p.cfg.ProxyAll,
+			HostIPs: hostIPs(p.cfg.Bridge)})
 		if err != nil {
 			return err
 		}
@@ -570,4 +577,16 @@ func (a *idAllocator) release(key string) {
 		delete(a.used, id)
 		a.free = append(a.free, id)
 	}
+}
+
+// hostIPs are the addresses the Node's own connections to a Service come
+// from: its InternalIP and its gateway IP.
+func hostIPs(b pipeline.Bridge) []net.IP {
+	var out []net.IP
+	for _, ip := range []net.IP{b.NodeIP, b.GatewayIP} {
+		if ip.To4() != nil {
+			out = append(out, ip.To4())
+		}
+	}
+	return out
 }

@@ -352,3 +352,43 @@ func TestServiceThousandEndpoints(t *testing.T) {
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+// A Service without selector whose EndpointSlice is managed by hand: the
+// proxy follows it, and leaves it alone once it is labelled
+// service.kubernetes.io/headless, as kube-proxy does (the upstream suite's
+// "should implement service.kubernetes.io/headless").
+func TestServiceIgnoresHeadlessEndpointSlices(t *testing.T) {
+	c := shared
+	const ns = "svc-hl"
+	client := svcPods(t, c, ns, "client", 0)[0]
+	server := svcPods(t, c, ns, "server", 1)[0]
+	svc := createService(t, c, ns, "manual", "", nil)
+	ctx := testCtx(t, time.Minute)
+	slice := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "manual-1", Labels: map[string]string{
+			discoveryv1.LabelServiceName: svc.Name, discoveryv1.LabelManagedBy: "seine-e2e"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{server.ip}, Conditions: discoveryv1.EndpointConditions{Ready: ptrTo(true)}}},
+		Ports:       []discoveryv1.EndpointPort{{Name: ptrTo("http"), Port: ptrTo[int32](80), Protocol: ptrTo(corev1.ProtocolTCP)}},
+	}
+	slice, err := c.Client().DiscoveryV1().EndpointSlices(ns).Create(ctx, slice, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 15*time.Second, "the Service reaches the hand-made endpoint", func() error {
+		if r := probeSvc(t, c, client, svc.Spec.ClusterIP, 80, corev1.ProtocolTCP, 2*time.Second); r.Outcome != echo.Connected || r.Reply != server.name {
+			return fmt.Errorf("got %s", r)
+		}
+		return nil
+	})
+	slice.Labels[corev1.IsHeadlessService] = ""
+	if _, err := c.Client().DiscoveryV1().EndpointSlices(ns).Update(ctx, slice, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 15*time.Second, "the Service without its headless-labelled slice", func() error {
+		if r := probeSvc(t, c, client, svc.Spec.ClusterIP, 80, corev1.ProtocolTCP, 2*time.Second); r.Outcome != echo.Refused {
+			return fmt.Errorf("got %s, want refused (no endpoints)", r)
+		}
+		return nil
+	})
+}
