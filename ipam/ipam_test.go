@@ -138,3 +138,52 @@ func TestRejectsTinyOrIPv6CIDR(t *testing.T) {
 		}
 	}
 }
+
+// TestReserve keeps a reserved address across reopening, away from Pods
+// and out of List; a reservation takes a free address even when next-fit
+// allocation has wrapped around.
+func TestReserve(t *testing.T) {
+	dir := t.TempDir()
+	_, cidr, _ := net.ParseCIDR("10.244.7.0/29") // .2 .. .6 allocatable
+	a, _, err := Open(dir, cidr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := a.Reserve("service-snat")
+	if err != nil || got.String() != "10.244.7.6" {
+		t.Fatalf("Reserve = %v, %v; want the top address 10.244.7.6", got, err)
+	}
+	var pods []string
+	for i := 0; ; i++ {
+		ip, err := a.Allocate(Owner{ContainerID: fmt.Sprint("c", i), IfName: "eth0"})
+		if err != nil {
+			if !errors.Is(err, ErrExhausted) {
+				t.Fatal(err)
+			}
+			break
+		}
+		pods = append(pods, ip.String())
+	}
+	if fmt.Sprint(pods) != "[10.244.7.2 10.244.7.3 10.244.7.4 10.244.7.5]" {
+		t.Errorf("Pods got %v: the reserved address must not be handed out", pods)
+	}
+	if l := a.List(); len(l) != 4 {
+		t.Errorf("List has %d entries, want the 4 Pods only", len(l))
+	}
+	b, _, err := Open(dir, cidr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := b.Reserve("service-snat"); err != nil || !again.Equal(got) {
+		t.Errorf("after reopening: %v, %v; want %s", again, err, got)
+	}
+	if _, err := b.Reserve("another"); !errors.Is(err, ErrExhausted) {
+		t.Errorf("reserving in a full range: %v", err)
+	}
+	if err := b.Release("c1", "eth0"); err != nil {
+		t.Fatal(err)
+	}
+	if ip, err := b.Reserve("another"); err != nil || ip.String() != "10.244.7.3" {
+		t.Errorf("reserving the one free address: %v, %v", ip, err)
+	}
+}

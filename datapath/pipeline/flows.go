@@ -45,6 +45,20 @@ type Bridge struct {
 	// TunnelPort is the ofport of the flow-based tunnel; 0 when the Node
 	// does not encapsulate (no tunnel port).
 	TunnelPort uint32
+	// ServiceSNATIP is the source external Service connections take with
+	// externalTrafficPolicy Cluster: an address of PodCIDR held by no Pod
+	// and not by the host (an IPAM reservation), so peers route the
+	// replies back here and the host accepts such connections too (an
+	// endpoint on the host network of this very Node). Empty: GatewayIP.
+	ServiceSNATIP net.IP
+}
+
+// serviceSNATIP returns ServiceSNATIP, or GatewayIP when unset.
+func (b Bridge) serviceSNATIP() net.IP {
+	if b.ServiceSNATIP.To4() != nil {
+		return b.ServiceSNATIP.To4()
+	}
+	return b.GatewayIP.To4()
 }
 
 // Pod is a local Pod attached to the bridge.
@@ -178,6 +192,24 @@ func PodFlows(b Bridge, p Pod) []of.Flow {
 	}
 }
 
+// arpAnswer is the ARPResponder flow answering requests for ip with the
+// virtual MAC, out of the port they came in on.
+func arpAnswer(ck uint64, ip net.IP) of.Flow {
+	vmac := VirtualMAC()
+	return of.Flow{Table: uint8(ARPResponder), Priority: PrioHigh, Cookie: ck,
+		Match: of.Match{EthType: EthTypeARP, ARPOp: 1, ARPTPA: ip.To4()},
+		Actions: []of.Action{
+			of.Move{Src: of.FieldEthSrc, Dst: of.FieldEthDst},
+			of.SetEthSrc{MAC: vmac},
+			of.SetARPOp{Op: 2},
+			of.Move{Src: of.FieldARPSHA, Dst: of.FieldARPTHA},
+			of.SetARPSHA{MAC: vmac},
+			of.Move{Src: of.FieldARPSPA, Dst: of.FieldARPTPA},
+			of.SetARPSPA{IP: ip.To4()},
+			of.Output{Port: of.PortInPort},
+		}}
+}
+
 // PeerNodeFlows returns the flows that reach a peer Node's podCIDR through
 // the tunnel, and the ARP answer for its gateway (the host route to the
 // peer's podCIDR points at that gateway IP).
@@ -199,18 +231,7 @@ func PeerNodeFlows(b Bridge, n PeerNode) []of.Flow {
 		}
 	}
 	return []of.Flow{
-		{Table: uint8(ARPResponder), Priority: PrioHigh, Cookie: ck,
-			Match: of.Match{EthType: EthTypeARP, ARPOp: 1, ARPTPA: n.GatewayIP.To4()},
-			Actions: []of.Action{
-				of.Move{Src: of.FieldEthSrc, Dst: of.FieldEthDst},
-				of.SetEthSrc{MAC: vmac},
-				of.SetARPOp{Op: 2},
-				of.Move{Src: of.FieldARPSHA, Dst: of.FieldARPTHA},
-				of.SetARPSHA{MAC: vmac},
-				of.Move{Src: of.FieldARPSPA, Dst: of.FieldARPTPA},
-				of.SetARPSPA{IP: n.GatewayIP.To4()},
-				of.Output{Port: of.PortInPort},
-			}},
+		arpAnswer(ck, n.GatewayIP),
 		{Table: uint8(L3Forwarding), Priority: PrioHigh, Cookie: ck,
 			Match:   of.Match{EthType: EthTypeIPv4, IPDst: n.PodCIDR},
 			Actions: toTunnel()},

@@ -150,7 +150,7 @@ func ServiceBaseFlows(b Bridge) []of.Flow {
 	ck := Cookie(b.Round, CategoryService, 0)
 	snatTable := uint8(Output)
 	backTo := uint8(Conntrack)
-	return []of.Flow{
+	fs := []of.Flow{
 		{Table: uint8(ServiceLB), Priority: PrioDefault + 1, Cookie: ck, Actions: []of.Action{goTo(EgressRule)}},
 		{Table: uint8(SessionAffinity), Priority: PrioDefault + 1, Cookie: ck}, // return from resubmit
 		{Table: uint8(Conntrack), Priority: PrioHigh + 10, Cookie: ck,
@@ -168,22 +168,28 @@ func ServiceBaseFlows(b Bridge) []of.Flow {
 		{Table: uint8(Output), Priority: PrioHigh + 10, Cookie: ck,
 			Match:   of.Match{Regs: []of.RegMatch{{Reg: 0, Value: 1<<OutputResolved.Ofs() | 1<<HairpinOut.Ofs(), Mask: OutputResolved.Mask() | HairpinOut.Mask()}}},
 			Actions: []of.Action{of.Output{Port: of.PortInPort}}},
-		// External frontends: un-SNAT replies to the gateway IP (only
-		// untracked packets, so the recirculated one moves on), SNAT new
-		// connections, and send replies back to the host.
+		// External frontends: un-SNAT replies to the Service SNAT IP
+		// (only untracked packets, so the recirculated one moves on),
+		// SNAT new connections, and send replies back to the host. The
+		// host itself asks for the SNAT IP when it answers a connection
+		// (an endpoint on the host network): the bridge answers.
 		{Table: uint8(Conntrack), Priority: PrioHigh + 10, Cookie: ck,
-			Match:   of.Match{EthType: EthTypeIPv4, IPDst: host(b.GatewayIP), CtState: &of.CtStateMatch{Clear: of.CtTrk}},
+			Match:   of.Match{EthType: EthTypeIPv4, IPDst: host(b.serviceSNATIP()), CtState: &of.CtStateMatch{Clear: of.CtTrk}},
 			Actions: []of.Action{of.CT{Zone: ServiceSNATZone, Table: &backTo, NAT: &of.CTNAT{}}}},
 		{Table: uint8(ConntrackCommit), Priority: PrioHigh + 5, Cookie: ck,
 			Match: of.Match{EthType: EthTypeIPv4, CtState: &of.CtStateMatch{Set: of.CtTrk, Clear: of.CtRpl},
 				CtMark: &of.Masked32{Value: CtMarkServiceSNAT, Mask: CtMarkServiceSNAT}},
 			Actions: []of.Action{of.CT{Commit: true, Zone: ServiceSNATZone, Table: &snatTable,
-				NAT: &of.CTNAT{SNAT: true, IPMin: b.GatewayIP.To4()}}}},
+				NAT: &of.CTNAT{SNAT: true, IPMin: b.serviceSNATIP()}}}},
 		{Table: uint8(L3Forwarding), Priority: PrioHigh + 10, Cookie: ck,
 			Match: of.Match{EthType: EthTypeIPv4, CtState: &of.CtStateMatch{Set: of.CtTrk | of.CtRpl},
 				CtMark: &of.Masked32{Value: CtMarkExternal, Mask: CtMarkExternal}},
 			Actions: []of.Action{of.SetEthSrc{MAC: b.GatewayMAC}, of.SetEthDst{MAC: b.GatewayMAC}, goTo(L2Forwarding)}},
 	}
+	if ip := b.ServiceSNATIP.To4(); ip != nil && !ip.Equal(b.GatewayIP.To4()) {
+		fs = append(fs, arpAnswer(ck, ip))
+	}
+	return fs
 }
 
 // ServiceOwner is the flowsync owner name of a Service port's flows.

@@ -64,7 +64,7 @@ func TestServiceNodePort(t *testing.T) {
 				return fmt.Errorf("answered by %v, want each of %s", got, all)
 			}
 			if strings.HasPrefix(r.Client, extIP+":") || !strings.HasPrefix(r.Client, "10.244.") {
-				return fmt.Errorf("server saw client %s, want a Node's gateway address (SNAT)", r.Client)
+				return fmt.Errorf("server saw client %s, want a Node's Service SNAT address", r.Client)
 			}
 			return nil
 		})
