@@ -94,6 +94,12 @@ type ServiceEndpoint struct {
 	Port uint16
 	// Local: the endpoint is a Pod of this Node (hairpin is possible).
 	Local bool
+	// HostNetwork: the endpoint is not a Pod address but a Node's (a Pod
+	// on the host network). Connections from the host to it are SNATed to
+	// the Service SNAT IP: a host receiving a packet from its own address
+	// drops it (a martian source), and its reply would not come back
+	// through the bridge to be un-NATed.
+	HostNetwork bool
 }
 
 // ServiceAction is what a Service port does with a new connection.
@@ -290,7 +296,7 @@ func ServicePortFlows(b Bridge, sp ServicePort) ([]of.Flow, []of.GroupEntry, err
 		seen[ip.String()] = true
 		eps = append(eps, ep)
 		v := ipToU32(ip)
-		dnat := func(hairpin bool) []of.Action {
+		dnat := func(hairpin, snat bool) []of.Action {
 			var acts []of.Action
 			if sp.AffinitySeconds > 0 {
 				acts = append(acts, affinityLearn(sp, ck, l4))
@@ -301,6 +307,9 @@ func ServicePortFlows(b Bridge, sp ServicePort) ([]of.Flow, []of.GroupEntry, err
 			if hairpin {
 				m |= CtMarkHairpin
 			}
+			if snat {
+				m |= CtMarkServiceSNAT
+			}
 			if m != 0 {
 				ct.SetMark = &of.Masked32{Value: m, Mask: CtMarkHairpin | CtMarkExternal | CtMarkServiceSNAT}
 			}
@@ -308,10 +317,16 @@ func ServicePortFlows(b Bridge, sp ServicePort) ([]of.Flow, []of.GroupEntry, err
 		}
 		regs := []of.RegMatch{ServicePortID.Match(sp.ID), EndpointIP.Match(v)}
 		fs = append(fs, of.Flow{Table: uint8(EndpointDNAT), Priority: PrioNormal, Cookie: ck,
-			Match: of.Match{EthType: EthTypeIPv4, IPProto: sp.Protocol, Regs: regs}, Actions: dnat(false)})
-		if ep.Local && !sp.External {
+			Match: of.Match{EthType: EthTypeIPv4, IPProto: sp.Protocol, Regs: regs}, Actions: dnat(false, false)})
+		if ep.HostNetwork && !sp.SNAT {
 			fs = append(fs, of.Flow{Table: uint8(EndpointDNAT), Priority: PrioHigh, Cookie: ck,
-				Match: of.Match{EthType: EthTypeIPv4, IPProto: sp.Protocol, IPSrc: host(ip), Regs: regs}, Actions: dnat(true)})
+				Match: of.Match{EthType: EthTypeIPv4, IPProto: sp.Protocol,
+					Regs: append([]of.RegMatch{PktSource.Match(FromGateway)}, regs...)},
+				Actions: dnat(false, true)})
+		}
+		if ep.Local && !ep.HostNetwork && !sp.External {
+			fs = append(fs, of.Flow{Table: uint8(EndpointDNAT), Priority: PrioHigh, Cookie: ck,
+				Match: of.Match{EthType: EthTypeIPv4, IPProto: sp.Protocol, IPSrc: host(ip), Regs: regs}, Actions: dnat(true, false)})
 		}
 	}
 	groups := serviceGroups(sp.ID, eps)

@@ -56,6 +56,9 @@ type Config struct {
 	Gateway string
 	// ServiceCIDR is the ClusterIP range (routed to Gateway with ProxyAll).
 	ServiceCIDR *net.IPNet
+	// ClusterCIDR is the Pod range; endpoints outside it are on a Node's
+	// host network.
+	ClusterCIDR *net.IPNet
 	// NodePortAddresses are the CIDRs of the local addresses that accept
 	// NodePort traffic (ProxyAll only).
 	NodePortAddresses []*net.IPNet
@@ -272,7 +275,7 @@ func (p *Proxier) SyncService(ctx context.Context, key string) error {
 			}
 		}
 		want, err = Translate(svc, slices, Scope{NodeName: p.cfg.NodeName, ProxyAll: p.cfg.ProxyAll,
-			HostIPs: hostIPs(p.cfg.Bridge)})
+			HostIPs: hostIPs(p.cfg.Bridge), ClusterCIDR: p.cfg.ClusterCIDR})
 		if err != nil {
 			return err
 		}

@@ -275,7 +275,8 @@ func TestServiceClusterIP(t *testing.T) {
 // TestNodePortToHostNetworkEndpoints: a NodePort Service whose endpoints
 // run on the Nodes' host network answers on every Node, from the external
 // host and from a Pod, with each endpoint (the one on the same Node as the
-// NodePort the client used, and the one on the other Node).
+// NodePort the client used, and the one on the other Node); and each Node
+// itself reaches both through the ClusterIP.
 func TestNodePortToHostNetworkEndpoints(t *testing.T) {
 	createNamespace(t, "hostnet")
 	labels := map[string]string{"app": "hostnet"}
@@ -324,6 +325,17 @@ func TestNodePortToHostNetworkEndpoints(t *testing.T) {
 			if err != nil {
 				t.Errorf("%s to %s: answered by %v, want both Nodes' host-network endpoints", from, url, seen)
 			}
+		}
+		seen := map[string]bool{}
+		url = "http://" + svc.Spec.ClusterIP + "/hostname"
+		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+			if out, err := cluster.NodeExec(ctx, n.Name, "curl", "-s", "-m", "2", url); err == nil {
+				seen[strings.TrimSpace(string(out))] = true
+			}
+			return len(seen) == 2, nil
+		})
+		if err != nil {
+			t.Errorf("%s itself to %s: answered by %v, want both Nodes' host-network endpoints", n.Name, url, seen)
 		}
 	}
 }
