@@ -3,8 +3,7 @@
 // address whose Pod still exists.
 //
 // The first address of the podCIDR is the gateway and is never allocated;
-// neither are the network and broadcast addresses, nor the addresses the
-// Node reserves for itself (Reserve). Allocation is next-fit:
+// neither are the network and broadcast addresses. Allocation is next-fit:
 // it continues after the last address handed out, so a released address is
 // reused as late as possible (connections to a deleted Pod should not reach
 // its successor).
@@ -41,9 +40,6 @@ type state struct {
 	PodCIDR     string           `json:"podCIDR"`
 	Last        string           `json:"last,omitempty"`
 	Allocations map[string]Owner `json:"allocations"` // IP -> owner
-	// Reserved are addresses the Node itself holds (see Reserve): name ->
-	// IP. They are neither allocated to Pods nor listed with them.
-	Reserved map[string]string `json:"reserved,omitempty"`
 }
 
 // Allocator hands out addresses of one podCIDR. It is safe for concurrent use.
@@ -98,11 +94,6 @@ func Open(dir string, podCIDR *net.IPNet) (*Allocator, bool, error) {
 	if a.st.Allocations == nil {
 		a.st.Allocations = map[string]Owner{}
 	}
-	for name, ipStr := range a.st.Reserved {
-		if ip := net.ParseIP(ipStr).To4(); ip == nil || !a.podCIDR.Contains(ip) {
-			delete(a.st.Reserved, name)
-		}
-	}
 	for ipStr, o := range a.st.Allocations {
 		ip := net.ParseIP(ipStr).To4()
 		if ip == nil || !a.podCIDR.Contains(ip) {
@@ -144,7 +135,7 @@ func (a *Allocator) Allocate(owner Owner) (net.IP, error) {
 			cand = a.first + (cand-a.first)%n
 		}
 		s := u32ToIP(cand).String()
-		if _, used := a.st.Allocations[s]; used || a.reserved(s) {
+		if _, used := a.st.Allocations[s]; used {
 			continue
 		}
 		a.st.Allocations[s] = owner
@@ -159,50 +150,6 @@ func (a *Allocator) Allocate(owner Owner) (net.IP, error) {
 		return u32ToIP(cand), nil
 	}
 	return nil, fmt.Errorf("podCIDR %s: all %d addresses in use: %w", a.podCIDR, n, ErrExhausted)
-}
-
-// ReservedServiceSNAT names the Node's Service SNAT address (see
-// pipeline.Bridge.ServiceSNATIP).
-const ReservedServiceSNAT = "service-snat"
-
-// reserved reports whether ip (dotted) is reserved for the Node.
-func (a *Allocator) reserved(ip string) bool {
-	for _, r := range a.st.Reserved {
-		if r == ip {
-			return true
-		}
-	}
-	return false
-}
-
-// Reserve returns the address reserved under name for the Node itself,
-// reserving and persisting a free one the first time: the same address
-// across restarts, never handed to a Pod, and not among List's Pod
-// allocations. The error wraps ErrExhausted when no address is free.
-func (a *Allocator) Reserve(name string) (net.IP, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if ip := net.ParseIP(a.st.Reserved[name]).To4(); ip != nil {
-		return ip, nil
-	}
-	// From the top of the range: Pods are handed addresses from the
-	// bottom first, so a free one is found at once on a live Node.
-	for cand := a.last; cand >= a.first; cand-- {
-		s := u32ToIP(cand).String()
-		if _, used := a.st.Allocations[s]; used || a.reserved(s) {
-			continue
-		}
-		if a.st.Reserved == nil {
-			a.st.Reserved = map[string]string{}
-		}
-		a.st.Reserved[name] = s
-		if err := a.save(); err != nil {
-			delete(a.st.Reserved, name)
-			return nil, err
-		}
-		return u32ToIP(cand), nil
-	}
-	return nil, fmt.Errorf("podCIDR %s: no address left to reserve for %s: %w", a.podCIDR, name, ErrExhausted)
 }
 
 // Release frees the address held by the attachment; releasing an unknown

@@ -45,20 +45,6 @@ type Bridge struct {
 	// TunnelPort is the ofport of the flow-based tunnel; 0 when the Node
 	// does not encapsulate (no tunnel port).
 	TunnelPort uint32
-	// ServiceSNATIP is the source external Service connections take with
-	// externalTrafficPolicy Cluster: an address of PodCIDR held by no Pod
-	// and not by the host (an IPAM reservation), so peers route the
-	// replies back here and the host accepts such connections too (an
-	// endpoint on the host network of this very Node). Empty: GatewayIP.
-	ServiceSNATIP net.IP
-}
-
-// serviceSNATIP returns ServiceSNATIP, or GatewayIP when unset.
-func (b Bridge) serviceSNATIP() net.IP {
-	if b.ServiceSNATIP.To4() != nil {
-		return b.ServiceSNATIP.To4()
-	}
-	return b.GatewayIP.To4()
 }
 
 // Pod is a local Pod attached to the bridge.
@@ -130,9 +116,19 @@ func BaseFlows(b Bridge) []of.Flow {
 	add(L3Forwarding, PrioLow, of.Match{EthType: EthTypeIPv4, IPDst: b.PodCIDR})
 	add(L3Forwarding, PrioLow-1, of.Match{EthType: EthTypeIPv4},
 		of.SetEthDst{MAC: b.GatewayMAC}, goTo(L2Forwarding))
-	// L2Forwarding to the gateway and the tunnel.
+	// L2Forwarding to the gateway and the tunnel. A packet of a Service
+	// connection (NATed by the bridge) that the host sent and that goes
+	// back to the host (an endpoint on the host network, reached through
+	// a NodePort or from the host itself) leaves by output:in_port:
+	// OpenFlow drops an output to the port a packet came in on. Other
+	// packets from the host back to the host stay dropped (no loop).
 	add(L2Forwarding, PrioHigh, of.Match{EthDst: b.GatewayMAC},
 		TargetOFPort.Load(b.GatewayPort), OutputResolved.Load(1), goTo(L2Forwarding.next()))
+	for _, natted := range []uint32{of.CtDNAT, of.CtSNAT} {
+		add(L2Forwarding, PrioHigh+1, of.Match{EthDst: b.GatewayMAC, CtState: &of.CtStateMatch{Set: of.CtTrk | natted},
+			Regs: []of.RegMatch{PktSource.Match(FromGateway)}},
+			TargetOFPort.Load(b.GatewayPort), OutputResolved.Load(1), HairpinOut.Load(1), goTo(L2Forwarding.next()))
+	}
 	if b.TunnelPort != 0 {
 		add(L2Forwarding, PrioHigh, of.Match{EthDst: VirtualMAC()},
 			TargetOFPort.Load(b.TunnelPort), OutputResolved.Load(1), goTo(L2Forwarding.next()))
@@ -151,6 +147,8 @@ func BaseFlows(b Bridge) []of.Flow {
 		of.SetEthSrc{MAC: b.GatewayMAC}, of.SetEthDst{MAC: b.GatewayMAC}, goTo(L2Forwarding))
 	add(Output, PrioHigh, of.Match{Regs: []of.RegMatch{OutputResolved.Match(1)}},
 		of.OutputReg{Reg: TargetOFPort.Reg(), Ofs: TargetOFPort.Ofs(), NBits: TargetOFPort.NBits()})
+	add(Output, PrioHigh+10, of.Match{Regs: []of.RegMatch{{Reg: 0, Value: 1<<OutputResolved.Ofs() | 1<<HairpinOut.Ofs(),
+		Mask: OutputResolved.Mask() | HairpinOut.Mask()}}}, of.Output{Port: of.PortInPort})
 	return fs
 }
 

@@ -123,8 +123,9 @@ const (
 	// session affinity flow).
 	EndpointSelected RegField = 0<<16 | 17<<8 | 1
 	// HairpinOut (reg0[18]) sends the packet back out of its own in_port
-	// (a Pod talking to itself through a Service): OpenFlow drops an
-	// output to the ingress port unless it is output:in_port.
+	// (a Pod talking to itself through a Service, or the host to an
+	// endpoint on its own host network): OpenFlow drops an output to the
+	// ingress port unless it is output:in_port.
 	HairpinOut RegField = 0<<16 | 18<<8 | 1
 	// IngressIsolated (reg0[24]) is set by the L2Forwarding flow of a
 	// local Pod that some NetworkPolicy isolates for ingress: the packet

@@ -40,7 +40,13 @@ import (
 //     Node's gateway IP in ServiceSNATZone, so that an endpoint on another
 //     Node answers through this one; a Conntrack flow un-SNATs replies to
 //     the gateway IP before the Pod zone un-DNATs them.
-//  5. A Service port without endpoints has no group: its ServiceLB flow
+//  5. An endpoint on a host network (a Node's address) reached through the
+//     gateway: its DNAT commit sets CtMarkHostSNAT instead of
+//     CtMarkServiceSNAT, and ConntrackCommit SNATs the connection to
+//     ServiceHostSNATIP; the host masquerades that address when the
+//     packet leaves for another Node, and routes replies to it back to the
+//     gateway, where a Conntrack flow un-SNATs them.
+//  6. A Service port without endpoints has no group: its ServiceLB flow
 //     commits the connection (so that the answer is not ct_state=+inv)
 //     and hands the packet to the host through the gateway, where the
 //     node's nftables rejects it (TCP RST, ICMP port unreachable).
@@ -68,6 +74,13 @@ const (
 	// CtMarkFromGateway: the connection entered the bridge from the
 	// gateway; its replies go back there (BaseFlows).
 	CtMarkFromGateway uint32 = 1 << 3
+	// CtMarkHostSNAT: the connection, handed over by the host for an
+	// endpoint on a host network, is SNATed to ServiceHostSNATIP.
+	CtMarkHostSNAT uint32 = 1 << 4
+
+	// serviceCtMarkMask covers every bit above: the mask of the Service
+	// DNAT commit.
+	serviceCtMarkMask = CtMarkHairpin | CtMarkExternal | CtMarkServiceSNAT | CtMarkFromGateway | CtMarkHostSNAT
 )
 
 // NodePortVIP is the address the host DNATs NodePort traffic to before
@@ -76,6 +89,14 @@ const (
 // neighbour entry naming VirtualMAC, so the host never ARPs for it). It
 // is link-local (RFC 3927), like ServiceHairpinIP.
 var NodePortVIP = net.IPv4(169, 254, 100, 2).To4()
+
+// ServiceHostSNATIP is the source address the bridge gives connections the
+// host handed over (its own, and external ones through a NodePort) when
+// their endpoint is on a host network: not an address of the host, which
+// would drop the packet as a martian, but routed to the gateway by the
+// host (node/proxy), which masquerades it towards other Nodes so their
+// replies return here. Link-local (RFC 3927), like NodePortVIP.
+var ServiceHostSNATIP = net.IPv4(169, 254, 100, 3).To4()
 
 // MaxBucketsPerGroup is the number of buckets one group message carries at
 // most. A bucket here is 56 bytes (16-byte header, 24-byte load, 16-byte
@@ -95,10 +116,12 @@ type ServiceEndpoint struct {
 	// Local: the endpoint is a Pod of this Node (hairpin is possible).
 	Local bool
 	// HostNetwork: the endpoint is not a Pod address but a Node's (a Pod
-	// on the host network). Connections from the host to it are SNATed to
-	// the Service SNAT IP: a host receiving a packet from its own address
-	// drops it (a martian source), and its reply would not come back
-	// through the bridge to be un-NATed.
+	// on the host network). Connections the host hands over for it (its
+	// own, or external ones through a NodePort) are SNATed to
+	// ServiceHostSNATIP: the host drops a packet from its own address (a
+	// martian source), and a reply must come back through the bridge to
+	// be un-NATed (the host masquerades the address when the endpoint is
+	// on another Node, so the reply returns to this Node's host).
 	HostNetwork bool
 }
 
@@ -171,29 +194,32 @@ func ServiceBaseFlows(b Bridge) []of.Flow {
 			Match: of.Match{EthType: EthTypeIPv4, CtState: &of.CtStateMatch{Set: of.CtTrk | of.CtRpl},
 				CtMark: &of.Masked32{Value: CtMarkHairpin, Mask: CtMarkHairpin}},
 			Actions: []of.Action{HairpinOut.Load(1), goTo(Output)}},
-		{Table: uint8(Output), Priority: PrioHigh + 10, Cookie: ck,
-			Match:   of.Match{Regs: []of.RegMatch{{Reg: 0, Value: 1<<OutputResolved.Ofs() | 1<<HairpinOut.Ofs(), Mask: OutputResolved.Mask() | HairpinOut.Mask()}}},
-			Actions: []of.Action{of.Output{Port: of.PortInPort}}},
-		// External frontends: un-SNAT replies to the Service SNAT IP
-		// (only untracked packets, so the recirculated one moves on),
-		// SNAT new connections, and send replies back to the host. The
-		// host itself asks for the SNAT IP when it answers a connection
-		// (an endpoint on the host network): the bridge answers.
+		// External frontends: un-SNAT replies to the gateway IP (only
+		// untracked packets, so the recirculated one moves on), SNAT new
+		// connections, and send replies back to the host.
 		{Table: uint8(Conntrack), Priority: PrioHigh + 10, Cookie: ck,
-			Match:   of.Match{EthType: EthTypeIPv4, IPDst: host(b.serviceSNATIP()), CtState: &of.CtStateMatch{Clear: of.CtTrk}},
+			Match:   of.Match{EthType: EthTypeIPv4, IPDst: host(b.GatewayIP), CtState: &of.CtStateMatch{Clear: of.CtTrk}},
 			Actions: []of.Action{of.CT{Zone: ServiceSNATZone, Table: &backTo, NAT: &of.CTNAT{}}}},
 		{Table: uint8(ConntrackCommit), Priority: PrioHigh + 5, Cookie: ck,
 			Match: of.Match{EthType: EthTypeIPv4, CtState: &of.CtStateMatch{Set: of.CtTrk, Clear: of.CtRpl},
 				CtMark: &of.Masked32{Value: CtMarkServiceSNAT, Mask: CtMarkServiceSNAT}},
 			Actions: []of.Action{of.CT{Commit: true, Zone: ServiceSNATZone, Table: &snatTable,
-				NAT: &of.CTNAT{SNAT: true, IPMin: b.serviceSNATIP()}}}},
+				NAT: &of.CTNAT{SNAT: true, IPMin: b.GatewayIP.To4()}}}},
+		// Connections the host hands over for an endpoint on a host
+		// network: SNAT to ServiceHostSNATIP (the host masquerades it on
+		// its way out, node/proxy), un-SNAT the replies.
+		{Table: uint8(Conntrack), Priority: PrioHigh + 10, Cookie: ck,
+			Match:   of.Match{EthType: EthTypeIPv4, IPDst: host(ServiceHostSNATIP), CtState: &of.CtStateMatch{Clear: of.CtTrk}},
+			Actions: []of.Action{of.CT{Zone: ServiceSNATZone, Table: &backTo, NAT: &of.CTNAT{}}}},
+		{Table: uint8(ConntrackCommit), Priority: PrioHigh + 6, Cookie: ck,
+			Match: of.Match{EthType: EthTypeIPv4, CtState: &of.CtStateMatch{Set: of.CtTrk, Clear: of.CtRpl},
+				CtMark: &of.Masked32{Value: CtMarkHostSNAT, Mask: CtMarkHostSNAT}},
+			Actions: []of.Action{of.CT{Commit: true, Zone: ServiceSNATZone, Table: &snatTable,
+				NAT: &of.CTNAT{SNAT: true, IPMin: ServiceHostSNATIP}}}},
 		{Table: uint8(L3Forwarding), Priority: PrioHigh + 10, Cookie: ck,
 			Match: of.Match{EthType: EthTypeIPv4, CtState: &of.CtStateMatch{Set: of.CtTrk | of.CtRpl},
 				CtMark: &of.Masked32{Value: CtMarkExternal, Mask: CtMarkExternal}},
 			Actions: []of.Action{of.SetEthSrc{MAC: b.GatewayMAC}, of.SetEthDst{MAC: b.GatewayMAC}, goTo(L2Forwarding)}},
-	}
-	if ip := b.ServiceSNATIP.To4(); ip != nil && !ip.Equal(b.GatewayIP.To4()) {
-		fs = append(fs, arpAnswer(ck, ip))
 	}
 	return fs
 }
@@ -308,17 +334,20 @@ func ServicePortFlows(b Bridge, sp ServicePort) ([]of.Flow, []of.GroupEntry, err
 				m |= CtMarkHairpin
 			}
 			if snat {
-				m |= CtMarkServiceSNAT
+				m = m&^CtMarkServiceSNAT | CtMarkHostSNAT
 			}
 			if m != 0 {
-				ct.SetMark = &of.Masked32{Value: m, Mask: CtMarkHairpin | CtMarkExternal | CtMarkServiceSNAT}
+				// The DNAT commit creates the connection, so its mask may
+				// cover CtMarkFromGateway too: OVS only sets contiguous
+				// ct_mark bit ranges (ovs-actions(7) "ct", set_field).
+				ct.SetMark = &of.Masked32{Value: m, Mask: serviceCtMarkMask}
 			}
 			return append(acts, ct)
 		}
 		regs := []of.RegMatch{ServicePortID.Match(sp.ID), EndpointIP.Match(v)}
 		fs = append(fs, of.Flow{Table: uint8(EndpointDNAT), Priority: PrioNormal, Cookie: ck,
 			Match: of.Match{EthType: EthTypeIPv4, IPProto: sp.Protocol, Regs: regs}, Actions: dnat(false, false)})
-		if ep.HostNetwork && !sp.SNAT {
+		if ep.HostNetwork {
 			fs = append(fs, of.Flow{Table: uint8(EndpointDNAT), Priority: PrioHigh, Cookie: ck,
 				Match: of.Match{EthType: EthTypeIPv4, IPProto: sp.Protocol,
 					Regs: append([]of.RegMatch{PktSource.Match(FromGateway)}, regs...)},

@@ -191,17 +191,6 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	}
 	defer ofc.Close()
 	syncer = flowsync.New(ofc)
-	alloc, reset, err := ipam.Open(filepath.Join(cfg.DataDir, "ipam"), podCIDR)
-	if err != nil {
-		return err
-	}
-	if reset {
-		log.Warn("podCIDR changed since the last run: previous IP allocations discarded")
-	}
-	serviceSNATIP, err := alloc.Reserve(ipam.ReservedServiceSNAT)
-	if err != nil {
-		return fmt.Errorf("reserving the Service SNAT address: %w", err)
-	}
 	bridge := pipeline.Bridge{
 		Round:       round,
 		GatewayPort: uint32(gwPort.OFPort),
@@ -210,8 +199,6 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		PodCIDR:     podCIDR,
 		NodeIP:      nodeIP,
 		TunnelPort:  uint32(tunPort.OFPort),
-
-		ServiceSNATIP: serviceSNATIP,
 	}
 	baseFlows := pipeline.BaseFlows(bridge)
 	if cfg.PolicyEnabled() {
@@ -239,6 +226,13 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	}
 
 	// Pods already attached.
+	alloc, reset, err := ipam.Open(filepath.Join(cfg.DataDir, "ipam"), podCIDR)
+	if err != nil {
+		return err
+	}
+	if reset {
+		log.Warn("podCIDR changed since the last run: previous IP allocations discarded")
+	}
 	backend = podnet.New(podnet.Config{
 		BridgeName:        cfg.BridgeName,
 		Bridge:            bridge,

@@ -86,8 +86,10 @@ func newHost(cfg hostConfig) (*host, error) {
 // reset (re)creates the table's chains and rules in one transaction
 // without flushing the element sets, so traffic keeps flowing across a
 // daemon restart; prune later removes what is no longer wanted. With
-// proxyAll it also installs the route and permanent neighbour entry of
-// NodePortVIP on the gateway, and the route of the ClusterIP range.
+// proxyAll it also installs the routes and permanent neighbour entries of
+// NodePortVIP and ServiceHostSNATIP on the gateway, the masquerade of
+// ServiceHostSNATIP leaving through other interfaces, and the route of
+// the ClusterIP range.
 func (h *host) reset(ctx context.Context) error {
 	tx := h.nft.NewTransaction()
 	tx.Add(&knftables.Table{Comment: knftables.PtrTo("seine: Service proxy host rules")})
@@ -131,6 +133,15 @@ func (h *host) reset(ctx context.Context) error {
 				"meta l4proto . th dport", "@"+SetNodePorts, "dnat to", pipeline.NodePortVIP.String()),
 				Comment: knftables.PtrTo("NodePort into the bridge")})
 		}
+		// Connections to endpoints on a host network come back from the
+		// bridge with ServiceHostSNATIP as their source: towards another
+		// Node they leave with this Node's address, so replies return here.
+		tx.Add(&knftables.Chain{Name: "postrouting", Type: knftables.PtrTo(knftables.NATType),
+			Hook: knftables.PtrTo(knftables.PostroutingHook), Priority: knftables.PtrTo(knftables.SNATPriority)})
+		tx.Flush(&knftables.Chain{Name: "postrouting"})
+		tx.Add(&knftables.Rule{Chain: "postrouting", Rule: knftables.Concat(
+			"ip saddr", pipeline.ServiceHostSNATIP.String(), "oifname !=", `"`+h.cfg.gateway+`"`, "masquerade"),
+			Comment: knftables.PtrTo("Service connections to endpoints on other Nodes' host network")})
 	}
 	if err := h.nft.Run(ctx, tx); err != nil {
 		return fmt.Errorf("programming table %s: %w", HostTable, err)
@@ -142,14 +153,16 @@ func (h *host) reset(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("gateway %s: %w", h.cfg.gateway, err)
 	}
-	vip := &net.IPNet{IP: pipeline.NodePortVIP, Mask: net.CIDRMask(32, 32)}
-	if err := netlink.RouteReplace(&netlink.Route{LinkIndex: link.Attrs().Index, Dst: vip, Scope: netlink.SCOPE_LINK,
-		Protocol: routeProtocol}); err != nil {
-		return fmt.Errorf("route to %s: %w", vip, err)
-	}
-	if err := netlink.NeighSet(&netlink.Neigh{LinkIndex: link.Attrs().Index, Family: netlink.FAMILY_V4,
-		State: netlink.NUD_PERMANENT, IP: pipeline.NodePortVIP, HardwareAddr: pipeline.VirtualMAC()}); err != nil {
-		return fmt.Errorf("neighbour %s: %w", pipeline.NodePortVIP, err)
+	for _, ip := range []net.IP{pipeline.NodePortVIP, pipeline.ServiceHostSNATIP} {
+		dst := &net.IPNet{IP: ip, Mask: net.CIDRMask(32, 32)}
+		if err := netlink.RouteReplace(&netlink.Route{LinkIndex: link.Attrs().Index, Dst: dst, Scope: netlink.SCOPE_LINK,
+			Protocol: routeProtocol}); err != nil {
+			return fmt.Errorf("route to %s: %w", dst, err)
+		}
+		if err := netlink.NeighSet(&netlink.Neigh{LinkIndex: link.Attrs().Index, Family: netlink.FAMILY_V4,
+			State: netlink.NUD_PERMANENT, IP: ip, HardwareAddr: pipeline.VirtualMAC()}); err != nil {
+			return fmt.Errorf("neighbour %s: %w", ip, err)
+		}
 	}
 	if h.cfg.services != nil {
 		if err := h.replaceRoute(link, h.cfg.services); err != nil {
@@ -300,7 +313,8 @@ func proxyRoutes(link netlink.Link) ([]netlink.Route, error) {
 }
 
 // Cleanup removes what a Proxier leaves behind — HostTable, its routes and
-// the NodePortVIP neighbour entry on gateway, and the bridge's groups —
+// the neighbour entries of NodePortVIP and ServiceHostSNATIP on gateway,
+// and the bridge's groups —
 // for a Node whose proxy has been turned off. Missing pieces are fine.
 func Cleanup(ctx context.Context, gateway string, sw Switch) error {
 	var errs []error
@@ -324,9 +338,11 @@ func Cleanup(ctx context.Context, gateway string, sw Switch) error {
 				errs = append(errs, fmt.Errorf("deleting route to %s: %w", r.Dst, err))
 			}
 		}
-		err = netlink.NeighDel(&netlink.Neigh{LinkIndex: link.Attrs().Index, Family: netlink.FAMILY_V4, IP: pipeline.NodePortVIP})
-		if err != nil && !errors.Is(err, syscall.ENOENT) {
-			errs = append(errs, fmt.Errorf("deleting neighbour %s: %w", pipeline.NodePortVIP, err))
+		for _, ip := range []net.IP{pipeline.NodePortVIP, pipeline.ServiceHostSNATIP} {
+			err = netlink.NeighDel(&netlink.Neigh{LinkIndex: link.Attrs().Index, Family: netlink.FAMILY_V4, IP: ip})
+			if err != nil && !errors.Is(err, syscall.ENOENT) {
+				errs = append(errs, fmt.Errorf("deleting neighbour %s: %w", ip, err))
+			}
 		}
 	}
 	ids, err := sw.GroupIDs(ctx)

@@ -369,7 +369,7 @@ func TestServiceIgnoresHeadlessEndpointSlices(t *testing.T) {
 			discoveryv1.LabelServiceName: svc.Name, discoveryv1.LabelManagedBy: "seine-e2e"}},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{server.ip}, Conditions: discoveryv1.EndpointConditions{Ready: ptrTo(true)}}},
-		Ports:       []discoveryv1.EndpointPort{{Name: ptrTo("http"), Port: ptrTo[int32](80), Protocol: ptrTo(corev1.ProtocolTCP)}},
+		Ports:       []discoveryv1.EndpointPort{{Name: ptrTo("http"), Port: ptrTo[int32](tcpPort), Protocol: ptrTo(corev1.ProtocolTCP)}},
 	}
 	slice, err := c.Client().DiscoveryV1().EndpointSlices(ns).Create(ctx, slice, metav1.CreateOptions{})
 	if err != nil {
