@@ -204,6 +204,10 @@ func Key(f of.Flow) string {
 		fmt.Fprintf(&b, ",tp_dst=%d/%#x", m.L4Dst.Port, m.L4Dst.Mask)
 	}
 	ip("tun_dst", m.TunDst)
+	ip("tun_src", m.TunSrc)
+	if m.TunID != nil {
+		fmt.Fprintf(&b, ",tun_id=%#x/%#x", m.TunID.Value, m.TunID.Mask)
+	}
 	for _, r := range m.Regs {
 		fmt.Fprintf(&b, ",reg%d=%#x/%#x", r.Reg, r.Value, r.Mask)
 	}
