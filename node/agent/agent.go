@@ -188,7 +188,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		NodeIP:      nodeIP,
 		TunnelPort:  uint32(tunPort.OFPort),
 	}
-	baseFlows := pipeline.BaseFlows(bridge)
+	baseFlows := append(pipeline.BaseFlows(bridge), pipeline.TraceFlows(bridge)...)
 	if cfg.PolicyEnabled() {
 		baseFlows = append(baseFlows, pipeline.PolicyBaseFlows(bridge)...)
 	}
