@@ -72,6 +72,9 @@ type Config struct {
 	DeleteDelay time.Duration
 	// Workers is the number of concurrent writers; default 8.
 	Workers int
+	// LeaderTasks run, each in its own goroutine, for every term this
+	// instance leads, with the term's context (cancelled when it ends).
+	LeaderTasks []func(ctx context.Context)
 }
 
 func (c *Config) defaults() {
@@ -116,6 +119,15 @@ type Controller struct {
 	// and the queue is empty (for tests and benchmarks).
 	mu      sync.Mutex
 	current *leading
+	// term is the state of the current (or last) term, for Status.
+	term atomic.Pointer[term]
+}
+
+// term is what Status reports of one leadership term.
+type term struct {
+	since       time.Time
+	initialSync time.Duration
+	last        *Round
 }
 
 // New returns a controller; it does nothing until Run.
