@@ -81,3 +81,31 @@ func TraceFlows(b Bridge) []of.Flow {
 func TraceInjectActions(tag uint16) []of.Action {
 	return []of.Action{TraceActive.Load(1), TraceTag.Load(uint32(tag)), of.Resubmit{Table: uint8(Classifier)}}
 }
+
+// DropReason explains why a packet whose last table was t went no
+// further (for Traceflow and trace-packet reports).
+func DropReason(t Table) string {
+	switch t {
+	case Classifier:
+		return "it entered on a port the pipeline does not know"
+	case SpoofGuard:
+		return "its source IP or MAC is not the sending Pod's (spoof guard)"
+	case ARPResponder:
+		return "no port owns the ARP target"
+	case ConntrackState:
+		return "connection tracking marked it invalid (ct_state=+inv)"
+	case ServiceLB:
+		return "a Service without endpoints: handed to the host, which rejects it"
+	case EgressDefault:
+		return "the source Pod is isolated for egress by a NetworkPolicy and no egress rule allowed it"
+	case IngressDefault:
+		return "the destination Pod is isolated for ingress by a NetworkPolicy and no ingress rule allowed it"
+	case L3Forwarding:
+		return "no route: an unknown address in this Node's podCIDR"
+	case L2Forwarding:
+		return "no port owns its destination MAC"
+	case Output:
+		return "no output port was resolved"
+	}
+	return "no flow of the table passed it on"
+}

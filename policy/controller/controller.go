@@ -72,9 +72,6 @@ type Config struct {
 	DeleteDelay time.Duration
 	// Workers is the number of concurrent writers; default 8.
 	Workers int
-	// LeaderTasks run, each in its own goroutine, for every term this
-	// instance leads, with the term's context (cancelled when it ends).
-	LeaderTasks []func(ctx context.Context)
 }
 
 func (c *Config) defaults() {
@@ -121,6 +118,15 @@ type Controller struct {
 	current *leading
 	// term is the state of the current (or last) term, for Status.
 	term atomic.Pointer[term]
+	// leaderTasks run during every term (AddLeaderTask).
+	leaderTasks []func(ctx context.Context)
+}
+
+// AddLeaderTask makes fn run, in its own goroutine, for every term this
+// instance leads, with the term's context (cancelled when the term ends;
+// the term ends only after fn returns). Call it before Run.
+func (c *Controller) AddLeaderTask(fn func(ctx context.Context)) {
+	c.leaderTasks = append(c.leaderTasks, fn)
 }
 
 // term is what Status reports of one leadership term.

@@ -253,7 +253,7 @@ func (c *Controller) lead(ctx context.Context) error {
 	l.rmu.Lock()
 	l.roundStart = start // the initial sync is the term's first round
 	l.rmu.Unlock()
-	for _, task := range c.cfg.LeaderTasks {
+	for _, task := range c.leaderTasks {
 		workers.Add(1)
 		go func() {
 			defer workers.Done()

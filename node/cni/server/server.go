@@ -34,6 +34,7 @@ type Server struct {
 	grace   time.Duration
 
 	duration *prometheus.HistogramVec
+	errors   *prometheus.CounterVec
 }
 
 // Option configures a Server.
@@ -42,10 +43,19 @@ type Option func(*Server)
 // WithRegistry registers the server's metrics on reg:
 // seine_cni_request_duration_seconds, a histogram labelled by command (ADD,
 // DEL, CHECK, STATUS, GC) and result ("success", or the CNI error code as a
-// decimal string). Without this option the metrics are collected but not
-// exported.
+// decimal string), and seine_cni_errors_total, a counter of failed requests
+// labelled by command and code. Without this option the metrics are
+// collected but not exported.
 func WithRegistry(reg *prometheus.Registry) Option {
 	return func(s *Server) {
+		if err := reg.Register(s.errors); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if errors.As(err, &are) {
+				if existing, ok := are.ExistingCollector.(*prometheus.CounterVec); ok {
+					s.errors = existing
+				}
+			}
+		}
 		if err := reg.Register(s.duration); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if errors.As(err, &are) {
@@ -80,6 +90,10 @@ func New(backend Backend, log *zap.Logger, opts ...Option) *Server {
 			Help:    "Time the daemon took to serve one CNI request, by command and result (success or CNI error code).",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120},
 		}, []string{"command", "result"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "seine_cni_errors_total",
+			Help: "CNI requests that failed, by command and CNI error code.",
+		}, []string{"command", "code"}),
 	}
 	for _, o := range opts {
 		o(s)
@@ -170,6 +184,7 @@ func (s *Server) handle(ctx context.Context, cmd string, in *cnipb.CmdRequest) *
 	result := "success"
 	if cerr != nil {
 		result = strconv.FormatUint(uint64(cerr.Code), 10)
+		s.errors.WithLabelValues(cmd, result).Inc()
 	}
 	s.duration.WithLabelValues(cmd, result).Observe(elapsed.Seconds())
 
