@@ -54,10 +54,4 @@ func TestCompletion(t *testing.T) {
 	if !slices.Contains(tableNames(), "IngressDefault") {
 		t.Errorf("table names %v", tableNames())
 	}
-	var out bytes.Buffer
-	app := NewApp()
-	app.Writer = &out
-	if err := app.Run([]string{"seinectl", "--generate-bash-completion"}); err != nil || !strings.Contains(out.String(), "traceflow") {
-		t.Errorf("completing seinectl: %v\n%s", err, out.String())
-	}
 }
