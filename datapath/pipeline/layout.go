@@ -203,8 +203,12 @@ func (f RegField) Mask() uint32 {
 	return ((uint32(1) << f.NBits()) - 1) << f.Ofs()
 }
 
-// String names the field as ovs-ofctl prints it, e.g. "reg0[0..3]".
+// String names the field as ovs-ofctl prints it, e.g. "reg0[0..3]" or
+// "reg0[16]".
 func (f RegField) String() string {
+	if f.NBits() == 1 {
+		return fmt.Sprintf("reg%d[%d]", f.Reg(), f.Ofs())
+	}
 	return fmt.Sprintf("reg%d[%d..%d]", f.Reg(), f.Ofs(), f.Ofs()+f.NBits()-1)
 }
 
