@@ -143,16 +143,16 @@ type Agent struct {
 
 	kick chan struct{}
 
-	mu       sync.Mutex
-	pods     map[string]flows.Pod // "namespace/name" → attached Pod
-	dirty    map[string]bool      // policy names to translate again
+	mu    sync.Mutex
+	pods  map[string]flows.Pod // "namespace/name" → attached Pod
+	dirty map[string]bool      // policy names to translate again
 	// dirtySince is when each dirty policy first became dirty (the
 	// realization latency metric runs from there).
 	dirtySince map[string]time.Time
-	done     map[string]*installed
-	changed  chan struct{} // closed and replaced whenever done or PodRealization changes
-	informed bool          // informers are set up (the fields below are valid)
-	lastErr  error
+	done       map[string]*installed
+	changed    chan struct{} // closed and replaced whenever done or PodRealization changes
+	informed   bool          // informers are set up (the fields below are valid)
+	lastErr    error
 
 	// Isolation state. gen numbers each attachment of a Pod (from
 	// attachSeq) so that a Pod detached and attached again starts from
@@ -190,20 +190,20 @@ func New(cp versioned.Interface, cfg Config, log *zap.Logger) *Agent {
 	}
 	return &Agent{
 		cp: cp, cfg: cfg, log: log.With(zap.String("node", cfg.NodeName)),
-		kick:    make(chan struct{}, 1),
-		pods:    map[string]flows.Pod{},
-		dirty:   map[string]bool{},
-		done:    map[string]*installed{},
+		kick:  make(chan struct{}, 1),
+		pods:  map[string]flows.Pod{},
+		dirty: map[string]bool{},
+		done:  map[string]*installed{},
 
 		dirtySince: map[string]time.Time{},
-		changed: make(chan struct{}),
-		gen:     map[string]uint64{},
-		applied: map[string]appliedIsolation{},
-		pending: map[string]bool{},
-		state:   newFlowState(cfg.Flows),
-		conjIDs: flows.NewAllocator[flows.ConjKey](0),
-		cookies: flows.NewAllocator[string](1<<32 - 1),
-		metrics: newMetrics(),
+		changed:    make(chan struct{}),
+		gen:        map[string]uint64{},
+		applied:    map[string]appliedIsolation{},
+		pending:    map[string]bool{},
+		state:      newFlowState(cfg.Flows),
+		conjIDs:    flows.NewAllocator[flows.ConjKey](0),
+		cookies:    flows.NewAllocator[string](1<<32 - 1),
+		metrics:    newMetrics(),
 	}
 }
 
