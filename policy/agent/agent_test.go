@@ -2,9 +2,7 @@ package agent
 
 import (
 	"context"
-
 	"fmt"
-	"github.com/prometheus/client_golang/prometheus"
 	"net"
 	"reflect"
 	"regexp"
@@ -14,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zaptest"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
