@@ -54,11 +54,14 @@ type AgentInfo struct {
 // OVSInfo describes the Node's Open vSwitch.
 type OVSInfo struct {
 	// Version of ovs-vswitchd, e.g. "3.1.0".
-	Version string `json:"version"`
+	// +optional
+	Version string `json:"version,omitempty"`
 	// DatapathType is "system" (kernel) or "netdev" (userspace).
-	DatapathType string `json:"datapathType"`
+	// +optional
+	DatapathType string `json:"datapathType,omitempty"`
 	// Bridge is the integration bridge.
-	Bridge string `json:"bridge"`
+	// +optional
+	Bridge string `json:"bridge,omitempty"`
 }
 
 // TableFlows counts the flows of one pipeline table.
@@ -74,32 +77,44 @@ type TableFlows struct {
 // AgentInfoStatus is what the daemon reports.
 type AgentInfoStatus struct {
 	// Version of the seine binary.
-	Version string `json:"version"`
+	// +optional
+	Version string `json:"version,omitempty"`
 	// StartTime is when this daemon process started.
-	StartTime metav1.Time `json:"startTime"`
+	// +optional
+	StartTime metav1.Time `json:"startTime,omitempty"`
 	// LastHeartbeatTime is when the daemon last wrote the object (at
 	// least every minute while it can reach the API server).
-	LastHeartbeatTime metav1.Time `json:"lastHeartbeatTime"`
+	// +optional
+	LastHeartbeatTime metav1.Time `json:"lastHeartbeatTime,omitempty"`
 	// OVS is the Node's Open vSwitch.
-	OVS OVSInfo `json:"ovs"`
+	// +optional
+	OVS OVSInfo `json:"ovs,omitempty"`
 	// TunnelType is geneve, vxlan or gre.
-	TunnelType string `json:"tunnelType"`
+	// +optional
+	TunnelType string `json:"tunnelType,omitempty"`
 	// TrafficMode is how Pod traffic crosses Nodes ("encap": tunnels).
-	TrafficMode string `json:"trafficMode"`
+	// +optional
+	TrafficMode string `json:"trafficMode,omitempty"`
 	// NodeIP is the Node's transport address; PodCIDR its Pod range.
-	NodeIP  string `json:"nodeIP"`
-	PodCIDR string `json:"podCIDR"`
+	// +optional
+	NodeIP string `json:"nodeIP,omitempty"`
+	// +optional
+	PodCIDR string `json:"podCIDR,omitempty"`
 	// PodCount is the number of Pods attached to the bridge.
+	// +optional
 	PodCount int32 `json:"podCount"`
 	// FlowCount is the number of flow entries Seine keeps installed.
+	// +optional
 	FlowCount int32 `json:"flowCount"`
 	// FlowTables counts them per table, in pipeline order.
 	// +optional
 	FlowTables []TableFlows `json:"flowTables,omitempty"`
 	// NetworkPolicyCount is the number of computed NetworkPolicies the
 	// Node's agent holds (those with a target Pod on this Node).
+	// +optional
 	NetworkPolicyCount int32 `json:"networkPolicyCount"`
 	// PeerCount is the number of peer Nodes programmed.
+	// +optional
 	PeerCount int32 `json:"peerCount"`
 	// RealizedPolicies maps the name of each computed NetworkPolicy
 	// ("np-<uid>") whose flows are installed to the generation of its
@@ -152,17 +167,25 @@ type ControllerInfo struct {
 
 // SourceCounts counts the Kubernetes objects the controller computes from.
 type SourceCounts struct {
-	Namespaces      int32 `json:"namespaces"`
-	Pods            int32 `json:"pods"`
+	// +optional
+	Namespaces int32 `json:"namespaces"`
+	// +optional
+	Pods int32 `json:"pods"`
+	// +optional
 	NetworkPolicies int32 `json:"networkPolicies"`
-	Nodes           int32 `json:"nodes"`
+	// +optional
+	Nodes int32 `json:"nodes"`
 }
 
 // ComputedCounts counts the controlplane.seine.io objects it keeps.
 type ComputedCounts struct {
+	// +optional
 	NetworkPolicies int32 `json:"networkPolicies"`
+	// +optional
 	AppliedToGroups int32 `json:"appliedToGroups"`
-	AddressGroups   int32 `json:"addressGroups"`
+	// +optional
+	AddressGroups int32 `json:"addressGroups"`
+	// +optional
 	PodRealizations int32 `json:"podRealizations"`
 }
 
@@ -182,18 +205,25 @@ type Computation struct {
 type ControllerInfoStatus struct {
 	// Leader is the identity (Node name) of the instance holding the
 	// Lease.
-	Leader string `json:"leader"`
+	// +optional
+	Leader string `json:"leader,omitempty"`
 	// LeaderSince is when it started leading.
-	LeaderSince metav1.Time `json:"leaderSince"`
+	// +optional
+	LeaderSince metav1.Time `json:"leaderSince,omitempty"`
 	// LastHeartbeatTime is when the leader last wrote the object.
-	LastHeartbeatTime metav1.Time `json:"lastHeartbeatTime"`
+	// +optional
+	LastHeartbeatTime metav1.Time `json:"lastHeartbeatTime,omitempty"`
 	// Version of the leader's seine binary.
-	Version string `json:"version"`
+	// +optional
+	Version string `json:"version,omitempty"`
 	// Sources counts the objects computed from.
-	Sources SourceCounts `json:"sources"`
+	// +optional
+	Sources SourceCounts `json:"sources,omitempty"`
 	// Computed counts the computed objects stored.
-	Computed ComputedCounts `json:"computed"`
+	// +optional
+	Computed ComputedCounts `json:"computed,omitempty"`
 	// QueueDepth is the number of objects waiting to be reconciled.
+	// +optional
 	QueueDepth int32 `json:"queueDepth"`
 	// InitialSyncDuration is how long the leader took, at the start of
 	// its term, to compute and write everything (zero until done).
@@ -298,10 +328,10 @@ type TraceflowPacket struct {
 	Protocol string `json:"protocol,omitempty"`
 	// DstPort is the TCP or UDP destination port (required for those).
 	// +optional
-	DstPort int32 `json:"dstPort,omitempty"`
+	DstPort int32 `json:"dstPort"`
 	// SrcPort is the TCP or UDP source port; 0 picks one.
 	// +optional
-	SrcPort int32 `json:"srcPort,omitempty"`
+	SrcPort int32 `json:"srcPort"`
 }
 
 // TraceflowSpec is the trace to run.
@@ -312,7 +342,7 @@ type TraceflowSpec struct {
 	Packet TraceflowPacket `json:"packet,omitempty"`
 	// TimeoutSeconds bounds the whole trace; default 10.
 	// +optional
-	TimeoutSeconds int32 `json:"timeoutSeconds,omitempty"`
+	TimeoutSeconds int32 `json:"timeoutSeconds"`
 }
 
 // TracedPacket is the packet as injected.
@@ -321,9 +351,9 @@ type TracedPacket struct {
 	DstIP    string `json:"dstIP"`
 	Protocol string `json:"protocol"`
 	// +optional
-	SrcPort int32 `json:"srcPort,omitempty"`
+	SrcPort int32 `json:"srcPort"`
 	// +optional
-	DstPort int32 `json:"dstPort,omitempty"`
+	DstPort int32 `json:"dstPort"`
 }
 
 // TraceflowNode is what one Node saw of the packet.
@@ -356,7 +386,7 @@ type TraceflowStatus struct {
 	// Tag marks the packet: the source Node's trace number, carried to
 	// other Nodes in the tunnel key.
 	// +optional
-	Tag int32 `json:"tag,omitempty"`
+	Tag int32 `json:"tag"`
 	// StartTime is when the source Node accepted the trace.
 	// +optional
 	StartTime *metav1.Time `json:"startTime,omitempty"`
