@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -70,7 +71,7 @@ type operations struct {
 	ops     opsclient.Interface
 	started time.Time
 
-	pipelineGate, podsGate *health.Gate
+	pipelineGate, podsGate, cniGate *health.Gate
 }
 
 // newOperations starts what needs nothing but the configuration: the
@@ -79,7 +80,8 @@ type operations struct {
 func newOperations(cfg config.Config, rc *rest.Config, reg *prometheus.Registry, log *zap.Logger, opts []Option) (*operations, error) {
 	o := &operations{cfg: cfg, log: log, reg: reg, started: time.Now(),
 		pipelineGate: health.NewGate("the pipeline of this run is not installed yet"),
-		podsGate:     health.NewGate("the Pods attached before this start are not restored yet")}
+		podsGate:     health.NewGate("the Pods attached before this start are not restored yet"),
+		cniGate:      health.NewGate("the CNI server is not serving yet")}
 	o.opts.level = zap.NewAtomicLevel()
 	for _, fn := range opts {
 		fn(&o.opts)
@@ -96,22 +98,35 @@ func newOperations(cfg config.Config, rc *rest.Config, reg *prometheus.Registry,
 	o.probes.Ready.Add(health.CheckPipeline, o.pipelineGate.Check)
 	o.probes.Ready.Add(health.CheckPodsRestored, o.podsGate.Check)
 	o.probes.Ready.Add(health.CheckPoliciesRealized, func() error { return fmt.Errorf("the policy agent has not started yet") })
+	o.probes.Ready.Add(health.CheckCNIServing, o.cniGate.Check)
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "seine_build_info", Help: "Always 1; the version label names the build.",
 			ConstLabels: prometheus.Labels{"version": version.Version()}}, func() float64 { return 1 }))
 	return o, nil
 }
 
-// startProbes serves /metrics, /healthz and /readyz on metricsAddress (an
-// empty host: the Node's IP) until ctx ends, unless disabled.
-func (o *operations) startProbes(ctx context.Context, nodeIP net.IP, errc chan<- error) error {
+// startProbes serves /metrics, /healthz and /readyz on metricsAddress
+// until ctx ends, unless disabled. An empty host means the Node's IP:
+// nodeIP, else $NODE_IP (the DaemonSet passes status.hostIP), else the
+// address is not known yet and it reports false (call again once the Node
+// is). Started (or disabled) reports true.
+func (o *operations) startProbes(ctx context.Context, nodeIP net.IP, errc chan<- error) (bool, error) {
+	if nodeIP == nil {
+		nodeIP = net.ParseIP(os.Getenv("NODE_IP"))
+	}
+	if o.cfg.MetricsAddress == "" {
+		return true, nil
+	}
+	if host, _, err := net.SplitHostPort(o.cfg.MetricsAddress); err == nil && host == "" && nodeIP == nil {
+		return false, nil
+	}
 	addr, err := health.ResolveAddress(o.cfg.MetricsAddress, nodeIP)
-	if err != nil || addr == "" {
-		return err
+	if err != nil {
+		return false, err
 	}
 	o.log.Info("serving metrics and probes", zap.String("address", addr))
 	go func() { errc <- health.Serve(ctx, addr, o.probes.Handler(o.reg)) }()
-	return nil
+	return true, nil
 }
 
 // datapath are the components the later steps read.

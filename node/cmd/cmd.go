@@ -38,6 +38,7 @@ func NewApp() *cli.App {
 		Commands: []*cli.Command{
 			nodeCommand(),
 			installCNICommand(),
+			ovsCommand(),
 			{
 				Name:            "ctl",
 				Usage:           "seinectl, the operators' CLI (seine ctl --help)",
@@ -109,6 +110,7 @@ func installCNICommand() *cli.Command {
 			&cli.BoolFlag{Name: "no-bandwidth", Usage: "do not chain the bandwidth plugin"},
 			&cli.StringSliceFlag{Name: "plugin-dir", Usage: "where to find the chained plugins, to negotiate the conflist's CNI version (default: --cni-bin-dir; repeatable)"},
 			&cli.StringFlag{Name: "cni-version", Usage: "the conflist's cniVersion (default: the newest all chained plugins support)"},
+			&cli.StringFlag{Name: "install-plugins-from", Usage: "copy each plugin seine relies on (the chained ones, loopback) that the CNI bin dir lacks from this directory (the image's /opt/cni/bin)"},
 		},
 		Action: func(c *cli.Context) error {
 			o := install.Options{
@@ -120,6 +122,8 @@ func installCNICommand() *cli.Command {
 				ChainBandwidth: !c.Bool("no-bandwidth"),
 				PluginDirs:     c.StringSlice("plugin-dir"),
 				CNIVersion:     c.String("cni-version"),
+
+				PluginsFrom: c.String("install-plugins-from"),
 			}
 			if err := install.Install(o); err != nil {
 				return err

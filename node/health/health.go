@@ -12,7 +12,8 @@
 //     pipeline-installed (the bridge's flows of this run installed and the
 //     previous run's removed), pods-restored (the Pods already attached at
 //     start-up programmed again), policies-realized (every NetworkPolicy
-//     object the agent holds installed as flows).
+//     object the agent holds installed as flows), cni-serving (the CNI
+//     server accepts requests).
 package health
 
 import (
@@ -37,6 +38,7 @@ const (
 	CheckPipeline         = "pipeline-installed"
 	CheckPodsRestored     = "pods-restored"
 	CheckPoliciesRealized = "policies-realized"
+	CheckCNIServing       = "cni-serving"
 )
 
 // Checks is an ordered set of named checks. It is safe for concurrent

@@ -42,6 +42,13 @@ func startEnv(tb testing.TB) *env {
 	rc.QPS, rc.Burst = 2000, 4000
 	e := &env{rc: rc}
 	e.kube = kubernetes.NewForConfigOrDie(rc)
+	// The namespace of the controller's Lease, as the manifest creates it.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := e.kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{
+		ObjectMeta: metav1.ObjectMeta{Name: DefaultLeaseNamespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		tb.Fatalf("create namespace %s: %v", DefaultLeaseNamespace, err)
+	}
 	e.cp = versioned.NewForConfigOrDie(rc)
 	return e
 }

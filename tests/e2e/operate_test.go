@@ -570,7 +570,7 @@ func checkControllerInfo(t *testing.T, c *sandbox.Cluster) *opsv1alpha1.Controll
 	var got *opsv1alpha1.ControllerInfo
 	eventually(t, 60*time.Second, "ControllerInfo names the leader", func() error {
 		ctx := testCtx(t, 10*time.Second)
-		l, err := c.Client().CoordinationV1().Leases("kube-system").Get(ctx, "seine-controller", metav1.GetOptions{})
+		l, err := c.Client().CoordinationV1().Leases(sandbox.SeineNamespace).Get(ctx, "seine-controller", metav1.GetOptions{})
 		if err != nil || l.Spec.HolderIdentity == nil || l.Spec.AcquireTime == nil {
 			return fmt.Errorf("lease: %v", err)
 		}
