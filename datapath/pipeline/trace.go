@@ -23,9 +23,10 @@ import (
 //     Classifier turns such a packet back into a marked one (TraceActive,
 //     TraceTag from the key) before anything else, so it reports it too.
 //
-// Registers are per-packet metadata that never reach the datapath's
-// flow cache, so the observation flows cost unmarked traffic nothing;
-// the tunnel key bit is matched only on packets from the tunnel.
+// Registers are not datapath fields, so the observation flows add nothing
+// to the datapath's cached flows (unmarked packets cost one more
+// classifier lookup per table, in the slow path); the tunnel key bit is
+// matched only on packets from the tunnel.
 
 // TunnelKeyTraced is the tunnel key bit marking a Traceflow packet; the
 // key's bits 0..15 carry TraceTag. VXLAN and Geneve keys have 24 bits,

@@ -313,10 +313,12 @@ func TestSeinectl(t *testing.T) {
 		run := func(n sandbox.Node, src, dst string) opsv1alpha1.Traceflow {
 			t.Helper()
 			var tf opsv1alpha1.Traceflow
+			start := time.Now()
 			s, err := seinectl(testCtx(t, time.Minute), c, n, "traceflow", "-S", src, "-D", dst, "-o", "json")
 			if jerr := json.Unmarshal([]byte(s), &tf); jerr != nil {
 				t.Fatalf("traceflow %s -> %s: %v %v\n%s", src, dst, err, jerr, s)
 			}
+			t.Logf("traceflow %s -> %s: %s in %s (seinectl run, creation to report)", src, dst, tf.Status.Result, time.Since(start).Round(time.Millisecond))
 			return tf
 		}
 		// Same Node, allowed.
