@@ -209,17 +209,29 @@ func members(ms []cpv1alpha1.GroupMember) []string {
 	return out
 }
 
-func getAppliedToGroup() *cli.Command {
+// groupKind describes one kind of computed group for `get`.
+type groupKind[T any] struct {
+	name    string
+	aliases []string
+	usage   string
+	path    string // the local API route
+	list    func(ctx context.Context, cl *clients) ([]T, error)
+	meta    func(T) metav1.Object
+	table   *table
+	row     func(t *table, g T)
+}
+
+// groupCommand is `get <kind> [name] [--agent]` for a group kind.
+func groupCommand[T any](k groupKind[T]) *cli.Command {
 	return &cli.Command{
-		Name: "appliedtogroup", Aliases: []string{"appliedtogroups", "atg", "satg"}, ArgsUsage: "[name]",
-		Usage: "AppliedToGroups: the target Pods of policies, one object per group and Node",
+		Name: k.name, Aliases: k.aliases, ArgsUsage: "[name | group key]", Usage: k.usage,
 		Flags: []cli.Flag{outputFlag(), fromAgentFlag()},
 		Action: func(c *cli.Context) error {
 			ctx, cancel := timeout(c)
 			defer cancel()
-			var items []*cpv1alpha1.AppliedToGroup
+			var items []T
 			if c.Bool("agent") {
-				if err := local(c).Get(ctx, "/v1/appliedtogroups", nil, &items); err != nil {
+				if err := local(c).Get(ctx, k.path, nil, &items); err != nil {
 					return err
 				}
 			} else {
@@ -227,64 +239,66 @@ func getAppliedToGroup() *cli.Command {
 				if err != nil {
 					return err
 				}
-				l, err := cl.cp.ControlplaneV1alpha1().AppliedToGroups().List(ctx, metav1.ListOptions{})
-				if err != nil {
+				if items, err = k.list(ctx, cl); err != nil {
 					return err
 				}
-				for i := range l.Items {
-					items = append(items, &l.Items[i])
-				}
 			}
-			var out []*cpv1alpha1.AppliedToGroup
-			t := &table{Columns: []string{"NAME", "GROUP", "NODE", "MEMBERS"}, Wide: []string{"PODS"}}
+			var out []T
 			for _, g := range items {
-				if n := c.Args().First(); n != "" && g.Name != n && g.Labels[cpv1alpha1.GroupLabel] != n {
+				m := k.meta(g)
+				if n := c.Args().First(); n != "" && m.GetName() != n && m.GetLabels()[cpv1alpha1.GroupLabel] != n {
 					continue
 				}
 				out = append(out, g)
-				t.add(g.Name, g.Labels[cpv1alpha1.GroupLabel], g.Spec.NodeName, len(g.Spec.Members), members(g.Spec.Members))
+				k.row(k.table, g)
 			}
-			return print(c, out, t)
+			return print(c, out, k.table)
 		},
 	}
 }
 
-func getAddressGroup() *cli.Command {
-	return &cli.Command{
-		Name: "addressgroup", Aliases: []string{"addressgroups", "ag", "sag"}, ArgsUsage: "[name]",
-		Usage: "AddressGroups: the peer Pods of policy rules, in slices",
-		Flags: []cli.Flag{outputFlag(), fromAgentFlag()},
-		Action: func(c *cli.Context) error {
-			ctx, cancel := timeout(c)
-			defer cancel()
-			var items []*cpv1alpha1.AddressGroup
-			if c.Bool("agent") {
-				if err := local(c).Get(ctx, "/v1/addressgroups", nil, &items); err != nil {
-					return err
-				}
-			} else {
-				cl, err := cluster(c)
-				if err != nil {
-					return err
-				}
-				l, err := cl.cp.ControlplaneV1alpha1().AddressGroups().List(ctx, metav1.ListOptions{})
-				if err != nil {
-					return err
-				}
-				for i := range l.Items {
-					items = append(items, &l.Items[i])
-				}
+func getAppliedToGroup() *cli.Command {
+	return groupCommand(groupKind[*cpv1alpha1.AppliedToGroup]{
+		name: "appliedtogroup", aliases: []string{"appliedtogroups", "atg", "satg"}, path: "/v1/appliedtogroups",
+		usage: "AppliedToGroups: the target Pods of policies, one object per group and Node",
+		list: func(ctx context.Context, cl *clients) ([]*cpv1alpha1.AppliedToGroup, error) {
+			l, err := cl.cp.ControlplaneV1alpha1().AppliedToGroups().List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return nil, err
 			}
-			var out []*cpv1alpha1.AddressGroup
-			t := &table{Columns: []string{"NAME", "GROUP", "SLICE", "MEMBERS"}, Wide: []string{"PODS"}}
-			for _, g := range items {
-				if n := c.Args().First(); n != "" && g.Name != n && g.Labels[cpv1alpha1.GroupLabel] != n {
-					continue
-				}
-				out = append(out, g)
-				t.add(g.Name, g.Labels[cpv1alpha1.GroupLabel], g.Spec.Slice, len(g.Spec.Members), members(g.Spec.Members))
+			out := make([]*cpv1alpha1.AppliedToGroup, len(l.Items))
+			for i := range l.Items {
+				out[i] = &l.Items[i]
 			}
-			return print(c, out, t)
+			return out, nil
 		},
-	}
+		meta:  func(g *cpv1alpha1.AppliedToGroup) metav1.Object { return g },
+		table: &table{Columns: []string{"NAME", "GROUP", "NODE", "MEMBERS"}, Wide: []string{"PODS"}},
+		row: func(t *table, g *cpv1alpha1.AppliedToGroup) {
+			t.add(g.Name, g.Labels[cpv1alpha1.GroupLabel], g.Spec.NodeName, len(g.Spec.Members), members(g.Spec.Members))
+		},
+	})
+}
+
+func getAddressGroup() *cli.Command {
+	return groupCommand(groupKind[*cpv1alpha1.AddressGroup]{
+		name: "addressgroup", aliases: []string{"addressgroups", "ag", "sag"}, path: "/v1/addressgroups",
+		usage: "AddressGroups: the peer Pods of policy rules, in slices",
+		list: func(ctx context.Context, cl *clients) ([]*cpv1alpha1.AddressGroup, error) {
+			l, err := cl.cp.ControlplaneV1alpha1().AddressGroups().List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return nil, err
+			}
+			out := make([]*cpv1alpha1.AddressGroup, len(l.Items))
+			for i := range l.Items {
+				out[i] = &l.Items[i]
+			}
+			return out, nil
+		},
+		meta:  func(g *cpv1alpha1.AddressGroup) metav1.Object { return g },
+		table: &table{Columns: []string{"NAME", "GROUP", "SLICE", "MEMBERS"}, Wide: []string{"PODS"}},
+		row: func(t *table, g *cpv1alpha1.AddressGroup) {
+			t.add(g.Name, g.Labels[cpv1alpha1.GroupLabel], g.Spec.Slice, len(g.Spec.Members), members(g.Spec.Members))
+		},
+	})
 }

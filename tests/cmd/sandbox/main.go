@@ -529,17 +529,23 @@ func nodeExecCommand() *cli.Command {
 			if c.NArg() < 2 {
 				return cli.Exit("usage: sandbox node-exec NODE -- CMD...", 2)
 			}
-			cl, err := load(c)
-			if err != nil {
-				return err
-			}
-			n, err := cl.Node(c.Args().First())
+			_, n, err := loadNode(c)
 			if err != nil {
 				return err
 			}
 			return execInNetNS(n.NetNS, c.Args().Slice()[1:])
 		},
 	}
+}
+
+// loadNode loads the sandbox and the Node named by the first argument.
+func loadNode(c *cli.Context) (*sandbox.Cluster, sandbox.Node, error) {
+	cl, err := load(c)
+	if err != nil {
+		return nil, sandbox.Node{}, err
+	}
+	n, err := cl.Node(c.Args().First())
+	return cl, n, err
 }
 
 func ctlCommand() *cli.Command {
@@ -552,11 +558,7 @@ func ctlCommand() *cli.Command {
 			if c.NArg() < 1 {
 				return cli.Exit("usage: sandbox ctl NODE -- SEINECTL-ARGS...", 2)
 			}
-			cl, err := load(c)
-			if err != nil {
-				return err
-			}
-			n, err := cl.Node(c.Args().First())
+			cl, n, err := loadNode(c)
 			if err != nil {
 				return err
 			}
