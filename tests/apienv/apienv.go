@@ -33,11 +33,25 @@ func BinDir() string {
 	return "/root/.cache/seine/k8s-v1.36.3/bin"
 }
 
+// Env is a running control plane.
+type Env struct {
+	// Config reaches the API server from this process.
+	Config *rest.Config
+	// NetNS is the network namespace it runs in (198.18.0.1 there).
+	NetNS string
+	// ControlPlane is the control plane (AdminKubeconfig for kubectl run
+	// inside NetNS).
+	ControlPlane *controlplane.ControlPlane
+}
+
 // Start starts the control plane and applies every CRD of crdDir (the
 // repository's deploy/crds, relative to the test's package directory),
 // waiting until each is served. It skips the test without root or
 // without the binaries.
-func Start(tb testing.TB, crdDir string) *rest.Config {
+func Start(tb testing.TB, crdDir string) *rest.Config { return StartEnv(tb, crdDir).Config }
+
+// StartEnv is Start, returning the whole environment.
+func StartEnv(tb testing.TB, crdDir string) *Env {
 	tb.Helper()
 	if os.Geteuid() != 0 {
 		tb.Skip("needs root (network namespaces)")
@@ -82,7 +96,7 @@ func Start(tb testing.TB, crdDir string) *rest.Config {
 		tb.Fatal(err)
 	}
 	waitServed(tb, ctx, rc, crds)
-	return rc
+	return &Env{Config: rc, NetNS: ns, ControlPlane: cpl}
 }
 
 // waitServed waits until the API server serves every CRD's resource.
