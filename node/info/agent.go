@@ -80,7 +80,8 @@ type agentWriter struct {
 	cfg    AgentConfig
 	log    *zap.Logger
 
-	last      *opsv1alpha1.AgentInfo // what was last written
+	last      *opsv1alpha1.AgentInfo      // the object as last written (the server's copy)
+	sent      opsv1alpha1.AgentInfoStatus // the status as last sent (full time precision)
 	lastWrite time.Time
 	apiErr    error // the last write's error
 }
@@ -107,7 +108,7 @@ func (w *agentWriter) tick(ctx context.Context) {
 	}
 	var prev []metav1.Condition
 	if w.last != nil {
-		prev = w.last.Status.Conditions
+		prev = w.sent.Conditions
 	}
 	conds := append([]metav1.Condition(nil), prev...)
 	for _, c := range append(st.Conditions, api) {
@@ -115,7 +116,7 @@ func (w *agentWriter) tick(ctx context.Context) {
 	}
 	st.Conditions = conds
 	if w.last != nil && w.apiErr == nil && time.Since(w.lastWrite) < w.cfg.Heartbeat &&
-		reflect.DeepEqual(stripVolatile(st), stripVolatile(w.last.Status)) {
+		reflect.DeepEqual(stripVolatile(st), stripVolatile(w.sent)) {
 		return
 	}
 	if err := w.write(ctx, st); err != nil {
@@ -125,7 +126,7 @@ func (w *agentWriter) tick(ctx context.Context) {
 		w.apiErr = err
 		return
 	}
-	w.apiErr = nil
+	w.sent, w.apiErr = st, nil
 }
 
 func (w *agentWriter) write(ctx context.Context, st opsv1alpha1.AgentInfoStatus) error {

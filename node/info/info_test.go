@@ -69,15 +69,16 @@ func TestAgentInfoWriter(t *testing.T) {
 	node := createNode(t, ctx, c, "n1")
 	var pods atomic.Int32
 	pods.Store(3)
+	started := metav1.Now() // nanoseconds: the API server keeps seconds
 	status := func(context.Context) (opsv1alpha1.AgentInfoStatus, error) {
-		return opsv1alpha1.AgentInfoStatus{Version: "v-test", PodCount: pods.Load(), LastHeartbeatTime: metav1.Now(),
+		return opsv1alpha1.AgentInfoStatus{Version: "v-test", PodCount: pods.Load(), LastHeartbeatTime: metav1.Now(), StartTime: started,
 			Conditions: []metav1.Condition{{Type: opsv1alpha1.AgentReady, Status: metav1.ConditionTrue, Reason: "Ready"}}}, nil
 	}
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
 		done <- RunAgent(runCtx, c.ops, AgentConfig{NodeName: "n1", NodeUID: node.UID, Status: status,
-			Heartbeat: 2 * time.Second, Check: 100 * time.Millisecond}, zaptest.NewLogger(t))
+			Heartbeat: 3 * time.Second, Check: 100 * time.Millisecond}, zaptest.NewLogger(t))
 	}()
 	t.Cleanup(func() { stop(); <-done })
 	get := func() (*opsv1alpha1.AgentInfo, error) {
@@ -99,6 +100,7 @@ func TestAgentInfoWriter(t *testing.T) {
 		return nil
 	})
 	pods.Store(4)
+	var changed *opsv1alpha1.AgentInfo
 	eventually(t, "pod count change written", func() error {
 		ai, err := get()
 		if err != nil {
@@ -107,8 +109,15 @@ func TestAgentInfoWriter(t *testing.T) {
 		if ai.Status.PodCount != 4 {
 			return fmt.Errorf("podCount %d", ai.Status.PodCount)
 		}
+		changed = ai
 		return nil
 	})
+	// Nothing changes now: 15 checks later, nothing was written (the
+	// heartbeat is 3 s away).
+	time.Sleep(1500 * time.Millisecond)
+	if ai, err := get(); err != nil || ai.ResourceVersion != changed.ResourceVersion {
+		t.Errorf("AgentInfo rewritten without a change (resourceVersion %s, then %s; %v)", changed.ResourceVersion, ai.ResourceVersion, err)
+	}
 	eventually(t, "heartbeat", func() error {
 		ai, err := get()
 		if err != nil {
@@ -133,11 +142,12 @@ func TestLeaderTasks(t *testing.T) {
 	for _, n := range []string{"n1", "n2"} {
 		createNode(t, ctx, c, n)
 	}
-	since := time.Now().Add(-time.Minute).Truncate(time.Second)
+	since := time.Now().Add(-time.Minute) // nanoseconds: the API server keeps seconds
+	finished := time.Now()
 	status := func() policycontroller.Status {
 		return policycontroller.Status{Leading: true, Since: since, Sources: map[string]int{"pods": 7, "nodes": 2},
 			Computed: map[compute.Kind]int{compute.KindNetworkPolicy: 1}, InitialSync: 1500 * time.Millisecond,
-			LastRound: &policycontroller.Round{FinishedAt: time.Now(), Duration: 40 * time.Millisecond, Objects: 3}}
+			LastRound: &policycontroller.Round{FinishedAt: finished, Duration: 40 * time.Millisecond, Objects: 3}}
 	}
 	np, err := c.kube.NetworkingV1().NetworkPolicies("default").Create(ctx, &networkingv1.NetworkPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: "web"}}, metav1.CreateOptions{})
@@ -184,12 +194,22 @@ func TestLeaderTasks(t *testing.T) {
 			return err
 		}
 		s := ci.Status
-		if s.Leader != "n1" || !s.LeaderSince.Time.Equal(since) || s.Sources.Pods != 7 || s.Computed.NetworkPolicies != 1 ||
+		if s.Leader != "n1" || !s.LeaderSince.Time.Equal(since.Truncate(time.Second)) || s.Sources.Pods != 7 || s.Computed.NetworkPolicies != 1 ||
 			s.LastComputation == nil || s.LastComputation.Objects != 3 || s.InitialSyncDuration.Duration != 1500*time.Millisecond {
 			return fmt.Errorf("status %+v", s)
 		}
 		return nil
 	})
+	// Nothing changes: 10 checks later, nothing was written.
+	ci, err := c.ops.OpsV1alpha1().ControllerInfos().Get(ctx, "seine-controller", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	if again, err := c.ops.OpsV1alpha1().ControllerInfos().Get(ctx, "seine-controller", metav1.GetOptions{}); err != nil ||
+		again.ResourceVersion != ci.ResourceVersion {
+		t.Errorf("ControllerInfo rewritten without a change (%v)", err)
+	}
 	eventually(t, "ghost AgentInfo deleted", func() error {
 		if _, err := c.ops.OpsV1alpha1().AgentInfos().Get(ctx, "ghost", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("still there (%v)", err)

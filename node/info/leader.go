@@ -115,6 +115,7 @@ func (l *Leader) controllerStatus() (opsv1alpha1.ControllerInfoStatus, bool) {
 func (l *Leader) runControllerInfo(ctx context.Context) {
 	client := l.ops.OpsV1alpha1().ControllerInfos()
 	var last *opsv1alpha1.ControllerInfo
+	var sent opsv1alpha1.ControllerInfoStatus // as sent: full time precision
 	var lastWrite time.Time
 	strip := func(s opsv1alpha1.ControllerInfoStatus) opsv1alpha1.ControllerInfoStatus {
 		s.LastHeartbeatTime = metav1.Time{}
@@ -124,7 +125,7 @@ func (l *Leader) runControllerInfo(ctx context.Context) {
 	defer t.Stop()
 	for {
 		if st, ok := l.controllerStatus(); ok && (last == nil || time.Since(lastWrite) >= l.cfg.Heartbeat ||
-			!reflect.DeepEqual(strip(st), strip(last.Status))) {
+			!reflect.DeepEqual(strip(st), strip(sent))) {
 			got, err := l.writeControllerInfo(ctx, client, st, last)
 			if err != nil {
 				if ctx.Err() == nil {
@@ -132,7 +133,7 @@ func (l *Leader) runControllerInfo(ctx context.Context) {
 				}
 				last = nil
 			} else {
-				last, lastWrite = got, time.Now()
+				last, sent, lastWrite = got, st, time.Now()
 			}
 		}
 		select {

@@ -236,20 +236,53 @@ func asAny[T any](l []T, err error) ([]any, error) {
 	return out, err
 }
 
-// netlinkDump writes one object per line.
+// netlinkDump writes one object per line, naming links rather than
+// numbering them.
 func netlinkDump(list func() ([]any, error)) func(io.Writer) error {
 	return func(w io.Writer) error {
 		l, err := list()
 		if err != nil {
 			return err
 		}
-		for _, o := range l {
-			if link, ok := o.(netlink.Link); ok {
-				a := link.Attrs()
-				fmt.Fprintf(w, "%d: %s type %s mtu %d state %s mac %s master %d\n", a.Index, a.Name, link.Type(), a.MTU, a.OperState, a.HardwareAddr, a.MasterIndex)
-				continue
+		names := map[int]string{}
+		if links, err := netlinksafe.LinkList(); err == nil {
+			for _, link := range links {
+				names[link.Attrs().Index] = link.Attrs().Name
 			}
-			fmt.Fprintf(w, "%v\n", o)
+		}
+		dev := func(i int) string {
+			if n, ok := names[i]; ok {
+				return n
+			}
+			return fmt.Sprintf("if%d", i)
+		}
+		for _, o := range l {
+			switch o := o.(type) {
+			case netlink.Link:
+				a := o.Attrs()
+				fmt.Fprintf(w, "%d: %s type %s mtu %d state %s mac %s master %s\n", a.Index, a.Name, o.Type(), a.MTU, a.OperState,
+					a.HardwareAddr, dev(a.MasterIndex))
+			case netlink.Route:
+				dst := "default"
+				if o.Dst != nil {
+					dst = o.Dst.String()
+				}
+				fmt.Fprintf(w, "%s", dst)
+				if o.Gw != nil {
+					fmt.Fprintf(w, " via %s", o.Gw)
+				}
+				fmt.Fprintf(w, " dev %s table %d proto %d scope %s", dev(o.LinkIndex), o.Table, o.Protocol, o.Scope)
+				if o.Src != nil {
+					fmt.Fprintf(w, " src %s", o.Src)
+				}
+				fmt.Fprintln(w)
+			case netlink.Addr:
+				fmt.Fprintf(w, "%s dev %s\n", o.IPNet, dev(o.LinkIndex))
+			case netlink.Neigh:
+				fmt.Fprintf(w, "%s dev %s lladdr %s state %#x\n", o.IP, dev(o.LinkIndex), o.HardwareAddr, o.State)
+			default:
+				fmt.Fprintf(w, "%v\n", o)
+			}
 		}
 		return nil
 	}

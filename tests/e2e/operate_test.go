@@ -108,7 +108,7 @@ func TestSeinectl(t *testing.T) {
 
 	t.Run("version", func(t *testing.T) {
 		out := mustCtl(t, c, n0, "version")
-		want := regexp.MustCompile(`(?m)^seinectl: v\S+ .*\ndaemon:   v\S+ .* on Node ` + n0.Name + `\novs:      3\.\d+\.\d+ \(netdev datapath\)$`)
+		want := regexp.MustCompile(`(?m)^seinectl: \S+ \(go.*\ndaemon:   \S+ \(go.* on Node ` + n0.Name + `\novs:      3\.\d+\.\d+ \(netdev datapath\)$`)
 		if !want.MatchString(out) {
 			t.Fatalf("seinectl version:\n%s", out)
 		}
