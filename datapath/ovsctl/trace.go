@@ -11,8 +11,10 @@ import (
 
 // Trace is what ofproto/trace (ovs-vswitchd(8)) says of a packet.
 type Trace struct {
-	// Tables are the OpenFlow tables the packet visited, in order, over
-	// every conntrack recirculation the trace followed.
+	// Tables are the OpenFlow tables the packet visited in the bridge the
+	// trace started in, in order, over every conntrack recirculation the
+	// trace followed (a native tunnel's output continues in another
+	// bridge, whose tables are left out).
 	Tables []uint8
 	// Output is true when the pipeline sends the packet out of the bridge
 	// (to a port or into a native tunnel).
@@ -42,7 +44,10 @@ func (c *Client) Version(ctx context.Context) (string, error) {
 	return f[len(f)-1], nil
 }
 
-var traceTableLine = regexp.MustCompile(`(?m)^\s*(\d+)\. `)
+var (
+	traceTableLine  = regexp.MustCompile(`^\s*(\d+)\. `)
+	traceBridgeLine = regexp.MustCompile(`^\s*bridge\("([^"]+)"\)`)
+)
 
 // ParseTrace reads ofproto/trace output. The verdict comes from the
 // "Datapath actions:" of the last section (after the last conntrack
@@ -53,9 +58,19 @@ var traceTableLine = regexp.MustCompile(`(?m)^\s*(\d+)\. `)
 // not resolved yet also counts as output: the pipeline's verdict is "send".
 func ParseTrace(out string) (Trace, error) {
 	var t Trace
-	for _, m := range traceTableLine.FindAllStringSubmatch(out, -1) {
-		if n, err := strconv.ParseUint(m[1], 10, 8); err == nil {
-			t.Tables = append(t.Tables, uint8(n))
+	first, cur := "", ""
+	for _, l := range strings.Split(out, "\n") {
+		if m := traceBridgeLine.FindStringSubmatch(l); m != nil {
+			cur = m[1]
+			if first == "" {
+				first = cur
+			}
+			continue
+		}
+		if m := traceTableLine.FindStringSubmatch(l); m != nil && cur == first {
+			if n, err := strconv.ParseUint(m[1], 10, 8); err == nil {
+				t.Tables = append(t.Tables, uint8(n))
+			}
 		}
 	}
 	last := out

@@ -74,3 +74,19 @@ func TestParseTraceTables(t *testing.T) {
 		t.Fatalf("tables %v", tr.Tables)
 	}
 }
+
+// A trace into a native tunnel continues in the transport bridge; only the
+// tables of the bridge traced count.
+func TestParseTraceTablesStayInTheBridge(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("testdata", "trace-cross-egress-allowed.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := ParseTrace(string(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tr.Tables) == 0 || tr.Tables[0] != 0 || tr.Tables[len(tr.Tables)-1] != 120 {
+		t.Fatalf("tables %v: want br-int's, from 0 to 120", tr.Tables)
+	}
+}

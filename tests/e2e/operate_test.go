@@ -284,6 +284,11 @@ func TestSeinectl(t *testing.T) {
 			}
 			return nil
 		})
+		// Towards another Node: traced up to the tunnel.
+		ctlJSON(t, c, n0, &res, "trace-packet", "-S", "ops-ctl/client", "-D", "ops-ctl/remote")
+		if res.Verdict != opsv1alpha1.TraceForwarded || !strings.Contains(res.Detail, n1.Name) || res.Tables[len(res.Tables)-1] != "Output" {
+			t.Errorf("client to remote: %+v", res)
+		}
 		if out, err := seinectl(testCtx(t, time.Minute), c, n0, "trace-packet", "-S", "ops-ctl/remote", "-D", server.ip); err == nil ||
 			!strings.Contains(out, "not attached to Node "+n0.Name) {
 			t.Errorf("tracing from a Pod of another Node: %v\n%s", err, out)
