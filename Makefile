@@ -26,7 +26,7 @@ K8S_LDFLAGS  := -X k8s.io/component-base/version.gitVersion=$(K8S_VERSION) \
                 -X k8s.io/component-base/version.gitTreeState=clean
 APT_PACKAGES := openvswitch-switch containernetworking-plugins iperf3 nftables iproute2 \
                 tcpdump conntrack ethtool kubectl protobuf-compiler iputils-ping \
-                libseccomp-dev busybox-static netcat-openbsd bind9-dnsutils curl kmod
+                libseccomp-dev busybox netcat-openbsd bind9-dnsutils curl kmod nginx-light
 TEST_TIMEOUT ?= 25m
 
 .PHONY: all deps build control-plane node-tools e2e-tools image manifests generate test unit-test e2e-test lint bench \
@@ -66,17 +66,27 @@ $(K8S_BIN)/.built-$(K8S_VERSION): tests/tools/go.mod tests/tools/go.sum tests/to
 ## tests/tools/containerd) and Debian packages into $(NODE_BIN), once: kubelet
 ## and kubectl $(K8S_VERSION), containerd $(CONTAINERD_VERSION) with runc
 ## $(RUNC_VERSION), and the images Pods and the e2e suite run (pause 3.10.2 from
-## the kubelet's pause.c, agnhost 2.63.0, CoreDNS 1.15.0 for cluster DNS), as archives
-## `ctr images import` reads.
+## the kubelet's pause.c, agnhost 2.63.0, CoreDNS 1.15.0 for cluster DNS, and the e2e suite's
+## busybox, glibc-dns-testing and nginx from Debian's packages), as archives `ctr images import` reads.
 node-tools: $(NODE_BIN)/.built
 
 K8S_SRC = $(shell cd tests/tools && $(GO) list -m -f '{{.Dir}}' k8s.io/kubernetes)
-# busybox (Debian's static build) at /bin/busybox with a link per applet: a shell and
-# the usual tools, in Seine's image for operators and in agnhost's for the e2e suite.
-BUSYBOX = --file /bin/busybox:/bin/busybox $(foreach a,$(filter-out busybox,$(shell /bin/busybox --list)),--link busybox:/bin/$(a))
+# busybox (Debian's) at /bin/busybox with a link per applet but those named in
+# $(1): a shell and the usual tools. Its shell runs its own applets before PATH, so images
+# that carry real tools (nc, nslookup) get dash as /bin/sh instead.
+BUSYBOX_APPLETS := $(shell /bin/busybox --list 2>/dev/null)
+busybox = --file /bin/busybox:/bin/busybox $(foreach a,$(filter-out busybox $(1),$(BUSYBOX_APPLETS)),--link busybox:/bin/$(a))
+# What the e2e suite's test images run in their shells.
+# (busybox is linked statically with glibc, whose name service then crashes without glibc's
+# own libraries: its wget and others that resolve names give way to Debian's.)
+E2E_SHELL = $(call busybox,sh ash nc nslookup wget) --file /bin/dash:/bin/sh --file /bin/bash:/bin/bash \
+  --file /usr/bin/wget:/usr/bin/wget \
+  --file /usr/bin/dig:/usr/bin/dig --file /usr/bin/nslookup:/usr/bin/nslookup --file /usr/bin/host:/usr/bin/host \
+  --file /usr/bin/getent:/usr/bin/getent
 
 $(NODE_BIN)/.built: tests/tools/go.mod tests/tools/go.sum tests/tools/tools.go tests/tools/containerd/go.mod \
-		tests/tools/containerd/go.sum tests/tools/coredns/go.mod tests/tools/coredns/main.go deploy/image/main.go | deps
+		tests/tools/containerd/go.sum tests/tools/coredns/go.mod tests/tools/coredns/main.go tests/tools/images/nginx.conf \
+		deploy/image/main.go | deps
 	@mkdir -p $(NODE_BIN)/images
 	cd tests/tools && CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(K8S_LDFLAGS)' -o $(NODE_BIN)/ \
 	  k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kubectl k8s.io/kubernetes/test/images/agnhost
@@ -92,9 +102,20 @@ $(NODE_BIN)/.built: tests/tools/go.mod tests/tools/go.sum tests/tools/tools.go t
 	  --file $(NODE_BIN)/pause:/pause --entrypoint /pause
 	@echo "building registry.k8s.io/e2e-test-images/agnhost:2.63.0"
 	@cd deploy/image && $(GO) run . --tag registry.k8s.io/e2e-test-images/agnhost:2.63.0 --out $(NODE_BIN)/images/agnhost.tar \
-	  --file $(NODE_BIN)/agnhost:/agnhost --link agnhost:/agnhost-2 --mkdir /uploads $(BUSYBOX) \
-	  --file /usr/bin/curl:/usr/bin/curl --file /bin/nc.openbsd:/usr/bin/nc --file /usr/bin/dig:/usr/bin/dig \
+	  --file $(NODE_BIN)/agnhost:/agnhost --link agnhost:/agnhost-2 --mkdir /uploads $(E2E_SHELL) \
+	  --file $(K8S_SRC)/test/images/agnhost/porter/localhost.crt:/localhost.crt \
+	  --file $(K8S_SRC)/test/images/agnhost/porter/localhost.key:/localhost.key \
+	  --file /usr/bin/curl:/usr/bin/curl --file /bin/nc.openbsd:/usr/bin/nc \
 	  --file /usr/bin/ss:/usr/bin/ss --entrypoint /agnhost --cmd pause
+	@echo "building the e2e suite's busybox, glibc-dns-testing and nginx images"
+	@cd deploy/image && $(GO) run . --tag registry.k8s.io/e2e-test-images/busybox:1.37.0-1 --out $(NODE_BIN)/images/busybox.tar \
+	  $(call busybox,) --cmd sh
+	@cd deploy/image && $(GO) run . --tag registry.k8s.io/e2e-test-images/glibc-dns-testing:2.0.0 \
+	  --out $(NODE_BIN)/images/glibc-dns-testing.tar $(E2E_SHELL) \
+	  --file $(NODE_BIN)/coredns:/coredns --cmd sh
+	@cd deploy/image && $(GO) run . --tag registry.k8s.io/e2e-test-images/nginx:1.15-4 --out $(NODE_BIN)/images/nginx.tar \
+	  --file /usr/sbin/nginx:/usr/sbin/nginx --file $(CURDIR)/tests/tools/images/nginx.conf:/etc/nginx/nginx.conf \
+	  --mkdir /var/log/nginx --mkdir /var/lib/nginx --entrypoint /usr/sbin/nginx
 	cd deploy/image && $(GO) run . --tag registry.k8s.io/coredns/coredns:v1.15.0 --out $(NODE_BIN)/images/coredns.tar \
 	  --file $(NODE_BIN)/coredns:/coredns --entrypoint /coredns
 	touch $@
@@ -127,7 +148,7 @@ image: build deps
 	  --file /usr/share/openvswitch/vswitch.ovsschema:/usr/share/openvswitch/vswitch.ovsschema \
 	  --file /usr/sbin/nft:/usr/sbin/nft --file /bin/kmod:/usr/sbin/modprobe \
 	  $(foreach p,portmap bandwidth loopback,--file /usr/lib/cni/$(p):/opt/cni/bin/$(p)) \
-	  $(BUSYBOX) --mkdir /var/run/openvswitch --mkdir /var/lib/seine --entrypoint /usr/local/bin/seine
+	  $(call busybox,) --mkdir /var/run/openvswitch --mkdir /var/lib/seine --entrypoint /usr/local/bin/seine
 
 ## manifests: render deploy/seine.yaml from deploy/seine.yaml.tmpl (a test fails when it is stale).
 manifests:

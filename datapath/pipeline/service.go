@@ -133,6 +133,13 @@ type ServicePort struct {
 	// SNAT (External only) makes new connections leave with the gateway
 	// IP as their source (externalTrafficPolicy Cluster).
 	SNAT bool
+	// Sources, when set (External only), limit the frontend to packets
+	// from these addresses, and it takes precedence over the frontend of
+	// the same VIP and port without Sources. It carries the Node's own
+	// connections to a frontend whose externalTrafficPolicy is Local:
+	// Kubernetes sends those to every endpoint, not only the Node's own
+	// (kube-proxy's "short-circuit" of locally originated traffic).
+	Sources []net.IP
 }
 
 // ServiceBaseFlows returns the fixed flows of the Service tables, cookie
@@ -223,14 +230,26 @@ func ServicePortFlows(b Bridge, sp ServicePort) ([]of.Flow, []of.GroupEntry, err
 	if sp.External {
 		lbPrio, lbRegs = PrioHigh, []of.RegMatch{PktSource.Match(FromGateway)}
 	}
+	sources := []*net.IPNet{nil}
+	if sp.External && len(sp.Sources) > 0 {
+		sources = sources[:0]
+		for _, src := range sp.Sources {
+			if src.To4() != nil {
+				sources = append(sources, host(src))
+			}
+		}
+		lbPrio = PrioHigh + 2
+	}
 	for _, vip := range sp.VIPs {
 		if vip.To4() == nil {
 			continue
 		}
-		fs = append(fs, of.Flow{Table: uint8(ServiceLB), Priority: lbPrio, Cookie: ck,
-			Match: of.Match{EthType: EthTypeIPv4, IPDst: host(vip), IPProto: sp.Protocol,
-				L4Dst: &of.PortMatch{Port: sp.Port}, CtState: newConn, Regs: lbRegs},
-			Actions: lbActs})
+		for _, src := range sources {
+			fs = append(fs, of.Flow{Table: uint8(ServiceLB), Priority: lbPrio, Cookie: ck,
+				Match: of.Match{EthType: EthTypeIPv4, IPSrc: src, IPDst: host(vip), IPProto: sp.Protocol,
+					L4Dst: &of.PortMatch{Port: sp.Port}, CtState: newConn, Regs: lbRegs},
+				Actions: lbActs})
+		}
 		if sp.Action == ServiceReject && !sp.External {
 			// The host's own connections enter from the gateway.
 			fs = append(fs, of.Flow{Table: uint8(ServiceLB), Priority: lbPrio + 1, Cookie: ck,

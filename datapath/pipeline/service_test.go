@@ -46,10 +46,15 @@ func TestServiceFlowsInOVS(t *testing.T) {
 		Endpoints: []pipeline.ServiceEndpoint{{IP: net.ParseIP("10.244.2.6"), Port: 7777}}}
 	nodePort := pipeline.ServicePort{ID: 11, VIPs: []net.IP{pipeline.NodePortVIP}, Protocol: 6, Port: 30080, External: true, SNAT: true,
 		Endpoints: []pipeline.ServiceEndpoint{{IP: net.ParseIP("10.244.2.7"), Port: 8080}}}
+	// The Node's own connections to that NodePort (externalTrafficPolicy
+	// Local's short-circuit): every endpoint, matched by source first.
+	fromNode := pipeline.ServicePort{ID: 12, VIPs: []net.IP{pipeline.NodePortVIP}, Protocol: 6, Port: 30080, External: true,
+		Sources:   []net.IP{net.ParseIP("198.18.0.11")},
+		Endpoints: []pipeline.ServiceEndpoint{{IP: net.ParseIP("10.244.2.7"), Port: 8080}, {IP: net.ParseIP("10.244.1.5"), Port: 8080, Local: true}}}
 	flows := append(pipeline.BaseFlows(br), pipeline.PodFlows(br, p1)...)
 	flows = append(flows, pipeline.ServiceBaseFlows(br)...)
 	var groups []of.GroupMod
-	for _, sp := range []pipeline.ServicePort{small, big, none, sctp, nodePort} {
+	for _, sp := range []pipeline.ServicePort{small, big, none, sctp, nodePort, fromNode} {
 		fs, gs, err := pipeline.ServicePortFlows(br, sp)
 		if err != nil {
 			t.Fatal(err)
@@ -59,8 +64,8 @@ func TestServiceFlowsInOVS(t *testing.T) {
 			groups = append(groups, of.GroupMod{Op: of.GroupOpAdd, Group: gs[i]})
 		}
 	}
-	if len(groups) != 1+4+2 {
-		t.Fatalf("%d groups, want 1 for the small service, 1+3 for 2,500 endpoints, 1 each for SCTP and the NodePort", len(groups))
+	if len(groups) != 1+4+3 {
+		t.Fatalf("%d groups, want 1 for the small service, 1+3 for 2,500 endpoints, 1 each for SCTP and the two NodePort frontends", len(groups))
 	}
 	for _, g := range groups { // one message per group: each must fit 64 KiB
 		if err := c.ApplyGroups(ctx, []of.GroupMod{g}); err != nil {
@@ -75,8 +80,8 @@ func TestServiceFlowsInOVS(t *testing.T) {
 		t.Fatal(err)
 	}
 	dump := o.Run("ovs-ofctl", "-O", "OpenFlow13", "dump-groups", o.MgmtSocket("br-int"))
-	if n := strings.Count(dump, "bucket="); n != 2+2500+3+2 {
-		t.Errorf("%d buckets installed, want %d", n, 2+2500+3+2)
+	if n := strings.Count(dump, "bucket="); n != 2+2500+3+2+2 {
+		t.Errorf("%d buckets installed, want %d", n, 2+2500+3+2+2)
 	}
 	trace := func(flow string, ct ...string) string {
 		args := []string{"ofproto/trace", "br-int", flow}
@@ -125,6 +130,9 @@ func TestServiceFlowsInOVS(t *testing.T) {
 	}
 	if out := trace("in_port=3,"+strings.Replace(npNew, "nw_src=198.19.0.10", "nw_src=10.244.1.5", 1), "trk,new"); strings.Contains(out, "group:11") {
 		t.Errorf("a Pod's packet matched the NodePort frontend:\n%s", out)
+	}
+	if out := trace("in_port=2,"+strings.Replace(npNew, "nw_src=198.19.0.10", "nw_src=198.18.0.11", 1), "trk,new"); !strings.Contains(out, "group:12") {
+		t.Errorf("the Node's own connection to the NodePort does not reach the frontend of its own:\n%s", out)
 	}
 	// Non-Service traffic is untouched by the Service tables.
 	out = trace(syn+"nw_dst=198.19.0.10,tp_dst=80", "trk,new")

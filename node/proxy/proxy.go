@@ -265,7 +265,8 @@ func (p *Proxier) SyncService(ctx context.Context, key string) error {
 				slices = append(slices, s)
 			}
 		}
-		want, err = Translate(svc, slices, Scope{NodeName: p.cfg.NodeName, ProxyAll: p.cfg.ProxyAll})
+		want, err = Translate(svc, slices, Scope{NodeName: p.cfg.NodeName, ProxyAll: p.cfg.ProxyAll,
+			HostIPs: hostIPs(p.cfg.Bridge)})
 		if err != nil {
 			return err
 		}
@@ -570,4 +571,16 @@ func (a *idAllocator) release(key string) {
 		delete(a.used, id)
 		a.free = append(a.free, id)
 	}
+}
+
+// hostIPs are the addresses the Node's own connections to a Service come
+// from: its InternalIP and its gateway IP.
+func hostIPs(b pipeline.Bridge) []net.IP {
+	var out []net.IP
+	for _, ip := range []net.IP{b.NodeIP, b.GatewayIP} {
+		if ip.To4() != nil {
+			out = append(out, ip.To4())
+		}
+	}
+	return out
 }

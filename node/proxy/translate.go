@@ -62,6 +62,10 @@ type Scope struct {
 	// ProxyAll adds the external frontends: NodePort (for type NodePort
 	// and LoadBalancer), externalIPs and LoadBalancer ingress IPs.
 	ProxyAll bool
+	// HostIPs are the addresses the Node's own connections come from (its
+	// InternalIP, its gateway IP): to a Service whose
+	// externalTrafficPolicy is Local they go to every endpoint.
+	HostIPs []net.IP
 }
 
 // Translate computes the desired state of every port of svc from its
@@ -87,6 +91,10 @@ type Scope struct {
 //     (Kubernetes documents that the traffic is dropped then);
 //     externalTrafficPolicy Local does the same for the external
 //     frontends and keeps the client's source address, Cluster SNATs it;
+//     the Node's own connections (from scope.HostIPs) to an external
+//     frontend with Local go to every endpoint, as kube-proxy's
+//     "short-circuit" does: a frontend of their own, key suffix "/node",
+//     which keeps their source too;
 //   - a frontend with no endpoint at all is rejected;
 //   - sessionAffinity ClientIP sets AffinitySeconds (default 10800 s,
 //     capped at 65535, the width of OpenFlow's hard_timeout).
@@ -141,14 +149,28 @@ func Translate(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, scope S
 		ext := base
 		ext.External, ext.SNAT = true, !externalLocal
 		choose(&ext, ready, serving, externalLocal)
+		// The Node's own connections under externalTrafficPolicy Local.
+		var fromNode *pipeline.ServicePort
+		if externalLocal && len(scope.HostIPs) > 0 {
+			n := base
+			n.External, n.Sources = true, scope.HostIPs
+			choose(&n, ready, serving, false)
+			fromNode = &n
+		}
+		add := func(key string, sp pipeline.ServicePort, vips []net.IP, port int32) {
+			sp.VIPs, sp.Port = vips, uint16(port)
+			out = append(out, PortState{Key: key, Port: sp})
+			if fromNode != nil {
+				n := *fromNode
+				n.VIPs, n.Port = vips, uint16(port)
+				out = append(out, PortState{Key: key + "/node", Port: n})
+			}
+		}
 		if p.NodePort > 0 && (svc.Spec.Type == corev1.ServiceTypeNodePort || svc.Spec.Type == corev1.ServiceTypeLoadBalancer) {
-			np := ext
-			np.VIPs, np.Port = []net.IP{pipeline.NodePortVIP}, uint16(p.NodePort)
-			out = append(out, PortState{Key: key + "/nodeport", Port: np})
+			add(key+"/nodeport", ext, []net.IP{pipeline.NodePortVIP}, p.NodePort)
 		}
 		if len(external) > 0 {
-			ext.VIPs, ext.Port = external, uint16(p.Port)
-			out = append(out, PortState{Key: key + "/external", Port: ext})
+			add(key+"/external", ext, external, p.Port)
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })

@@ -3,6 +3,7 @@ package proxy
 import (
 	"fmt"
 	"net"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -191,9 +192,18 @@ func TestTranslateExternalFrontends(t *testing.T) {
 	}
 
 	svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
-	got, _ = Translate(svc, slices, Scope{NodeName: "n1", ProxyAll: true})
+	host := []net.IP{net.ParseIP("198.18.0.11").To4(), net.ParseIP("10.244.1.1").To4()}
+	got, _ = Translate(svc, slices, Scope{NodeName: "n1", ProxyAll: true, HostIPs: host})
+	if len(got) != 5 {
+		t.Fatalf("externalTrafficPolicy Local: %d frontends, want 5 (internal, nodeport, external, and each of the last two for the Node's own connections)", len(got))
+	}
 	for _, ps := range got {
 		switch {
+		case strings.HasSuffix(ps.Key, "/node"):
+			// The Node's own connections go to every endpoint, unSNATed.
+			if !ps.Port.External || ps.Port.SNAT || fmt.Sprint(ps.Port.Sources) != "[198.18.0.11 10.244.1.1]" || len(ps.Port.Endpoints) != 2 {
+				t.Errorf("%s: %+v", ps.Key, ps.Port)
+			}
 		case ps.Port.External && (ps.Port.SNAT || ips(ps.Port.Endpoints) != "10.244.1.5:8080 "):
 			t.Errorf("%s with externalTrafficPolicy Local: SNAT %v, endpoints %s; want no SNAT, the local one", ps.Key, ps.Port.SNAT, ips(ps.Port.Endpoints))
 		case !ps.Port.External && len(ps.Port.Endpoints) != 2:
@@ -202,7 +212,7 @@ func TestTranslateExternalFrontends(t *testing.T) {
 	}
 	got, _ = Translate(svc, slices, Scope{NodeName: "n3", ProxyAll: true})
 	for _, ps := range got {
-		if ps.Port.External && ps.Port.Action != pipeline.ServiceDrop {
+		if ps.Port.External && len(ps.Port.Sources) == 0 && ps.Port.Action != pipeline.ServiceDrop {
 			t.Errorf("%s on a Node without local endpoint: action %v, want drop", ps.Key, ps.Port.Action)
 		}
 	}

@@ -124,6 +124,19 @@ func TestServiceExternalTrafficPolicyLocal(t *testing.T) {
 			t.Errorf("%s without a local endpoint: %s, want the connection dropped", n.Name, r)
 		}
 	}
+	// The Node's own connections are not external: a Node without a local
+	// endpoint reaches the Service on its own NodePort, and the endpoint
+	// sees the Node's address (as kube-proxy's short-circuit does).
+	eventually(t, 20*time.Second, nodes[0].Name+" to its own NodePort", func() error {
+		got, r := probeFromNS(t, c, nodes[0].NetNS, nodes[0].IP, np, corev1.ProtocolTCP, 2)
+		if keys(got) != pods[0].name {
+			return fmt.Errorf("answered by %v", got)
+		}
+		if !strings.HasPrefix(r.Client, nodes[0].IP+":") {
+			return fmt.Errorf("server saw client %s, want the Node %s", r.Client, nodes[0].IP)
+		}
+		return nil
+	})
 }
 
 // externalIPs and LoadBalancer ingress IPs, routed by the underlay router

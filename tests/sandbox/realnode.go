@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -21,8 +22,10 @@ import (
 
 // Real Nodes (Options.Kubelet): each Node runs the kubelet and containerd
 // (with runc) built by `make node-tools`, as on a machine of its own. Next
-// to its network namespace a Node gets a private mount namespace, held by
-// `sandbox node-init` (NodeInit), in which:
+// to its network namespace a Node gets a host name of its own (a UTS
+// namespace: hostNetwork Pods see the Node's name, as on a real machine)
+// and a private mount namespace, held by `sandbox node-init` (NodeInit),
+// in which:
 //
 //   - /etc, /var and /opt are overlays whose upper directories live in the
 //     Node's state directory, so the kubelet, containerd and the DaemonSet's
@@ -46,12 +49,14 @@ import (
 const nodeDirInNode = "/var/lib/seine-sandbox-node"
 
 // kubeletSysctls are the values the kubelet's container manager requires
-// with protectKernelDefaults (pkg/kubelet/cm, setupKernelTunables) that may
-// differ from the host's.
-var kubeletSysctls = map[string]string{
-	"vm/overcommit_memory": "1",
-	"kernel/panic":         "10",
-	"kernel/panic_on_oops": "1",
+// with protectKernelDefaults (pkg/kubelet/cm, setupKernelTunables) that
+// differ from this machine's defaults.
+func kubeletSysctls() map[string]string {
+	return map[string]string{
+		"vm/overcommit_memory": "1",
+		"kernel/panic":         "10",
+		"kernel/panic_on_oops": "1",
+	}
 }
 
 // realNodePaths are the host paths of a real Node's state.
@@ -75,8 +80,11 @@ func (p realNodePaths) initPidfile() string { return filepath.Join(p.dir, "node-
 // until ctx ends. It must run as the first process of a fresh, private
 // mount namespace inside the Node's network namespace (`nsenter --net=...
 // unshare --mount --propagation private -- sandbox node-init`).
-func NodeInit(ctx context.Context, dir string, log *zap.Logger) error {
+func NodeInit(ctx context.Context, dir, hostname string, log *zap.Logger) error {
 	p := realNodePaths{dir: dir}
+	if err := unix.Sethostname([]byte(hostname)); err != nil {
+		return fmt.Errorf("host name %s: %w", hostname, err)
+	}
 	mount := func(src, dst, fstype string, flags uintptr, data string) error {
 		if err := unix.Mount(src, dst, fstype, flags, data); err != nil {
 			return fmt.Errorf("mount %s on %s (%s): %w", src, dst, fstype, err)
@@ -103,7 +111,7 @@ func NodeInit(ctx context.Context, dir string, log *zap.Logger) error {
 			return err
 		}
 	}
-	for key := range kubeletSysctls {
+	for key := range kubeletSysctls() {
 		if err := mount(p.sysctlFile(key), "/proc/sys/"+key, "", unix.MS_BIND, ""); err != nil {
 			return err
 		}
@@ -251,7 +259,7 @@ func nodeCgroupsOf(name string) []string {
 	for _, h := range hs {
 		entries, _ := os.ReadDir(h)
 		for _, e := range entries {
-			if e.IsDir() && re.MatchString(e.Name()) && !contains(out, e.Name()) {
+			if e.IsDir() && re.MatchString(e.Name()) && !slices.Contains(out, e.Name()) {
 				out = append(out, e.Name())
 			}
 		}
@@ -259,22 +267,14 @@ func nodeCgroupsOf(name string) []string {
 	return out
 }
 
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
-}
-
-// inNode runs argv in the real Node's namespaces (held by node-init).
+// inNode runs argv in the real Node's network, mount and UTS namespaces
+// (held by node-init).
 func inNode(ctx context.Context, n Node, argv ...string) (string, error) {
 	pid := readPid(realNodePaths{dir: n.Dir}.initPidfile())
 	if pid == 0 {
 		return "", fmt.Errorf("node %s: node-init is not running", n.Name)
 	}
-	full := append([]string{"nsenter", "-t", fmt.Sprint(pid), "-m", "-n", "--"}, argv...)
+	full := append([]string{"nsenter", "-t", fmt.Sprint(pid), "-m", "-n", "-u", "--"}, argv...)
 	cmd := exec.CommandContext(ctx, full[0], full[1:]...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -286,12 +286,11 @@ func inNode(ctx context.Context, n Node, argv ...string) (string, error) {
 // ImageArchives are the images every real Node's containerd imports before
 // its kubelet starts: Pods never pull (nothing here reaches a registry).
 func (c *Cluster) imageArchives() []string {
-	return []string{
-		filepath.Join(c.st.NodeBinDir, "images", "pause.tar"),
-		filepath.Join(c.st.NodeBinDir, "images", "agnhost.tar"),
-		filepath.Join(c.st.NodeBinDir, "images", "coredns.tar"),
-		c.st.ImageArchive,
+	var out []string
+	for _, img := range []string{"pause", "agnhost", "coredns", "busybox", "glibc-dns-testing", "nginx"} {
+		out = append(out, filepath.Join(c.st.NodeBinDir, "images", img+".tar"))
 	}
+	return append(out, c.st.ImageArchive)
 }
 
 // prepareRealNode lays out n's state, creates its cgroupRoot, starts its
@@ -308,7 +307,7 @@ func (c *Cluster) prepareRealNode(ctx context.Context, n *Node) error {
 			return err
 		}
 	}
-	for key, v := range kubeletSysctls {
+	for key, v := range kubeletSysctls() {
 		if err := os.WriteFile(p.sysctlFile(key), []byte(v+"\n"), 0o444); err != nil {
 			return err
 		}
@@ -337,8 +336,8 @@ func (c *Cluster) prepareRealNode(ctx context.Context, n *Node) error {
 
 	c.log.Info("starting node-init", zap.String("node", n.Name))
 	if _, err := startDetached("", enterNsenter, filepath.Join(n.Dir, "node-init.log"), p.initPidfile(), nil,
-		"nsenter", "--net="+netnsPath(n.NetNS), "--", "unshare", "--mount", "--propagation", "private", "--",
-		c.st.SandboxBinary, "node-init", "--dir", n.Dir); err != nil {
+		"nsenter", "--net="+netnsPath(n.NetNS), "--", "unshare", "--mount", "--uts", "--propagation", "private", "--",
+		c.st.SandboxBinary, "node-init", "--dir", n.Dir, "--hostname", n.Name); err != nil {
 		return fmt.Errorf("node-init: %w", err)
 	}
 	if err := waitFor(ctx, 30*time.Second, 50*time.Millisecond, "node-init of "+n.Name, func(context.Context) (bool, error) {
@@ -350,7 +349,7 @@ func (c *Cluster) prepareRealNode(ctx context.Context, n *Node) error {
 	}); err != nil {
 		return err
 	}
-	enter := []string{"nsenter", "-t", fmt.Sprint(readPid(p.initPidfile())), "-m", "-n", "--"}
+	enter := []string{"nsenter", "-t", fmt.Sprint(readPid(p.initPidfile())), "-m", "-n", "-u", "--"}
 	env := []string{"PATH=" + c.st.NodeBinDir + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 
 	c.log.Info("starting containerd", zap.String("node", n.Name))
@@ -477,8 +476,18 @@ func (c *Cluster) upRealNodes(ctx context.Context) error {
 		return err
 	}
 	c.log.Info("waiting for the kubelets to register")
-	if _, err := c.waitNodes(ctx, 90*time.Second, false); err != nil {
+	cidrs, err := c.waitNodes(ctx, 90*time.Second, false)
+	if err != nil {
 		return err
+	}
+	// The control plane reaches Pods as on a cluster whose control-plane
+	// hosts route to the Pod network: through each Node. The API server
+	// proxies to Pods (pods/proxy, services/proxy), and the e2e suite,
+	// run from there, reads its probes' results that way.
+	for _, n := range c.st.Nodes {
+		if _, err := run(ctx, nil, "ip", "-n", cpNS(c.st.Name), "route", "replace", cidrs[n.Name], "via", n.IP); err != nil {
+			return fmt.Errorf("route to the Pods of %s: %w", n.Name, err)
+		}
 	}
 	c.log.Info("installing seine: kubectl apply -f", zap.String("manifest", c.st.Manifest))
 	if out, err := c.Kubectl(ctx, "apply", "-f", c.st.Manifest); err != nil {

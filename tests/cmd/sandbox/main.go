@@ -650,11 +650,14 @@ func nodeInitCommand() *cli.Command {
 		Name:   "node-init",
 		Hidden: true,
 		Usage:  "set up a real Node's mount namespace and hold it (started by up --kubelet)",
-		Flags:  []cli.Flag{&cli.StringFlag{Name: "dir", Required: true, Usage: "the Node's state directory"}},
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "dir", Required: true, Usage: "the Node's state directory"},
+			&cli.StringFlag{Name: "hostname", Required: true, Usage: "the Node's host name (its Node name)"},
+		},
 		Action: func(c *cli.Context) error {
 			ctx, cancel := signalContext(c)
 			defer cancel()
-			return sandbox.NodeInit(ctx, c.String("dir"), newLogger(c))
+			return sandbox.NodeInit(ctx, c.String("dir"), c.String("hostname"), newLogger(c))
 		},
 	}
 }

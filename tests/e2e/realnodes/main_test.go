@@ -35,6 +35,12 @@ var name = func() string {
 // cluster is the 2-Node sandbox, up for the whole run.
 var cluster *sandbox.Cluster
 
+// hostSysctls are the machine-wide settings a kubelet wants to change,
+// read before the sandbox came up (TestHostSysctlsUntouched).
+var hostSysctls = map[string]string{
+	"vm/overcommit_memory": "", "kernel/panic": "", "kernel/panic_on_oops": "",
+}
+
 func repoRoot() string {
 	wd, _ := os.Getwd()
 	return filepath.Clean(filepath.Join(wd, "..", "..", ".."))
@@ -51,6 +57,10 @@ func run(m *testing.M) int {
 	os.Setenv("SEINE_BIN", filepath.Join(bin, "seine"))
 	os.Setenv("SEINE_SANDBOX_BIN", filepath.Join(bin, "sandbox"))
 	_ = sandbox.Down(name, "")
+	for k := range hostSysctls {
+		b, _ := os.ReadFile("/proc/sys/" + k)
+		hostSysctls[k] = strings.TrimSpace(string(b))
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	log, _ := zap.NewDevelopment()
@@ -74,6 +84,14 @@ func run(m *testing.M) int {
 	}
 	if err := sandbox.Down(name, ""); err != nil {
 		fmt.Fprintf(os.Stderr, "sandbox down: %v\n", err)
+		if code == 0 {
+			code = 1
+		}
+	}
+	// Nothing of the real Nodes is left: their cgroups, with every
+	// container process, went with them.
+	if left, _ := filepath.Glob("/sys/fs/cgroup/pids/" + name + "-node-*"); len(left) > 0 {
+		fmt.Fprintf(os.Stderr, "sandbox down left cgroups %v\n", left)
 		if code == 0 {
 			code = 1
 		}

@@ -3,6 +3,7 @@ package realnodes
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -188,6 +189,29 @@ func TestInstalledByManifest(t *testing.T) {
 	out := kubectl(t, "get", "crd", "-o", "name")
 	if got := strings.Count(out, ".seine.io"); got != len(crds) {
 		t.Errorf("%d seine CRDs served, want %d:\n%s", got, len(crds), out)
+	}
+}
+
+// TestHostSysctlsUntouched: the kubelets run with protectKernelDefaults
+// and read their values from files bind-mounted in their Node's mount
+// namespace, so the machine's own settings are what they were.
+func TestHostSysctlsUntouched(t *testing.T) {
+	for k, before := range hostSysctls {
+		b, err := os.ReadFile("/proc/sys/" + k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if now := strings.TrimSpace(string(b)); now != before {
+			t.Errorf("host %s is %s, was %s before the real Nodes came up", k, now, before)
+		}
+	}
+	// And each Node sees the kubelet's values.
+	ctx := testCtx(t, time.Minute)
+	for _, n := range cluster.Nodes() {
+		out, err := cluster.NodeExec(ctx, n.Name, "cat", "/proc/sys/vm/overcommit_memory", "/proc/sys/kernel/panic")
+		if err != nil || strings.Fields(string(out))[0] != "1" || strings.Fields(string(out))[1] != "10" {
+			t.Errorf("node %s sees %q, %v", n.Name, out, err)
+		}
 	}
 }
 
