@@ -26,7 +26,12 @@ import (
 
 func eventually(t *testing.T, what string, cond func() error) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	eventuallyFor(t, 30*time.Second, what, cond)
+}
+
+func eventuallyFor(t *testing.T, d time.Duration, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
 	for {
 		err := cond()
 		if err == nil {
@@ -129,6 +134,22 @@ func TestAgentInfoWriter(t *testing.T) {
 		was := meta.FindStatusCondition(first.Status.Conditions, opsv1alpha1.AgentReady).LastTransitionTime
 		if now := meta.FindStatusCondition(ai.Status.Conditions, opsv1alpha1.AgentReady).LastTransitionTime; !now.Equal(&was) {
 			return fmt.Errorf("Ready's transition time moved from %v to %v while it held", was, now)
+		}
+		return nil
+	})
+	// The Node goes: the garbage collector removes its AgentInfo (the
+	// owner reference).
+	stop()
+	<-done
+	done <- nil // for the cleanup
+	if err := c.kube.CoreV1().Nodes().Delete(ctx, "n1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The collector builds its graph of owners first, which takes a
+	// while on a fresh control plane.
+	eventuallyFor(t, 2*time.Minute, "AgentInfo collected with its Node", func() error {
+		if _, err := get(); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there (%v)", err)
 		}
 		return nil
 	})
