@@ -53,7 +53,7 @@ type clients struct {
 func start(t *testing.T) (*clients, context.Context) {
 	rc := apienv.Start(t, "../../deploy/crds")
 	c := &clients{kube: kubernetes.NewForConfigOrDie(rc), cp: cpclient.NewForConfigOrDie(rc), ops: opsclient.NewForConfigOrDie(rc)}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	t.Cleanup(cancel)
 	return c, ctx
 }
