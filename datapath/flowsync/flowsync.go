@@ -13,6 +13,9 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	of "github.com/seine-net/seine/datapath/openflow"
 )
@@ -27,11 +30,54 @@ type Syncer struct {
 	mu     sync.Mutex
 	sw     Applier
 	owners map[string]map[string]of.Flow // owner → flow key → flow
+
+	programming prometheus.Histogram
+	mods        *prometheus.CounterVec
 }
 
 // New returns a syncer that programs sw.
 func New(sw Applier) *Syncer {
-	return &Syncer{sw: sw, owners: map[string]map[string]of.Flow{}}
+	return &Syncer{sw: sw, owners: map[string]map[string]of.Flow{},
+		programming: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "seine_flow_programming_duration_seconds",
+			Help:    "Time to program one change of flows into OVS: one bundle sent, committed and acknowledged.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 10},
+		}),
+		mods: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "seine_flow_mods_total",
+			Help: "Flow modifications sent to OVS, by operation (add, delete).",
+		}, []string{"op"}),
+	}
+}
+
+// Register adds the syncer's metrics to reg:
+// seine_flow_programming_duration_seconds (histogram) and
+// seine_flow_mods_total{op}.
+func (s *Syncer) Register(reg prometheus.Registerer) error {
+	if err := reg.Register(s.programming); err != nil {
+		return err
+	}
+	return reg.Register(s.mods)
+}
+
+// apply sends mods and records the metrics; s.mu must be held.
+func (s *Syncer) apply(ctx context.Context, mods []of.FlowMod) error {
+	start := time.Now()
+	if err := s.sw.Apply(ctx, mods); err != nil {
+		return err
+	}
+	s.programming.Observe(time.Since(start).Seconds())
+	var adds, dels int
+	for _, m := range mods {
+		if m.Op == of.OpDelete {
+			dels++
+		} else {
+			adds++
+		}
+	}
+	s.mods.WithLabelValues("add").Add(float64(adds))
+	s.mods.WithLabelValues("delete").Add(float64(dels))
+	return nil
 }
 
 // Set makes the flows of owner exactly flows: flows the owner no longer has
@@ -61,7 +107,7 @@ func (s *Syncer) Set(ctx context.Context, owner string, flows []of.Flow) error {
 		mods = append(mods, of.FlowMod{Op: of.OpAdd, Flow: f})
 	}
 	if len(mods) > 0 {
-		if err := s.sw.Apply(ctx, mods); err != nil {
+		if err := s.apply(ctx, mods); err != nil {
 			return fmt.Errorf("programming flows of %s: %w", owner, err)
 		}
 	}
@@ -113,7 +159,7 @@ func (s *Syncer) Replay(ctx context.Context) error {
 	if len(mods) == 0 {
 		return nil
 	}
-	return s.sw.Apply(ctx, mods)
+	return s.apply(ctx, mods)
 }
 
 // Snapshot returns a copy of the desired flows, by owner, sorted by table
@@ -149,6 +195,24 @@ func (s *Syncer) Count() int {
 		}
 	}
 	return len(seen)
+}
+
+// CountByTable returns the number of distinct flow entries desired in
+// each table.
+func (s *Syncer) CountByTable() map[uint8]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	seen := map[string]uint8{}
+	for _, fs := range s.owners {
+		for k, f := range fs {
+			seen[k] = f.Table
+		}
+	}
+	out := map[uint8]int{}
+	for _, t := range seen {
+		out[t]++
+	}
+	return out
 }
 
 // sameFlow reports whether two entries with equal keys also carry the same
@@ -204,6 +268,10 @@ func Key(f of.Flow) string {
 		fmt.Fprintf(&b, ",tp_dst=%d/%#x", m.L4Dst.Port, m.L4Dst.Mask)
 	}
 	ip("tun_dst", m.TunDst)
+	ip("tun_src", m.TunSrc)
+	if m.TunID != nil {
+		fmt.Fprintf(&b, ",tun_id=%#x/%#x", m.TunID.Value, m.TunID.Mask)
+	}
 	for _, r := range m.Regs {
 		fmt.Fprintf(&b, ",reg%d=%#x/%#x", r.Reg, r.Value, r.Mask)
 	}

@@ -6,6 +6,9 @@ import (
 	"net"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	of "github.com/seine-net/seine/datapath/openflow"
 )
 
@@ -120,5 +123,39 @@ func TestReplayResendsEverything(t *testing.T) {
 	}
 	if last := r.batches[len(r.batches)-1]; count(last, of.OpAdd) != 3 {
 		t.Fatalf("replay sent %+v", last)
+	}
+}
+
+// CountByTable counts shared entries once; the metrics count every
+// programmed change and mod.
+func TestCountByTableAndMetrics(t *testing.T) {
+	r := &recorder{}
+	s := New(r)
+	reg := prometheus.NewRegistry()
+	if err := s.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	shared := flow(70, "10.0.0.1", 1)
+	if err := s.Set(ctx, "a", []of.Flow{shared, flow(80, "10.0.0.2", 2)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Set(ctx, "b", []of.Flow{shared}); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.CountByTable(); got[70] != 1 || got[80] != 1 || len(got) != 2 {
+		t.Fatalf("CountByTable = %v", got)
+	}
+	if err := s.Delete(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if n := testutil.CollectAndCount(reg, "seine_flow_programming_duration_seconds"); n != 1 {
+		t.Fatalf("%d histogram series", n)
+	}
+	if adds := testutil.ToFloat64(s.mods.WithLabelValues("add")); adds != 3 {
+		t.Errorf("adds = %v, want 3", adds)
+	}
+	if dels := testutil.ToFloat64(s.mods.WithLabelValues("delete")); dels != 1 {
+		t.Errorf("deletes = %v, want 1 (the shared entry stays)", dels)
 	}
 }

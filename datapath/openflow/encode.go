@@ -47,6 +47,9 @@ var (
 	oxmARPTHA   = fieldID{classBasic, 25, 6}
 	oxmIPv6Src  = fieldID{classBasic, 26, 16}
 	oxmIPv6Dst  = fieldID{classBasic, 27, 16}
+	oxmTunnelID = fieldID{classBasic, 38, 8}
+	nxmTunID    = fieldID{classNXM1, 16, 8}
+	nxmTunSrc   = fieldID{classNXM1, 31, 4}
 	nxmTunDst   = fieldID{classNXM1, 32, 4}
 	nxmPktMark  = fieldID{classNXM1, 33, 4}
 	nxmConjID   = fieldID{classNXM1, 37, 4}
@@ -97,6 +100,7 @@ func (f fieldID) tlv(value, mask []byte) of13.MatchField {
 
 func be16(v uint16) []byte { return binary.BigEndian.AppendUint16(nil, v) }
 func be32(v uint32) []byte { return binary.BigEndian.AppendUint32(nil, v) }
+func be64(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
 
 func mac(hw net.HardwareAddr, what string) ([]byte, error) {
 	if len(hw) != 6 {
@@ -222,6 +226,20 @@ func encodeMatch(m *Match) (*of13.Match, error) {
 			return nil, err
 		}
 		add(nxmTunDst.tlv(b, nil))
+	}
+	if m.TunSrc != nil {
+		b, err := ipv4(m.TunSrc, "tun_src")
+		if err != nil {
+			return nil, err
+		}
+		add(nxmTunSrc.tlv(b, nil))
+	}
+	if m.TunID != nil {
+		var mask []byte
+		if m.TunID.Mask != 0 && m.TunID.Mask != ^uint64(0) {
+			mask = be64(m.TunID.Mask)
+		}
+		add(nxmTunID.tlv(be64(m.TunID.Value), mask))
 	}
 	seen := map[uint8]bool{}
 	for _, r := range m.Regs {
@@ -372,6 +390,12 @@ func moveField(f Field) (fieldID, bool) {
 		return nxmOfIPSrc, true
 	case FieldIPDst:
 		return nxmOfIPDst, true
+	case FieldTunID:
+		return nxmTunID, true
+	}
+	var n uint8
+	if _, err := fmt.Sscanf(string(f), "reg%d", &n); err == nil && n <= 15 && f == FieldReg(n) {
+		return nxmReg(n), true
 	}
 	return fieldID{}, false
 }
@@ -465,6 +489,21 @@ func encodeAction(a Action) (of13.Action, error) {
 			return nil, fmt.Errorf("move %s->%s: widths differ (%d vs %d bytes)", a.Src, a.Dst, src.width, dst.width)
 		}
 		return of13.NewNXActionRegMove(uint16(src.width)*8, 0, 0, src.header(), dst.header()), nil
+	case MoveRange:
+		src, ok := moveField(a.Src)
+		if !ok {
+			return nil, fmt.Errorf("move: unsupported source field %q", a.Src)
+		}
+		dst, ok := moveField(a.Dst)
+		if !ok {
+			return nil, fmt.Errorf("move: unsupported destination field %q", a.Dst)
+		}
+		if a.NBits == 0 || int(a.SrcOfs)+int(a.NBits) > int(src.width)*8 || int(a.DstOfs)+int(a.NBits) > int(dst.width)*8 {
+			return nil, fmt.Errorf("move %s[%d..]->%s[%d..]: %d bits do not fit", a.Src, a.SrcOfs, a.Dst, a.DstOfs, a.NBits)
+		}
+		return of13.NewNXActionRegMove(a.NBits, a.SrcOfs, a.DstOfs, src.header(), dst.header()), nil
+	case SetTunID:
+		return setField(nxmTunID, be64(a.ID)), nil
 	case CT:
 		return encodeCT(a)
 	case Conjunction:

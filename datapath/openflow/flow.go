@@ -9,6 +9,7 @@
 package openflow
 
 import (
+	"fmt"
 	"net"
 )
 
@@ -28,13 +29,23 @@ const (
 const (
 	PortInPort uint32 = 0xfffffff8
 	PortNormal uint32 = 0xfffffffa
-	PortLocal  uint32 = 0xfffffffe
+	// PortController sends the packet to the controller connections as a
+	// packet-in (OFPP_CONTROLLER); Output asks for the whole packet
+	// (max_len OFPCML_NO_BUFFER). See Client.SubscribePacketIns.
+	PortController uint32 = 0xfffffffd
+	PortLocal      uint32 = 0xfffffffe
 )
 
 // Masked32 is a value under a mask; a zero Mask means "all bits" (exact).
 type Masked32 struct {
 	Value uint32
 	Mask  uint32
+}
+
+// Masked64 is a 64-bit value under a mask; a zero Mask means exact.
+type Masked64 struct {
+	Value uint64
+	Mask  uint64
 }
 
 // RegMatch matches bits of one of the sixteen 32-bit NXM registers reg0..reg15.
@@ -80,7 +91,9 @@ type Match struct {
 	L4Src *PortMatch // tcp_src / udp_src / sctp_src, chosen by IPProto
 	L4Dst *PortMatch // tcp_dst / udp_dst / sctp_dst, chosen by IPProto
 
-	TunDst net.IP // tun_dst (packets received from a tunnel)
+	TunDst net.IP    // tun_dst (packets received from a tunnel)
+	TunSrc net.IP    // tun_src
+	TunID  *Masked64 // tun_id: the tunnel key (VNI), under a mask
 
 	Regs    []RegMatch
 	CtState *CtStateMatch
@@ -153,11 +166,28 @@ const (
 	FieldARPTPA Field = "arp_tpa"
 	FieldIPSrc  Field = "ip_src"
 	FieldIPDst  Field = "ip_dst"
+	FieldTunID  Field = "tun_id"
 )
+
+// FieldReg names register n (0..15) for MoveRange.
+func FieldReg(n uint8) Field { return Field(fmt.Sprintf("reg%d", n)) }
 
 // Move copies the whole of field Src into field Dst (ovs-actions(7) "move");
 // both must have the same width.
 type Move struct{ Src, Dst Field }
+
+// MoveRange copies NBits bits starting at bit SrcOfs of Src to the bits
+// starting at DstOfs of Dst (ovs-actions(7) "move:reg3[0..15]->tun_id[0..15]").
+// Src and Dst are registers (FieldReg) or FieldTunID.
+type MoveRange struct {
+	Src, Dst       Field
+	SrcOfs, DstOfs uint16
+	NBits          uint16
+}
+
+// SetTunID sets the tunnel key (tun_id, the VNI of Geneve and VXLAN, the
+// GRE key) of a packet about to leave through a flow-based tunnel port.
+type SetTunID struct{ ID uint64 }
 
 // CT sends the packet through the connection tracker (ovs-actions(7) "ct").
 type CT struct {
@@ -213,6 +243,8 @@ func (CT) isAction()          {}
 func (Conjunction) isAction() {}
 func (DecTTL) isAction()      {}
 func (Group) isAction()       {}
+func (MoveRange) isAction()   {}
+func (SetTunID) isAction()    {}
 
 // Op is what a FlowMod does.
 type Op int

@@ -454,3 +454,7 @@ func containsAll(have, want map[string]string) bool {
 	}
 	return true
 }
+
+// Connected reports whether the client is connected to the server now (it
+// reconnects by itself after a loss).
+func (c *Client) Connected() bool { return c.ovs.Connected() }

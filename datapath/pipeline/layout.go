@@ -11,6 +11,8 @@ package pipeline
 
 import (
 	"fmt"
+	"strconv"
+	"strings"
 
 	"github.com/seine-net/seine/datapath/openflow"
 )
@@ -95,6 +97,30 @@ func TableNames() map[uint8]string {
 	return m
 }
 
+// Index is t's position in Tables() (-1 if t is not a pipeline table).
+func (t Table) Index() int {
+	for i, ti := range Tables() {
+		if ti.Table == t {
+			return i
+		}
+	}
+	return -1
+}
+
+// TableByName returns the table with the given name (as Tables() names
+// it), or the table numbered by a decimal string.
+func TableByName(name string) (Table, bool) {
+	for _, ti := range Tables() {
+		if strings.EqualFold(ti.Name, name) {
+			return ti.Table, true
+		}
+	}
+	if n, err := strconv.ParseUint(name, 10, 8); err == nil {
+		return Table(n), true
+	}
+	return 0, false
+}
+
 // next returns the table after t in pipeline order (t itself for the last).
 func (t Table) next() Table {
 	ts := Tables()
@@ -142,6 +168,16 @@ const (
 	ServicePortID RegField = 5<<16 | 0<<8 | 32
 	// EndpointIP (reg6[0..31]) is the IPv4 address of the chosen endpoint.
 	EndpointIP RegField = 6<<16 | 0<<8 | 32
+	// TraceTag (reg3[0..15]) is the trace number of a Traceflow packet:
+	// loaded by the packet-out on the source Node, copied from the tunnel
+	// key on the others (see TraceFlows).
+	TraceTag RegField = 3<<16 | 0<<8 | 16
+	// TraceActive (reg3[16]) marks a Traceflow packet: every table reports
+	// it to the daemon (a packet-in) before processing it.
+	TraceActive RegField = 3<<16 | 16<<8 | 1
+	// TraceVisited (reg4[0..31]) has bit i set once table i of Tables()
+	// has reported a Traceflow packet, so each table reports it once.
+	TraceVisited RegField = 4<<16 | 0<<8 | 32
 )
 
 // Values of PktSource.
@@ -168,8 +204,12 @@ func (f RegField) Mask() uint32 {
 	return ((uint32(1) << f.NBits()) - 1) << f.Ofs()
 }
 
-// String names the field as ovs-ofctl prints it, e.g. "reg0[0..3]".
+// String names the field as ovs-ofctl prints it, e.g. "reg0[0..3]" or
+// "reg0[16]".
 func (f RegField) String() string {
+	if f.NBits() == 1 {
+		return fmt.Sprintf("reg%d[%d]", f.Reg(), f.Ofs())
+	}
 	return fmt.Sprintf("reg%d[%d..%d]", f.Reg(), f.Ofs(), f.Ofs()+f.NBits()-1)
 }
 
@@ -203,6 +243,7 @@ const (
 	CategoryNode     Category = 3 // one peer Node
 	CategoryPolicy   Category = 4 // NetworkPolicy rules
 	CategoryService  Category = 5 // Service load balancing
+	CategoryTrace    Category = 6 // Traceflow observation flows
 )
 
 // Cookie builds the cookie of a flow of the given category and object ID in

@@ -89,7 +89,7 @@ func TestIsolationBitsDoNotOverlap(t *testing.T) {
 			used[bit] = name
 		}
 	}
-	if pipeline.IngressIsolated.String() != "reg0[24..24]" || pipeline.EgressIsolated.String() != "reg0[25..25]" {
+	if pipeline.IngressIsolated.String() != "reg0[24]" || pipeline.EgressIsolated.String() != "reg0[25]" {
 		t.Errorf("isolation bits at %s and %s", pipeline.IngressIsolated, pipeline.EgressIsolated)
 	}
 }

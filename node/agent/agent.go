@@ -13,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -21,8 +20,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/vishvananda/netlink"
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
@@ -66,17 +63,22 @@ const (
 )
 
 // Run runs the daemon until ctx ends.
-func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
+func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option) error {
 	log = log.With(zap.String("node", cfg.NodeName))
 	reg := prometheus.NewRegistry()
-	errc := make(chan error, 8)
-	// Health first: /healthz answers while the daemon waits for the API
-	// server, OVS or its podCIDR; /readyz once Pods can be served.
-	var ready atomic.Bool
-	if cfg.MetricsAddress != "" {
-		go func() { errc <- serveMetrics(ctx, cfg.MetricsAddress, reg, &ready) }()
-	}
 	rc, err := restConfig(cfg.Kubeconfig, cfg.KubeAPIServerOverride)
+	if err != nil {
+		return err
+	}
+	errc := make(chan error, 16)
+	ops, err := newOperations(cfg, rc, reg, log, opts)
+	if err != nil {
+		return err
+	}
+	// Health first: /healthz answers while the daemon waits for the API
+	// server, OVS or its podCIDR (when the address to serve on is known
+	// before the Node is: see startProbes).
+	probesUp, err := ops.startProbes(ctx, nil, errc)
 	if err != nil {
 		return err
 	}
@@ -98,6 +100,11 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	}
 	_, clusterCIDR, _ := net.ParseCIDR(cfg.ClusterCIDR)
 	log.Info("node found", zap.String("node_ip", nodeIP.String()), zap.String("pod_cidr", podCIDR.String()))
+	if !probesUp {
+		if _, err := ops.startProbes(ctx, nodeIP, errc); err != nil {
+			return err
+		}
+	}
 
 	ovs, err := dialOVSDB(ctx, cfg.OVSDBEndpoint(), log)
 	if err != nil {
@@ -200,7 +207,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		NodeIP:      nodeIP,
 		TunnelPort:  uint32(tunPort.OFPort),
 	}
-	baseFlows := pipeline.BaseFlows(bridge)
+	baseFlows := append(pipeline.BaseFlows(bridge), pipeline.TraceFlows(bridge)...)
 	if cfg.PolicyEnabled() {
 		baseFlows = append(baseFlows, pipeline.PolicyBaseFlows(bridge)...)
 	}
@@ -245,6 +252,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		return fmt.Errorf("restoring Pods: %w", err)
 	}
 	log.Info("restored attached Pods", zap.Int("pods", restored))
+	ops.podsGate.Open()
 
 	// SNAT and peers.
 	nft, err := snat.NewNFTables()
@@ -294,6 +302,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		if err != nil {
 			return err
 		}
+		ops.leaderTasks(pc, kube, cp)
 		go func() { errc <- pc.Run(ctx) }()
 	}
 	var svcProxy *proxy.Proxier
@@ -336,23 +345,24 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		return err
 	}
 	log.Info("datapath ready", zap.Uint16("round", round), zap.Int("flows", syncer.Count()))
+	ops.pipelineGate.Open()
 
 	// Metrics and health.
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "seine_flows", Help: "OpenFlow entries Seine keeps installed on the integration bridge.",
-	}, func() float64 { return float64(syncer.Count()) }))
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "seine_peer_nodes", Help: "Peer Nodes connected through the tunnel.",
-	}, func() float64 { return float64(len(routes.Peers())) }))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "seine_pod_ips_allocated", Help: "Pod IPs allocated from this Node's podCIDR.",
 	}, func() float64 { return float64(len(alloc.List())) }))
+	dp := &datapath{bridge: bridge, ovs: ovs, ofc: ofc, appctl: ovsctl.New(cfg.OVSRunDir), flows: syncer, pods: backend,
+		policy: policyAgent, routes: routes, factory: factory, kube: kube, nodeUID: node.UID}
+	if err := ops.datapathUp(dp); err != nil {
+		return err
+	}
+
 	backend.MarkReady()
 	srv := cniserver.New(backend, log.Named("cni"), cniserver.WithRegistry(reg))
 	go func() { errc <- srv.Serve(ctx, cfg.CNISocket) }()
-	ready.Store(true)
+	ops.cniGate.Open()
 	log.Info("serving CNI", zap.String("socket", cfg.CNISocket))
+	ops.run(ctx, dp, errc)
 
 	select {
 	case <-ctx.Done():
@@ -602,28 +612,6 @@ func setSysctls(gateway string) error {
 		if err := os.WriteFile(path, []byte(v), 0o644); err != nil {
 			return fmt.Errorf("sysctl %s: %w", path, err)
 		}
-	}
-	return nil
-}
-
-// serveMetrics serves /metrics, /healthz (the process answers) and /readyz
-// (200 once ready is set: the datapath is programmed and the CNI server
-// runs; 503 before).
-func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, ready *atomic.Bool) error {
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !ready.Load() {
-			http.Error(w, "not ready: the datapath is being programmed", http.StatusServiceUnavailable)
-			return
-		}
-		_, _ = w.Write([]byte("ok\n"))
-	})
-	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() { <-ctx.Done(); _ = srv.Close() }()
-	if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("metrics server on %s: %w", addr, err)
 	}
 	return nil
 }

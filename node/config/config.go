@@ -87,8 +87,11 @@ type Config struct {
 	// DataDir keeps state that must survive restarts (IP allocations).
 	// Default /var/lib/seine.
 	DataDir string `json:"dataDir,omitempty"`
-	// MetricsAddress serves /metrics and /healthz; empty disables. Default
-	// 127.0.0.1:9345.
+	// APISocket is the unix socket of the local API seinectl talks to
+	// (mode 0600: root only). Default /var/run/seine/seine.sock.
+	APISocket string `json:"apiSocket,omitempty"`
+	// MetricsAddress serves /metrics, /healthz and /readyz (host:port); an
+	// empty host means the Node's InternalIP, "" disables. Default :9345.
 	MetricsAddress string `json:"metricsAddress,omitempty"`
 	// LogLevel is debug, info (default), warn or error.
 	LogLevel string `json:"logLevel,omitempty"`
@@ -198,7 +201,8 @@ func Default() Config {
 		SNAT:            &t,
 		CNISocket:       "/var/run/seine/cni.sock",
 		DataDir:         "/var/lib/seine",
-		MetricsAddress:  "127.0.0.1:9345",
+		APISocket:       "/var/run/seine/seine.sock",
+		MetricsAddress:  ":9345",
 		LogLevel:        "info",
 		NetworkPolicy: NetworkPolicyConfig{
 			Enable:                &t,
@@ -312,6 +316,14 @@ func (c Config) Validate() error {
 	}
 	if c.CNISocket == "" || !filepath.IsAbs(c.CNISocket) {
 		bad("cniSocket", "%q must be an absolute path", c.CNISocket)
+	}
+	if c.APISocket == "" || !filepath.IsAbs(c.APISocket) {
+		bad("apiSocket", "%q must be an absolute path", c.APISocket)
+	}
+	if c.MetricsAddress != "" {
+		if _, port, err := net.SplitHostPort(c.MetricsAddress); err != nil || port == "" {
+			bad("metricsAddress", "%q is not host:port (an empty host means the Node's address)", c.MetricsAddress)
+		}
 	}
 	if c.DataDir == "" || !filepath.IsAbs(c.DataDir) {
 		bad("dataDir", "%q must be an absolute path", c.DataDir)

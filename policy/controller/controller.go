@@ -116,6 +116,24 @@ type Controller struct {
 	// and the queue is empty (for tests and benchmarks).
 	mu      sync.Mutex
 	current *leading
+	// term is the state of the current (or last) term, for Status.
+	term atomic.Pointer[term]
+	// leaderTasks run during every term (AddLeaderTask).
+	leaderTasks []func(ctx context.Context)
+}
+
+// AddLeaderTask makes fn run, in its own goroutine, for every term this
+// instance leads, with the term's context (cancelled when the term ends;
+// the term ends only after fn returns). Call it before Run.
+func (c *Controller) AddLeaderTask(fn func(ctx context.Context)) {
+	c.leaderTasks = append(c.leaderTasks, fn)
+}
+
+// term is what Status reports of one leadership term.
+type term struct {
+	since       time.Time
+	initialSync time.Duration
+	last        *Round
 }
 
 // New returns a controller; it does nothing until Run.

@@ -44,6 +44,14 @@ type leading struct {
 	initialDone atomic.Bool
 
 	kinds map[compute.Kind]reconciler
+	// sources are the stores of the source informers, by kind.
+	sources map[string]cache.Store
+
+	// rmu guards the current round (see Round): when it started (zero
+	// while idle) and how many objects it reconciled.
+	rmu          sync.Mutex
+	roundStart   time.Time
+	roundObjects int
 }
 
 func (l *leading) idle() bool {
@@ -61,6 +69,11 @@ func (l *leading) depth() int {
 
 // enqueue schedules k for reconciliation after delay.
 func (l *leading) enqueue(k compute.Key, delay time.Duration) {
+	l.rmu.Lock()
+	if l.roundStart.IsZero() {
+		l.roundStart = time.Now()
+	}
+	l.rmu.Unlock()
 	l.smu.Lock()
 	l.scheduled[k] = struct{}{}
 	l.smu.Unlock()
@@ -74,11 +87,13 @@ func (l *leading) enqueue(k compute.Key, delay time.Duration) {
 // apply runs one model update and schedules the objects it dirtied.
 func (l *leading) apply(fn func(m *compute.Model)) {
 	l.mu.Lock()
+	start := time.Now()
 	fn(l.model)
 	var keys []compute.Key
 	if l.started && l.model.DirtyLen() > 0 {
 		keys = l.model.TakeDirty()
 	}
+	l.c.metrics.compute.Observe(time.Since(start).Seconds())
 	l.mu.Unlock()
 	for _, k := range keys {
 		l.enqueue(k, l.c.cfg.WriteDelay)
@@ -176,6 +191,8 @@ func (c *Controller) lead(ctx context.Context) error {
 		upsert func(m *compute.Model, o any)
 		del    func(m *compute.Model, ns, name string)
 	}
+	l.sources = map[string]cache.Store{"pods": podInf.GetStore(), "namespaces": nsInf.GetStore(),
+		"networkpolicies": npInf.GetStore(), "nodes": nodeInf.GetStore()}
 	specs := []handlerSpec{
 		{podInf, func(m *compute.Model, o any) { m.UpsertPod(o.(*corev1.Pod)) },
 			func(m *compute.Model, ns, name string) { m.DeletePod(ns, name) }},
@@ -232,6 +249,17 @@ func (c *Controller) lead(ctx context.Context) error {
 	c.mu.Unlock()
 
 	start := time.Now()
+	c.term.Store(&term{since: start})
+	l.rmu.Lock()
+	l.roundStart = start // the initial sync is the term's first round
+	l.rmu.Unlock()
+	for _, task := range c.leaderTasks {
+		workers.Add(1)
+		go func() {
+			defer workers.Done()
+			task(ctx)
+		}()
+	}
 	kf.Start(ctx.Done())
 	cf.Start(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
@@ -352,6 +380,7 @@ func (l *leading) work(ctx context.Context) bool {
 	defer func() {
 		l.queue.Done(k)
 		l.inflight.Add(-1)
+		l.roundDone()
 	}()
 	r := l.kinds[k.Kind]
 	if r == nil {
@@ -453,4 +482,31 @@ func (l *leading) keepNow(k compute.Key) {
 	l.smu.Lock()
 	delete(l.deleteAt, k)
 	l.smu.Unlock()
+}
+
+// roundDone ends the current round if the controller is idle now.
+func (l *leading) roundDone() {
+	l.rmu.Lock()
+	defer l.rmu.Unlock()
+	if l.roundStart.IsZero() {
+		return
+	}
+	l.roundObjects++
+	if !l.idle() {
+		return
+	}
+	now := time.Now()
+	r := Round{FinishedAt: now, Duration: now.Sub(l.roundStart), Objects: l.roundObjects}
+	l.roundStart, l.roundObjects = time.Time{}, 0
+	l.c.metrics.round.Observe(r.Duration.Seconds())
+	cur := l.c.term.Load()
+	if cur == nil {
+		return
+	}
+	t := *cur
+	if t.initialSync == 0 {
+		t.initialSync = r.Duration
+	}
+	t.last = &r
+	l.c.term.Store(&t)
 }

@@ -29,6 +29,7 @@ func newNode(sandbox, stateDir string, i int) Node {
 		Dir:            dir,
 		OVSRunDir:      filepath.Join(dir, "ovs"),
 		CNISocket:      filepath.Join(dir, "cni.sock"),
+		APISocket:      filepath.Join(dir, "api.sock"),
 		CNIBinDir:      filepath.Join(dir, "cni", "bin"),
 		CNIConfDir:     filepath.Join(dir, "cni", "net.d"),
 		ConfigPath:     filepath.Join(dir, "seine.yaml"),
@@ -154,6 +155,7 @@ func (c *Cluster) seineConfig(n *Node, set map[string]string) ([]byte, error) {
 		"clusterCIDR":        ClusterCIDR,
 		"serviceCIDR":        ServiceCIDR,
 		"cniSocket":          n.CNISocket,
+		"apiSocket":          n.APISocket,
 		"dataDir":            filepath.Join(n.Dir, "seine"),
 		"logLevel":           "info",
 	}

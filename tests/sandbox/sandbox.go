@@ -119,6 +119,9 @@ type Node struct {
 	OVSRunDir string `json:"ovsRunDir"`
 	// CNISocket is the seine daemon's CNI socket.
 	CNISocket string `json:"cniSocket"`
+	// APISocket is the seine daemon's local API socket (seinectl
+	// --socket).
+	APISocket string `json:"apiSocket"`
 	// CNIBinDir and CNIConfDir are the Node's CNI directories.
 	CNIBinDir  string `json:"cniBinDir"`
 	CNIConfDir string `json:"cniConfDir"`

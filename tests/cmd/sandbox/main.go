@@ -21,6 +21,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"sort"
 	"strings"
 	"syscall"
@@ -61,7 +62,7 @@ func main() {
 func commands() []*cli.Command {
 	return []*cli.Command{
 		upCommand(), downCommand(), statusCommand(), kubeconfigCommand(),
-		podCommand(), execCommand(), nodeExecCommand(), probeCommand(), extCommand(),
+		podCommand(), execCommand(), nodeExecCommand(), ctlCommand(), probeCommand(), extCommand(),
 		demoCommand(), kubeletCommand(), nodeInitCommand(), serveCommand(),
 	}
 }
@@ -528,15 +529,50 @@ func nodeExecCommand() *cli.Command {
 			if c.NArg() < 2 {
 				return cli.Exit("usage: sandbox node-exec NODE -- CMD...", 2)
 			}
-			cl, err := load(c)
-			if err != nil {
-				return err
-			}
-			n, err := cl.Node(c.Args().First())
+			_, n, err := loadNode(c)
 			if err != nil {
 				return err
 			}
 			return execInNetNS(n.NetNS, c.Args().Slice()[1:])
+		},
+	}
+}
+
+// loadNode loads the sandbox and the Node named by the first argument.
+func loadNode(c *cli.Context) (*sandbox.Cluster, sandbox.Node, error) {
+	cl, err := load(c)
+	if err != nil {
+		return nil, sandbox.Node{}, err
+	}
+	n, err := cl.Node(c.Args().First())
+	return cl, n, err
+}
+
+func ctlCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "ctl",
+		Usage:     "run seinectl on a Node (its API socket, the sandbox's kubeconfig)",
+		ArgsUsage: "NODE -- SEINECTL-ARGS...",
+		Flags:     sandboxFlags(),
+		Action: func(c *cli.Context) error {
+			if c.NArg() < 1 {
+				return cli.Exit("usage: sandbox ctl NODE -- SEINECTL-ARGS...", 2)
+			}
+			cl, n, err := loadNode(c)
+			if err != nil {
+				return err
+			}
+			seine, err := os.Executable()
+			if err != nil {
+				return err
+			}
+			args := c.Args().Slice()[1:]
+			if len(args) > 0 && args[0] == "--" {
+				args = args[1:]
+			}
+			argv := append([]string{filepath.Join(filepath.Dir(seine), "seinectl"), "--socket", n.APISocket,
+				"--kubeconfig", cl.InternalKubeconfig()}, args...)
+			return execInNetNS(n.NetNS, argv)
 		},
 	}
 }
