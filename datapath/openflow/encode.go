@@ -373,6 +373,10 @@ func moveField(f Field) (fieldID, bool) {
 	case FieldIPDst:
 		return nxmOfIPDst, true
 	}
+	var n uint8
+	if _, err := fmt.Sscanf(string(f), "reg%d", &n); err == nil && n <= 15 && string(FieldReg(n)) == string(f) {
+		return nxmReg(n), true
+	}
 	return fieldID{}, false
 }
 

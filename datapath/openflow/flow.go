@@ -9,6 +9,7 @@
 package openflow
 
 import (
+	"fmt"
 	"net"
 )
 
@@ -154,6 +155,9 @@ const (
 	FieldIPSrc  Field = "ip_src"
 	FieldIPDst  Field = "ip_dst"
 )
+
+// FieldReg names the whole 32-bit register reg0..reg15 for Move.
+func FieldReg(n uint8) Field { return Field(fmt.Sprintf("reg%d", n)) }
 
 // Move copies the whole of field Src into field Dst (ovs-actions(7) "move");
 // both must have the same width.

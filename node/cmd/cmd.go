@@ -95,8 +95,16 @@ func installCNICommand() *cli.Command {
 			&cli.BoolFlag{Name: "no-bandwidth", Usage: "do not chain the bandwidth plugin"},
 			&cli.StringSliceFlag{Name: "plugin-dir", Usage: "where to find the chained plugins, to negotiate the conflist's CNI version (default: --cni-bin-dir; repeatable)"},
 			&cli.StringFlag{Name: "cni-version", Usage: "the conflist's cniVersion (default: the newest all chained plugins support)"},
+			&cli.StringFlag{Name: "chain-into", Usage: "networkPolicyOnly: insert seine after the primary plugin of this conflist instead of writing " + install.ConfListName},
+			&cli.BoolFlag{Name: "unchain", Usage: "with --chain-into: remove seine from that conflist instead (stop the daemon first: it puts itself back)"},
 		},
 		Action: func(c *cli.Context) error {
+			if primary := c.String("chain-into"); primary != "" {
+				return chainCNI(c, primary)
+			}
+			if c.Bool("unchain") {
+				return fmt.Errorf("--unchain needs --chain-into")
+			}
 			o := install.Options{
 				BinDir:         c.String("cni-bin-dir"),
 				ConfDir:        c.String("cni-conf-dir"),
@@ -114,6 +122,29 @@ func installCNICommand() *cli.Command {
 			return nil
 		},
 	}
+}
+
+// chainCNI installs the binary and chains seine into (or, with --unchain,
+// out of) the primary CNI's conflist.
+func chainCNI(c *cli.Context, primary string) error {
+	if c.Bool("unchain") {
+		changed, err := install.Unchain(primary)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(c.App.Writer, "seine removed from %s (changed: %v)\n", primary, changed)
+		return nil
+	}
+	o := install.Options{BinDir: c.String("cni-bin-dir")}
+	if err := install.InstallBinary(o); err != nil {
+		return err
+	}
+	changed, err := install.Chain(primary, c.String("cni-socket"))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(c.App.Writer, "installed %s/%s and chained it into %s (changed: %v)\n", o.BinDir, install.PluginType, primary, changed)
+	return nil
 }
 
 // NewLogger builds the daemon's zap logger: level debug, info, warn or

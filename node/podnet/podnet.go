@@ -91,6 +91,15 @@ type Config struct {
 	// Policy, when set, is told about Pods, and an ADD returns only once
 	// the Pod's NetworkPolicies are enforced.
 	Policy PolicyHook
+	// Chained (trafficEncapMode networkPolicyOnly): a primary CNI plugin
+	// runs before seine and owns the Pod's address and interface; ADD
+	// attaches that interface (see chained.go) and there is no IPAM.
+	Chained bool
+	// Gateway is the gateway interface, where chained Pods' host routes
+	// move.
+	Gateway string
+	// NodeIP is the source address of those routes.
+	NodeIP net.IP
 }
 
 // Backend implements the CNI commands on this Node.
@@ -131,7 +140,7 @@ func isolationValue(p pipeline.Pod) string {
 }
 
 // New returns the backend. It is not ready (STATUS fails, ADD refuses)
-// until MarkReady.
+// until MarkReady. alloc is nil with cfg.Chained.
 func New(cfg Config, alloc *ipam.Allocator, ports Ports, flows Flows, log *zap.Logger) *Backend {
 	return &Backend{cfg: cfg, ipam: alloc, ports: ports, flows: flows, log: log, pods: map[string]podRecord{}}
 }
@@ -236,6 +245,9 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 	}
 	if req.IfName == "" || len(req.IfName) > 15 {
 		return nil, cniserver.Errorf(types.ErrInvalidEnvironmentVariables, "CNI_IFNAME %q is not a valid interface name", req.IfName)
+	}
+	if b.cfg.Chained {
+		return b.addChained(ctx, req)
 	}
 	podNS, err := ns.GetNS(req.Netns)
 	if err != nil {
@@ -382,6 +394,9 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 // Del detaches a Pod (CNI spec, "DEL"): flows, OVS port, veth and IP are
 // released; whatever is already gone is skipped.
 func (b *Backend) Del(ctx context.Context, req *cniserver.Request) error {
+	if b.cfg.Chained {
+		return b.releaseChained(ctx, req.ContainerID, req.IfName)
+	}
 	return b.release(ctx, req.ContainerID, req.IfName)
 }
 
@@ -402,8 +417,10 @@ func (b *Backend) release(ctx context.Context, containerID, ifName string) error
 	if err := deleteLink(hostName); err != nil {
 		return cniserver.Errorf(cniserver.ErrCodeDatapath, "removing veth %s: %w", hostName, err)
 	}
-	if err := b.ipam.Release(containerID, ifName); err != nil {
-		return cniserver.Errorf(cniserver.ErrCodeInternal, "releasing IP: %w", err)
+	if b.ipam != nil {
+		if err := b.ipam.Release(containerID, ifName); err != nil {
+			return cniserver.Errorf(cniserver.ErrCodeInternal, "releasing IP: %w", err)
+		}
 	}
 	b.log.Info("Pod detached", zap.String("container_id", containerID), zap.String("port", hostName))
 	return nil
@@ -413,6 +430,9 @@ func (b *Backend) release(ctx context.Context, containerID, ifName string) error
 // Pod interface exists in the netns with the recorded address, and the host
 // end is attached to the bridge with its flows installed.
 func (b *Backend) Check(ctx context.Context, req *cniserver.Request, prev *current.Result) error {
+	if b.cfg.Chained {
+		return b.checkChained(ctx, req, prev)
+	}
 	if prev == nil {
 		return cniserver.Errorf(types.ErrInvalidNetworkConfig, "CHECK needs a prevResult")
 	}
@@ -481,9 +501,13 @@ func (b *Backend) GC(ctx context.Context, _ *cniserver.Request, valid []types.GC
 			continue
 		}
 		seen[cid+"/"+ifn] = true
+		if p.ExternalIDs[ExtIDAttachment] == AttachmentChained {
+			errs = append(errs, b.releaseChained(ctx, cid, ifn))
+			continue
+		}
 		errs = append(errs, b.release(ctx, cid, ifn))
 	}
-	for _, a := range b.ipam.List() {
+	for _, a := range b.allocations() {
 		k := a.Owner.ContainerID + "/" + a.Owner.IfName
 		if keep[k] || seen[k] {
 			continue
@@ -512,6 +536,16 @@ func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 		if cid == "" {
 			continue
 		}
+		if p.ExternalIDs[ExtIDAttachment] == AttachmentChained {
+			ok, err := b.restoreChained(ctx, p)
+			if err != nil {
+				return n, err
+			}
+			if ok {
+				n++
+			}
+			continue
+		}
 		podIP := net.ParseIP(p.ExternalIDs[ExtIDIP]).To4()
 		mac, merr := net.ParseMAC(p.ExternalIDs[ExtIDMAC])
 		if _, err := netlink.LinkByName(p.Name); err != nil || podIP == nil || merr != nil || p.OFPort <= 0 {
@@ -523,8 +557,10 @@ func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 			}
 			continue
 		}
-		if _, ok := b.ipam.Lookup(cid, ifn); !ok {
-			b.log.Warn("Pod port without IP allocation", zap.String("port", p.Name), zap.String("ip", podIP.String()))
+		if b.ipam != nil {
+			if _, ok := b.ipam.Lookup(cid, ifn); !ok {
+				b.log.Warn("Pod port without IP allocation", zap.String("port", p.Name), zap.String("ip", podIP.String()))
+			}
 		}
 		attached[cid+"/"+ifn] = true
 		iso := p.ExternalIDs[ExtIDIsolation]
@@ -540,7 +576,7 @@ func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 		}
 		n++
 	}
-	for _, a := range b.ipam.List() {
+	for _, a := range b.allocations() {
 		if !attached[a.Owner.ContainerID+"/"+a.Owner.IfName] {
 			b.log.Info("releasing IP of a Pod that is no longer attached", zap.String("ip", a.IP.String()),
 				zap.String("container_id", a.Owner.ContainerID))
@@ -550,6 +586,14 @@ func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// allocations lists the IPAM allocations (none without IPAM).
+func (b *Backend) allocations() []ipam.Allocation {
+	if b.ipam == nil {
+		return nil
+	}
+	return b.ipam.List()
 }
 
 func deleteLink(name string) error {

@@ -58,6 +58,10 @@ type Config struct {
 	// NodePortAddresses are the CIDRs of the local addresses that accept
 	// NodePort traffic (ProxyAll only).
 	NodePortAddresses []*net.IPNet
+	// RouteSource, when set, is the preferred source address of the host
+	// routes into the gateway (ProxyAll only): the Node IP when the
+	// gateway has no address of its own (networkPolicyOnly).
+	RouteSource net.IP
 }
 
 // Proxier programs Services. Create with New, then Run.
@@ -96,7 +100,7 @@ type portInstall struct {
 // New returns a Proxier watching kube with its own informers.
 func New(kube kubernetes.Interface, flows Flows, sw Switch, cfg Config, log *zap.Logger) (*Proxier, error) {
 	hs, err := newHost(hostConfig{proxyAll: cfg.ProxyAll, gateway: cfg.Gateway, services: cfg.ServiceCIDR,
-		nodePortAddresses: cfg.NodePortAddresses})
+		nodePortAddresses: cfg.NodePortAddresses, routeSrc: cfg.RouteSource})
 	if err != nil {
 		return nil, err
 	}
