@@ -196,7 +196,7 @@ func PodFlows(b Bridge, p Pod) []of.Flow {
 		// The bridge answers every ARP request itself (BaseFlows), and
 		// routes between Pods as the host would: with one hop of TTL.
 		return append(fs, of.Flow{Table: uint8(L3Forwarding), Priority: PrioHigh + 1, Cookie: ck,
-			Match: of.Match{EthType: EthTypeIPv4, IPDst: host(ip), Regs: []of.RegMatch{PktSource.Match(FromPod)}},
+			Match:   of.Match{EthType: EthTypeIPv4, IPDst: host(ip), Regs: []of.RegMatch{PktSource.Match(FromPod)}},
 			Actions: []of.Action{of.SetEthSrc{MAC: b.GatewayMAC}, of.SetEthDst{MAC: p.MAC}, of.DecTTL{}, goTo(L2Forwarding)}})
 	}
 	return append(fs, of.Flow{Table: uint8(ARPResponder), Priority: PrioNormal, Cookie: ck,
