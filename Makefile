@@ -58,7 +58,11 @@ generate:
 test: deps control-plane build
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) $$($(GO) list ./... | grep -v /tests/e2e)
-	$(GO) test -count=1 -p 1 -timeout $(TEST_TIMEOUT) -v ./tests/e2e/...
+	GO=$(GO) TEST_TIMEOUT=$(TEST_TIMEOUT) tests/e2e/modes.sh
+
+## e2e-test: the end-to-end suite in every traffic mode (SEINE_E2E_MODES=all: full tables in each).
+e2e-test: build
+	GO=$(GO) TEST_TIMEOUT=$(TEST_TIMEOUT) tests/e2e/modes.sh
 
 ## bench: benchmarks (docs/benchmarks.md records the figures).
 bench: deps control-plane build
