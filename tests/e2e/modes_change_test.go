@@ -167,7 +167,9 @@ func TestModeChangeConverges(t *testing.T) {
 	}
 	peerRoutes := func(n sandbox.Node) string { return nodeOut(n, "ip", "-4", "route", "show", "proto", "95") }
 	hasTransportBridge := func(n sandbox.Node) bool { return strings.Contains(ovs(t, n, "ovs-vsctl", "list-br"), "br-phy") }
-	hasTunnel := func(n sandbox.Node) bool { return strings.Contains(ovs(t, n, "ovs-vsctl", "list-ports", "br-int"), "seine-tun0") }
+	hasTunnel := func(n sandbox.Node) bool {
+		return strings.Contains(ovs(t, n, "ovs-vsctl", "list-ports", "br-int"), "seine-tun0")
+	}
 	hasNFT := func(n sandbox.Node, table string) bool {
 		return strings.Contains(nodeOut(n, "nft", "list", "tables"), table)
 	}

@@ -77,12 +77,12 @@ func requireMode(t *testing.T, modes ...config.TrafficEncapMode) {
 // deny both ways, a namespace and Pod selector, ports, and one each of UDP
 // and SCTP.
 var smokeScenarios = map[string]bool{
-	"TCP/should support a 'default-deny-ingress' policy":                                                                    true,
-	"TCP/should support a 'default-deny-all' policy":                                                                        true,
+	"TCP/should support a 'default-deny-ingress' policy": true,
+	"TCP/should support a 'default-deny-all' policy":     true,
 	"TCP/should enforce policy to allow traffic only from a pod in a different namespace based on PodSelector and NamespaceSelector": true,
-	"TCP/should enforce multiple egress policies with egress allow-all policy taking precedence":                             true,
-	"UDP/should enforce policy based on Ports":                                                                              true,
-	"SCTP/should enforce policy based on Ports":                                                                             true,
+	"TCP/should enforce multiple egress policies with egress allow-all policy taking precedence":                                     true,
+	"UDP/should enforce policy based on Ports":  true,
+	"SCTP/should enforce policy based on Ports": true,
 }
 
 // inTables reports whether a NetworkPolicy scenario runs in this run.

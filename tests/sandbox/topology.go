@@ -16,15 +16,15 @@ import (
 // Addresses of the sandbox network (all from 198.18.0.0/15, RFC 2544's
 // benchmarking range, which no real network routes).
 const (
-	underlayRouter     = "198.18.0.254"
-	controlPlaneIP     = "198.18.0.1"
-	extRouterCIDR      = "198.19.0.254/16"
-	extRouter          = "198.19.0.254"
-	externalIP         = "198.19.0.10"
-	externalPrefix     = 16
-	hostLinkHostCIDR   = "198.18.255.1/30"
-	hostLinkCPIP       = "198.18.255.2"
-	hostLinkCPCIDR     = "198.18.255.2/30"
+	underlayRouter   = "198.18.0.254"
+	controlPlaneIP   = "198.18.0.1"
+	extRouterCIDR    = "198.19.0.254/16"
+	extRouter        = "198.19.0.254"
+	externalIP       = "198.19.0.10"
+	externalPrefix   = 16
+	hostLinkHostCIDR = "198.18.255.1/30"
+	hostLinkCPIP     = "198.18.255.2"
+	hostLinkCPCIDR   = "198.18.255.2/30"
 	// ClusterCIDR is the Pod address range Nodes' podCIDRs are cut from.
 	ClusterCIDR = "10.244.0.0/16"
 	// ServiceCIDR is the ClusterIP range.
