@@ -150,12 +150,10 @@ func (b *Backend) addChained(ctx context.Context, req *cniserver.Request) (_ *cu
 	}
 	defer podNS.Close()
 
-	var undo []func()
+	var undo rollback
 	defer func() {
 		if retErr != nil {
-			for i := len(undo) - 1; i >= 0; i-- {
-				undo[i]()
-			}
+			undo.run()
 		}
 	}()
 
@@ -197,7 +195,7 @@ func (b *Backend) addChained(ctx context.Context, req *cniserver.Request) (_ *cu
 	}
 
 	recorded, err := setHostSysctls(hostName)
-	undo = append(undo, func() {
+	undo.add(func() {
 		if err := restoreHostSysctls(hostName, recorded); err != nil {
 			b.log.Error("rollback: host veth sysctls", zap.String("veth", hostName), zap.Error(err))
 		}
@@ -210,55 +208,18 @@ func (b *Backend) addChained(ctx context.Context, req *cniserver.Request) (_ *cu
 			return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "%w", err)
 		}
 	}
-	port, err := b.ports.EnsurePort(ctx, b.cfg.BridgeName, ovsdb.PortSpec{
-		Name: hostName,
-		ExternalIDs: map[string]string{
-			ExtIDContainerID:  req.ContainerID,
-			ExtIDIfName:       req.IfName,
-			ExtIDPodName:      req.PodName,
-			ExtIDPodNamespace: req.PodNamespace,
-			ExtIDIP:           podIP.String(),
-			ExtIDMAC:          podMAC.String(),
-			ExtIDAttachment:   AttachmentChained,
-			ExtIDHostSysctls:  recorded,
-		},
-	})
-	undo = append(undo, func() {
-		if err := b.ports.DeletePort(context.WithoutCancel(ctx), b.cfg.BridgeName, hostName); err != nil {
-			b.log.Error("rollback: deleting OVS port", zap.String("port", hostName), zap.Error(err))
-		}
-	})
+	port, err := b.attach(ctx, req, hostName, podIP, podMAC,
+		map[string]string{ExtIDAttachment: AttachmentChained, ExtIDHostSysctls: recorded}, &undo)
 	if err != nil {
-		return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "attaching %s to %s: %w", hostName, b.cfg.BridgeName, err)
+		return nil, err
 	}
-
 	// The host route: onto the gateway, off the veth.
 	if err := netlink.RouteReplace(b.podHostRoute(podIP, gw, true)); err != nil {
 		return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "route to %s via %s: %w", podIP, b.cfg.Gateway, err)
 	}
-	undo = append(undo, func() { b.restorePodRoute(podIP, hostName) })
+	undo.add(func() { b.restorePodRoute(podIP, hostName) })
 	if err := netlink.RouteDel(b.podHostRoute(podIP, hostLink, false)); err != nil && !errors.Is(err, syscall.ESRCH) {
 		return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "removing the route to %s via %s: %w", podIP, hostName, err)
-	}
-
-	pod := pipeline.Pod{OFPort: uint32(port.OFPort), IP: podIP, MAC: podMAC}
-	key := owner(req.ContainerID, req.IfName)
-	undo = append(undo, func() {
-		if err := b.flows.Set(context.WithoutCancel(ctx), key, nil); err != nil {
-			b.log.Error("rollback: removing flows", zap.String("container_id", req.ContainerID), zap.Error(err))
-		}
-	})
-	if err := b.flows.Set(ctx, key, pipeline.PodFlows(b.cfg.Bridge, pod)); err != nil {
-		return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "installing Pod flows: %w", err)
-	}
-	b.remember(req.PodNamespace, req.PodName, key, hostName, pod)
-	undo = append(undo, func() { b.forget(key) })
-	if p := b.cfg.Policy; p != nil && req.PodName != "" {
-		p.PodAttached(req.PodNamespace, req.PodName, uint32(port.OFPort), podIP, false)
-		undo = append(undo, func() { p.PodDetached(req.PodNamespace, req.PodName) })
-		if err := p.WaitRealized(ctx, req.PodNamespace, req.PodName, req.PodUID); err != nil {
-			return nil, cniserver.Errorf(types.ErrTryAgainLater, "NetworkPolicies of %s/%s are not in place yet: %w", req.PodNamespace, req.PodName, err)
-		}
 	}
 	b.log.Info("Pod attached (chained)", zap.String("pod", req.PodNamespace+"/"+req.PodName),
 		zap.String("container_id", req.ContainerID), zap.String("ip", podIP.String()),

@@ -16,6 +16,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"strings"
 	"sync"
@@ -255,12 +256,10 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 	}
 	defer podNS.Close()
 
-	var undo []func()
+	var undo rollback
 	defer func() {
 		if retErr != nil {
-			for i := len(undo) - 1; i >= 0; i-- {
-				undo[i]()
-			}
+			undo.run()
 		}
 	}()
 
@@ -272,7 +271,7 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 		}
 		return nil, cniserver.Errorf(cniserver.ErrCodeInternal, "allocating an IP: %w", err)
 	}
-	undo = append(undo, func() {
+	undo.add(func() {
 		if err := b.ipam.Release(req.ContainerID, req.IfName); err != nil {
 			b.log.Error("rollback: releasing IP", zap.String("container_id", req.ContainerID), zap.Error(err))
 		}
@@ -316,7 +315,7 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 		return nil
 	})
 	if hostIf.Name != "" || err != nil {
-		undo = append(undo, func() {
+		undo.add(func() {
 			if err := deleteLink(hostName); err != nil {
 				b.log.Error("rollback: deleting veth", zap.String("veth", hostName), zap.Error(err))
 			}
@@ -332,47 +331,9 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 	}
 
 	podMAC := podIf.HardwareAddr
-	port, err := b.ports.EnsurePort(ctx, b.cfg.BridgeName, ovsdb.PortSpec{
-		Name: hostName,
-		ExternalIDs: map[string]string{
-			ExtIDContainerID:  req.ContainerID,
-			ExtIDIfName:       req.IfName,
-			ExtIDPodName:      req.PodName,
-			ExtIDPodNamespace: req.PodNamespace,
-			ExtIDIP:           podIP.String(),
-			ExtIDMAC:          podMAC.String(),
-		},
-	})
-	undo = append(undo, func() {
-		dctx := context.WithoutCancel(ctx)
-		if err := b.ports.DeletePort(dctx, b.cfg.BridgeName, hostName); err != nil {
-			b.log.Error("rollback: deleting OVS port", zap.String("port", hostName), zap.Error(err))
-		}
-	})
+	port, err := b.attach(ctx, req, hostName, podIP, podMAC, nil, &undo)
 	if err != nil {
-		return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "attaching %s to %s: %w", hostName, b.cfg.BridgeName, err)
-	}
-
-	// A new attachment starts isolated for neither direction; the policy
-	// agent isolates it (SetIsolation) before WaitRealized returns.
-	pod := pipeline.Pod{OFPort: uint32(port.OFPort), IP: podIP, MAC: podMAC}
-	flows := pipeline.PodFlows(br, pod)
-	undo = append(undo, func() {
-		if err := b.flows.Set(context.WithoutCancel(ctx), owner(req.ContainerID, req.IfName), nil); err != nil {
-			b.log.Error("rollback: removing flows", zap.String("container_id", req.ContainerID), zap.Error(err))
-		}
-	})
-	if err := b.flows.Set(ctx, owner(req.ContainerID, req.IfName), flows); err != nil {
-		return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "installing Pod flows: %w", err)
-	}
-	b.remember(req.PodNamespace, req.PodName, owner(req.ContainerID, req.IfName), hostName, pod)
-	undo = append(undo, func() { b.forget(owner(req.ContainerID, req.IfName)) })
-	if p := b.cfg.Policy; p != nil && req.PodName != "" {
-		p.PodAttached(req.PodNamespace, req.PodName, uint32(port.OFPort), podIP, false)
-		undo = append(undo, func() { p.PodDetached(req.PodNamespace, req.PodName) })
-		if err := p.WaitRealized(ctx, req.PodNamespace, req.PodName, req.PodUID); err != nil {
-			return nil, cniserver.Errorf(types.ErrTryAgainLater, "NetworkPolicies of %s/%s are not in place yet: %w", req.PodNamespace, req.PodName, err)
-		}
+		return nil, err
 	}
 
 	b.log.Info("Pod attached", zap.String("pod", req.PodNamespace+"/"+req.PodName),
@@ -389,6 +350,66 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 		IPs:    []*current.IPConfig{{Address: *podAddr, Gateway: br.GatewayIP, Interface: &idx}},
 		Routes: []*types.Route{{Dst: net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, GW: br.GatewayIP}},
 	}, nil
+}
+
+// rollback collects the undo steps of an ADD, run in reverse order when it
+// fails.
+type rollback []func()
+
+func (r *rollback) add(f func()) { *r = append(*r, f) }
+
+func (r rollback) run() {
+	for i := len(r) - 1; i >= 0; i-- {
+		r[i]()
+	}
+}
+
+// attach makes hostName a port of the bridge, its external_ids naming the
+// Pod (plus extra), installs the Pod's flows, and hands the Pod to the
+// policy hook, waiting until its NetworkPolicies are enforced. Each step
+// adds its undo to undo.
+func (b *Backend) attach(ctx context.Context, req *cniserver.Request, hostName string, podIP net.IP, podMAC net.HardwareAddr,
+	extra map[string]string, undo *rollback) (ovsdb.Port, error) {
+	ids := map[string]string{
+		ExtIDContainerID:  req.ContainerID,
+		ExtIDIfName:       req.IfName,
+		ExtIDPodName:      req.PodName,
+		ExtIDPodNamespace: req.PodNamespace,
+		ExtIDIP:           podIP.String(),
+		ExtIDMAC:          podMAC.String(),
+	}
+	maps.Copy(ids, extra)
+	port, err := b.ports.EnsurePort(ctx, b.cfg.BridgeName, ovsdb.PortSpec{Name: hostName, ExternalIDs: ids})
+	undo.add(func() {
+		if err := b.ports.DeletePort(context.WithoutCancel(ctx), b.cfg.BridgeName, hostName); err != nil {
+			b.log.Error("rollback: deleting OVS port", zap.String("port", hostName), zap.Error(err))
+		}
+	})
+	if err != nil {
+		return port, cniserver.Errorf(cniserver.ErrCodeDatapath, "attaching %s to %s: %w", hostName, b.cfg.BridgeName, err)
+	}
+	// A new attachment starts isolated for neither direction; the policy
+	// agent isolates it (SetIsolation) before WaitRealized returns.
+	pod := pipeline.Pod{OFPort: uint32(port.OFPort), IP: podIP, MAC: podMAC}
+	key := owner(req.ContainerID, req.IfName)
+	undo.add(func() {
+		if err := b.flows.Set(context.WithoutCancel(ctx), key, nil); err != nil {
+			b.log.Error("rollback: removing flows", zap.String("container_id", req.ContainerID), zap.Error(err))
+		}
+	})
+	if err := b.flows.Set(ctx, key, pipeline.PodFlows(b.cfg.Bridge, pod)); err != nil {
+		return port, cniserver.Errorf(cniserver.ErrCodeDatapath, "installing Pod flows: %w", err)
+	}
+	b.remember(req.PodNamespace, req.PodName, key, hostName, pod)
+	undo.add(func() { b.forget(key) })
+	if p := b.cfg.Policy; p != nil && req.PodName != "" {
+		p.PodAttached(req.PodNamespace, req.PodName, uint32(port.OFPort), podIP, false)
+		undo.add(func() { p.PodDetached(req.PodNamespace, req.PodName) })
+		if err := p.WaitRealized(ctx, req.PodNamespace, req.PodName, req.PodUID); err != nil {
+			return port, cniserver.Errorf(types.ErrTryAgainLater, "NetworkPolicies of %s/%s are not in place yet: %w", req.PodNamespace, req.PodName, err)
+		}
+	}
+	return port, nil
 }
 
 // Del detaches a Pod (CNI spec, "DEL"): flows, OVS port, veth and IP are

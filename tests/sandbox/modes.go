@@ -3,13 +3,11 @@ package sandbox
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -96,27 +94,7 @@ func primaryConflist(n *Node) string { return filepath.Join(n.CNIConfDir, "10-pt
 // primary CNI started from (seine not chained), for tests that call the
 // primary alone.
 func PrimaryConflist(podCIDR string, n Node) ([]byte, error) {
-	conf := map[string]any{
-		"cniVersion": "1.0.0",
-		"name":       "sandbox-routed",
-		"plugins": []any{
-			map[string]any{
-				"type": "ptp", "ipMasq": false, "mtu": 1500,
-				"ipam": map[string]any{
-					"type":    "host-local",
-					"ranges":  []any{[]any{map[string]any{"subnet": podCIDR}}},
-					"routes":  []any{map[string]any{"dst": "0.0.0.0/0"}},
-					"dataDir": filepath.Join(n.Dir, "ipam"),
-				},
-			},
-			map[string]any{"type": "portmap", "capabilities": map[string]any{"portMappings": true}},
-		},
-	}
-	b, err := json.MarshalIndent(conf, "", "  ")
-	if err != nil {
-		return nil, fmt.Errorf("encode ptp conflist: %w", err)
-	}
-	return append(b, '\n'), nil
+	return hostLocalConflist("sandbox-routed", map[string]any{"type": "ptp", "ipMasq": false, "mtu": 1500}, podCIDR, n)
 }
 
 // installChained writes the Node's primary conflist (ptp) and chains seine
@@ -128,11 +106,8 @@ func (c *Cluster) installChained(ctx context.Context, n *Node, podCIDR string) e
 		return err
 	}
 	p := primaryConflist(n)
-	if err := os.WriteFile(p+".tmp", b, 0o644); err != nil {
-		return fmt.Errorf("write %s: %w", p, err)
-	}
-	if err := os.Rename(p+".tmp", p); err != nil {
-		return fmt.Errorf("write %s: %w", p, err)
+	if err := writeConflist(p, b); err != nil {
+		return err
 	}
 	c.log.Info("chaining seine after ptp", zap.String("node", n.Name), zap.String("conflist", p))
 	if _, err := run(ctx, nil, c.st.SeineBinary, "install-cni", "--cni-bin-dir", n.CNIBinDir,

@@ -117,27 +117,42 @@ func (c *Cluster) startKubelet(n *Node) error {
 // plugin (gateway on cni0) with host-local IPAM over the Node's podCIDR
 // (state kept in the Node's directory), then portmap.
 func writeBridgeConf(n *Node, podCIDR string) error {
+	b, err := hostLocalConflist("sandbox-bridge", map[string]any{
+		"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+	}, podCIDR, *n)
+	if err != nil {
+		return err
+	}
+	return writeConflist(filepath.Join(n.CNIConfDir, "10-sandbox-bridge.conflist"), b)
+}
+
+// hostLocalConflist is a conflist of Debian's plugins: primary with
+// host-local IPAM over podCIDR (state in the Node's directory, a default
+// route via the gateway), then portmap.
+func hostLocalConflist(name string, primary map[string]any, podCIDR string, n Node) ([]byte, error) {
+	primary["ipam"] = map[string]any{
+		"type":    "host-local",
+		"ranges":  []any{[]any{map[string]any{"subnet": podCIDR}}},
+		"routes":  []any{map[string]any{"dst": "0.0.0.0/0"}},
+		"dataDir": filepath.Join(n.Dir, "ipam"),
+	}
 	conf := map[string]any{
 		"cniVersion": "1.0.0",
-		"name":       "sandbox-bridge",
+		"name":       name,
 		"plugins": []any{
-			map[string]any{
-				"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
-				"ipam": map[string]any{
-					"type":    "host-local",
-					"ranges":  []any{[]any{map[string]any{"subnet": podCIDR}}},
-					"routes":  []any{map[string]any{"dst": "0.0.0.0/0"}},
-					"dataDir": filepath.Join(n.Dir, "ipam"),
-				},
-			},
+			primary,
 			map[string]any{"type": "portmap", "capabilities": map[string]any{"portMappings": true}},
 		},
 	}
 	b, err := json.MarshalIndent(conf, "", "  ")
 	if err != nil {
-		return fmt.Errorf("encode bridge conflist: %w", err)
+		return nil, fmt.Errorf("encode conflist %s: %w", name, err)
 	}
-	p := filepath.Join(n.CNIConfDir, "10-sandbox-bridge.conflist")
+	return append(b, '\n'), nil
+}
+
+// writeConflist replaces the file at p with b atomically.
+func writeConflist(p string, b []byte) error {
 	if err := os.WriteFile(p+".tmp", b, 0o644); err != nil {
 		return fmt.Errorf("write %s: %w", p, err)
 	}
