@@ -68,7 +68,11 @@ func nodeCommand() *cli.Command {
 			}
 			defer func() { _ = log.Sync() }()
 			log.Info("starting seine node", zap.String("version", version.String()),
-				zap.String("datapath", cfg.OVSDatapathType), zap.String("tunnel_type", cfg.TunnelType))
+				zap.String("datapath", cfg.OVSDatapathType), zap.String("tunnel_type", cfg.TunnelType),
+				zap.String("traffic_encap_mode", string(cfg.TrafficEncapMode)))
+			for _, w := range cfg.Warnings() {
+				log.Warn("configuration", zap.String("warning", w))
+			}
 			ctx, stop := signal.NotifyContext(c.Context, syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			if err := agent.Run(ctx, cfg, log); err != nil {

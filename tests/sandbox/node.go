@@ -223,7 +223,7 @@ func (c *Cluster) startSeine(ctx context.Context, n *Node, set map[string]string
 	}
 	err = waitFor(ctx, 60*time.Second, 200*time.Millisecond, "seine CNI socket "+n.CNISocket, func(context.Context) (bool, error) {
 		if !alive(pid) {
-			return false, errors.New("seine exited; log:\n" + tail(n.LogPath, 30))
+			return false, backoffStop{errors.New("seine exited; log:\n" + tail(n.LogPath, 30))}
 		}
 		_, err := os.Stat(n.CNISocket)
 		return err == nil, nil
