@@ -14,6 +14,10 @@ import (
 	"github.com/seine-net/seine/datapath/ovsdb"
 )
 
+// TransportTable is the nftables table (netdev family) of the ingress
+// drop on the transport device.
+const TransportTable = "seine-transport"
+
 // PortManager is the OVSDB part AttachNetdev needs.
 type PortManager interface {
 	EnsureBridge(ctx context.Context, cfg ovsdb.BridgeConfig) error
@@ -75,7 +79,12 @@ func AttachNetdev(ctx context.Context, pm PortManager, nft knftables.Interface, 
 			log.Warn("arp_notify on the transport bridge", zap.String("bridge", bridge), zap.Error(err))
 		}
 	}
+	// Standalone: right after ovs-vswitchd restarts, before seine has
+	// reinstalled its flow, the bridge still switches the Node's own
+	// traffic (NORMAL), so the Node keeps its address, and seine its way
+	// to the API server.
 	if err := pm.EnsureBridge(ctx, ovsdb.BridgeConfig{Name: bridge, DatapathType: "netdev",
+		FailMode:    ovsdb.FailModeStandalone,
 		ExternalIDs: map[string]string{"seine.io/role": "transport"},
 		OtherConfig: map[string]string{"hwaddr": dev.Attrs().HardwareAddr.String()}}); err != nil {
 		return Transport{}, fmt.Errorf("transport bridge %s: %w", bridge, err)

@@ -26,6 +26,12 @@ const (
 	DatapathNetdev = "netdev"
 )
 
+// Fail modes accepted in BridgeConfig.FailMode.
+const (
+	FailModeSecure     = "secure"
+	FailModeStandalone = "standalone"
+)
+
 // maxTableID is the highest OpenFlow table number that Bridge.flow_tables
 // accepts (table 255 is reserved by OpenFlow for "all tables").
 const maxTableID = 254
@@ -45,6 +51,13 @@ type BridgeConfig struct {
 	// ExternalIDs (e.g. "hwaddr": the MAC of the bridge's own internal
 	// interface, ovs-vswitchd.conf.db(5), Bridge table).
 	OtherConfig map[string]string
+	// FailMode is what the bridge does without flows from a controller
+	// (ovs-vswitchd.conf.db(5), Bridge table, fail_mode): FailModeSecure
+	// (the default: nothing passes until flows are installed) or
+	// FailModeStandalone (with no controller configured, the bridge is an
+	// ordinary learning switch until flows are installed, e.g. right after
+	// ovs-vswitchd restarts). Converged on existing bridges.
+	FailMode string
 	// TableNames names OpenFlow tables (Bridge.flow_tables ->
 	// Flow_Table.name), so that `ovs-ofctl dump-flows --names` and
 	// `ovs-ofctl dump-tables` show them. Keys are table numbers 0-254.
@@ -53,7 +66,8 @@ type BridgeConfig struct {
 }
 
 // EnsureBridge makes the bridge match cfg. A missing bridge is created
-// with fail_mode=secure (no flows until a controller installs them),
+// with cfg.FailMode (default secure: no flows until a controller installs
+// them),
 // protocols OpenFlow10, OpenFlow13 and OpenFlow15, and its own internal port
 // named like the bridge; an existing bridge gets its datapath type,
 // external_ids, other_config and table names updated. It is idempotent and returns once
@@ -71,6 +85,13 @@ func (c *Client) EnsureBridge(ctx context.Context, cfg BridgeConfig) error {
 	case "", DatapathSystem, DatapathNetdev:
 	default:
 		return fmt.Errorf("ensure bridge %q: unknown datapath type %q", cfg.Name, cfg.DatapathType)
+	}
+	switch cfg.FailMode {
+	case "":
+		cfg.FailMode = FailModeSecure
+	case FailModeSecure, FailModeStandalone:
+	default:
+		return fmt.Errorf("ensure bridge %q: unknown fail mode %q", cfg.Name, cfg.FailMode)
 	}
 	for id := range cfg.TableNames {
 		if id > maxTableID {
@@ -131,7 +152,7 @@ func (c *Client) EnsureBridge(ctx context.Context, cfg BridgeConfig) error {
 func (c *Client) createBridgeOps(t *txn, root *vswitch.OpenvSwitch, cfg BridgeConfig) error {
 	iface := &vswitch.Interface{UUID: "new_iface", Name: cfg.Name, Type: "internal"}
 	port := &vswitch.Port{UUID: "new_port", Name: cfg.Name, Interfaces: []string{iface.UUID}}
-	failMode := vswitch.BridgeFailModeSecure
+	failMode := vswitch.BridgeFailMode(cfg.FailMode)
 	br := &vswitch.Bridge{
 		UUID:         "new_bridge",
 		Name:         cfg.Name,
@@ -174,6 +195,13 @@ func (c *Client) updateBridgeOps(ctx context.Context, t *txn, br *vswitch.Bridge
 		br.DatapathType = cfg.DatapathType
 		if err := t.add(c.ovs.Where(br).Update(br, &br.DatapathType)); err != nil {
 			return fmt.Errorf("build datapath_type update: %w", err)
+		}
+	}
+	if br.FailMode == nil || string(*br.FailMode) != cfg.FailMode {
+		fm := vswitch.BridgeFailMode(cfg.FailMode)
+		br.FailMode = &fm
+		if err := t.add(c.ovs.Where(br).Update(br, &br.FailMode)); err != nil {
+			return fmt.Errorf("build fail_mode update: %w", err)
 		}
 	}
 	var mutations []model.Mutation

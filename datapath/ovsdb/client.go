@@ -123,8 +123,8 @@ func Dial(ctx context.Context, endpoint string, log *zap.Logger) (*Client, error
 		ft    vswitch.FlowTable
 	)
 	monitor := ovs.NewMonitor(
-		client.WithTable(&root, &root.Bridges, &root.NextCfg, &root.CurCfg, &root.ExternalIDs),
-		client.WithTable(&br, &br.Name, &br.Ports, &br.DatapathType, &br.ExternalIDs,
+		client.WithTable(&root, &root.Bridges, &root.NextCfg, &root.CurCfg, &root.ExternalIDs, &root.OtherConfig),
+		client.WithTable(&br, &br.Name, &br.Ports, &br.DatapathType, &br.ExternalIDs, &br.OtherConfig,
 			&br.FlowTables, &br.FailMode, &br.Protocols),
 		client.WithTable(&port, &port.Name, &port.Interfaces, &port.ExternalIDs),
 		client.WithTable(&iface, &iface.Name, &iface.Type, &iface.Options, &iface.ExternalIDs,

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sort"
 	"strings"
 	"sync"
@@ -126,10 +127,14 @@ func TestEnsureBridge(t *testing.T) {
 		DatapathType: DatapathNetdev,
 		ExternalIDs:  map[string]string{"version": "2"},
 		OtherConfig:  map[string]string{"hwaddr": "02:53:45:49:4e:45"},
+		FailMode:     FailModeStandalone,
 		TableNames:   map[uint8]string{10: "l2-lookup", 20: "output"},
 	})
 	if err != nil {
 		t.Fatalf("EnsureBridge again: %v", err)
+	}
+	if got := vsctl(o, "get", "Bridge", name, "fail_mode"); got != "standalone" {
+		t.Errorf("fail_mode = %s, want standalone", got)
 	}
 	if got := vsctl(o, "get", "Bridge", name, "other_config:hwaddr"); got != `"02:53:45:49:4e:45"` {
 		t.Errorf("other_config:hwaddr = %s", got)
@@ -164,7 +169,8 @@ func TestEnsureBridge(t *testing.T) {
 
 	// Idempotent: the same config again changes nothing.
 	before := vsctl(o, "get", "Open_vSwitch", ".", "next_cfg")
-	if err := c.EnsureBridge(ctx, BridgeConfig{Name: name, DatapathType: DatapathNetdev, ExternalIDs: map[string]string{"version": "2"}}); err != nil {
+	if err := c.EnsureBridge(ctx, BridgeConfig{Name: name, DatapathType: DatapathNetdev, FailMode: FailModeStandalone,
+		ExternalIDs: map[string]string{"version": "2"}}); err != nil {
 		t.Fatal(err)
 	}
 	if after := vsctl(o, "get", "Open_vSwitch", ".", "next_cfg"); after != before {
@@ -551,5 +557,29 @@ func TestConcurrentEnsurePort(t *testing.T) {
 		if p.ExternalIDs["caller-0"] != "yes" || p.ExternalIDs["caller-1"] != "yes" {
 			t.Errorf("port %s external_ids = %v, want both callers' keys", n, p.ExternalIDs)
 		}
+	}
+}
+
+// TestClearFlowRestoreWait removes the key and keeps the rest of
+// other_config; a second call finds nothing to do.
+func TestClearFlowRestoreWait(t *testing.T) {
+	o, c := setup(t)
+	ctx := testCtx(t)
+	vsctl(o, "set", "Open_vSwitch", ".", "other_config:flow-restore-wait=true", "other_config:seine-test=1")
+	t.Cleanup(func() { vsctl(o, "remove", "Open_vSwitch", ".", "other_config", "seine-test") })
+	err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 5*time.Second, true, func(ctx context.Context) (bool, error) {
+		root, err := c.root(ctx)
+		return err == nil && root.OtherConfig[FlowRestoreWait] == "true", nil
+	})
+	if err != nil {
+		t.Fatal("the cache never saw flow-restore-wait")
+	}
+	for i := 0; i < 2; i++ {
+		if err := c.ClearFlowRestoreWait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := vsctl(o, "get", "Open_vSwitch", ".", "other_config"); strings.Contains(got, "flow-restore-wait") || !strings.Contains(got, "seine-test") {
+		t.Errorf("other_config = %s", got)
 	}
 }

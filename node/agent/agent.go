@@ -70,7 +70,14 @@ const (
 func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	log = log.With(zap.String("node", cfg.NodeName))
 	reg := prometheus.NewRegistry()
-	rc, err := restConfig(cfg.Kubeconfig)
+	errc := make(chan error, 8)
+	// Health first: /healthz answers while the daemon waits for the API
+	// server, OVS or its podCIDR; /readyz once Pods can be served.
+	var ready atomic.Bool
+	if cfg.MetricsAddress != "" {
+		go func() { errc <- serveMetrics(ctx, cfg.MetricsAddress, reg, &ready) }()
+	}
+	rc, err := restConfig(cfg.Kubeconfig, cfg.KubeAPIServerOverride)
 	if err != nil {
 		return err
 	}
@@ -98,9 +105,9 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	log.Info("node found", zap.String("node_ip", nodeIP.String()), zap.Stringer("pod_cidr", podCIDR),
 		zap.String("traffic_encap_mode", string(cfg.TrafficEncapMode)), zap.Bool("snat", cfg.SNATEnabled()))
 
-	ovs, err := ovsdb.Dial(ctx, cfg.OVSDBEndpoint(), log.Named("ovsdb"))
+	ovs, err := dialOVSDB(ctx, cfg.OVSDBEndpoint(), log)
 	if err != nil {
-		return fmt.Errorf("connecting to OVSDB at %s: %w", cfg.OVSDBEndpoint(), err)
+		return err
 	}
 	defer ovs.Close()
 
@@ -165,6 +172,11 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	ofc, err := of.Dial(ctx, cfg.BridgeMgmtSocket(), log.Named("openflow"),
 		of.WithOnReconnect(func(ctx context.Context) error {
 			log.Warn("OpenFlow connection re-established; replaying all groups and flows")
+			if cfg.OVSDatapathType == config.DatapathNetdev && cfg.TrafficEncapMode.UsesTunnel() {
+				if _, err := attachNetdevTransport(ctx, cfg, ovs, nodeIP, log); err != nil {
+					return fmt.Errorf("attaching the transport again: %w", err)
+				}
+			}
 			if p := replayProxy.Load(); p != nil {
 				if err := p.ReplayGroups(ctx); err != nil {
 					return fmt.Errorf("replaying service groups: %w", err)
@@ -267,7 +279,6 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	}
 	factory.Start(ctx.Done())
 
-	errc := make(chan error, 8)
 	go func() { errc <- routes.Run(ctx) }()
 	if policyAgent != nil {
 		go func() { errc <- policyAgent.Run(ctx) }()
@@ -335,6 +346,11 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 			return fmt.Errorf("removing flows of round %d: %w", prevRound, err)
 		}
 	}
+	// An ovs-vswitchd restarted with the kernel datapath held its old
+	// flows until now (see datapath/ovsdaemon).
+	if err := ovs.ClearFlowRestoreWait(ctx); err != nil {
+		return err
+	}
 	log.Info("datapath ready", zap.Uint16("round", round), zap.Int("flows", syncer.Count()))
 
 	// Metrics and health.
@@ -354,18 +370,15 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		return float64(len(alloc.List()))
 	}))
 	registerModeMetrics(reg, cfg, routes)
-	if cfg.MetricsAddress != "" {
-		go func() { errc <- serveMetrics(ctx, cfg.MetricsAddress, reg) }()
-	}
 	if !ownsPods {
 		go func() {
 			errc <- install.KeepChained(ctx, cfg.PrimaryCNIConflist, cfg.CNISocket, log.Named("cni-chain"))
 		}()
 	}
-
 	backend.MarkReady()
 	srv := cniserver.New(backend, log.Named("cni"), cniserver.WithRegistry(reg))
 	go func() { errc <- srv.Serve(ctx, cfg.CNISocket) }()
+	ready.Store(true)
 	log.Info("serving CNI", zap.String("socket", cfg.CNISocket))
 
 	select {
@@ -415,15 +428,61 @@ func countPeers(f informers.SharedInformerFactory, self string) int {
 	return n
 }
 
-// restConfig loads the API server connection: in-cluster, or from the
-// kubeconfig file when one is given.
-func restConfig(kubeconfig string) (*rest.Config, error) {
+// dialOVSDB connects to the local OVSDB server, waiting for it: in a
+// DaemonSet the openvswitch container starts beside this one.
+func dialOVSDB(ctx context.Context, endpoint string, log *zap.Logger) (*ovsdb.Client, error) {
+	var ovs *ovsdb.Client
+	last := time.Time{}
+	err := wait.PollUntilContextCancel(ctx, 500*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		c, err := ovsdb.Dial(dctx, endpoint, log.Named("ovsdb"))
+		if err == nil {
+			if err = c.WaitInitialized(dctx); err != nil {
+				c.Close()
+			}
+		}
+		if err != nil {
+			if time.Since(last) > 10*time.Second {
+				last = time.Now()
+				log.Info("waiting for OVSDB", zap.String("endpoint", endpoint), zap.NamedError("last_error", err))
+			}
+			return false, nil
+		}
+		ovs = c
+		return true, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("connecting to OVSDB at %s: %w", endpoint, err)
+	}
+	return ovs, nil
+}
+
+// serviceAccountDir holds the in-cluster credentials a Pod gets
+// (kubernetes.io/docs: "Accessing the Kubernetes API from a Pod").
+const serviceAccountDir = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+// restConfig loads the API server connection: from the kubeconfig file when
+// one is given, else in-cluster. apiServer, when set, replaces the server
+// (kubeAPIServerOverride): in-cluster it keeps the ServiceAccount's token
+// and CA but skips the "kubernetes" Service address, which nothing serves
+// in a cluster without kube-proxy until seine's proxy runs.
+func restConfig(kubeconfig, apiServer string) (*rest.Config, error) {
 	var rc *rest.Config
 	var err error
-	if kubeconfig == "" {
+	switch {
+	case kubeconfig != "":
+		rc, err = clientcmd.BuildConfigFromFlags(apiServer, kubeconfig)
+	case apiServer != "":
+		token := filepath.Join(serviceAccountDir, "token")
+		if _, err = os.Stat(token); err == nil {
+			rc = &rest.Config{Host: apiServer, BearerTokenFile: token,
+				TLSClientConfig: rest.TLSClientConfig{CAFile: filepath.Join(serviceAccountDir, "ca.crt")}}
+		} else {
+			err = fmt.Errorf("kubeAPIServerOverride without a kubeconfig needs the ServiceAccount token: %w", err)
+		}
+	default:
 		rc, err = rest.InClusterConfig()
-	} else {
-		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client configuration: %w", err)
@@ -473,21 +532,9 @@ func waitForNode(ctx context.Context, kube kubernetes.Interface, name string, ne
 }
 
 // setupNetdevTransport attaches the transport device to the transport
-// bridge and keeps a NORMAL flow on it (see tunnel.AttachNetdev).
+// bridge (attachNetdevTransport) and keeps a NORMAL flow on it.
 func setupNetdevTransport(ctx context.Context, cfg config.Config, ovs *ovsdb.Client, nodeIP net.IP, log *zap.Logger) (tunnel.Transport, error) {
-	t, err := tunnel.FindTransport(cfg.TransportInterface, nodeIP)
-	if err != nil {
-		return t, err
-	}
-	device, err := tunnel.ResolveNetdevTransport(ctx, ovs, cfg.TransportBridge, t)
-	if err != nil {
-		return t, err
-	}
-	nft, err := knftables.New(knftables.NetDevFamily, "seine-transport")
-	if err != nil {
-		return t, fmt.Errorf("nftables: %w", err)
-	}
-	t, err = tunnel.AttachNetdev(ctx, ovs, nft, cfg.TransportBridge, device, log)
+	t, err := attachNetdevTransport(ctx, cfg, ovs, nodeIP, log)
 	if err != nil {
 		return t, err
 	}
@@ -507,6 +554,26 @@ func setupNetdevTransport(ctx context.Context, cfg config.Config, ovs *ovsdb.Cli
 	}
 	// The moved addresses are the transport's; report the physical MTU.
 	return t, nil
+}
+
+// attachNetdevTransport hands the transport device to the transport
+// bridge (tunnel.AttachNetdev). It is idempotent, and runs again whenever
+// ovs-vswitchd comes back: an openvswitch container that stopped gave the
+// device back to the kernel (tunnel.DetachNetdev).
+func attachNetdevTransport(ctx context.Context, cfg config.Config, ovs *ovsdb.Client, nodeIP net.IP, log *zap.Logger) (tunnel.Transport, error) {
+	t, err := tunnel.FindTransport(cfg.TransportInterface, nodeIP)
+	if err != nil {
+		return t, err
+	}
+	device, err := tunnel.ResolveNetdevTransport(ctx, ovs, cfg.TransportBridge, t)
+	if err != nil {
+		return t, err
+	}
+	nft, err := knftables.New(knftables.NetDevFamily, tunnel.TransportTable)
+	if err != nil {
+		return t, fmt.Errorf("nftables: %w", err)
+	}
+	return tunnel.AttachNetdev(ctx, ovs, nft, cfg.TransportBridge, device, log)
 }
 
 // setupGateway gives the gateway interface the first IP of the podCIDR
@@ -569,10 +636,20 @@ func setSysctls(gateway string) error {
 	return nil
 }
 
-func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry) error {
+// serveMetrics serves /metrics, /healthz (the process answers) and /readyz
+// (200 once ready is set: the datapath is programmed and the CNI server
+// runs; 503 before).
+func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, ready *atomic.Bool) error {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !ready.Load() {
+			http.Error(w, "not ready: the datapath is being programmed", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
 	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { <-ctx.Done(); _ = srv.Close() }()
 	if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {

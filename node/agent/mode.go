@@ -39,19 +39,14 @@ func setupTransport(ctx context.Context, cfg config.Config, ovs *ovsdb.Client, n
 	if cfg.TrafficEncapMode.UsesTunnel() {
 		return setupNetdevTransport(ctx, cfg, ovs, nodeIP, log)
 	}
-	nft, err := knftables.New(knftables.NetDevFamily, "seine-transport")
+	nft, err := knftables.New(knftables.NetDevFamily, tunnel.TransportTable)
 	if err != nil {
 		return tunnel.Transport{}, fmt.Errorf("nftables: %w", err)
 	}
-	device, err := tunnel.DetachNetdev(ctx, ovs, nft, cfg.TransportBridge, log)
-	if err != nil {
+	if err := tunnel.DetachNetdev(ctx, ovs, nft, cfg.TransportBridge, log); err != nil {
 		return tunnel.Transport{}, err
 	}
-	name := cfg.TransportInterface
-	if name == "" {
-		name = device // "" when no bridge was there: found by the Node IP
-	}
-	return tunnel.FindTransport(name, nodeIP)
+	return tunnel.FindTransport(cfg.TransportInterface, nodeIP)
 }
 
 // podMTU is the MTU of Pod interfaces and the gateway: the configured

@@ -36,6 +36,7 @@ func NewApp() *cli.App {
 		Commands: []*cli.Command{
 			nodeCommand(),
 			installCNICommand(),
+			ovsCommand(),
 			{
 				Name:  "version",
 				Usage: "print the version",
@@ -101,6 +102,7 @@ func installCNICommand() *cli.Command {
 			&cli.StringFlag{Name: "cni-version", Usage: "the conflist's cniVersion (default: the newest all chained plugins support)"},
 			&cli.StringFlag{Name: "chain-into", Usage: "networkPolicyOnly: insert seine after the primary plugin of this conflist instead of writing " + install.ConfListName},
 			&cli.BoolFlag{Name: "unchain", Usage: "with --chain-into: remove seine from that conflist instead (stop the daemon first: it puts itself back)"},
+			&cli.StringFlag{Name: "install-plugins-from", Usage: "copy each plugin seine relies on (the chained ones, loopback) that the CNI bin dir lacks from this directory (the image's /opt/cni/bin)"},
 		},
 		Action: func(c *cli.Context) error {
 			if primary := c.String("chain-into"); primary != "" {
@@ -118,6 +120,8 @@ func installCNICommand() *cli.Command {
 				ChainBandwidth: !c.Bool("no-bandwidth"),
 				PluginDirs:     c.StringSlice("plugin-dir"),
 				CNIVersion:     c.String("cni-version"),
+
+				PluginsFrom: c.String("install-plugins-from"),
 			}
 			if err := install.Install(o); err != nil {
 				return err

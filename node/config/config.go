@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -37,6 +38,13 @@ type Config struct {
 	NodeName string `json:"nodeName,omitempty"`
 	// Kubeconfig is a kubeconfig file; empty means in-cluster configuration.
 	Kubeconfig string `json:"kubeconfig,omitempty"`
+	// KubeAPIServerOverride is the API server URL ("https://host:port") the
+	// daemon uses instead of the in-cluster "kubernetes" Service address.
+	// In-cluster credentials (the ServiceAccount token and CA) are kept.
+	// Clusters without kube-proxy need it: nothing serves that ClusterIP
+	// before seine's own proxy runs. With Kubeconfig, it replaces the
+	// kubeconfig's server. Default empty.
+	KubeAPIServerOverride string `json:"kubeAPIServerOverride,omitempty"`
 
 	// OVSRunDir is the directory holding OVSDB's db.sock and the bridges'
 	// <bridge>.mgmt OpenFlow sockets. Default /var/run/openvswitch.
@@ -168,7 +176,8 @@ type NetworkPolicyConfig struct {
 // LeaderElectionConfig configures the controller's Lease (client-go
 // tools/leaderelection semantics).
 type LeaderElectionConfig struct {
-	// Namespace of the Lease. Default kube-system.
+	// Namespace of the Lease. Default seine-system (the manifest's
+	// namespace).
 	Namespace string `json:"namespace,omitempty"`
 	// Name of the Lease. Default seine-controller.
 	Name string `json:"name,omitempty"`
@@ -213,7 +222,7 @@ func Default() Config {
 			ControllerBurst:       1000,
 		},
 		LeaderElection: LeaderElectionConfig{
-			Namespace:     "kube-system",
+			Namespace:     "seine-system",
 			Name:          "seine-controller",
 			LeaseDuration: metav1.Duration{Duration: 15 * time.Second},
 			RenewDeadline: metav1.Duration{Duration: 10 * time.Second},
@@ -348,6 +357,11 @@ func (c Config) Validate() error {
 	if c.NetworkPolicy.ControllerQPS <= 0 || c.NetworkPolicy.ControllerBurst < 1 {
 		bad("networkPolicy.controllerQPS", "want controllerQPS > 0 and controllerBurst ≥ 1, got %g and %d",
 			c.NetworkPolicy.ControllerQPS, c.NetworkPolicy.ControllerBurst)
+	}
+	if s := c.KubeAPIServerOverride; s != "" {
+		if u, err := url.Parse(s); err != nil || u.Scheme != "https" || u.Host == "" || (u.Path != "" && u.Path != "/") {
+			bad("kubeAPIServerOverride", "%q is not an https://host[:port] URL", s)
+		}
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":

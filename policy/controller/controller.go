@@ -38,7 +38,7 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultLeaseNamespace = "kube-system"
+	DefaultLeaseNamespace = "seine-system"
 	DefaultLeaseName      = "seine-controller"
 	DefaultLeaseDuration  = 15 * time.Second
 	DefaultRenewDeadline  = 10 * time.Second
@@ -53,7 +53,7 @@ type Config struct {
 	// Identity names this instance in the Lease (the Node name). Required.
 	Identity string
 	// LeaseNamespace and LeaseName name the coordination.k8s.io Lease;
-	// defaults kube-system / seine-controller.
+	// defaults seine-system / seine-controller.
 	LeaseNamespace, LeaseName string
 	// LeaseDuration, RenewDeadline and RetryPeriod are the leader election
 	// timings (client-go leaderelection.LeaderElectionConfig); defaults

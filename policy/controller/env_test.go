@@ -95,6 +95,11 @@ func startEnv(tb testing.TB) *env {
 	rc.QPS, rc.Burst = 2000, 4000
 	e := &env{rc: rc}
 	e.kube = kubernetes.NewForConfigOrDie(rc)
+	// The namespace of the controller's Lease, as the manifest creates it.
+	if _, err := e.kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{
+		ObjectMeta: metav1.ObjectMeta{Name: DefaultLeaseNamespace}}, metav1.CreateOptions{}); err != nil {
+		tb.Fatalf("create namespace %s: %v", DefaultLeaseNamespace, err)
+	}
 	e.cp = versioned.NewForConfigOrDie(rc)
 	c := e.cp.ControlplaneV1alpha1()
 	for _, list := range []func() error{

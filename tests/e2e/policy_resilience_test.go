@@ -143,7 +143,7 @@ func TestPolicySurvivesAPIServerOutage(t *testing.T) {
 	// outage (a renewal sent while the API server was frozen lands late
 	// with an old renewTime, which would skew the next test's timings).
 	eventually(t, 30*time.Second, "the controller Lease renewed after the outage", func() error {
-		l, err := c.Client().CoordinationV1().Leases("kube-system").Get(testCtx(t, 5*time.Second), "seine-controller", metav1.GetOptions{})
+		l, err := c.Client().CoordinationV1().Leases(sandbox.SeineNamespace).Get(testCtx(t, 5*time.Second), "seine-controller", metav1.GetOptions{})
 		if err != nil {
 			return err
 		}

@@ -22,7 +22,7 @@ import (
 // leaseHolder returns the Node holding the policy controller's Lease.
 func leaseHolder(t *testing.T, c *sandbox.Cluster) string {
 	t.Helper()
-	l, err := c.Client().CoordinationV1().Leases("kube-system").Get(testCtx(t, 10*time.Second), "seine-controller", metav1.GetOptions{})
+	l, err := c.Client().CoordinationV1().Leases(sandbox.SeineNamespace).Get(testCtx(t, 10*time.Second), "seine-controller", metav1.GetOptions{})
 	if err != nil || l.Spec.HolderIdentity == nil {
 		return ""
 	}
@@ -95,7 +95,7 @@ func TestPolicyControllerFailover(t *testing.T) {
 		t.Fatalf("killing seine on %s (pid %d): %v", holder, pid, err)
 	}
 	killed := time.Now()
-	before, err := c.Client().CoordinationV1().Leases("kube-system").Get(ctx, "seine-controller", metav1.GetOptions{})
+	before, err := c.Client().CoordinationV1().Leases(sandbox.SeineNamespace).Get(ctx, "seine-controller", metav1.GetOptions{})
 	if err != nil || before.Spec.RenewTime == nil || before.Spec.LeaseDurationSeconds == nil {
 		t.Fatalf("reading the Lease: %v", err)
 	}
@@ -115,7 +115,7 @@ func TestPolicyControllerFailover(t *testing.T) {
 		return nil
 	})
 	took := time.Since(killed)
-	after, err := c.Client().CoordinationV1().Leases("kube-system").Get(ctx, "seine-controller", metav1.GetOptions{})
+	after, err := c.Client().CoordinationV1().Leases(sandbox.SeineNamespace).Get(ctx, "seine-controller", metav1.GetOptions{})
 	if err != nil || after.Spec.AcquireTime == nil {
 		t.Fatalf("reading the Lease: %v", err)
 	}

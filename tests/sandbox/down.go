@@ -14,7 +14,8 @@ import (
 // Down removes everything sandbox name (under stateRoot, "" = default)
 // owns, also after a crashed or killed run: the control plane; every
 // process inside the sandbox's namespaces (kubelets, seine, OVS, servers
-// started with `ext`) or whose command line names the state directory;
+// started with `ext`), in a real Node's cgroups (its containers) or whose
+// command line names the state directory; the real Nodes' cgroups;
 // the namespaces themselves (Pod namespaces included); the host link; and
 // the state directory. A sandbox that does not exist is success. Errors
 // are collected; Down goes on after each.
@@ -58,6 +59,13 @@ func Down(name, stateRoot string) error {
 	add(processesMentioning(dir))
 	if err := terminate(pids, 5*time.Second); err != nil {
 		errs = append(errs, err)
+	}
+	// Real Nodes: the containers of Pods live in network namespaces of
+	// their own, but in the Node's cgroups.
+	for _, cg := range nodeCgroupsOf(name) {
+		if err := removeNodeCgroups(cg); err != nil {
+			errs = append(errs, err)
+		}
 	}
 
 	for _, ns := range listNetNS(name) {

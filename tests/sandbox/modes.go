@@ -56,6 +56,9 @@ func (o *Options) modeDefaults() error {
 	if o.Mode == config.ModeNetworkPolicyOnly && o.CNIMode != CNIModeSeine {
 		return fmt.Errorf("mode %s needs CNI mode %s", o.Mode, CNIModeSeine)
 	}
+	if o.Kubelet && o.Mode != config.ModeEncap {
+		return fmt.Errorf("mode %s: real Nodes (kubelet) run seine's manifest, which sets no traffic mode yet; use the sandbox's own kubelets", o.Mode)
+	}
 	return nil
 }
 

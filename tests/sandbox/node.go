@@ -264,9 +264,16 @@ func (c *Cluster) StartSeine(ctx context.Context, node string, set map[string]st
 
 // NodeProcesses reports which of the Node's processes are alive, by name:
 // "kubelet", "seine", "ovsdb-server", "ovs-vswitchd" (only those the CNI
-// mode uses).
+// mode uses); on a real Node "node-init", "containerd" and "kubelet" (seine
+// and OVS run in its DaemonSet's Pod).
 func (c *Cluster) NodeProcesses(n Node) map[string]bool {
 	out := map[string]bool{"kubelet": pidfileAlive(filepath.Join(n.Dir, "kubelet.pid"))}
+	if c.st.Kubelet {
+		for _, p := range []string{"node-init", "containerd"} {
+			out[p] = pidfileAlive(filepath.Join(n.Dir, p+".pid"))
+		}
+		return out
+	}
 	if c.st.CNIMode == CNIModeSeine {
 		out["seine"] = pidfileAlive(filepath.Join(n.Dir, "seine.pid"))
 		for _, p := range []string{"ovsdb-server", "ovs-vswitchd"} {

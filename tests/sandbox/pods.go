@@ -211,11 +211,16 @@ func (c *Cluster) Exec(ctx context.Context, namespace, pod string, argv ...strin
 	return execIn(ctx, ns, argv)
 }
 
-// NodeExec runs argv inside the Node's network namespace.
+// NodeExec runs argv inside the Node's network namespace and, on a real
+// Node, its mount namespace too (as a process of that machine sees things).
 func (c *Cluster) NodeExec(ctx context.Context, node string, argv ...string) ([]byte, error) {
 	n, err := c.Node(node)
 	if err != nil {
 		return nil, err
+	}
+	if c.st.Kubelet {
+		out, err := inNode(ctx, n, argv...)
+		return []byte(out), err
 	}
 	return execIn(ctx, n.NetNS, argv)
 }

@@ -40,6 +40,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/seine-net/seine/deploy"
 	"github.com/seine-net/seine/node/config"
 	"github.com/seine-net/seine/tests/sandbox/controlplane"
 	"github.com/seine-net/seine/tests/sandbox/kubelet"
@@ -80,10 +81,6 @@ type Options struct {
 	// K8sBinDir holds the control-plane binaries; default $SEINE_K8S_BIN or
 	// /root/.cache/seine/k8s-v1.36.3/bin.
 	K8sBinDir string
-	// RBACFile is the seine RBAC manifest applied before the daemons start;
-	// default deploy/rbac.yaml of the repository (found next to the
-	// binaries' bin/ directory or above the working directory).
-	RBACFile string
 	// StateRoot is the parent of the state directory; default
 	// /run/seine-sandbox.
 	StateRoot string
@@ -101,6 +98,17 @@ type Options struct {
 	// Subnets is the number of transport subnets the Nodes are split over
 	// (1..8, at most Nodes); default 1.
 	Subnets int
+	// Kubelet makes the Nodes real: the kubelet and containerd of `make
+	// node-tools` in a mount namespace of each Node's own, and Seine
+	// installed only by `kubectl apply` of its manifest (its image
+	// imported into every Node's containerd). Requires CNIModeSeine.
+	Kubelet bool
+	// NodeBinDir holds the real Nodes' binaries and images/; default
+	// $SEINE_NODE_BIN.
+	NodeBinDir string
+	// ImageArchive is Seine's image (`make image`); default
+	// seine-image.tar next to SeineBinary.
+	ImageArchive string
 	// Log receives progress; default a no-op logger.
 	Log *zap.Logger
 }
@@ -145,13 +153,20 @@ type state struct {
 	SandboxBinary string            `json:"sandboxBinary"`
 	Set           map[string]string `json:"set,omitempty"`
 	Nodes         []Node            `json:"nodes"`
+	// Kubelet: real Nodes (see Options.Kubelet), with their binaries and
+	// Seine's image archive.
+	Kubelet      bool   `json:"kubelet,omitempty"`
+	NodeBinDir   string `json:"nodeBinDir,omitempty"`
+	ImageArchive string `json:"imageArchive,omitempty"`
+	// Manifest is Seine's installation manifest rendered for the sandbox.
+	Manifest string `json:"manifest,omitempty"`
 	// Kubeconfig is <state>/kubeconfig: server on the host link when
 	// HostLink, else the in-sandbox address (usable from any sandbox
 	// namespace).
 	Kubeconfig string `json:"kubeconfig"`
 	// InternalKubeconfig is the admin kubeconfig with server 198.18.0.1.
 	InternalKubeconfig string `json:"internalKubeconfig"`
-	// SeineKubeconfig is the kube-system/seine ServiceAccount kubeconfig.
+	// SeineKubeconfig is the seine-system/seine ServiceAccount kubeconfig.
 	SeineKubeconfig string `json:"seineKubeconfig,omitempty"`
 }
 
@@ -252,11 +267,24 @@ func (o *Options) defaults() error {
 		if _, err := os.Stat(o.SeineBinary); err != nil {
 			return fmt.Errorf("seine binary %q (set Options.SeineBinary or $SEINE_BIN): %w", o.SeineBinary, err)
 		}
-		if o.RBACFile == "" {
-			o.RBACFile = findRBAC(o.SeineBinary)
+	}
+	if o.Kubelet {
+		if o.CNIMode != CNIModeSeine {
+			return fmt.Errorf("real kubelets run seine from its manifest: CNI mode %q is not supported with them", o.CNIMode)
 		}
-		if _, err := os.Stat(o.RBACFile); err != nil {
-			return fmt.Errorf("seine RBAC manifest %q (set Options.RBACFile): %w", o.RBACFile, err)
+		if len(o.Set) > 0 {
+			return errors.New("real kubelets read seine's configuration from the manifest's ConfigMap: --set is not supported with them")
+		}
+		if o.NodeBinDir == "" {
+			o.NodeBinDir = os.Getenv("SEINE_NODE_BIN")
+		}
+		if o.ImageArchive == "" {
+			o.ImageArchive = filepath.Join(filepath.Dir(o.SeineBinary), "seine-image.tar")
+		}
+		for _, f := range []string{filepath.Join(o.NodeBinDir, "kubelet"), filepath.Join(o.NodeBinDir, "images", "agnhost.tar"), o.ImageArchive} {
+			if _, err := os.Stat(f); err != nil {
+				return fmt.Errorf("real kubelets need `make node-tools image` (set $SEINE_NODE_BIN): %w", err)
+			}
 		}
 	}
 	for k := range o.Set {
@@ -265,26 +293,6 @@ func (o *Options) defaults() error {
 		}
 	}
 	return nil
-}
-
-// findRBAC looks for deploy/rbac.yaml in the repository that holds the
-// seine binary's bin/ directory, then above the working directory.
-func findRBAC(seine string) string {
-	cands := []string{filepath.Join(filepath.Dir(filepath.Dir(seine)), "deploy", "rbac.yaml")}
-	if wd, err := os.Getwd(); err == nil {
-		for d := wd; ; d = filepath.Dir(d) {
-			cands = append(cands, filepath.Join(d, "deploy", "rbac.yaml"))
-			if d == filepath.Dir(d) {
-				break
-			}
-		}
-	}
-	for _, c := range cands {
-		if _, err := os.Stat(c); err == nil {
-			return c
-		}
-	}
-	return cands[0]
 }
 
 func (c *Cluster) stateFile() string { return filepath.Join(c.st.StateDir, "sandbox.json") }
@@ -327,6 +335,8 @@ func Up(ctx context.Context, o Options) (_ *Cluster, err error) {
 	c := &Cluster{log: log, st: state{
 		Name: o.Name, StateDir: dir, CNIMode: o.CNIMode, Mode: string(o.Mode), Subnets: o.Subnets, HostLink: o.HostLink,
 		SeineBinary: o.SeineBinary, SandboxBinary: o.SandboxBinary, Set: o.Set,
+		Kubelet: o.Kubelet, NodeBinDir: o.NodeBinDir, ImageArchive: o.ImageArchive,
+		Manifest:           filepath.Join(dir, "seine.yaml"),
 		Kubeconfig:         filepath.Join(dir, "kubeconfig"),
 		InternalKubeconfig: filepath.Join(dir, "admin.kubeconfig"),
 	}}
@@ -379,18 +389,27 @@ func Up(ctx context.Context, o Options) (_ *Cluster, err error) {
 		return nil, fmt.Errorf("sandbox up: %w", err)
 	}
 
+	if o.Kubelet {
+		if err := c.upRealNodes(ctx); err != nil {
+			return nil, fmt.Errorf("sandbox up: %w", err)
+		}
+		log.Info("sandbox up with real kubelets", zap.Duration("elapsed", time.Since(t0)), zap.String("kubeconfig", c.st.Kubeconfig))
+		return c, nil
+	}
 	if o.CNIMode == CNIModeSeine {
-		// The CRDs of controlplane.seine.io sit next to the RBAC manifest
-		// (deploy/crds), as a DaemonSet install applies them.
-		manifests := []string{o.RBACFile}
-		crds, _ := filepath.Glob(filepath.Join(filepath.Dir(o.RBACFile), "crds", "*.yaml"))
-		manifests = append(manifests, crds...)
-		log.Info("applying seine RBAC and CRDs", zap.Strings("files", manifests))
-		if err := cp.Apply(ctx, manifests...); err != nil {
-			return nil, fmt.Errorf("sandbox up: apply %v: %w", manifests, err)
+		// Seine's installation manifest, rendered for this sandbox, without
+		// its DaemonSet: the daemons run from the host binary, with the
+		// manifest's Namespace, ServiceAccount, RBAC and CRDs.
+		manifest := c.st.Manifest
+		if err := writeManifest(manifest, deploy.Values{}); err != nil {
+			return nil, fmt.Errorf("sandbox up: %w", err)
+		}
+		log.Info("applying seine's manifest without its DaemonSet", zap.String("file", manifest))
+		if err := cp.ApplyExcept(ctx, []string{"DaemonSet"}, manifest); err != nil {
+			return nil, fmt.Errorf("sandbox up: apply %s: %w", manifest, err)
 		}
 		c.st.SeineKubeconfig = filepath.Join(dir, "seine.kubeconfig")
-		if err := cp.ServiceAccountKubeconfig(ctx, "kube-system", "seine", c.st.SeineKubeconfig); err != nil {
+		if err := cp.ServiceAccountKubeconfig(ctx, SeineNamespace, "seine", c.st.SeineKubeconfig); err != nil {
 			return nil, fmt.Errorf("sandbox up: seine kubeconfig: %w", err)
 		}
 	}

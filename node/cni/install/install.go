@@ -56,6 +56,12 @@ type Options struct {
 	// CNIVersion of the conflist; empty picks the newest version that seine
 	// and every chained plugin support.
 	CNIVersion string
+	// PluginsFrom, when set, is a directory holding the plugins seine
+	// relies on (the image's copy): the chained ones, and loopback, which
+	// container runtimes call for every Pod's lo. Each one missing from
+	// BinDir is copied from there; a plugin the host already has is left
+	// alone.
+	PluginsFrom string
 }
 
 // DefaultOptions returns the standard node layout with portmap and bandwidth
@@ -94,6 +100,11 @@ func Install(o Options) error {
 			return fmt.Errorf("finding the seine binary: %w", err)
 		}
 		o.Binary = exe
+	}
+	if o.PluginsFrom != "" {
+		if err := installPlugins(o); err != nil {
+			return err
+		}
 	}
 	if o.CNIVersion == "" {
 		v, err := negotiateVersion(o)
@@ -180,6 +191,37 @@ func ConfList(o Options) ([]byte, error) {
 	return out, nil
 }
 
+// chainedPlugins are the plugin types o chains after seine.
+func chainedPlugins(o Options) []string {
+	var chained []string
+	if o.ChainPortmap {
+		chained = append(chained, "portmap")
+	}
+	if o.ChainBandwidth {
+		chained = append(chained, "bandwidth")
+	}
+	return chained
+}
+
+// installPlugins copies every plugin seine relies on that BinDir lacks
+// from PluginsFrom.
+func installPlugins(o Options) error {
+	for _, name := range append(chainedPlugins(o), "loopback") {
+		dst := filepath.Join(o.BinDir, name)
+		if _, err := os.Stat(dst); err == nil {
+			continue
+		}
+		src := filepath.Join(o.PluginsFrom, name)
+		if _, err := os.Stat(src); err != nil {
+			return fmt.Errorf("CNI plugin %s is neither in %s nor in %s: %w", name, o.BinDir, o.PluginsFrom, err)
+		}
+		if err := installBinary(src, dst); err != nil {
+			return fmt.Errorf("installing CNI plugin %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
 // installBinary copies src to dst with mode 0755 unless dst already has the
 // same content.
 func installBinary(src, dst string) error {
@@ -188,14 +230,14 @@ func installBinary(src, dst string) error {
 	}
 	srcAbs, err := filepath.EvalSymlinks(src)
 	if err != nil {
-		return fmt.Errorf("resolving seine binary %s: %w", src, err)
+		return fmt.Errorf("resolving %s: %w", src, err)
 	}
 	if dstAbs, err := filepath.EvalSymlinks(dst); err == nil && dstAbs == srcAbs {
 		return nil // running from the installed copy
 	}
 	in, err := os.Open(srcAbs)
 	if err != nil {
-		return fmt.Errorf("opening seine binary: %w", err)
+		return fmt.Errorf("opening %s: %w", srcAbs, err)
 	}
 	defer in.Close()
 	if same, err := sameContent(in, dst); err != nil {
@@ -207,7 +249,7 @@ func installBinary(src, dst string) error {
 		return fmt.Errorf("rewinding seine binary: %w", err)
 	}
 	if err := atomicWrite(dst, in, 0o755); err != nil {
-		return fmt.Errorf("installing seine binary to %s: %w", dst, err)
+		return fmt.Errorf("installing %s to %s: %w", srcAbs, dst, err)
 	}
 	return nil
 }
@@ -290,13 +332,7 @@ var seineVersions = []string{"1.1.0", "1.0.0", "0.4.0", "0.3.1", "0.3.0"}
 // seine support. A runtime rejects a conflist whose version a plugin does
 // not support, and Debian 12's plugins stop at 1.0.0.
 func negotiateVersion(o Options) (string, error) {
-	var chained []string
-	if o.ChainPortmap {
-		chained = append(chained, "portmap")
-	}
-	if o.ChainBandwidth {
-		chained = append(chained, "bandwidth")
-	}
+	chained := chainedPlugins(o)
 	dirs := o.PluginDirs
 	if len(dirs) == 0 {
 		dirs = []string{o.BinDir}

@@ -186,3 +186,38 @@ func TestInstallSkipsCopyOntoItself(t *testing.T) {
 		t.Errorf("self-install changed the binary: %q", got)
 	}
 }
+
+// TestInstallPluginsWhereMissing copies portmap, bandwidth and loopback
+// from the image's directory only when the host lacks them, and then
+// negotiates the version with the installed copies.
+func TestInstallPluginsWhereMissing(t *testing.T) {
+	o, _ := setup(t)
+	o.PluginDirs = nil // negotiate with what is in BinDir only
+	o.PluginsFrom = "/usr/lib/cni"
+	if err := os.MkdirAll(o.BinDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	hostPortmap := []byte("#!/bin/sh\necho '{\"cniVersion\":\"1.0.0\",\"supportedVersions\":[\"0.4.0\",\"1.0.0\"]}'\n")
+	if err := os.WriteFile(filepath.Join(o.BinDir, "portmap"), hostPortmap, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := Install(o); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(o.BinDir, "portmap")); !bytes.Equal(got, hostPortmap) {
+		t.Error("the host's portmap was replaced")
+	}
+	for _, name := range []string{"bandwidth", "loopback"} {
+		want, _ := os.ReadFile("/usr/lib/cni/" + name)
+		if got, err := os.ReadFile(filepath.Join(o.BinDir, name)); err != nil || !bytes.Equal(got, want) {
+			t.Errorf("%s not installed from /usr/lib/cni: %v", name, err)
+		}
+	}
+	o.PluginsFrom = t.TempDir()
+	if err := os.Remove(filepath.Join(o.BinDir, "bandwidth")); err != nil {
+		t.Fatal(err)
+	}
+	if err := Install(o); err == nil || !strings.Contains(err.Error(), "CNI plugin bandwidth") {
+		t.Errorf("missing everywhere: %v", err)
+	}
+}

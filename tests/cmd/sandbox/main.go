@@ -63,7 +63,7 @@ func commands() []*cli.Command {
 	return []*cli.Command{
 		upCommand(), downCommand(), statusCommand(), kubeconfigCommand(),
 		podCommand(), execCommand(), nodeExecCommand(), probeCommand(), extCommand(),
-		demoCommand(), kubeletCommand(), serveCommand(),
+		demoCommand(), kubeletCommand(), nodeInitCommand(), serveCommand(),
 	}
 }
 
@@ -261,9 +261,9 @@ func upCommand() *cli.Command {
 			&cli.StringFlag{Name: "cni", Value: sandbox.CNIModeSeine, Usage: "CNI: seine, or bridge (Debian plugins, to test the sandbox itself)"},
 			&cli.StringFlag{Name: "mode", Value: string(config.ModeEncap), Usage: "seine's traffic mode: encap, noEncap, hybrid or networkPolicyOnly (ptp as the primary CNI, seine chained)"},
 			&cli.IntFlag{Name: "subnets", Value: 1, Usage: "transport subnets the Nodes are split over, joined by the underlay router"},
+			&cli.BoolFlag{Name: "kubelet", Usage: "real Nodes: kubelet and containerd (`make node-tools`), seine installed by `kubectl apply` of its manifest and image (`make image`)"},
 			&cli.StringFlag{Name: "seine", EnvVars: []string{"SEINE_BIN"}, Usage: "seine binary (default: next to this executable)"},
 			&cli.StringFlag{Name: "k8s-bin", EnvVars: []string{"SEINE_K8S_BIN"}, Usage: "control-plane binaries directory"},
-			&cli.StringFlag{Name: "rbac", Usage: "seine RBAC manifest (default deploy/rbac.yaml)"},
 		),
 		Action: func(c *cli.Context) error {
 			set, err := parseKV(c.StringSlice("set"), "--set")
@@ -276,7 +276,7 @@ func upCommand() *cli.Command {
 				Name: c.String("name"), Nodes: c.Int("nodes"), Set: set, StateRoot: c.String("state-root"),
 				HostLink: c.Bool("host-link"), CNIMode: c.String("cni"), SeineBinary: c.String("seine"),
 				Mode: config.TrafficEncapMode(c.String("mode")), Subnets: c.Int("subnets"),
-				K8sBinDir: c.String("k8s-bin"), RBACFile: c.String("rbac"), Log: newLogger(c),
+				K8sBinDir: c.String("k8s-bin"), Kubelet: c.Bool("kubelet"), Log: newLogger(c),
 			})
 			if err != nil {
 				return err
@@ -350,6 +350,9 @@ func statusCommand() *cli.Command {
 			defer cancel()
 			fmt.Printf("sandbox %s (cni %s, mode %s, %d transport subnet(s)), state %s\n",
 				cl.Name(), cl.CNIMode(), cl.Mode(), cl.Subnets(), cl.StateDir())
+			if cl.RealNodes() {
+				fmt.Printf("real Nodes (kubelet, containerd); seine installed by kubectl apply -f %s\n", cl.Manifest())
+			}
 			fmt.Printf("kubeconfig: %s\n", cl.Kubeconfig())
 			fmt.Printf("control plane: %s\n", liveness(cl.ControlPlaneProcesses()))
 			extNS, extIP := cl.ExternalHost()
@@ -625,6 +628,20 @@ func probeCommand() *cli.Command {
 				return cli.Exit("", 1)
 			}
 			return nil
+		},
+	}
+}
+
+func nodeInitCommand() *cli.Command {
+	return &cli.Command{
+		Name:   "node-init",
+		Hidden: true,
+		Usage:  "set up a real Node's mount namespace and hold it (started by up --kubelet)",
+		Flags:  []cli.Flag{&cli.StringFlag{Name: "dir", Required: true, Usage: "the Node's state directory"}},
+		Action: func(c *cli.Context) error {
+			ctx, cancel := signalContext(c)
+			defer cancel()
+			return sandbox.NodeInit(ctx, c.String("dir"), newLogger(c))
 		},
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -85,9 +86,21 @@ func readManifests(files ...string) ([]*unstructured.Unstructured, error) {
 // its custom resources, or a Namespace after objects in it. The error lists
 // every object that could not be applied.
 func (cp *ControlPlane) Apply(ctx context.Context, files ...string) error {
-	objs, err := readManifests(files...)
+	return cp.ApplyExcept(ctx, nil, files...)
+}
+
+// ApplyExcept is Apply leaving out the objects of the listed kinds (e.g. a
+// DaemonSet, for a sandbox that runs its daemons itself).
+func (cp *ControlPlane) ApplyExcept(ctx context.Context, skipKinds []string, files ...string) error {
+	all, err := readManifests(files...)
 	if err != nil {
 		return err
+	}
+	var objs []*unstructured.Unstructured
+	for _, o := range all {
+		if !slices.Contains(skipKinds, o.GetKind()) {
+			objs = append(objs, o)
+		}
 	}
 	_, rc, err := cp.clientset()
 	if err != nil {

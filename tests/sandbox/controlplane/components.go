@@ -117,6 +117,9 @@ func (cp *ControlPlane) apiserverArgs() []string {
 		"--service-account-signing-key-file=" + cp.path("pki", "sa.key"),
 		"--api-audiences=" + ServiceAccountIssuer,
 		"--authorization-mode=Node,RBAC",
+		// Real kubelets (logs, exec, port-forward) are reached by address:
+		// the sandbox has no DNS for Node names.
+		"--kubelet-preferred-address-types=InternalIP,Hostname",
 		"--allow-privileged=true",
 		"--profiling=false",
 		"--cert-dir=" + cp.path("pki"),

@@ -1,0 +1,296 @@
+package deploy
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/urfave/cli/v2"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/kubernetes/scheme"
+
+	"github.com/seine-net/seine/node/cmd"
+	"github.com/seine-net/seine/node/config"
+)
+
+// TestCommittedManifestIsCurrent fails when deploy/seine.yaml differs from
+// what its template renders: run `make manifests`.
+func TestCommittedManifestIsCurrent(t *testing.T) {
+	want, err := Render(DefaultValues())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile("seine.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("deploy/seine.yaml is stale: run `make manifests` and commit the result")
+	}
+}
+
+// documents splits a manifest into its non-empty documents.
+func documents(t *testing.T, manifest []byte) [][]byte {
+	t.Helper()
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(manifest)))
+	var docs [][]byte
+	for {
+		d, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			return docs
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(bytes.TrimSpace(stripComments(d))) > 0 {
+			docs = append(docs, d)
+		}
+	}
+}
+
+func stripComments(b []byte) []byte {
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if !strings.HasPrefix(strings.TrimSpace(l), "#") {
+			out = append(out, l)
+		}
+	}
+	return []byte(strings.Join(out, "\n"))
+}
+
+// TestManifestObjects decodes every object strictly (unknown or duplicate
+// fields fail) and checks what the DaemonSet promises: the image and
+// namespace of the values everywhere, probes on the daemon's health port,
+// host network, node-critical priority, tolerating every taint, and a
+// ConfigMap the daemon itself accepts.
+func TestManifestObjects(t *testing.T) {
+	v := DefaultValues()
+	v.Image = "registry.example/seine:v9"
+	v.Namespace = "net"
+	v.OVSDatapathType = "netdev"
+	v.KubeAPIServerOverride = "https://198.18.0.1:6443"
+	v.ProxyAll = true
+	v.ClusterCIDR = "10.245.0.0/16"
+	m, err := Render(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	codecs := serializer.NewCodecFactory(scheme.Scheme, serializer.EnableStrict)
+	kinds := map[string]int{}
+	var ds *appsv1.DaemonSet
+	var cm *corev1.ConfigMap
+	for _, d := range documents(t, m) {
+		u := &unstructured.Unstructured{}
+		if err := utilyaml.Unmarshal(d, &u.Object); err != nil {
+			t.Fatalf("document %q: %v", d, err)
+		}
+		kinds[u.GetKind()]++
+		if u.GetKind() == "CustomResourceDefinition" {
+			if u.GetAPIVersion() != "apiextensions.k8s.io/v1" || !strings.HasSuffix(u.GetName(), ".seine.io") {
+				t.Errorf("CRD %s/%s", u.GetAPIVersion(), u.GetName())
+			}
+			continue
+		}
+		obj, _, err := codecs.UniversalDeserializer().Decode(d, nil, nil)
+		if err != nil {
+			t.Fatalf("strict decoding %s %s: %v", u.GetKind(), u.GetName(), err)
+		}
+		if ns := u.GetNamespace(); u.GetKind() != "Namespace" && !clusterScoped(obj) && ns != v.Namespace {
+			t.Errorf("%s %s is in namespace %q, want %q", u.GetKind(), u.GetName(), ns, v.Namespace)
+		}
+		switch o := obj.(type) {
+		case *appsv1.DaemonSet:
+			ds = o
+		case *corev1.ConfigMap:
+			cm = o
+		}
+	}
+	for _, k := range []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ConfigMap", "DaemonSet"} {
+		if kinds[k] != 1 {
+			t.Errorf("%d objects of kind %s, want 1", kinds[k], k)
+		}
+	}
+	crds, _ := filepath.Glob("crds/*.yaml")
+	if kinds["CustomResourceDefinition"] != len(crds) || len(crds) == 0 {
+		t.Errorf("%d CRDs in the manifest, %d in deploy/crds", kinds["CustomResourceDefinition"], len(crds))
+	}
+	if ds == nil || cm == nil {
+		t.Fatal("no DaemonSet or ConfigMap")
+	}
+
+	// The ConfigMap is a configuration the daemon accepts, with the values.
+	dir := t.TempDir()
+	f := filepath.Join(dir, "seine.yaml")
+	if err := os.WriteFile(f, []byte(cm.Data["seine.yaml"]), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("NODE_NAME", "n1")
+	cfg, err := config.Load(f, nil)
+	if err != nil {
+		t.Fatalf("the ConfigMap's configuration: %v", err)
+	}
+	if cfg.ClusterCIDR != v.ClusterCIDR || cfg.OVSDatapathType != "netdev" || !cfg.ProxyAllEnabled() ||
+		cfg.KubeAPIServerOverride != v.KubeAPIServerOverride || cfg.LeaderElection.Namespace != v.Namespace {
+		t.Errorf("configuration does not carry the values: %+v", cfg)
+	}
+
+	spec := ds.Spec.Template.Spec
+	if !spec.HostNetwork || spec.PriorityClassName != "system-node-critical" {
+		t.Errorf("hostNetwork %v, priorityClassName %q", spec.HostNetwork, spec.PriorityClassName)
+	}
+	if len(spec.Tolerations) != 1 || spec.Tolerations[0].Operator != corev1.TolerationOpExists || spec.Tolerations[0].Key != "" {
+		t.Errorf("tolerations %+v do not tolerate every taint", spec.Tolerations)
+	}
+	if ru := ds.Spec.UpdateStrategy.RollingUpdate; ds.Spec.UpdateStrategy.Type != appsv1.RollingUpdateDaemonSetStrategyType ||
+		ru == nil || ru.MaxUnavailable == nil || ru.MaxUnavailable.IntValue() != 1 {
+		t.Errorf("update strategy %+v", ds.Spec.UpdateStrategy)
+	}
+	containers := map[string]corev1.Container{}
+	for _, c := range append(spec.InitContainers, spec.Containers...) {
+		containers[c.Name] = c
+		if c.Image != v.Image {
+			t.Errorf("container %s runs %s, want %s", c.Name, c.Image, v.Image)
+		}
+		if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() {
+			t.Errorf("container %s has no resource requests", c.Name)
+		}
+	}
+	seine, ovs := containers["seine"], containers["openvswitch"]
+	if _, ok := containers["install-cni"]; !ok || len(spec.InitContainers) != 1 {
+		t.Error("no install-cni init container")
+	}
+	if seine.ReadinessProbe == nil || seine.ReadinessProbe.HTTPGet == nil || seine.ReadinessProbe.HTTPGet.Path != "/readyz" ||
+		seine.ReadinessProbe.HTTPGet.Port.IntValue() != DefaultMetricsPort {
+		t.Errorf("seine readiness probe %+v", seine.ReadinessProbe)
+	}
+	if seine.LivenessProbe == nil || seine.LivenessProbe.HTTPGet == nil || seine.LivenessProbe.HTTPGet.Path != "/healthz" {
+		t.Errorf("seine liveness probe %+v", seine.LivenessProbe)
+	}
+	if ovs.LivenessProbe == nil || ovs.LivenessProbe.Exec == nil {
+		t.Errorf("openvswitch liveness probe %+v", ovs.LivenessProbe)
+	}
+	if !strings.HasSuffix(cfg.MetricsAddress, ":"+strconv.Itoa(DefaultMetricsPort)) {
+		t.Errorf("metrics address %s is not on the probes' port %d", cfg.MetricsAddress, DefaultMetricsPort)
+	}
+}
+
+func clusterScoped(o runtime.Object) bool {
+	switch o.(type) {
+	case *rbacv1.ClusterRole, *rbacv1.ClusterRoleBinding, *corev1.Namespace:
+		return true
+	}
+	return false
+}
+
+// TestValuesValidate names each bad variable.
+func TestValuesValidate(t *testing.T) {
+	v := DefaultValues()
+	v.Image = ""
+	v.ClusterCIDR = "10.0.0.0/33"
+	v.OVSDatapathType = "dpdk"
+	v.KubeAPIServerOverride = "http://x"
+	v.ImagePullPolicy = "Sometimes"
+	v.Namespace = "Bad_NS"
+	_, err := Render(v)
+	if err == nil {
+		t.Fatal("bad values rendered")
+	}
+	for _, key := range []string{"image:", "clusterCIDR", "ovsDatapathType", "kubeAPIServerOverride", "imagePullPolicy", "namespace"} {
+		if !strings.Contains(err.Error(), key) {
+			t.Errorf("error %q does not name %s", err, key)
+		}
+	}
+}
+
+// TestWithoutDaemonSet renders the cluster-wide objects only.
+func TestWithoutDaemonSet(t *testing.T) {
+	v := DefaultValues()
+	v.WithoutDaemonSet = true
+	m, err := Render(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range documents(t, m) {
+		if k := string(d); strings.Contains(k, "\nkind: DaemonSet") || strings.Contains(k, "\nkind: ConfigMap") {
+			t.Errorf("document %q rendered without the DaemonSet", d[:min(len(d), 80)])
+		}
+	}
+	if !bytes.Contains(m, []byte("kind: ClusterRole\n")) || !bytes.Contains(m, []byte("kind: CustomResourceDefinition")) {
+		t.Error("RBAC or CRDs missing")
+	}
+}
+
+// TestSystemdUnitVerifies runs `systemd-analyze verify` on deploy/seine.service
+// in a scratch root holding this machine's system units and an executable
+// at the unit's binary path, and checks that the unit's seine command lines
+// name commands and flags that exist.
+func TestSystemdUnitVerifies(t *testing.T) {
+	if _, err := exec.LookPath("systemd-analyze"); err != nil {
+		t.Skip("systemd-analyze is not installed")
+	}
+	unit, err := os.ReadFile("seine.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	for _, d := range []string{"usr/local/bin", "etc/systemd/system", "usr/lib/systemd"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if out, err := exec.Command("cp", "-a", "/usr/lib/systemd/system", filepath.Join(root, "usr/lib/systemd/")).CombinedOutput(); err != nil {
+		t.Fatalf("copy system units: %v: %s", err, out)
+	}
+	if err := os.WriteFile(filepath.Join(root, "usr/local/bin/seine"), []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "etc/systemd/system/seine.service"), unit, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("systemd-analyze", "verify", "--root="+root, "seine.service").CombinedOutput()
+	if err != nil || len(bytes.TrimSpace(out)) > 0 {
+		t.Fatalf("systemd-analyze verify: %v\n%s", err, out)
+	}
+	app := cmd.NewApp()
+	for _, line := range strings.Split(string(unit), "\n") {
+		_, argv, ok := strings.Cut(line, "=/usr/local/bin/seine ")
+		if !ok || strings.HasPrefix(line, "#") {
+			continue
+		}
+		args := strings.Fields(argv)
+		c := app.Command(args[0])
+		if c == nil {
+			t.Errorf("%s: no command %q", line, args[0])
+			continue
+		}
+		for _, a := range args[1:] {
+			if name, ok := strings.CutPrefix(a, "--"); ok && !hasFlag(c.Flags, strings.SplitN(name, "=", 2)[0]) {
+				t.Errorf("%s: command %s has no flag --%s", line, args[0], name)
+			}
+		}
+	}
+}
+
+func hasFlag(flags []cli.Flag, name string) bool {
+	for _, f := range flags {
+		for _, n := range f.Names() {
+			if n == name {
+				return true
+			}
+		}
+	}
+	return false
+}

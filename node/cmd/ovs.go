@@ -1,0 +1,105 @@
+package cmd
+
+import (
+	"context"
+	"fmt"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/urfave/cli/v2"
+	"go.uber.org/zap"
+	"sigs.k8s.io/knftables"
+
+	"github.com/seine-net/seine/datapath/ovsdaemon"
+	"github.com/seine-net/seine/datapath/ovsdb"
+	"github.com/seine-net/seine/node/config"
+	"github.com/seine-net/seine/tunnel"
+)
+
+// ovsCommand runs the Node's Open vSwitch daemons (the DaemonSet's
+// openvswitch container) and checks them (its liveness probe).
+func ovsCommand() *cli.Command {
+	configFlag := &cli.StringFlag{Name: "config", Usage: "seine's YAML configuration (ovsRunDir, ovsDatapathType, dataDir)", EnvVars: []string{"SEINE_CONFIG"}}
+	return &cli.Command{
+		Name:  "ovs",
+		Usage: "run or check this Node's Open vSwitch daemons",
+		Subcommands: []*cli.Command{
+			{
+				Name: "run",
+				Usage: "run ovsdb-server and ovs-vswitchd in the foreground, restarting either if it exits; " +
+					"loads the openvswitch kernel module for ovsDatapathType system; the database lives in <dataDir>/ovsdb",
+				Flags: []cli.Flag{configFlag},
+				Action: func(c *cli.Context) error {
+					cfg, err := config.Load(c.String("config"), nil)
+					if err != nil {
+						return err
+					}
+					log, err := NewLogger(cfg.LogLevel, "console")
+					if err != nil {
+						return err
+					}
+					defer func() { _ = log.Sync() }()
+					ctx, stop := signal.NotifyContext(c.Context, syscall.SIGINT, syscall.SIGTERM)
+					defer stop()
+					oc := ovsConfig(cfg)
+					if cfg.OVSDatapathType == config.DatapathNetdev {
+						// The transport bridge holds the Node's address, and
+						// dies with ovs-vswitchd: give the device back first.
+						oc.BeforeStop = func(ctx context.Context) error {
+							return releaseTransport(ctx, cfg, log)
+						}
+					}
+					err = ovsdaemon.Run(ctx, oc, log.Named("ovs"))
+					if err != nil {
+						log.Error("Open vSwitch failed", zap.Error(err))
+					}
+					return err
+				},
+			},
+			{
+				Name:  "health",
+				Usage: "exit 0 when ovsdb-server and ovs-vswitchd both answer (the openvswitch container's liveness probe)",
+				Flags: []cli.Flag{configFlag, &cli.DurationFlag{Name: "timeout", Value: 4 * time.Second}},
+				Action: func(c *cli.Context) error {
+					cfg, err := config.Load(c.String("config"), nil)
+					if err != nil {
+						return err
+					}
+					ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
+					defer cancel()
+					if err := ovsdaemon.Health(ctx, cfg.OVSRunDir); err != nil {
+						return err
+					}
+					fmt.Fprintln(c.App.Writer, "ok")
+					return nil
+				},
+			},
+		},
+	}
+}
+
+// releaseTransport hands the transport device of the userspace datapath
+// back to the kernel (tunnel.DetachNetdev).
+func releaseTransport(ctx context.Context, cfg config.Config, log *zap.Logger) error {
+	ovs, err := ovsdb.Dial(ctx, cfg.OVSDBEndpoint(), log.Named("ovsdb"))
+	if err != nil {
+		return err
+	}
+	defer ovs.Close()
+	nft, err := knftables.New(knftables.NetDevFamily, tunnel.TransportTable)
+	if err != nil {
+		return fmt.Errorf("nftables: %w", err)
+	}
+	return tunnel.DetachNetdev(ctx, ovs, nft, cfg.TransportBridge, log)
+}
+
+// ovsConfig maps seine's configuration onto the daemons'.
+func ovsConfig(cfg config.Config) ovsdaemon.Config {
+	return ovsdaemon.Config{
+		RunDir:   cfg.OVSRunDir,
+		DBFile:   filepath.Join(cfg.DataDir, "ovsdb", "conf.db"),
+		Datapath: cfg.OVSDatapathType,
+	}
+}

@@ -1,0 +1,480 @@
+package realnodes
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/seine-net/seine/deploy"
+	"github.com/seine-net/seine/tests/sandbox"
+)
+
+// agnhost is the e2e suite's test image, built by `make node-tools` and
+// imported into every Node.
+const agnhost = "registry.k8s.io/e2e-test-images/agnhost:2.63.0"
+
+// createNamespace creates ns, deleted when the test ends.
+func createNamespace(t *testing.T, ns string) {
+	t.Helper()
+	ctx := testCtx(t, time.Minute)
+	_, err := cluster.Client().CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cluster.Client().CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{})
+	})
+	// The ServiceAccount controller must have created "default" before
+	// Pods can be admitted.
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, err := cluster.Client().CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
+		return err == nil, nil
+	})
+	if err != nil {
+		t.Fatalf("namespace %s has no default ServiceAccount: %v", ns, err)
+	}
+}
+
+// deployAgnhost creates a Deployment of replicas agnhost Pods labelled
+// labels, running args, spread over the Nodes, and returns its Pods once
+// all are Running and Ready.
+func deployAgnhost(t *testing.T, ns, name string, replicas int32, labels map[string]string, args ...string) []corev1.Pod {
+	t.Helper()
+	ctx := testCtx(t, 3*time.Minute)
+	d := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: &replicas,
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{
+					TerminationGracePeriodSeconds: ptr(int64(1)),
+					TopologySpreadConstraints: []corev1.TopologySpreadConstraint{{
+						MaxSkew: 1, TopologyKey: corev1.LabelHostname, WhenUnsatisfiable: corev1.DoNotSchedule,
+						LabelSelector: &metav1.LabelSelector{MatchLabels: labels},
+					}},
+					Containers: []corev1.Container{{
+						Name: "agnhost", Image: agnhost, ImagePullPolicy: corev1.PullNever, Args: args,
+					}},
+				},
+			},
+		},
+	}
+	if _, err := cluster.Client().AppsV1().Deployments(ns).Create(ctx, d, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return waitPods(t, ctx, ns, labels, int(replicas))
+}
+
+// waitPods waits for n Running, Ready Pods matching labels.
+func waitPods(t *testing.T, ctx context.Context, ns string, labels map[string]string, n int) []corev1.Pod {
+	t.Helper()
+	sel := metav1.FormatLabelSelector(&metav1.LabelSelector{MatchLabels: labels})
+	var pods []corev1.Pod
+	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		l, err := cluster.Client().CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: sel})
+		if err != nil {
+			return false, nil
+		}
+		pods = pods[:0]
+		for _, p := range l.Items {
+			if p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning && podReady(p) && p.Status.PodIP != "" {
+				pods = append(pods, p)
+			}
+		}
+		return len(pods) == n, nil
+	})
+	if err != nil {
+		out, _ := cluster.Kubectl(context.Background(), "get", "pods", "-o", "wide", "-n", ns)
+		t.Fatalf("%d Running, Ready Pods %s in %s, want %d: %v\n%s", len(pods), sel, ns, n, err, out)
+	}
+	return pods
+}
+
+func podReady(p corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// connect opens a TCP connection from Pod ns/from to addr with agnhost,
+// inside the Pod (kubectl exec).
+func connect(ctx context.Context, ns, from, addr string) error {
+	_, err := cluster.Kubectl(ctx, "exec", "-n", ns, from, "--", "/agnhost", "connect", addr, "--timeout=2s")
+	return err
+}
+
+// nodesOf returns the set of Nodes the Pods run on.
+func nodesOf(pods []corev1.Pod) map[string]bool {
+	out := map[string]bool{}
+	for _, p := range pods {
+		out[p.Spec.NodeName] = true
+	}
+	return out
+}
+
+// allConnect checks that every Pod reaches every Pod on port.
+func allConnect(t *testing.T, pods []corev1.Pod, port int) {
+	t.Helper()
+	ctx := testCtx(t, 3*time.Minute)
+	for _, from := range pods {
+		for _, to := range pods {
+			addr := fmt.Sprintf("%s:%d", to.Status.PodIP, port)
+			if err := connect(ctx, from.Namespace, from.Name, addr); err != nil {
+				t.Errorf("%s (%s) -> %s (%s): %v", from.Name, from.Spec.NodeName, to.Name, to.Spec.NodeName, err)
+			}
+		}
+	}
+}
+
+// TestInstalledByManifest checks what `kubectl apply -f` of the manifest
+// put on every Node: the DaemonSet's Pod ready, the CNI plugin, the
+// plugins it relies on and its conflist in the Node's own CNI directories,
+// Open vSwitch healthy, every CRD served.
+func TestInstalledByManifest(t *testing.T) {
+	ctx := testCtx(t, 2*time.Minute)
+	ds, err := cluster.Client().AppsV1().DaemonSets(sandbox.SeineNamespace).Get(ctx, "seine", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ds.Status.NumberReady != 2 || ds.Status.DesiredNumberScheduled != 2 {
+		t.Errorf("DaemonSet status %+v, want 2 ready", ds.Status)
+	}
+	for _, n := range cluster.Nodes() {
+		out, err := cluster.NodeExec(ctx, n.Name, "ls", "/opt/cni/bin", "/etc/cni/net.d")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range []string{"seine", "portmap", "bandwidth", "loopback", "10-seine.conflist"} {
+			if !strings.Contains(string(out), f+"\n") {
+				t.Errorf("node %s lacks %s:\n%s", n.Name, f, out)
+			}
+		}
+	}
+	pods, err := cluster.Client().CoreV1().Pods(sandbox.SeineNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=seine"})
+	if err != nil || len(pods.Items) != 2 {
+		t.Fatalf("seine Pods: %v, %v", pods, err)
+	}
+	for _, p := range pods.Items {
+		if out := kubectl(t, "exec", "-n", sandbox.SeineNamespace, p.Name, "-c", "openvswitch", "--",
+			"seine", "ovs", "health", "--config=/etc/seine/seine.yaml"); strings.TrimSpace(out) != "ok" {
+			t.Errorf("ovs health in %s: %q", p.Name, out)
+		}
+		for _, cs := range p.Status.ContainerStatuses {
+			if !cs.Ready || cs.RestartCount != 0 {
+				t.Errorf("%s/%s: ready %v, %d restarts", p.Name, cs.Name, cs.Ready, cs.RestartCount)
+			}
+		}
+	}
+	crds, _ := filepath.Glob(filepath.Join(repoRoot(), "deploy", "crds", "*.yaml"))
+	out := kubectl(t, "get", "crd", "-o", "name")
+	if got := strings.Count(out, ".seine.io"); got != len(crds) {
+		t.Errorf("%d seine CRDs served, want %d:\n%s", got, len(crds), out)
+	}
+}
+
+// TestHostSysctlsUntouched: the kubelets run with protectKernelDefaults
+// and read their values from files bind-mounted in their Node's mount
+// namespace, so the machine's own settings are what they were.
+func TestHostSysctlsUntouched(t *testing.T) {
+	for k, before := range hostSysctls {
+		b, err := os.ReadFile("/proc/sys/" + k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if now := strings.TrimSpace(string(b)); now != before {
+			t.Errorf("host %s is %s, was %s before the real Nodes came up", k, now, before)
+		}
+	}
+	// And each Node sees the kubelet's values.
+	ctx := testCtx(t, time.Minute)
+	for _, n := range cluster.Nodes() {
+		out, err := cluster.NodeExec(ctx, n.Name, "cat", "/proc/sys/vm/overcommit_memory", "/proc/sys/kernel/panic")
+		if err != nil || strings.Fields(string(out))[0] != "1" || strings.Fields(string(out))[1] != "10" {
+			t.Errorf("node %s sees %q, %v", n.Name, out, err)
+		}
+	}
+}
+
+// TestPodsConnectAcrossNodes: a Deployment's Pods get addresses and reach
+// each other on the same Node and across Nodes.
+func TestPodsConnectAcrossNodes(t *testing.T) {
+	createNamespace(t, "conn")
+	labels := map[string]string{"app": "web"}
+	pods := deployAgnhost(t, "conn", "web", 4, labels, "netexec", "--http-port=8080")
+	if len(nodesOf(pods)) != 2 {
+		t.Fatalf("Pods on %v, want both Nodes", nodesOf(pods))
+	}
+	allConnect(t, pods, 8080)
+}
+
+// TestServiceClusterIP: a ClusterIP Service spreads connections over its
+// endpoints on both Nodes.
+func TestServiceClusterIP(t *testing.T) {
+	createNamespace(t, "svc")
+	labels := map[string]string{"app": "web"}
+	pods := deployAgnhost(t, "svc", "web", 2, labels, "netexec", "--http-port=8080")
+	ctx := testCtx(t, 2*time.Minute)
+	svc, err := cluster.Client().CoreV1().Services("svc").Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "web"},
+		Spec: corev1.ServiceSpec{Selector: labels, Ports: []corev1.ServicePort{{
+			Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{}
+	for _, p := range pods {
+		want[p.Name] = true
+	}
+	seen := map[string]bool{}
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		out, err := cluster.Kubectl(ctx, "exec", "-n", "svc", pods[0].Name, "--", "curl", "-s", "-m", "2",
+			"http://"+svc.Spec.ClusterIP+"/hostname")
+		if err != nil {
+			return false, nil
+		}
+		name := strings.TrimSpace(out)
+		if !want[name] {
+			return false, fmt.Errorf("answer %q from no endpoint", name)
+		}
+		seen[name] = true
+		return len(seen) == len(want), nil
+	})
+	if err != nil {
+		t.Fatalf("endpoints answering through %s: %v, want %v: %v", svc.Spec.ClusterIP, seen, want, err)
+	}
+	// By name: the cluster DNS (CoreDNS behind kube-dns, a UDP Service
+	// Seine balances) resolves it.
+	out, err := cluster.Kubectl(ctx, "exec", "-n", "svc", pods[0].Name, "--", "curl", "-s", "-m", "5",
+		"http://web.svc.svc.cluster.local/hostname")
+	if err != nil || !want[strings.TrimSpace(out)] {
+		t.Errorf("http://web.svc.svc.cluster.local: %q, %v", out, err)
+	}
+}
+
+// TestNetworkPolicyEnforced: a policy admits only the client role; lifting
+// it admits everyone again.
+func TestNetworkPolicyEnforced(t *testing.T) {
+	createNamespace(t, "np")
+	server := deployAgnhost(t, "np", "server", 1, map[string]string{"app": "server"}, "netexec", "--http-port=8080")[0]
+	client := deployAgnhost(t, "np", "client", 1, map[string]string{"role": "client"}, "pause")[0]
+	other := deployAgnhost(t, "np", "other", 1, map[string]string{"role": "other"}, "pause")[0]
+	ctx := testCtx(t, 2*time.Minute)
+	addr := server.Status.PodIP + ":8080"
+	port := intstr.FromInt32(8080)
+	np := &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "clients-only"},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "server"}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{
+				From:  []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"role": "client"}}}},
+				Ports: []networkingv1.NetworkPolicyPort{{Port: &port}},
+			}},
+		},
+	}
+	if _, err := cluster.Client().NetworkingV1().NetworkPolicies("np").Create(ctx, np, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// Enforced within seconds: other is refused, client still admitted.
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		return connect(ctx, "np", other.Name, addr) != nil, nil
+	})
+	if err != nil {
+		t.Fatalf("%s still reaches %s under the policy", other.Name, addr)
+	}
+	if err := connect(ctx, "np", client.Name, addr); err != nil {
+		t.Errorf("the admitted client is refused: %v", err)
+	}
+	if err := cluster.Client().NetworkingV1().NetworkPolicies("np").Delete(ctx, np.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		return connect(ctx, "np", other.Name, addr) == nil, nil
+	})
+	if err != nil {
+		t.Errorf("%s is still refused after the policy was deleted", other.Name)
+	}
+}
+
+// restarts sums the restart counts of the Pods' containers.
+func restarts(pods []corev1.Pod) map[string]int32 {
+	out := map[string]int32{}
+	for _, p := range pods {
+		for _, cs := range p.Status.ContainerStatuses {
+			out[p.Name] += cs.RestartCount
+		}
+	}
+	return out
+}
+
+// samePods checks that the Pods are still there, with the same addresses
+// and no restarts.
+func samePods(t *testing.T, before, after []corev1.Pod) {
+	t.Helper()
+	ips := map[string]string{}
+	for _, p := range after {
+		ips[p.Name] = p.Status.PodIP
+	}
+	ra := restarts(after)
+	for name, r := range restarts(before) {
+		if ra[name] != r {
+			t.Errorf("Pod %s restarted (%d -> %d)", name, r, ra[name])
+		}
+	}
+	for _, p := range before {
+		if ips[p.Name] != p.Status.PodIP {
+			t.Errorf("Pod %s: address %s, was %s", p.Name, ips[p.Name], p.Status.PodIP)
+		}
+	}
+}
+
+// TestReinstallKeepsPodsConnected: `kubectl delete -f` removes Seine (the
+// Nodes keep their own addresses: the openvswitch container hands the
+// transport device back to the kernel) and a new `kubectl apply -f`
+// brings it back; the Pods that ran all along, with their addresses, are
+// connected again.
+func TestReinstallKeepsPodsConnected(t *testing.T) {
+	createNamespace(t, "reinst")
+	labels := map[string]string{"app": "web"}
+	before := deployAgnhost(t, "reinst", "web", 2, labels, "netexec", "--http-port=8080")
+	ctx := testCtx(t, 5*time.Minute)
+	kubectl(t, "delete", "-f", cluster.Manifest(), "--wait=true", "--timeout=3m")
+	for _, n := range cluster.Nodes() {
+		out, err := cluster.NodeExec(ctx, n.Name, "ip", "-4", "-o", "addr", "show", "dev", "eth0")
+		if err != nil || !strings.Contains(string(out), n.IP+"/") {
+			t.Errorf("node %s does not hold its address on eth0 without Seine: %v\n%s", n.Name, err, out)
+		}
+	}
+	kubectl(t, "apply", "-f", cluster.Manifest())
+	if err := cluster.WaitSeineDaemonSet(ctx, 3*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	after := waitPods(t, ctx, "reinst", labels, 2)
+	samePods(t, before, after)
+	allConnect(t, after, 8080)
+}
+
+// TestRollingUpdateKeepsPodsConnected: a new image tag rolls the
+// DaemonSet over the Nodes one by one; a TCP connection between Pods on
+// different Nodes opened before the update is still carrying data after
+// it, and every Pod reaches every other. The longest run of failed
+// probes during the update is logged (with the userspace datapath each
+// Node's data plane pauses while its openvswitch container is replaced).
+func TestRollingUpdateKeepsPodsConnected(t *testing.T) {
+	createNamespace(t, "roll")
+	ctx := testCtx(t, 6*time.Minute)
+	nodes := cluster.Nodes()
+	// An HTTP server and a line echo server (busybox nc, persistent) on
+	// one Node; on the other, a client that sends a line every 200 ms over
+	// one connection and keeps what comes back.
+	echo := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "echo", Labels: map[string]string{"app": "echo"}},
+		Spec: corev1.PodSpec{
+			NodeName: nodes[0].Name, TerminationGracePeriodSeconds: ptr(int64(1)),
+			Containers: []corev1.Container{
+				{Name: "http", Image: agnhost, ImagePullPolicy: corev1.PullNever, Args: []string{"netexec", "--http-port=8080"}},
+				{Name: "lines", Image: agnhost, ImagePullPolicy: corev1.PullNever,
+					Command: []string{"/bin/busybox", "nc", "-ll", "-p", "9000", "-e", "/bin/cat"}},
+			},
+		},
+	}
+	if _, err := cluster.Client().CoreV1().Pods("roll").Create(ctx, echo, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	server := waitPods(t, ctx, "roll", map[string]string{"app": "echo"}, 1)[0]
+	stream := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "stream", Labels: map[string]string{"app": "stream"}},
+		Spec: corev1.PodSpec{
+			NodeName: nodes[1].Name, TerminationGracePeriodSeconds: ptr(int64(1)), RestartPolicy: corev1.RestartPolicyNever,
+			Containers: []corev1.Container{{Name: "stream", Image: agnhost, ImagePullPolicy: corev1.PullNever,
+				Command: []string{"/bin/sh", "-c", "until /agnhost connect " + server.Status.PodIP + ":9000 --timeout=1s; do sleep 0.2; done; " +
+					"i=0; while true; do i=$((i+1)); echo $i; sleep 0.2; done | " +
+					"/bin/busybox nc " + server.Status.PodIP + " 9000 > /tmp/echoed"}}},
+		},
+	}
+	if _, err := cluster.Client().CoreV1().Pods("roll").Create(ctx, stream, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitPods(t, ctx, "roll", map[string]string{"app": "stream"}, 1)
+	echoed := func() int {
+		out, err := cluster.Kubectl(ctx, "exec", "-n", "roll", "stream", "--", "wc", "-l", "/tmp/echoed")
+		if err != nil {
+			return -1
+		}
+		n, _ := strconv.Atoi(strings.Fields(out + " x")[0])
+		return n
+	}
+	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		return echoed() > 3, nil
+	}); err != nil {
+		t.Fatalf("the stream does not flow before the update (%d lines)", echoed())
+	}
+
+	image := deploy.ImageRepository + ":" + deploy.ImageTag + "-next"
+	for _, n := range cluster.Nodes() {
+		if out, err := cluster.NodeCtr(ctx, n.Name, "images", "tag", "--force", deploy.DefaultValues().Image, image); err != nil {
+			t.Fatalf("tag the image on %s: %v\n%s", n.Name, err, out)
+		}
+	}
+	kubectl(t, "-n", sandbox.SeineNamespace, "set", "image", "daemonset/seine", "*="+image)
+	done := make(chan error, 1)
+	go func() {
+		_, err := cluster.Kubectl(ctx, "-n", sandbox.SeineNamespace, "rollout", "status", "daemonset/seine", "--timeout=4m")
+		done <- err
+	}()
+	var longest, current time.Duration
+	var failures, probes int
+	for rolling := true; rolling; {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("rollout: %v", err)
+			}
+			rolling = false
+		default:
+			t0 := time.Now()
+			probes++
+			if err := connect(ctx, "roll", "stream", server.Status.PodIP+":8080"); err != nil {
+				failures++
+				current += time.Since(t0)
+				longest = max(longest, current)
+			} else {
+				current = 0
+			}
+		}
+	}
+	t.Logf("during the rolling update: %d of %d probes failed, longest outage ~%s", failures, probes, longest.Round(100*time.Millisecond))
+	if err := cluster.WaitSeineDaemonSet(ctx, 3*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	before := echoed()
+	time.Sleep(2 * time.Second)
+	if after := echoed(); after < before+5 {
+		t.Errorf("the connection opened before the update no longer carries data: %d lines, then %d", before, after)
+	}
+	p, err := cluster.Client().CoreV1().Pods("roll").Get(ctx, "stream", metav1.GetOptions{})
+	if err != nil || p.Status.Phase != corev1.PodRunning {
+		t.Errorf("stream Pod: %v, %v", p.Status.Phase, err)
+	}
+}
