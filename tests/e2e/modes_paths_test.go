@@ -39,7 +39,7 @@ func capture(t *testing.T, c *sandbox.Cluster, node, filter string, probes func(
 	}
 	t.Cleanup(func() { cp.Stop() })
 	probes()
-	time.Sleep(300 * time.Millisecond) // tcpdump's last lines
+	time.Sleep(200 * time.Millisecond) // the last packets through the capture (--immediate-mode)
 	return cp.Stop()
 }
 

@@ -151,7 +151,7 @@ func (c *Cluster) CaptureUnderlay(ctx context.Context, node, filter string) (*Ca
 	if err != nil {
 		return nil, err
 	}
-	args := []string{"netns", "exec", underlayNS(c.st.Name), "tcpdump", "-i", fmt.Sprintf("n%d", n.Index), "-nn", "-l", "-Q", "in"}
+	args := []string{"netns", "exec", underlayNS(c.st.Name), "tcpdump", "--immediate-mode", "-i", fmt.Sprintf("n%d", n.Index), "-nn", "-l", "-Q", "in"}
 	if filter != "" {
 		args = append(args, filter)
 	}
