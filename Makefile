@@ -172,9 +172,11 @@ unit-test: deps control-plane build
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) $$($(GO) list ./... | grep -v /tests/e2e)
 
 ## e2e-test: the end-to-end suites on sandboxes: Seine's daemons on the sandbox's kubelets
-## (tests/e2e), and Seine installed by its manifest on real kubelets (tests/e2e/realnodes).
+## (tests/e2e), once per traffic mode (tests/e2e/modes.sh; SEINE_E2E_MODES=all: every table
+## in every mode), and Seine installed by its manifest on real kubelets (tests/e2e/realnodes).
 e2e-test: deps control-plane node-tools build image
-	$(GO) test -count=1 -p 1 -timeout $(TEST_TIMEOUT) -v ./tests/e2e/...
+	GO=$(GO) TEST_TIMEOUT=$(TEST_TIMEOUT) tests/e2e/modes.sh
+	$(GO) test -count=1 -p 1 -timeout $(TEST_TIMEOUT) -v ./tests/e2e/realnodes/...
 
 ## test: everything, with real OVS, namespaces, a real control plane and real kubelets.
 test: lint unit-test e2e-test

@@ -7,6 +7,7 @@ require (
 	github.com/containernetworking/cni v1.3.1
 	github.com/containernetworking/plugins v1.9.1
 	github.com/contiv/libOpenflow v0.0.0-20210609050114-d967b14cc688
+	github.com/fsnotify/fsnotify v1.9.0
 	github.com/go-logr/zapr v1.3.0
 	github.com/mattfenwick/cyclonus v0.5.6
 	github.com/ovn-org/libovsdb v0.7.1-0.20240820095311-ce1951614a20

@@ -169,7 +169,8 @@ const (
 	FieldTunID  Field = "tun_id"
 )
 
-// FieldReg names register n (0..15) for MoveRange.
+// FieldReg names the whole 32-bit register reg0..reg15 (n is 0..15), for
+// Move and MoveRange.
 func FieldReg(n uint8) Field { return Field(fmt.Sprintf("reg%d", n)) }
 
 // Move copies the whole of field Src into field Dst (ovs-actions(7) "move");

@@ -38,11 +38,12 @@ func Registers() []RegInfo {
 	return []RegInfo{
 		{"PktSource", PktSource, "1 gateway, 2 tunnel, 3 Pod"},
 		{"OutputResolved", OutputResolved, "`TargetOFPort` is valid"},
-		{"EndpointSelected", EndpointSelected, "(Service) an endpoint was chosen"},
+		{"EndpointSelected", EndpointSelected, "(Service) the connection was DNATed to an endpoint"},
 		{"HairpinOut", HairpinOut, "(Service) hairpin: output back to the in_port"},
 		{"IngressIsolated", IngressIsolated, "the destination Pod is isolated for ingress (set by its L2Forwarding flow)"},
 		{"EgressIsolated", EgressIsolated, "the source Pod is isolated for egress (set by its Classifier flow)"},
 		{"TargetOFPort", TargetOFPort, "the output port"},
+		{"ARPScratch", ARPScratch, "(networkPolicyOnly) the ARP responder's swap of `arp_spa` and `arp_tpa`"},
 		{"TraceTag", TraceTag, "(Traceflow) the trace's tag"},
 		{"TraceActive", TraceActive, "(Traceflow) the packet is traced: every table reports it once"},
 		{"TraceVisited", TraceVisited, "(Traceflow) bit i: table i of the pipeline has reported the packet"},

@@ -144,9 +144,9 @@ const (
 	OutputResolved RegField = 0<<16 | 16<<8 | 1
 	// TargetOFPort (reg1[0..31]) is the ofport Output sends the packet to.
 	TargetOFPort RegField = 1<<16 | 0<<8 | 32
-	// EndpointSelected (reg0[17]) is set once EndpointIP holds the chosen
-	// endpoint of a Service connection (by the select group or by a
-	// session affinity flow).
+	// EndpointSelected (reg0[17]) is set by the EndpointDNAT flow that
+	// DNATs a new Service connection to its endpoint; registers survive
+	// the recirculation, so the later tables know the packet is one.
 	EndpointSelected RegField = 0<<16 | 17<<8 | 1
 	// HairpinOut (reg0[18]) sends the packet back out of its own in_port
 	// (a Pod talking to itself through a Service, or the host to an
@@ -178,6 +178,10 @@ const (
 	// TraceVisited (reg4[0..31]) has bit i set once table i of Tables()
 	// has reported a Traceflow packet, so each table reports it once.
 	TraceVisited RegField = 4<<16 | 0<<8 | 32
+	// ARPScratch (reg2[0..31]) holds an ARP protocol address while the
+	// catch-all ARP responder of PolicyOnly bridges swaps arp_spa and
+	// arp_tpa; nothing after ARPResponder reads it.
+	ARPScratch RegField = 2<<16 | 0<<8 | 32
 )
 
 // Values of PktSource.
@@ -221,6 +225,25 @@ func (f RegField) Load(v uint32) openflow.LoadReg {
 // Match is the register match requiring the field to equal v.
 func (f RegField) Match(v uint32) openflow.RegMatch {
 	return openflow.RegMatch{Reg: f.Reg(), Value: v << f.Ofs(), Mask: f.Mask()}
+}
+
+// Regs combines field matches into one match per register, since a flow
+// may match each register only once. Fields of one register must not
+// overlap.
+func Regs(ms ...openflow.RegMatch) []openflow.RegMatch {
+	var out []openflow.RegMatch
+next:
+	for _, m := range ms {
+		for i := range out {
+			if out[i].Reg == m.Reg {
+				out[i].Value |= m.Value
+				out[i].Mask |= m.Mask
+				continue next
+			}
+		}
+		out = append(out, m)
+	}
+	return out
 }
 
 // Cookie layout: bits 48..63 are the round (incremented at each daemon

@@ -40,12 +40,17 @@ import (
 //     Node's gateway IP in ServiceSNATZone, so that an endpoint on another
 //     Node answers through this one; a Conntrack flow un-SNATs replies to
 //     the gateway IP before the Pod zone un-DNATs them.
-//  5. An endpoint on a host network (a Node's address) reached through the
-//     gateway: its DNAT commit sets CtMarkHostSNAT instead of
-//     CtMarkServiceSNAT, and ConntrackCommit SNATs the connection to
-//     ServiceHostSNATIP; the host masquerades that address when the
-//     packet leaves for another Node, and routes replies to it back to the
-//     gateway, where a Conntrack flow un-SNATs them.
+//  5. Host SNAT: a connection that entered from the gateway (the host's
+//     own, or NodePort, externalIPs and LoadBalancer traffic) and whose
+//     endpoint the host reaches itself (TargetOFPort is the gateway: a
+//     peer routed without the tunnel, a host-network endpoint) would come
+//     back to the host with an address the host owns or does not route
+//     back here. So ConntrackCommit sets CtMarkHostSNAT and SNATs it to
+//     ServiceHostSNATIP in ServiceSNATZone, and the packet goes back out
+//     of the gateway (HairpinOut). The host masquerades ServiceHostSNATIP
+//     to the Node IP on its way out and routes replies to it into the
+//     bridge, where a Conntrack flow un-SNATs them before the Pod zone
+//     un-DNATs them; they too leave through the gateway they came in by.
 //  6. A Service port without endpoints has no group: its ServiceLB flow
 //     commits the connection (so that the answer is not ct_state=+inv)
 //     and hands the packet to the host through the gateway, where the
@@ -56,6 +61,13 @@ import (
 // collides with a cluster address; Pods reply to it through their
 // default route, the gateway.
 var ServiceHairpinIP = net.IPv4(169, 254, 100, 1).To4()
+
+// ServiceHostSNATIP is the source given to Service connections that enter
+// from the gateway and leave through it again (see item 5 above). It is
+// link-local (RFC 3927) like ServiceHairpinIP: the host routes it to the
+// gateway (a permanent neighbour entry names VirtualMAC) and masquerades
+// it when it leaves the Node.
+var ServiceHostSNATIP = net.IPv4(169, 254, 100, 3).To4()
 
 // ServiceSNATZone is the conntrack zone of the hairpin SNAT (a second NAT
 // on a connection needs a zone of its own, ovs-actions(7) "ct").
@@ -74,13 +86,10 @@ const (
 	// CtMarkFromGateway: the connection entered the bridge from the
 	// gateway; its replies go back there (BaseFlows).
 	CtMarkFromGateway uint32 = 1 << 3
-	// CtMarkHostSNAT: the connection, handed over by the host for an
-	// endpoint on a host network, is SNATed to ServiceHostSNATIP.
+	// CtMarkHostSNAT: the connection entered from the gateway, was DNATed
+	// to an endpoint behind the gateway and SNATed to ServiceHostSNATIP;
+	// both directions hairpin on the gateway port.
 	CtMarkHostSNAT uint32 = 1 << 4
-
-	// serviceCtMarkMask covers every bit above: the mask of the Service
-	// DNAT commit.
-	serviceCtMarkMask = CtMarkHairpin | CtMarkExternal | CtMarkServiceSNAT | CtMarkFromGateway | CtMarkHostSNAT
 )
 
 // NodePortVIP is the address the host DNATs NodePort traffic to before
@@ -89,14 +98,6 @@ const (
 // neighbour entry naming VirtualMAC, so the host never ARPs for it). It
 // is link-local (RFC 3927), like ServiceHairpinIP.
 var NodePortVIP = net.IPv4(169, 254, 100, 2).To4()
-
-// ServiceHostSNATIP is the source address the bridge gives connections the
-// host handed over (its own, and external ones through a NodePort) when
-// their endpoint is on a host network: not an address of the host, which
-// would drop the packet as a martian, but routed to the gateway by the
-// host (node/proxy), which masquerades it towards other Nodes so their
-// replies return here. Link-local (RFC 3927), like NodePortVIP.
-var ServiceHostSNATIP = net.IPv4(169, 254, 100, 3).To4()
 
 // MaxBucketsPerGroup is the number of buckets one group message carries at
 // most. A bucket here is 56 bytes (16-byte header, 24-byte load, 16-byte
@@ -115,14 +116,6 @@ type ServiceEndpoint struct {
 	Port uint16
 	// Local: the endpoint is a Pod of this Node (hairpin is possible).
 	Local bool
-	// HostNetwork: the endpoint is not a Pod address but a Node's (a Pod
-	// on the host network). Connections the host hands over for it (its
-	// own, or external ones through a NodePort) are SNATed to
-	// ServiceHostSNATIP: the host drops a packet from its own address (a
-	// martian source), and a reply must come back through the bridge to
-	// be un-NATed (the host masquerades the address when the endpoint is
-	// on another Node, so the reply returns to this Node's host).
-	HostNetwork bool
 }
 
 // ServiceAction is what a Service port does with a new connection.
@@ -179,6 +172,12 @@ func ServiceBaseFlows(b Bridge) []of.Flow {
 	ck := Cookie(b.Round, CategoryService, 0)
 	snatTable := uint8(Output)
 	backTo := uint8(Conntrack)
+	// Without a gateway IP (PolicyOnly) every SNATed external connection
+	// takes ServiceHostSNATIP: the host routes it back into the bridge.
+	snatIP := ServiceHostSNATIP
+	if b.GatewayIP != nil {
+		snatIP = b.GatewayIP.To4()
+	}
 	fs := []of.Flow{
 		{Table: uint8(ServiceLB), Priority: PrioDefault + 1, Cookie: ck, Actions: []of.Action{goTo(EgressRule)}},
 		{Table: uint8(SessionAffinity), Priority: PrioDefault + 1, Cookie: ck}, // return from resubmit
@@ -194,32 +193,50 @@ func ServiceBaseFlows(b Bridge) []of.Flow {
 			Match: of.Match{EthType: EthTypeIPv4, CtState: &of.CtStateMatch{Set: of.CtTrk | of.CtRpl},
 				CtMark: &of.Masked32{Value: CtMarkHairpin, Mask: CtMarkHairpin}},
 			Actions: []of.Action{HairpinOut.Load(1), goTo(Output)}},
-		// External frontends: un-SNAT replies to the gateway IP (only
+		{Table: uint8(Output), Priority: PrioHigh + 10, Cookie: ck,
+			Match:   of.Match{Regs: Regs(OutputResolved.Match(1), HairpinOut.Match(1))},
+			Actions: []of.Action{of.Output{Port: of.PortInPort}}},
+		// External frontends: un-SNAT replies to the SNAT address (only
 		// untracked packets, so the recirculated one moves on), SNAT new
 		// connections, and send replies back to the host.
-		{Table: uint8(Conntrack), Priority: PrioHigh + 10, Cookie: ck,
-			Match:   of.Match{EthType: EthTypeIPv4, IPDst: host(b.GatewayIP), CtState: &of.CtStateMatch{Clear: of.CtTrk}},
-			Actions: []of.Action{of.CT{Zone: ServiceSNATZone, Table: &backTo, NAT: &of.CTNAT{}}}},
 		{Table: uint8(ConntrackCommit), Priority: PrioHigh + 5, Cookie: ck,
 			Match: of.Match{EthType: EthTypeIPv4, CtState: &of.CtStateMatch{Set: of.CtTrk, Clear: of.CtRpl},
 				CtMark: &of.Masked32{Value: CtMarkServiceSNAT, Mask: CtMarkServiceSNAT}},
 			Actions: []of.Action{of.CT{Commit: true, Zone: ServiceSNATZone, Table: &snatTable,
-				NAT: &of.CTNAT{SNAT: true, IPMin: b.GatewayIP.To4()}}}},
-		// Connections the host hands over for an endpoint on a host
-		// network: SNAT to ServiceHostSNATIP (the host masquerades it on
-		// its way out, node/proxy), un-SNAT the replies.
-		{Table: uint8(Conntrack), Priority: PrioHigh + 10, Cookie: ck,
-			Match:   of.Match{EthType: EthTypeIPv4, IPDst: host(ServiceHostSNATIP), CtState: &of.CtStateMatch{Clear: of.CtTrk}},
-			Actions: []of.Action{of.CT{Zone: ServiceSNATZone, Table: &backTo, NAT: &of.CTNAT{}}}},
-		{Table: uint8(ConntrackCommit), Priority: PrioHigh + 6, Cookie: ck,
-			Match: of.Match{EthType: EthTypeIPv4, CtState: &of.CtStateMatch{Set: of.CtTrk, Clear: of.CtRpl},
-				CtMark: &of.Masked32{Value: CtMarkHostSNAT, Mask: CtMarkHostSNAT}},
-			Actions: []of.Action{of.CT{Commit: true, Zone: ServiceSNATZone, Table: &snatTable,
-				NAT: &of.CTNAT{SNAT: true, IPMin: ServiceHostSNATIP}}}},
+				NAT: &of.CTNAT{SNAT: true, IPMin: snatIP}}}},
 		{Table: uint8(L3Forwarding), Priority: PrioHigh + 10, Cookie: ck,
 			Match: of.Match{EthType: EthTypeIPv4, CtState: &of.CtStateMatch{Set: of.CtTrk | of.CtRpl},
 				CtMark: &of.Masked32{Value: CtMarkExternal, Mask: CtMarkExternal}},
 			Actions: []of.Action{of.SetEthSrc{MAC: b.GatewayMAC}, of.SetEthDst{MAC: b.GatewayMAC}, goTo(L2Forwarding)}},
+		// Host SNAT (item 5): a new connection from the gateway, DNATed
+		// (EndpointSelected) to an endpoint behind the gateway; its later
+		// packets; its replies.
+		{Table: uint8(ConntrackCommit), Priority: PrioHigh + 20, Cookie: ck,
+			Match: of.Match{EthType: EthTypeIPv4, CtState: &of.CtStateMatch{Set: of.CtTrk | of.CtNew},
+				Regs: Regs(PktSource.Match(FromGateway), TargetOFPort.Match(b.GatewayPort), EndpointSelected.Match(1))},
+			Actions: []of.Action{HairpinOut.Load(1),
+				of.CT{Commit: true, Zone: ConntrackZone, SetMark: &of.Masked32{
+					Value: CtMarkHostSNAT | CtMarkFromGateway, Mask: CtMarkHostSNAT | CtMarkFromGateway}},
+				of.CT{Commit: true, Zone: ServiceSNATZone, Table: &snatTable,
+					NAT: &of.CTNAT{SNAT: true, IPMin: ServiceHostSNATIP}}}},
+		{Table: uint8(ConntrackCommit), Priority: PrioHigh + 20, Cookie: ck,
+			Match: of.Match{EthType: EthTypeIPv4, CtState: &of.CtStateMatch{Set: of.CtTrk, Clear: of.CtNew | of.CtRpl},
+				CtMark: &of.Masked32{Value: CtMarkHostSNAT, Mask: CtMarkHostSNAT}},
+			Actions: []of.Action{HairpinOut.Load(1), of.CT{Commit: true, Zone: ServiceSNATZone, Table: &snatTable,
+				NAT: &of.CTNAT{SNAT: true, IPMin: ServiceHostSNATIP}}}},
+		{Table: uint8(ConntrackCommit), Priority: PrioHigh + 20, Cookie: ck,
+			Match: of.Match{EthType: EthTypeIPv4, CtState: &of.CtStateMatch{Set: of.CtTrk | of.CtRpl},
+				CtMark: &of.Masked32{Value: CtMarkHostSNAT, Mask: CtMarkHostSNAT}},
+			Actions: []of.Action{HairpinOut.Load(1), goTo(Output)}},
+	}
+	unSNAT := []net.IP{ServiceHostSNATIP}
+	if b.GatewayIP != nil {
+		unSNAT = append(unSNAT, b.GatewayIP.To4())
+	}
+	for _, ip := range unSNAT {
+		fs = append(fs, of.Flow{Table: uint8(Conntrack), Priority: PrioHigh + 10, Cookie: ck,
+			Match:   of.Match{EthType: EthTypeIPv4, IPDst: host(ip), CtState: &of.CtStateMatch{Clear: of.CtTrk}},
+			Actions: []of.Action{of.CT{Zone: ServiceSNATZone, Table: &backTo, NAT: &of.CTNAT{}}}})
 	}
 	return fs
 }
@@ -322,7 +339,7 @@ func ServicePortFlows(b Bridge, sp ServicePort) ([]of.Flow, []of.GroupEntry, err
 		seen[ip.String()] = true
 		eps = append(eps, ep)
 		v := ipToU32(ip)
-		dnat := func(hairpin, snat bool) []of.Action {
+		dnat := func(hairpin bool) []of.Action {
 			var acts []of.Action
 			if sp.AffinitySeconds > 0 {
 				acts = append(acts, affinityLearn(sp, ck, l4))
@@ -333,29 +350,17 @@ func ServicePortFlows(b Bridge, sp ServicePort) ([]of.Flow, []of.GroupEntry, err
 			if hairpin {
 				m |= CtMarkHairpin
 			}
-			if snat {
-				m = m&^CtMarkServiceSNAT | CtMarkHostSNAT
-			}
 			if m != 0 {
-				// The DNAT commit creates the connection, so its mask may
-				// cover CtMarkFromGateway too: OVS only sets contiguous
-				// ct_mark bit ranges (ovs-actions(7) "ct", set_field).
-				ct.SetMark = &of.Masked32{Value: m, Mask: serviceCtMarkMask}
+				ct.SetMark = &of.Masked32{Value: m, Mask: CtMarkHairpin | CtMarkExternal | CtMarkServiceSNAT}
 			}
-			return append(acts, ct)
+			return append(acts, EndpointSelected.Load(1), ct)
 		}
 		regs := []of.RegMatch{ServicePortID.Match(sp.ID), EndpointIP.Match(v)}
 		fs = append(fs, of.Flow{Table: uint8(EndpointDNAT), Priority: PrioNormal, Cookie: ck,
-			Match: of.Match{EthType: EthTypeIPv4, IPProto: sp.Protocol, Regs: regs}, Actions: dnat(false, false)})
-		if ep.HostNetwork {
+			Match: of.Match{EthType: EthTypeIPv4, IPProto: sp.Protocol, Regs: regs}, Actions: dnat(false)})
+		if ep.Local && !sp.External {
 			fs = append(fs, of.Flow{Table: uint8(EndpointDNAT), Priority: PrioHigh, Cookie: ck,
-				Match: of.Match{EthType: EthTypeIPv4, IPProto: sp.Protocol,
-					Regs: append([]of.RegMatch{PktSource.Match(FromGateway)}, regs...)},
-				Actions: dnat(false, true)})
-		}
-		if ep.Local && !ep.HostNetwork && !sp.External {
-			fs = append(fs, of.Flow{Table: uint8(EndpointDNAT), Priority: PrioHigh, Cookie: ck,
-				Match: of.Match{EthType: EthTypeIPv4, IPProto: sp.Protocol, IPSrc: host(ip), Regs: regs}, Actions: dnat(true, false)})
+				Match: of.Match{EthType: EthTypeIPv4, IPProto: sp.Protocol, IPSrc: host(ip), Regs: regs}, Actions: dnat(true)})
 		}
 	}
 	groups := serviceGroups(sp.ID, eps)

@@ -123,7 +123,7 @@ func TestServiceFlowsInOVS(t *testing.T) {
 		t.Errorf("NodePort from the gateway does not reach its group:\n%s", out)
 	}
 	out = trace("in_port=2,reg6=0x0af40207,"+npNew, "trk,new", "trk,new")
-	for _, want := range []string{"nat(dst=10.244.2.7:8080)", "exec(load:0x6->NXM_NX_CT_MARK[0..4])"} {
+	for _, want := range []string{"nat(dst=10.244.2.7:8080)", "exec(load:0x6->NXM_NX_CT_MARK[0..2])"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("NodePort connection: no %q in trace:\n%s", want, out)
 		}

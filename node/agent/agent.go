@@ -38,6 +38,7 @@ import (
 	"github.com/seine-net/seine/datapath/ovsdb"
 	"github.com/seine-net/seine/datapath/pipeline"
 	"github.com/seine-net/seine/ipam"
+	"github.com/seine-net/seine/node/cni/install"
 	cniserver "github.com/seine-net/seine/node/cni/server"
 	"github.com/seine-net/seine/node/config"
 	"github.com/seine-net/seine/node/noderoute"
@@ -86,7 +87,8 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 	if err != nil {
 		return err
 	}
-	node, err := waitForPodCIDR(ctx, kube, cfg.NodeName, log)
+	ownsPods := cfg.TrafficEncapMode.OwnsPodNetwork()
+	node, err := waitForNode(ctx, kube, cfg.NodeName, ownsPods, log)
 	if err != nil {
 		return err
 	}
@@ -94,12 +96,16 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 	if nodeIP == nil {
 		return fmt.Errorf("node %s has no IPv4 InternalIP", cfg.NodeName)
 	}
-	_, podCIDR, err := net.ParseCIDR(node.Spec.PodCIDR)
-	if err != nil || podCIDR.IP.To4() == nil {
-		return fmt.Errorf("node %s: podCIDR %q is not an IPv4 CIDR", cfg.NodeName, node.Spec.PodCIDR)
+	var podCIDR *net.IPNet // the primary CNI's business in networkPolicyOnly mode
+	if ownsPods {
+		_, podCIDR, err = net.ParseCIDR(node.Spec.PodCIDR)
+		if err != nil || podCIDR.IP.To4() == nil {
+			return fmt.Errorf("node %s: podCIDR %q is not an IPv4 CIDR", cfg.NodeName, node.Spec.PodCIDR)
+		}
 	}
 	_, clusterCIDR, _ := net.ParseCIDR(cfg.ClusterCIDR)
-	log.Info("node found", zap.String("node_ip", nodeIP.String()), zap.String("pod_cidr", podCIDR.String()))
+	log.Info("node found", zap.String("node_ip", nodeIP.String()), zap.Stringer("pod_cidr", podCIDR),
+		zap.String("traffic_encap_mode", string(cfg.TrafficEncapMode)), zap.Bool("snat", cfg.SNATEnabled()))
 	if !probesUp {
 		if _, err := ops.startProbes(ctx, nodeIP, errc); err != nil {
 			return err
@@ -113,23 +119,13 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 	defer ovs.Close()
 
 	// Transport and MTU.
-	transport, err := tunnel.FindTransport(cfg.TransportInterface, nodeIP)
-	if err != nil && cfg.OVSDatapathType != config.DatapathNetdev {
-		return err
-	}
-	if cfg.OVSDatapathType == config.DatapathNetdev {
-		transport, err = setupNetdevTransport(ctx, cfg, ovs, nodeIP, log)
-		if err != nil {
-			return err
-		}
-	}
-	overhead, err := tunnel.Overhead(cfg.TunnelType)
+	transport, err := setupTransport(ctx, cfg, ovs, nodeIP, log)
 	if err != nil {
 		return err
 	}
-	mtu := cfg.MTU
-	if mtu == 0 {
-		mtu = transport.MTU - overhead
+	mtu, err := podMTU(cfg, transport)
+	if err != nil {
+		return err
 	}
 	log.Info("transport", zap.String("interface", transport.Name), zap.Int("transport_mtu", transport.MTU),
 		zap.Int("pod_mtu", mtu), zap.String("tunnel_type", cfg.TunnelType))
@@ -153,12 +149,9 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 	}); err != nil {
 		return fmt.Errorf("bridge %s: %w", cfg.BridgeName, err)
 	}
-	tunOpts, _ := tunnel.PortOptions(cfg.TunnelType)
-	tunPort, err := ovs.EnsurePort(ctx, cfg.BridgeName, ovsdb.PortSpec{
-		Name: cfg.TunnelName, Type: cfg.TunnelType, Options: tunOpts, OFPortRequest: TunnelOFPort,
-	})
+	tunPort, err := ensureTunnelPort(ctx, cfg, ovs)
 	if err != nil {
-		return fmt.Errorf("tunnel port: %w", err)
+		return err
 	}
 	gwPort, err := ovs.EnsurePort(ctx, cfg.BridgeName, ovsdb.PortSpec{
 		Name: cfg.GatewayName, Type: "internal", OFPortRequest: GatewayOFPort, MTURequest: mtu,
@@ -166,7 +159,12 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 	if err != nil {
 		return fmt.Errorf("gateway port: %w", err)
 	}
-	gwIP := noderoute.FirstIP(podCIDR)
+	var gwIP net.IP
+	if ownsPods {
+		gwIP = noderoute.FirstIP(podCIDR)
+	} else if err := clearGatewayAddresses(cfg.GatewayName); err != nil {
+		return err
+	}
 	gwMAC, err := setupGateway(cfg.GatewayName, gwIP, podCIDR, mtu)
 	if err != nil {
 		return err
@@ -181,7 +179,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 	ofc, err := of.Dial(ctx, cfg.BridgeMgmtSocket(), log.Named("openflow"),
 		of.WithOnReconnect(func(ctx context.Context) error {
 			log.Warn("OpenFlow connection re-established; replaying all groups and flows")
-			if cfg.OVSDatapathType == config.DatapathNetdev {
+			if cfg.OVSDatapathType == config.DatapathNetdev && cfg.TrafficEncapMode.UsesTunnel() {
 				if _, err := attachNetdevTransport(ctx, cfg, ovs, nodeIP, log); err != nil {
 					return fmt.Errorf("attaching the transport again: %w", err)
 				}
@@ -205,7 +203,8 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 		GatewayIP:   gwIP,
 		PodCIDR:     podCIDR,
 		NodeIP:      nodeIP,
-		TunnelPort:  uint32(tunPort.OFPort),
+		TunnelPort:  tunPort,
+		PolicyOnly:  !ownsPods,
 	}
 	baseFlows := append(pipeline.BaseFlows(bridge), pipeline.TraceFlows(bridge)...)
 	if cfg.PolicyEnabled() {
@@ -233,12 +232,16 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 	}
 
 	// Pods already attached.
-	alloc, reset, err := ipam.Open(filepath.Join(cfg.DataDir, "ipam"), podCIDR)
-	if err != nil {
-		return err
-	}
-	if reset {
-		log.Warn("podCIDR changed since the last run: previous IP allocations discarded")
+	var alloc *ipam.Allocator
+	if ownsPods {
+		var reset bool
+		alloc, reset, err = ipam.Open(filepath.Join(cfg.DataDir, "ipam"), podCIDR)
+		if err != nil {
+			return err
+		}
+		if reset {
+			log.Warn("podCIDR changed since the last run: previous IP allocations discarded")
+		}
 	}
 	backend = podnet.New(podnet.Config{
 		BridgeName:        cfg.BridgeName,
@@ -246,6 +249,9 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 		MTU:               mtu,
 		DisableTxChecksum: cfg.OVSDatapathType == config.DatapathNetdev,
 		Policy:            policyHook(policyAgent),
+		Chained:           !ownsPods,
+		Gateway:           cfg.GatewayName,
+		NodeIP:            nodeIP,
 	}, alloc, ovs, syncer, log.Named("podnet"))
 	restored, err := backend.RestorePods(ctx)
 	if err != nil {
@@ -260,13 +266,19 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 		return err
 	}
 	masq := snat.New(nft, clusterCIDR, cfg.GatewayName, cfg.SNATEnabled())
-	masq.SetNodeIP(cfg.NodeName, nodeIP)
-	if err := masq.Sync(ctx); err != nil {
+	factory := informers.NewSharedInformerFactory(kube, 0)
+	rcfg := noderoute.Config{NodeName: cfg.NodeName, Mode: cfg.TrafficEncapMode, Transport: transport.Name,
+		Gateway: cfg.GatewayName, Bridge: bridge, Flows: syncer}
+	if ownsPods {
+		masq.SetNodeIP(cfg.NodeName, nodeIP)
+		if err := masq.Sync(ctx); err != nil {
+			return err
+		}
+		rcfg.SNAT = masq
+	} else if err := masq.Cleanup(ctx); err != nil {
 		return err
 	}
-	factory := informers.NewSharedInformerFactory(kube, 0)
-	rcfg := noderoute.Config{NodeName: cfg.NodeName, Gateway: cfg.GatewayName, Bridge: bridge, Flows: syncer, SNAT: masq}
-	if cfg.OVSDatapathType == config.DatapathNetdev {
+	if cfg.OVSDatapathType == config.DatapathNetdev && cfg.TrafficEncapMode.UsesTunnel() {
 		rcfg.Neighbors = &tunnel.Neighbors{Bridge: cfg.TransportBridge, Appctl: ovsctl.New(cfg.OVSRunDir)}
 	}
 	routes, err := noderoute.New(factory.Core().V1().Nodes(), rcfg, log.Named("noderoute"))
@@ -312,9 +324,13 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 			npAddrs = []*net.IPNet{{IP: nodeIP.To4(), Mask: net.CIDRMask(32, 32)}}
 		}
 		_, svcCIDR, _ := net.ParseCIDR(cfg.ServiceCIDR)
-		svcProxy, err = proxy.New(kube, syncer, ofc, proxy.Config{NodeName: cfg.NodeName, Bridge: bridge,
+		pcfg := proxy.Config{NodeName: cfg.NodeName, Bridge: bridge,
 			SkipServices: cfg.Proxy.SkipServices, ProxyAll: cfg.ProxyAllEnabled(), Gateway: cfg.GatewayName,
-			ServiceCIDR: svcCIDR, ClusterCIDR: clusterCIDR, NodePortAddresses: npAddrs}, log.Named("proxy"))
+			ServiceCIDR: svcCIDR, NodePortAddresses: npAddrs}
+		if gwIP == nil {
+			pcfg.RouteSource = nodeIP // the gateway has no address of its own
+		}
+		svcProxy, err = proxy.New(kube, syncer, ofc, pcfg, log.Named("proxy"))
 		if err != nil {
 			return err
 		}
@@ -350,7 +366,18 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 	// Metrics and health.
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "seine_pod_ips_allocated", Help: "Pod IPs allocated from this Node's podCIDR.",
-	}, func() float64 { return float64(len(alloc.List())) }))
+	}, func() float64 {
+		if alloc == nil {
+			return 0
+		}
+		return float64(len(alloc.List()))
+	}))
+	registerModeMetrics(reg, cfg, routes)
+	if !ownsPods {
+		go func() {
+			errc <- install.KeepChained(ctx, cfg.PrimaryCNIConflist, cfg.CNISocket, log.Named("cni-chain"))
+		}()
+	}
 	dp := &datapath{bridge: bridge, ovs: ovs, ofc: ofc, appctl: ovsctl.New(cfg.OVSRunDir), flows: syncer, pods: backend,
 		policy: policyAgent, routes: routes, factory: factory, kube: kube, nodeUID: node.UID}
 	if err := ops.datapathUp(dp); err != nil {
@@ -491,14 +518,14 @@ func kubeClients(base *rest.Config) (kubernetes.Interface, versioned.Interface, 
 	return kube, cp, nil
 }
 
-// waitForPodCIDR polls the Node until kube-controller-manager (or whoever
-// runs node IPAM) has set its podCIDR.
-func waitForPodCIDR(ctx context.Context, kube kubernetes.Interface, name string, log *zap.Logger) (*corev1.Node, error) {
+// waitForNode polls the Node until it exists and, when needPodCIDR, until
+// kube-controller-manager (or whoever runs node IPAM) has set its podCIDR.
+func waitForNode(ctx context.Context, kube kubernetes.Interface, name string, needPodCIDR bool, log *zap.Logger) (*corev1.Node, error) {
 	var node *corev1.Node
 	last := time.Time{}
 	err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
 		n, err := kube.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-		if err != nil || n.Spec.PodCIDR == "" {
+		if err != nil || needPodCIDR && n.Spec.PodCIDR == "" {
 			if time.Since(last) > 10*time.Second {
 				last = time.Now()
 				log.Info("waiting for this Node's podCIDR", zap.NamedError("last_error", err))
@@ -559,8 +586,9 @@ func attachNetdevTransport(ctx context.Context, cfg config.Config, ovs *ovsdb.Cl
 	return tunnel.AttachNetdev(ctx, ovs, nft, cfg.TransportBridge, device, log)
 }
 
-// setupGateway gives the gateway interface the first IP of the podCIDR, the
-// Pod MTU, and brings it up; it returns the gateway's MAC.
+// setupGateway gives the gateway interface the first IP of the podCIDR
+// (none when gwIP is nil), the Pod MTU, and brings it up; it returns the
+// gateway's MAC.
 func setupGateway(name string, gwIP net.IP, podCIDR *net.IPNet, mtu int) (net.HardwareAddr, error) {
 	var link netlink.Link
 	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 10*time.Second, true,
@@ -572,9 +600,11 @@ func setupGateway(name string, gwIP net.IP, podCIDR *net.IPNet, mtu int) (net.Ha
 	if err != nil {
 		return nil, fmt.Errorf("gateway interface %s did not appear: %w", name, err)
 	}
-	ones, _ := podCIDR.Mask.Size()
-	if err := netlink.AddrReplace(link, &netlink.Addr{IPNet: &net.IPNet{IP: gwIP, Mask: net.CIDRMask(ones, 32)}}); err != nil {
-		return nil, fmt.Errorf("address of %s: %w", name, err)
+	if gwIP != nil {
+		ones, _ := podCIDR.Mask.Size()
+		if err := netlink.AddrReplace(link, &netlink.Addr{IPNet: &net.IPNet{IP: gwIP, Mask: net.CIDRMask(ones, 32)}}); err != nil {
+			return nil, fmt.Errorf("address of %s: %w", name, err)
+		}
 	}
 	if link.Attrs().MTU != mtu {
 		if err := netlink.LinkSetMTU(link, mtu); err != nil {

@@ -83,7 +83,11 @@ func nodeCommand() *cli.Command {
 			log := logging.Logger
 			defer func() { _ = log.Sync() }()
 			log.Info("starting seine node", zap.String("version", version.String()),
-				zap.String("datapath", cfg.OVSDatapathType), zap.String("tunnel_type", cfg.TunnelType))
+				zap.String("datapath", cfg.OVSDatapathType), zap.String("tunnel_type", cfg.TunnelType),
+				zap.String("traffic_encap_mode", string(cfg.TrafficEncapMode)))
+			for _, w := range cfg.Warnings() {
+				log.Warn("configuration", zap.String("warning", w))
+			}
 			ctx, stop := signal.NotifyContext(c.Context, syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			if err := agent.Run(ctx, cfg, log, agent.WithLogLevel(logging.Level), agent.WithRecentLogs(logging.Recent)); err != nil {
@@ -110,9 +114,17 @@ func installCNICommand() *cli.Command {
 			&cli.BoolFlag{Name: "no-bandwidth", Usage: "do not chain the bandwidth plugin"},
 			&cli.StringSliceFlag{Name: "plugin-dir", Usage: "where to find the chained plugins, to negotiate the conflist's CNI version (default: --cni-bin-dir; repeatable)"},
 			&cli.StringFlag{Name: "cni-version", Usage: "the conflist's cniVersion (default: the newest all chained plugins support)"},
+			&cli.StringFlag{Name: "chain-into", Usage: "networkPolicyOnly: insert seine after the primary plugin of this conflist instead of writing " + install.ConfListName},
+			&cli.BoolFlag{Name: "unchain", Usage: "with --chain-into: remove seine from that conflist instead (stop the daemon first: it puts itself back)"},
 			&cli.StringFlag{Name: "install-plugins-from", Usage: "copy each plugin seine relies on (the chained ones, loopback) that the CNI bin dir lacks from this directory (the image's /opt/cni/bin)"},
 		},
 		Action: func(c *cli.Context) error {
+			if primary := c.String("chain-into"); primary != "" {
+				return chainCNI(c, primary)
+			}
+			if c.Bool("unchain") {
+				return fmt.Errorf("--unchain needs --chain-into")
+			}
 			o := install.Options{
 				BinDir:         c.String("cni-bin-dir"),
 				ConfDir:        c.String("cni-conf-dir"),
@@ -132,6 +144,29 @@ func installCNICommand() *cli.Command {
 			return nil
 		},
 	}
+}
+
+// chainCNI installs the binary and chains seine into (or, with --unchain,
+// out of) the primary CNI's conflist.
+func chainCNI(c *cli.Context, primary string) error {
+	if c.Bool("unchain") {
+		changed, err := install.Unchain(primary)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(c.App.Writer, "seine removed from %s (changed: %v)\n", primary, changed)
+		return nil
+	}
+	o := install.Options{BinDir: c.String("cni-bin-dir")}
+	if err := install.InstallBinary(o); err != nil {
+		return err
+	}
+	changed, err := install.Chain(primary, c.String("cni-socket"))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(c.App.Writer, "installed %s/%s and chained it into %s (changed: %v)\n", o.BinDir, install.PluginType, primary, changed)
+	return nil
 }
 
 // recentLogSize is how much of its recent log the daemon keeps in memory

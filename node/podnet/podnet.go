@@ -16,6 +16,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"strings"
 	"sync"
@@ -91,6 +92,15 @@ type Config struct {
 	// Policy, when set, is told about Pods, and an ADD returns only once
 	// the Pod's NetworkPolicies are enforced.
 	Policy PolicyHook
+	// Chained (trafficEncapMode networkPolicyOnly): a primary CNI plugin
+	// runs before seine and owns the Pod's address and interface; ADD
+	// attaches that interface (see chained.go) and there is no IPAM.
+	Chained bool
+	// Gateway is the gateway interface, where chained Pods' host routes
+	// move.
+	Gateway string
+	// NodeIP is the source address of those routes.
+	NodeIP net.IP
 }
 
 // Backend implements the CNI commands on this Node.
@@ -131,7 +141,7 @@ func isolationValue(p pipeline.Pod) string {
 }
 
 // New returns the backend. It is not ready (STATUS fails, ADD refuses)
-// until MarkReady.
+// until MarkReady. alloc is nil with cfg.Chained.
 func New(cfg Config, alloc *ipam.Allocator, ports Ports, flows Flows, log *zap.Logger) *Backend {
 	return &Backend{cfg: cfg, ipam: alloc, ports: ports, flows: flows, log: log, pods: map[string]podRecord{}}
 }
@@ -237,18 +247,19 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 	if req.IfName == "" || len(req.IfName) > 15 {
 		return nil, cniserver.Errorf(types.ErrInvalidEnvironmentVariables, "CNI_IFNAME %q is not a valid interface name", req.IfName)
 	}
+	if b.cfg.Chained {
+		return b.addChained(ctx, req)
+	}
 	podNS, err := ns.GetNS(req.Netns)
 	if err != nil {
 		return nil, cniserver.Errorf(types.ErrInvalidEnvironmentVariables, "CNI_NETNS %q: %w", req.Netns, err)
 	}
 	defer podNS.Close()
 
-	var undo []func()
+	var undo rollback
 	defer func() {
 		if retErr != nil {
-			for i := len(undo) - 1; i >= 0; i-- {
-				undo[i]()
-			}
+			undo.run()
 		}
 	}()
 
@@ -260,7 +271,7 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 		}
 		return nil, cniserver.Errorf(cniserver.ErrCodeInternal, "allocating an IP: %w", err)
 	}
-	undo = append(undo, func() {
+	undo.add(func() {
 		if err := b.ipam.Release(req.ContainerID, req.IfName); err != nil {
 			b.log.Error("rollback: releasing IP", zap.String("container_id", req.ContainerID), zap.Error(err))
 		}
@@ -304,7 +315,7 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 		return nil
 	})
 	if hostIf.Name != "" || err != nil {
-		undo = append(undo, func() {
+		undo.add(func() {
 			if err := deleteLink(hostName); err != nil {
 				b.log.Error("rollback: deleting veth", zap.String("veth", hostName), zap.Error(err))
 			}
@@ -320,47 +331,9 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 	}
 
 	podMAC := podIf.HardwareAddr
-	port, err := b.ports.EnsurePort(ctx, b.cfg.BridgeName, ovsdb.PortSpec{
-		Name: hostName,
-		ExternalIDs: map[string]string{
-			ExtIDContainerID:  req.ContainerID,
-			ExtIDIfName:       req.IfName,
-			ExtIDPodName:      req.PodName,
-			ExtIDPodNamespace: req.PodNamespace,
-			ExtIDIP:           podIP.String(),
-			ExtIDMAC:          podMAC.String(),
-		},
-	})
-	undo = append(undo, func() {
-		dctx := context.WithoutCancel(ctx)
-		if err := b.ports.DeletePort(dctx, b.cfg.BridgeName, hostName); err != nil {
-			b.log.Error("rollback: deleting OVS port", zap.String("port", hostName), zap.Error(err))
-		}
-	})
+	port, err := b.attach(ctx, req, hostName, podIP, podMAC, nil, &undo)
 	if err != nil {
-		return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "attaching %s to %s: %w", hostName, b.cfg.BridgeName, err)
-	}
-
-	// A new attachment starts isolated for neither direction; the policy
-	// agent isolates it (SetIsolation) before WaitRealized returns.
-	pod := pipeline.Pod{OFPort: uint32(port.OFPort), IP: podIP, MAC: podMAC}
-	flows := pipeline.PodFlows(br, pod)
-	undo = append(undo, func() {
-		if err := b.flows.Set(context.WithoutCancel(ctx), owner(req.ContainerID, req.IfName), nil); err != nil {
-			b.log.Error("rollback: removing flows", zap.String("container_id", req.ContainerID), zap.Error(err))
-		}
-	})
-	if err := b.flows.Set(ctx, owner(req.ContainerID, req.IfName), flows); err != nil {
-		return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "installing Pod flows: %w", err)
-	}
-	b.remember(req.PodNamespace, req.PodName, owner(req.ContainerID, req.IfName), hostName, pod)
-	undo = append(undo, func() { b.forget(owner(req.ContainerID, req.IfName)) })
-	if p := b.cfg.Policy; p != nil && req.PodName != "" {
-		p.PodAttached(req.PodNamespace, req.PodName, uint32(port.OFPort), podIP, false)
-		undo = append(undo, func() { p.PodDetached(req.PodNamespace, req.PodName) })
-		if err := p.WaitRealized(ctx, req.PodNamespace, req.PodName, req.PodUID); err != nil {
-			return nil, cniserver.Errorf(types.ErrTryAgainLater, "NetworkPolicies of %s/%s are not in place yet: %w", req.PodNamespace, req.PodName, err)
-		}
+		return nil, err
 	}
 
 	b.log.Info("Pod attached", zap.String("pod", req.PodNamespace+"/"+req.PodName),
@@ -379,9 +352,72 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 	}, nil
 }
 
+// rollback collects the undo steps of an ADD, run in reverse order when it
+// fails.
+type rollback []func()
+
+func (r *rollback) add(f func()) { *r = append(*r, f) }
+
+func (r rollback) run() {
+	for i := len(r) - 1; i >= 0; i-- {
+		r[i]()
+	}
+}
+
+// attach makes hostName a port of the bridge, its external_ids naming the
+// Pod (plus extra), installs the Pod's flows, and hands the Pod to the
+// policy hook, waiting until its NetworkPolicies are enforced. Each step
+// adds its undo to undo.
+func (b *Backend) attach(ctx context.Context, req *cniserver.Request, hostName string, podIP net.IP, podMAC net.HardwareAddr,
+	extra map[string]string, undo *rollback) (ovsdb.Port, error) {
+	ids := map[string]string{
+		ExtIDContainerID:  req.ContainerID,
+		ExtIDIfName:       req.IfName,
+		ExtIDPodName:      req.PodName,
+		ExtIDPodNamespace: req.PodNamespace,
+		ExtIDIP:           podIP.String(),
+		ExtIDMAC:          podMAC.String(),
+	}
+	maps.Copy(ids, extra)
+	port, err := b.ports.EnsurePort(ctx, b.cfg.BridgeName, ovsdb.PortSpec{Name: hostName, ExternalIDs: ids})
+	undo.add(func() {
+		if err := b.ports.DeletePort(context.WithoutCancel(ctx), b.cfg.BridgeName, hostName); err != nil {
+			b.log.Error("rollback: deleting OVS port", zap.String("port", hostName), zap.Error(err))
+		}
+	})
+	if err != nil {
+		return port, cniserver.Errorf(cniserver.ErrCodeDatapath, "attaching %s to %s: %w", hostName, b.cfg.BridgeName, err)
+	}
+	// A new attachment starts isolated for neither direction; the policy
+	// agent isolates it (SetIsolation) before WaitRealized returns.
+	pod := pipeline.Pod{OFPort: uint32(port.OFPort), IP: podIP, MAC: podMAC}
+	key := owner(req.ContainerID, req.IfName)
+	undo.add(func() {
+		if err := b.flows.Set(context.WithoutCancel(ctx), key, nil); err != nil {
+			b.log.Error("rollback: removing flows", zap.String("container_id", req.ContainerID), zap.Error(err))
+		}
+	})
+	if err := b.flows.Set(ctx, key, pipeline.PodFlows(b.cfg.Bridge, pod)); err != nil {
+		return port, cniserver.Errorf(cniserver.ErrCodeDatapath, "installing Pod flows: %w", err)
+	}
+	b.remember(req.PodNamespace, req.PodName, key, hostName, pod)
+	undo.add(func() { b.forget(key) })
+	if p := b.cfg.Policy; p != nil && req.PodName != "" {
+		p.PodAttached(req.PodNamespace, req.PodName, uint32(port.OFPort), podIP, false)
+		undo.add(func() { p.PodDetached(req.PodNamespace, req.PodName) })
+		if err := p.WaitRealized(ctx, req.PodNamespace, req.PodName, req.PodUID); err != nil {
+			return port, cniserver.Errorf(types.ErrTryAgainLater, "NetworkPolicies of %s/%s are not in place yet: %w", req.PodNamespace, req.PodName, err)
+		}
+	}
+	return port, nil
+}
+
 // Del detaches a Pod (CNI spec, "DEL"): flows, OVS port, veth and IP are
 // released; whatever is already gone is skipped.
 func (b *Backend) Del(ctx context.Context, req *cniserver.Request) error {
+	if b.cfg.Chained {
+		return b.releaseChained(ctx, req.ContainerID, req.IfName)
+	}
 	return b.release(ctx, req.ContainerID, req.IfName)
 }
 
@@ -402,8 +438,10 @@ func (b *Backend) release(ctx context.Context, containerID, ifName string) error
 	if err := deleteLink(hostName); err != nil {
 		return cniserver.Errorf(cniserver.ErrCodeDatapath, "removing veth %s: %w", hostName, err)
 	}
-	if err := b.ipam.Release(containerID, ifName); err != nil {
-		return cniserver.Errorf(cniserver.ErrCodeInternal, "releasing IP: %w", err)
+	if b.ipam != nil {
+		if err := b.ipam.Release(containerID, ifName); err != nil {
+			return cniserver.Errorf(cniserver.ErrCodeInternal, "releasing IP: %w", err)
+		}
 	}
 	b.log.Info("Pod detached", zap.String("container_id", containerID), zap.String("port", hostName))
 	return nil
@@ -413,6 +451,9 @@ func (b *Backend) release(ctx context.Context, containerID, ifName string) error
 // Pod interface exists in the netns with the recorded address, and the host
 // end is attached to the bridge with its flows installed.
 func (b *Backend) Check(ctx context.Context, req *cniserver.Request, prev *current.Result) error {
+	if b.cfg.Chained {
+		return b.checkChained(ctx, req, prev)
+	}
 	if prev == nil {
 		return cniserver.Errorf(types.ErrInvalidNetworkConfig, "CHECK needs a prevResult")
 	}
@@ -481,9 +522,13 @@ func (b *Backend) GC(ctx context.Context, _ *cniserver.Request, valid []types.GC
 			continue
 		}
 		seen[cid+"/"+ifn] = true
+		if p.ExternalIDs[ExtIDAttachment] == AttachmentChained {
+			errs = append(errs, b.releaseChained(ctx, cid, ifn))
+			continue
+		}
 		errs = append(errs, b.release(ctx, cid, ifn))
 	}
-	for _, a := range b.ipam.List() {
+	for _, a := range b.allocations() {
 		k := a.Owner.ContainerID + "/" + a.Owner.IfName
 		if keep[k] || seen[k] {
 			continue
@@ -512,6 +557,16 @@ func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 		if cid == "" {
 			continue
 		}
+		if p.ExternalIDs[ExtIDAttachment] == AttachmentChained {
+			ok, err := b.restoreChained(ctx, p)
+			if err != nil {
+				return n, err
+			}
+			if ok {
+				n++
+			}
+			continue
+		}
 		podIP := net.ParseIP(p.ExternalIDs[ExtIDIP]).To4()
 		mac, merr := net.ParseMAC(p.ExternalIDs[ExtIDMAC])
 		if _, err := netlink.LinkByName(p.Name); err != nil || podIP == nil || merr != nil || p.OFPort <= 0 {
@@ -523,8 +578,10 @@ func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 			}
 			continue
 		}
-		if _, ok := b.ipam.Lookup(cid, ifn); !ok {
-			b.log.Warn("Pod port without IP allocation", zap.String("port", p.Name), zap.String("ip", podIP.String()))
+		if b.ipam != nil {
+			if _, ok := b.ipam.Lookup(cid, ifn); !ok {
+				b.log.Warn("Pod port without IP allocation", zap.String("port", p.Name), zap.String("ip", podIP.String()))
+			}
 		}
 		attached[cid+"/"+ifn] = true
 		iso := p.ExternalIDs[ExtIDIsolation]
@@ -540,7 +597,7 @@ func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 		}
 		n++
 	}
-	for _, a := range b.ipam.List() {
+	for _, a := range b.allocations() {
 		if !attached[a.Owner.ContainerID+"/"+a.Owner.IfName] {
 			b.log.Info("releasing IP of a Pod that is no longer attached", zap.String("ip", a.IP.String()),
 				zap.String("container_id", a.Owner.ContainerID))
@@ -550,6 +607,14 @@ func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// allocations lists the IPAM allocations (none without IPAM).
+func (b *Backend) allocations() []ipam.Allocation {
+	if b.ipam == nil {
+		return nil
+	}
+	return b.ipam.List()
 }
 
 func deleteLink(name string) error {

@@ -25,7 +25,11 @@ import (
 //     reset, everything else with ICMP port unreachable;
 //   - with proxyAll, NodePort traffic to the node-port addresses is DNATed
 //     to pipeline.NodePortVIP (port unchanged) in prerouting and output,
-//     which routes it into the bridge through the gateway.
+//     which routes it into the bridge through the gateway;
+//   - with proxyAll, connections the bridge SNATed to
+//     pipeline.ServiceHostSNATIP are masqueraded when they leave the Node
+//     (postrouting), and the host routes their replies back to the
+//     gateway.
 const HostTable = "seine-proxy"
 
 // The sets of HostTable.
@@ -63,6 +67,9 @@ type hostConfig struct {
 	// nodePortAddresses are the local addresses (CIDRs) that accept
 	// NodePort traffic.
 	nodePortAddresses []*net.IPNet
+	// routeSrc, when set, is the preferred source of the routes into the
+	// gateway (a gateway without an address of its own).
+	routeSrc net.IP
 }
 
 // host keeps the proxy's nftables elements and routes, reference counted
@@ -114,6 +121,7 @@ func (h *host) reset(ctx context.Context) error {
 		{"input", knftables.FilterType, knftables.InputHook, knftables.FilterPriority + "-10"},
 		{"prerouting", knftables.NATType, knftables.PreroutingHook, knftables.DNATPriority},
 		{"output", knftables.NATType, knftables.OutputHook, knftables.DNATPriority},
+		{"postrouting", knftables.NATType, knftables.PostroutingHook, knftables.SNATPriority},
 	}
 	for _, c := range chains {
 		tx.Add(&knftables.Chain{Name: c.name, Type: knftables.PtrTo(c.typ), Hook: knftables.PtrTo(c.hook),
@@ -127,21 +135,15 @@ func (h *host) reset(ctx context.Context) error {
 			"ip daddr . meta l4proto . th dport", "@"+SetNoEndpoints, "reject with icmp type port-unreachable")})
 	}
 	if h.cfg.proxyAll {
-		for _, c := range chains[2:] {
+		for _, c := range chains[2:4] {
 			tx.Add(&knftables.Rule{Chain: c.name, Rule: knftables.Concat(
 				"ip daddr", "@"+SetNodePortAddresses, "fib daddr type local",
 				"meta l4proto . th dport", "@"+SetNodePorts, "dnat to", pipeline.NodePortVIP.String()),
 				Comment: knftables.PtrTo("NodePort into the bridge")})
 		}
-		// Connections to endpoints on a host network come back from the
-		// bridge with ServiceHostSNATIP as their source: towards another
-		// Node they leave with this Node's address, so replies return here.
-		tx.Add(&knftables.Chain{Name: "postrouting", Type: knftables.PtrTo(knftables.NATType),
-			Hook: knftables.PtrTo(knftables.PostroutingHook), Priority: knftables.PtrTo(knftables.SNATPriority)})
-		tx.Flush(&knftables.Chain{Name: "postrouting"})
 		tx.Add(&knftables.Rule{Chain: "postrouting", Rule: knftables.Concat(
-			"ip saddr", pipeline.ServiceHostSNATIP.String(), "oifname !=", `"`+h.cfg.gateway+`"`, "masquerade"),
-			Comment: knftables.PtrTo("Service connections to endpoints on other Nodes' host network")})
+			"ip saddr", pipeline.ServiceHostSNATIP.String(), "oifname !=", fmt.Sprintf("%q", h.cfg.gateway), "masquerade"),
+			Comment: knftables.PtrTo("Service connections the bridge sends out through the host")})
 	}
 	if err := h.nft.Run(ctx, tx); err != nil {
 		return fmt.Errorf("programming table %s: %w", HostTable, err)
@@ -156,7 +158,7 @@ func (h *host) reset(ctx context.Context) error {
 	for _, ip := range []net.IP{pipeline.NodePortVIP, pipeline.ServiceHostSNATIP} {
 		dst := &net.IPNet{IP: ip, Mask: net.CIDRMask(32, 32)}
 		if err := netlink.RouteReplace(&netlink.Route{LinkIndex: link.Attrs().Index, Dst: dst, Scope: netlink.SCOPE_LINK,
-			Protocol: routeProtocol}); err != nil {
+			Src: h.cfg.routeSrc, Protocol: routeProtocol}); err != nil {
 			return fmt.Errorf("route to %s: %w", dst, err)
 		}
 		if err := netlink.NeighSet(&netlink.Neigh{LinkIndex: link.Attrs().Index, Family: netlink.FAMILY_V4,
@@ -174,7 +176,7 @@ func (h *host) reset(ctx context.Context) error {
 
 func (h *host) replaceRoute(link netlink.Link, dst *net.IPNet) error {
 	err := netlink.RouteReplace(&netlink.Route{LinkIndex: link.Attrs().Index, Dst: dst, Gw: pipeline.NodePortVIP,
-		Flags: int(netlink.FLAG_ONLINK), Protocol: routeProtocol})
+		Flags: int(netlink.FLAG_ONLINK), Src: h.cfg.routeSrc, Protocol: routeProtocol})
 	if err != nil {
 		return fmt.Errorf("route %s via %s: %w", dst, pipeline.NodePortVIP, err)
 	}

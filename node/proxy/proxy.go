@@ -56,12 +56,13 @@ type Config struct {
 	Gateway string
 	// ServiceCIDR is the ClusterIP range (routed to Gateway with ProxyAll).
 	ServiceCIDR *net.IPNet
-	// ClusterCIDR is the Pod range; endpoints outside it are on a Node's
-	// host network.
-	ClusterCIDR *net.IPNet
 	// NodePortAddresses are the CIDRs of the local addresses that accept
 	// NodePort traffic (ProxyAll only).
 	NodePortAddresses []*net.IPNet
+	// RouteSource, when set, is the preferred source address of the host
+	// routes into the gateway (ProxyAll only): the Node IP when the
+	// gateway has no address of its own (networkPolicyOnly).
+	RouteSource net.IP
 }
 
 // Proxier programs Services. Create with New, then Run.
@@ -100,7 +101,7 @@ type portInstall struct {
 // New returns a Proxier watching kube with its own informers.
 func New(kube kubernetes.Interface, flows Flows, sw Switch, cfg Config, log *zap.Logger) (*Proxier, error) {
 	hs, err := newHost(hostConfig{proxyAll: cfg.ProxyAll, gateway: cfg.Gateway, services: cfg.ServiceCIDR,
-		nodePortAddresses: cfg.NodePortAddresses})
+		nodePortAddresses: cfg.NodePortAddresses, routeSrc: cfg.RouteSource})
 	if err != nil {
 		return nil, err
 	}
@@ -275,7 +276,7 @@ func (p *Proxier) SyncService(ctx context.Context, key string) error {
 			}
 		}
 		want, err = Translate(svc, slices, Scope{NodeName: p.cfg.NodeName, ProxyAll: p.cfg.ProxyAll,
-			HostIPs: hostIPs(p.cfg.Bridge), ClusterCIDR: p.cfg.ClusterCIDR})
+			HostIPs: hostIPs(p.cfg.Bridge)})
 		if err != nil {
 			return err
 		}

@@ -66,9 +66,6 @@ type Scope struct {
 	// InternalIP, its gateway IP): to a Service whose
 	// externalTrafficPolicy is Local they go to every endpoint.
 	HostIPs []net.IP
-	// ClusterCIDR is the Pod range: endpoints outside it are on a Node's
-	// host network (pipeline.ServiceEndpoint.HostNetwork).
-	ClusterCIDR *net.IPNet
 }
 
 // Translate computes the desired state of every port of svc from its
@@ -136,7 +133,7 @@ func Translate(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, scope S
 		if !ok {
 			return nil, fmt.Errorf("service %s/%s port %q: unsupported protocol %q", svc.Namespace, svc.Name, p.Name, p.Protocol)
 		}
-		ready, serving := endpointsFor(slices, p.Name, p.Protocol, scope)
+		ready, serving := endpointsFor(slices, p.Name, p.Protocol, scope.NodeName)
 		key := svc.Namespace + "/" + svc.Name + "/" + p.Name + "/" + string(protoOrTCP(p.Protocol))
 		if p.Name == "" {
 			key = svc.Namespace + "/" + svc.Name + "/" + strconv.Itoa(int(p.Port)) + "/" + string(protoOrTCP(p.Protocol))
@@ -235,7 +232,7 @@ func protoOrTCP(p corev1.Protocol) corev1.Protocol {
 // Service port named portName: the ready ones, and the serving-and-
 // terminating ones. An address listed twice counts once. Both lists are
 // sorted by IP so that the group's buckets do not move needlessly.
-func endpointsFor(slices []*discoveryv1.EndpointSlice, portName string, proto corev1.Protocol, scope Scope) (ready, serving []pipeline.ServiceEndpoint) {
+func endpointsFor(slices []*discoveryv1.EndpointSlice, portName string, proto corev1.Protocol, nodeName string) (ready, serving []pipeline.ServiceEndpoint) {
 	seen := map[string]bool{}
 	for _, s := range slices {
 		if s.AddressType != discoveryv1.AddressTypeIPv4 {
@@ -266,15 +263,14 @@ func endpointsFor(slices []*discoveryv1.EndpointSlice, portName string, proto co
 			if !isReady && !(isServing && isTerminating) {
 				continue
 			}
-			isLocal := e.NodeName != nil && *e.NodeName == scope.NodeName
+			isLocal := e.NodeName != nil && *e.NodeName == nodeName
 			for _, a := range e.Addresses {
 				ip := net.ParseIP(a).To4()
 				if ip == nil || seen[ip.String()] {
 					continue
 				}
 				seen[ip.String()] = true
-				ep := pipeline.ServiceEndpoint{IP: ip, Port: uint16(port), Local: isLocal,
-					HostNetwork: scope.ClusterCIDR != nil && !scope.ClusterCIDR.Contains(ip)}
+				ep := pipeline.ServiceEndpoint{IP: ip, Port: uint16(port), Local: isLocal}
 				if isReady {
 					ready = append(ready, ep)
 				} else {

@@ -15,6 +15,7 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/seine-net/seine/node/config"
 	"github.com/seine-net/seine/tests/sandbox"
 )
 
@@ -86,6 +87,14 @@ func countLines(s string) int {
 	return n
 }
 
+// requireSeineIPAM skips a test of seine's own attachments (its IPAM,
+// veths and conflist) in networkPolicyOnly mode, where the primary CNI
+// makes them (TestModePolicyOnly* test seine's part there).
+func requireSeineIPAM(t *testing.T) {
+	t.Helper()
+	requireMode(t, config.ModeEncap, config.ModeNoEncap, config.ModeHybrid)
+}
+
 // ipamAllocations is the allocation map of a Node's IPAM state file,
 // IP → owner, re-encoded as JSON ("{}" when there is none).
 func ipamAllocations(t *testing.T, c *sandbox.Cluster, n sandbox.Node) string {
@@ -112,6 +121,7 @@ func ipamAllocations(t *testing.T, c *sandbox.Cluster, n sandbox.Node) string {
 // veths, OVS ports, flows, IP allocations and nftables ruleset before and
 // after.
 func TestCNIAddDelCyclesLeakNothing(t *testing.T) {
+	requireSeineIPAM(t)
 	c := shared
 	n := c.Nodes()[2]
 	e := newCNIEnv(t, c, n, nil)
@@ -144,6 +154,7 @@ func TestCNIAddDelCyclesLeakNothing(t *testing.T) {
 // TestCNIDelIsIdempotent: DEL of an unknown container, and DEL with the
 // netns already gone, succeed.
 func TestCNIDelIsIdempotent(t *testing.T) {
+	requireSeineIPAM(t)
 	c := shared
 	n := c.Nodes()[2]
 	e := newCNIEnv(t, c, n, nil)
@@ -185,6 +196,7 @@ func cniCode(err error) uint {
 }
 
 func TestCNIErrors(t *testing.T) {
+	requireSeineIPAM(t)
 	c := shared
 	n := c.Nodes()[2]
 	ctx := testCtx(t, 3*time.Minute)
@@ -260,6 +272,7 @@ func seineOnlyList(n sandbox.Node) []byte {
 // TestCNICheckAndGC: CHECK passes for a healthy attachment and fails once
 // its veth is gone; GC releases every attachment not listed as valid.
 func TestCNICheckAndGC(t *testing.T) {
+	requireSeineIPAM(t)
 	c := shared
 	n := c.Nodes()[1]
 	ctx := testCtx(t, 2*time.Minute)

@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/seine-net/seine/node/config"
 	"github.com/seine-net/seine/tests/sandbox"
 )
 
@@ -16,6 +17,7 @@ import (
 // checks cross-Node Pod traffic over it; Pods created before the restart
 // keep working (their flows are restored from OVSDB). It ends on geneve.
 func TestTunnelTypes(t *testing.T) {
+	requireMode(t, config.ModeEncap)
 	c := shared
 	pods := createPods(t, c, "tunnels", 0, 1, 2)
 	for _, typ := range []string{"vxlan", "gre", "geneve"} {
@@ -71,6 +73,7 @@ func TestTunnelTypes(t *testing.T) {
 // next hop it has not resolved yet; before seine filled the cache, the
 // first connection between two Nodes lost its SYN.
 func TestTunnelNeighborsFilledBeforeTraffic(t *testing.T) {
+	requireMode(t, config.ModeEncap)
 	c := shared
 	nodes := c.Nodes()
 	pods := createPods(t, c, "tnl-neigh", 0, 1, 2)
