@@ -252,9 +252,16 @@ func (c *Client) transact(ctx context.Context, what string, b build) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", what, err)
 		}
+		tr := portTraceFrom(ctx)
+		if tr != nil {
+			tr.Committed = time.Now()
+		}
 		if nextCfg > 0 {
 			if err := c.waitApplied(ctx, nextCfg); err != nil {
 				return fmt.Errorf("%s: %w", what, err)
+			}
+			if tr != nil {
+				tr.Applied = time.Now()
 			}
 		}
 		return nil

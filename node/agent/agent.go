@@ -227,6 +227,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		MTU:               mtu,
 		DisableTxChecksum: cfg.OVSDatapathType == config.DatapathNetdev,
 		Policy:            policyHook(policyAgent),
+		Metrics:           reg,
 	}, alloc, ovs, syncer, log.Named("podnet"))
 	restored, err := backend.RestorePods(ctx)
 	if err != nil {

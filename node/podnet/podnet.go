@@ -24,6 +24,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ip"
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/safchain/ethtool"
 	"github.com/vishvananda/netlink"
 	"go.uber.org/zap"
@@ -91,6 +92,9 @@ type Config struct {
 	// Policy, when set, is told about Pods, and an ADD returns only once
 	// the Pod's NetworkPolicies are enforced.
 	Policy PolicyHook
+	// Metrics, when set, receives seine_cni_add_step_duration_seconds
+	// (see Steps).
+	Metrics prometheus.Registerer
 }
 
 // Backend implements the CNI commands on this Node.
@@ -100,6 +104,7 @@ type Backend struct {
 	ports Ports
 	flows Flows
 	log   *zap.Logger
+	steps *prometheus.HistogramVec
 
 	mu    sync.Mutex
 	ready bool
@@ -133,7 +138,8 @@ func isolationValue(p pipeline.Pod) string {
 // New returns the backend. It is not ready (STATUS fails, ADD refuses)
 // until MarkReady.
 func New(cfg Config, alloc *ipam.Allocator, ports Ports, flows Flows, log *zap.Logger) *Backend {
-	return &Backend{cfg: cfg, ipam: alloc, ports: ports, flows: flows, log: log, pods: map[string]podRecord{}}
+	return &Backend{cfg: cfg, ipam: alloc, ports: ports, flows: flows, log: log, pods: map[string]podRecord{},
+		steps: newStepHistogram(cfg.Metrics)}
 }
 
 // remember records an attached Pod (one record per namespace/name: a newer
@@ -243,6 +249,7 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 	}
 	defer podNS.Close()
 
+	st := newStepTimes()
 	var undo []func()
 	defer func() {
 		if retErr != nil {
@@ -265,6 +272,7 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 			b.log.Error("rollback: releasing IP", zap.String("container_id", req.ContainerID), zap.Error(err))
 		}
 	})
+	st.done(StepIPAM)
 
 	br := b.cfg.Bridge
 	ones, _ := br.PodCIDR.Mask.Size()
@@ -319,8 +327,10 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 		}
 	}
 
+	st.done(StepVeth)
+
 	podMAC := podIf.HardwareAddr
-	port, err := b.ports.EnsurePort(ctx, b.cfg.BridgeName, ovsdb.PortSpec{
+	port, err := b.ports.EnsurePort(ovsdb.WithPortTrace(ctx, &st.port), b.cfg.BridgeName, ovsdb.PortSpec{
 		Name: hostName,
 		ExternalIDs: map[string]string{
 			ExtIDContainerID:  req.ContainerID,
@@ -340,6 +350,7 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 	if err != nil {
 		return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "attaching %s to %s: %w", hostName, b.cfg.BridgeName, err)
 	}
+	st.portDone()
 
 	// A new attachment starts isolated for neither direction; the policy
 	// agent isolates it (SetIsolation) before WaitRealized returns.
@@ -353,6 +364,7 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 	if err := b.flows.Set(ctx, owner(req.ContainerID, req.IfName), flows); err != nil {
 		return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "installing Pod flows: %w", err)
 	}
+	st.done(StepFlows)
 	b.remember(req.PodNamespace, req.PodName, owner(req.ContainerID, req.IfName), hostName, pod)
 	undo = append(undo, func() { b.forget(owner(req.ContainerID, req.IfName)) })
 	if p := b.cfg.Policy; p != nil && req.PodName != "" {
@@ -361,7 +373,9 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 		if err := p.WaitRealized(ctx, req.PodNamespace, req.PodName, req.PodUID); err != nil {
 			return nil, cniserver.Errorf(types.ErrTryAgainLater, "NetworkPolicies of %s/%s are not in place yet: %w", req.PodNamespace, req.PodName, err)
 		}
+		st.done(StepPolicy)
 	}
+	st.observe(b.steps)
 
 	b.log.Info("Pod attached", zap.String("pod", req.PodNamespace+"/"+req.PodName),
 		zap.String("container_id", req.ContainerID), zap.String("ip", podIP.String()),
