@@ -7,6 +7,13 @@
 // it continues after the last address handed out, so a released address is
 // reused as late as possible (connections to a deleted Pod should not reach
 // its successor).
+//
+// Every change is on disk before the call that made it returns. Concurrent
+// calls share the write (group commit): a change is made in memory, and
+// one caller at a time writes the whole state (temporary file, fsync,
+// rename), covering every change made before its write began; the others
+// wait for a write that covers theirs. So N concurrent ADDs cost one or two
+// fsyncs, not N, and no lock is held while the disk works.
 package ipam
 
 import (
@@ -51,6 +58,15 @@ type Allocator struct {
 	last    uint32 // last allocatable address (broadcast - 1)
 	st      state
 	byOwner map[string]uint32
+
+	// Group commit: version counts the changes to st, saved is the
+	// version on disk, saving is set while one caller writes (without
+	// mu), and written is broadcast when it is done.
+	version uint64
+	saved   uint64
+	saving  bool
+	written *sync.Cond
+	writes  int // files written, for tests
 }
 
 // Open loads (or creates) the allocation file in dir for podCIDR (IPv4, at
@@ -75,6 +91,7 @@ func Open(dir string, podCIDR *net.IPNet) (*Allocator, bool, error) {
 		last:    base + size - 2,
 		byOwner: map[string]uint32{},
 	}
+	a.written = sync.NewCond(&a.mu)
 	reset := false
 	b, err := os.ReadFile(a.path)
 	switch {
@@ -103,7 +120,7 @@ func Open(dir string, podCIDR *net.IPNet) (*Allocator, bool, error) {
 		a.byOwner[o.key()] = binary.BigEndian.Uint32(ip)
 	}
 	if reset {
-		if err := a.save(); err != nil {
+		if err := write(a.path, a.st); err != nil {
 			return nil, false, err
 		}
 	}
@@ -117,11 +134,16 @@ func (a *Allocator) PodCIDR() *net.IPNet { return a.podCIDR }
 func (a *Allocator) Gateway() net.IP { return u32ToIP(a.first - 1) }
 
 // Allocate returns the address held by owner, or allocates and persists a
-// new one. The error wraps ErrExhausted when no address is free.
+// new one. The error wraps ErrExhausted when no address is free. An
+// address held by owner is returned once it is on disk, so a retried ADD
+// that finds an allocation in flight returns no earlier than the first.
 func (a *Allocator) Allocate(owner Owner) (net.IP, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if ip, ok := a.byOwner[owner.key()]; ok {
+		if err := a.persistLocked(a.version); err != nil {
+			return nil, err
+		}
 		return u32ToIP(ip), nil
 	}
 	n := a.last - a.first + 1
@@ -139,14 +161,20 @@ func (a *Allocator) Allocate(owner Owner) (net.IP, error) {
 			continue
 		}
 		a.st.Allocations[s] = owner
-		prevLast := a.st.Last
 		a.st.Last = s
-		if err := a.save(); err != nil {
-			delete(a.st.Allocations, s)
-			a.st.Last = prevLast
+		a.byOwner[owner.key()] = cand
+		a.version++
+		if err := a.persistLocked(a.version); err != nil {
+			// Not on disk: undo it (the next write drops it) unless
+			// the owner released it meanwhile. Last stays: next-fit
+			// only needs it to move forward.
+			if a.byOwner[owner.key()] == cand && a.st.Allocations[s] == owner {
+				delete(a.st.Allocations, s)
+				delete(a.byOwner, owner.key())
+				a.version++
+			}
 			return nil, err
 		}
-		a.byOwner[owner.key()] = cand
 		return u32ToIP(cand), nil
 	}
 	return nil, fmt.Errorf("podCIDR %s: all %d addresses in use: %w", a.podCIDR, n, ErrExhausted)
@@ -165,11 +193,19 @@ func (a *Allocator) Release(containerID, ifName string) error {
 	s := u32ToIP(ip).String()
 	o := a.st.Allocations[s]
 	delete(a.st.Allocations, s)
-	if err := a.save(); err != nil {
-		a.st.Allocations[s] = o
+	delete(a.byOwner, k)
+	a.version++
+	if err := a.persistLocked(a.version); err != nil {
+		// Still on disk: keep it held unless it went to someone else.
+		if _, taken := a.st.Allocations[s]; !taken {
+			if _, again := a.byOwner[k]; !again {
+				a.st.Allocations[s] = o
+				a.byOwner[k] = ip
+				a.version++
+			}
+		}
 		return err
 	}
-	delete(a.byOwner, k)
 	return nil
 }
 
@@ -204,13 +240,51 @@ func (a *Allocator) List() []Allocation {
 	return out
 }
 
-// save writes the state atomically: temporary file, fsync, rename.
-func (a *Allocator) save() error {
-	b, err := json.MarshalIndent(a.st, "", "  ")
+// persistLocked returns once version v of the state (or a later one) is on
+// disk. If no write is running, the caller writes the current state itself,
+// releasing a.mu meanwhile; otherwise it waits for the running write and
+// checks again. A failed write fails its writer only: a waiter whose
+// change it covered writes again. a.mu must be held.
+func (a *Allocator) persistLocked(v uint64) error {
+	for a.saved < v {
+		if a.saving {
+			a.written.Wait()
+			continue
+		}
+		a.saving = true
+		target := a.version
+		b, err := json.MarshalIndent(a.st, "", "  ")
+		if err == nil {
+			a.mu.Unlock()
+			err = writeBytes(a.path, b)
+			a.mu.Lock()
+			a.writes++
+		}
+		a.saving = false
+		if err == nil && target > a.saved {
+			a.saved = target
+		}
+		a.written.Broadcast()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// write stores st at path atomically (see writeBytes).
+func write(path string, st state) error {
+	b, err := json.MarshalIndent(st, "", "  ")
 	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(a.path), ".allocations-*")
+	return writeBytes(path, b)
+}
+
+// writeBytes replaces the file at path atomically: temporary file, fsync,
+// rename.
+func writeBytes(path string, b []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".allocations-*")
 	if err != nil {
 		return fmt.Errorf("saving IPAM state: %w", err)
 	}
@@ -226,7 +300,7 @@ func (a *Allocator) save() error {
 	if err := tmp.Close(); err != nil {
 		return fmt.Errorf("saving IPAM state: %w", err)
 	}
-	if err := os.Rename(tmp.Name(), a.path); err != nil {
+	if err := os.Rename(tmp.Name(), path); err != nil {
 		return fmt.Errorf("saving IPAM state: %w", err)
 	}
 	return nil
