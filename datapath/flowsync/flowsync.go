@@ -3,16 +3,25 @@
 // Node, ...). Owners replace their whole flow set at once; the syncer sends
 // only the difference, in one atomic bundle, and remembers the result so it
 // can replay everything after ovs-vswitchd restarts.
+//
+// Concurrent changes share bundles (group commit): while one bundle is on
+// its way to the switch, the changes that arrive queue up, and the next
+// bundle carries all of them. No lock is held while a bundle travels, so
+// N concurrent callers cost about two round trips each, not N. If a shared
+// bundle is rejected, its changes are sent again one by one, so a bad
+// change fails only its own caller.
 package flowsync
 
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"reflect"
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	of "github.com/seine-net/seine/datapath/openflow"
 )
@@ -22,69 +31,284 @@ type Applier interface {
 	Apply(ctx context.Context, mods []of.FlowMod) error
 }
 
+// Update replaces the flows of one owner; no flows removes the owner.
+type Update struct {
+	Owner string
+	Flows []of.Flow
+}
+
 // Syncer owns the desired flow state. It is safe for concurrent use.
 type Syncer struct {
+	sw Applier
+
 	mu     sync.Mutex
-	sw     Applier
-	owners map[string]map[string]of.Flow // owner → flow key → flow
+	owners map[string]map[string]of.Flow // owner → flow key → flow (on the switch)
+	refs   map[string]int                // flow key → owners wanting it
+	queue  []*request                    // waiting for the next bundle
+	busy   bool                          // a leader is sending bundles
+	flight *stage                        // the bundle on its way, if any
+	// replays counts Replay calls, so a leader whose bundle failed can
+	// tell that a replay sent its flows meanwhile.
+	replays uint64
+
+	bundles atomic.Uint64 // bundles sent by Set/SetMany, for tests
+}
+
+// request is one Set or SetMany call waiting for its bundle.
+type request struct {
+	ctx     context.Context
+	updates []Update
+	// done receives the outcome, or nil with lead set: the caller now
+	// sends the queued bundles itself.
+	done chan result
+}
+
+type result struct {
+	err  error
+	lead bool
 }
 
 // New returns a syncer that programs sw.
 func New(sw Applier) *Syncer {
-	return &Syncer{sw: sw, owners: map[string]map[string]of.Flow{}}
+	return &Syncer{sw: sw, owners: map[string]map[string]of.Flow{}, refs: map[string]int{}}
 }
 
 // Set makes the flows of owner exactly flows: flows the owner no longer has
 // are deleted, new or changed ones added, unchanged ones left alone. Two
 // flows are the same entry when table, priority and match are equal
 // (OpenFlow 1.3 section 6.4); an entry whose actions or cookie changed is
-// re-added, which replaces it in place. Nothing is recorded when the switch
-// rejects the change, so a retry recomputes the same difference.
+// re-added, which replaces it in place. An entry another owner also wants
+// is not deleted. Nothing is recorded when the switch rejects the change,
+// so a retry recomputes the same difference.
 func (s *Syncer) Set(ctx context.Context, owner string, flows []of.Flow) error {
+	return s.SetMany(ctx, []Update{{Owner: owner, Flows: flows}})
+}
+
+// SetMany applies several updates as one change: one bundle, all or
+// nothing, applied in order (a later update of the same owner wins). It
+// returns once the switch has committed the bundle, or with the error that
+// names the rejected flow.
+func (s *Syncer) SetMany(ctx context.Context, updates []Update) error {
+	r := &request{ctx: ctx, updates: updates, done: make(chan result, 1)}
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.queue = append(s.queue, r)
+	if s.busy {
+		s.mu.Unlock()
+		res := s.wait(r)
+		if !res.lead {
+			return res.err
+		}
+		s.mu.Lock()
+	}
+	s.busy = true
+	s.lead()
+	s.mu.Unlock()
+	return (<-r.done).err
+}
+
+// wait waits for r's outcome. A request whose context ends while it is
+// still queued leaves the queue and fails; once its bundle is on its way it
+// waits for the outcome, so its caller never sees an error for a change
+// the switch has.
+func (s *Syncer) wait(r *request) result {
+	select {
+	case res := <-r.done:
+		return res
+	case <-r.ctx.Done():
+	}
+	s.mu.Lock()
+	for i, q := range s.queue {
+		if q != r {
+			continue
+		}
+		s.queue = append(s.queue[:i], s.queue[i+1:]...)
+		// While queued, r can only have been handed the lead: pass it on.
+		select {
+		case <-r.done:
+			s.handOffLocked()
+		default:
+		}
+		s.mu.Unlock()
+		return result{err: fmt.Errorf("programming flows: %w", r.ctx.Err())}
+	}
+	s.mu.Unlock()
+	return <-r.done
+}
+
+// lead sends the queued requests as one bundle, then hands the lead to the
+// first request queued meanwhile (or gives it up). s.mu must be held; it is
+// released while the bundle travels.
+func (s *Syncer) lead() {
+	batch := s.queue
+	s.queue = nil
+	s.send(batch)
+	s.handOffLocked()
+}
+
+// handOffLocked gives the lead to the first queued request, or gives it up
+// when none is queued. s.mu must be held.
+func (s *Syncer) handOffLocked() {
+	if len(s.queue) == 0 {
+		s.busy = false
+		return
+	}
+	s.queue[0].done <- result{lead: true}
+}
+
+// send applies batch as one bundle and delivers each request's outcome; if
+// the bundle fails and holds several requests, each is sent again alone.
+// s.mu must be held; it is released while bundles travel.
+func (s *Syncer) send(batch []*request) {
+	err := s.try(batch)
+	if err == nil || len(batch) == 1 {
+		for _, r := range batch {
+			r.done <- result{err: err}
+		}
+		return
+	}
+	for _, r := range batch {
+		r.done <- result{err: s.try([]*request{r})}
+	}
+}
+
+// try applies the requests of batch as one bundle and records the result.
+// If the bundle fails after a Replay sent its flows, it is sent once more
+// (the replay may have installed part of it). s.mu must be held.
+func (s *Syncer) try(batch []*request) error {
+	st := newStage(s)
+	for _, r := range batch {
+		for _, u := range r.updates {
+			st.set(u.Owner, u.Flows)
+		}
+	}
+	if len(st.mods) == 0 {
+		st.commit()
+		return nil
+	}
+	ctx, cancel := batchContext(batch)
+	defer cancel()
+	s.flight = st
+	replays := s.replays
+	var err error
+	for attempt := 0; attempt < 2; attempt++ {
+		s.mu.Unlock()
+		err = s.sw.Apply(ctx, st.mods)
+		s.bundles.Add(1)
+		s.mu.Lock()
+		if err == nil || s.replays == replays {
+			break
+		}
+		replays = s.replays
+	}
+	s.flight = nil
+	if err != nil {
+		return fmt.Errorf("programming flows of %s: %w", st.describe(), err)
+	}
+	st.commit()
+	return nil
+}
+
+// batchContext returns a context that carries the first request's values
+// and ends when every request's context has ended.
+func batchContext(batch []*request) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(batch[0].ctx))
+	var left atomic.Int64
+	left.Store(int64(len(batch)))
+	stops := make([]func() bool, len(batch))
+	for i, r := range batch {
+		stops[i] = context.AfterFunc(r.ctx, func() {
+			if left.Add(-1) == 0 {
+				cancel()
+			}
+		})
+	}
+	return ctx, func() {
+		for _, stop := range stops {
+			stop()
+		}
+		cancel()
+	}
+}
+
+// stage is the state a bundle would leave: the owners it changes and the
+// flow mods that take the switch there.
+type stage struct {
+	s      *Syncer
+	owners map[string]map[string]of.Flow // staged owners; nil: removed
+	refs   map[string]int                // change of s.refs per key
+	mods   []of.FlowMod
+	names  []string // owners changed, in order
+}
+
+func newStage(s *Syncer) *stage {
+	return &stage{s: s, owners: map[string]map[string]of.Flow{}, refs: map[string]int{}}
+}
+
+func (st *stage) get(owner string) map[string]of.Flow {
+	if fs, ok := st.owners[owner]; ok {
+		return fs
+	}
+	return st.s.owners[owner]
+}
+
+// set stages owner's new flows and appends the mods they need.
+func (st *stage) set(owner string, flows []of.Flow) {
 	want := make(map[string]of.Flow, len(flows))
 	for _, f := range flows {
 		want[Key(f)] = f
 	}
-	have := s.owners[owner]
-	var mods []of.FlowMod
+	have := st.get(owner)
 	for k, f := range have {
-		if _, ok := want[k]; !ok && !s.sharedLocked(owner, k) {
-			mods = append(mods, of.FlowMod{Op: of.OpDelete, Flow: f})
+		if _, ok := want[k]; ok {
+			continue
+		}
+		st.refs[k]--
+		if st.s.refs[k]+st.refs[k] == 0 {
+			st.mods = append(st.mods, of.FlowMod{Op: of.OpDelete, Flow: f})
 		}
 	}
 	for k, f := range want {
-		if old, ok := have[k]; ok && sameFlow(old, f) {
+		old, ok := have[k]
+		if !ok {
+			st.refs[k]++
+		} else if sameFlow(old, f) {
 			continue
 		}
-		mods = append(mods, of.FlowMod{Op: of.OpAdd, Flow: f})
-	}
-	if len(mods) > 0 {
-		if err := s.sw.Apply(ctx, mods); err != nil {
-			return fmt.Errorf("programming flows of %s: %w", owner, err)
-		}
+		st.mods = append(st.mods, of.FlowMod{Op: of.OpAdd, Flow: f})
 	}
 	if len(want) == 0 {
-		delete(s.owners, owner)
-	} else {
-		s.owners[owner] = want
+		want = nil
 	}
-	return nil
+	if _, seen := st.owners[owner]; !seen {
+		st.names = append(st.names, owner)
+	}
+	st.owners[owner] = want
 }
 
-// sharedLocked reports whether an owner other than owner also wants the
-// flow entry k, in which case deleting it would break that owner.
-func (s *Syncer) sharedLocked(owner, k string) bool {
-	for o, fs := range s.owners {
-		if o == owner {
-			continue
-		}
-		if _, ok := fs[k]; ok {
-			return true
+// commit makes the staged state the syncer's. s.mu must be held.
+func (st *stage) commit() {
+	for o, fs := range st.owners {
+		if fs == nil {
+			delete(st.s.owners, o)
+		} else {
+			st.s.owners[o] = fs
 		}
 	}
-	return false
+	for k, d := range st.refs {
+		if n := st.s.refs[k] + d; n > 0 {
+			st.s.refs[k] = n
+		} else {
+			delete(st.s.refs, k)
+		}
+	}
+}
+
+// describe names the owners of the stage for errors.
+func (st *stage) describe() string {
+	if len(st.names) <= 3 {
+		return strings.Join(st.names, ", ")
+	}
+	return fmt.Sprintf("%s and %d more owners", strings.Join(st.names[:3], ", "), len(st.names)-3)
 }
 
 // Delete removes every flow of owner; unknown owners are a no-op.
@@ -100,16 +324,30 @@ func (s *Syncer) Has(owner string) bool {
 	return ok
 }
 
-// Replay re-adds every desired flow, for a switch that lost its flows.
+// Replay re-adds every desired flow, for a switch that lost its flows,
+// including those of a bundle on its way (whose leader sends it again if
+// it fails meanwhile). It sends directly, not behind queued changes: the
+// OpenFlow client calls it on reconnection, while other calls wait.
 func (s *Syncer) Replay(ctx context.Context) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.replays++
+	all := maps.Clone(s.owners)
+	if st := s.flight; st != nil {
+		for o, fs := range st.owners {
+			if fs == nil {
+				delete(all, o)
+			} else {
+				all[o] = fs
+			}
+		}
+	}
 	var mods []of.FlowMod
-	for _, fs := range s.owners {
+	for _, fs := range all {
 		for _, f := range fs {
 			mods = append(mods, of.FlowMod{Op: of.OpAdd, Flow: f})
 		}
 	}
+	s.mu.Unlock()
 	if len(mods) == 0 {
 		return nil
 	}
@@ -142,13 +380,7 @@ func (s *Syncer) Snapshot() map[string][]of.Flow {
 func (s *Syncer) Count() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	seen := map[string]struct{}{}
-	for _, fs := range s.owners {
-		for k := range fs {
-			seen[k] = struct{}{}
-		}
-	}
-	return len(seen)
+	return len(s.refs)
 }
 
 // sameFlow reports whether two entries with equal keys also carry the same
