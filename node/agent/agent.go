@@ -295,7 +295,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		_, svcCIDR, _ := net.ParseCIDR(cfg.ServiceCIDR)
 		svcProxy, err = proxy.New(kube, syncer, ofc, proxy.Config{NodeName: cfg.NodeName, Bridge: bridge,
 			SkipServices: cfg.Proxy.SkipServices, ProxyAll: cfg.ProxyAllEnabled(), Gateway: cfg.GatewayName,
-			ServiceCIDR: svcCIDR, NodePortAddresses: npAddrs}, log.Named("proxy"))
+			ServiceCIDR: svcCIDR, NodePortAddresses: npAddrs, Registry: reg}, log.Named("proxy"))
 		if err != nil {
 			return err
 		}
