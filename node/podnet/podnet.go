@@ -25,7 +25,6 @@ import (
 	"github.com/containernetworking/plugins/pkg/ip"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/safchain/ethtool"
 	"github.com/vishvananda/netlink"
 	"go.uber.org/zap"
 
@@ -576,31 +575,4 @@ func deleteLink(name string) error {
 		return err
 	}
 	return netlink.LinkDel(link)
-}
-
-// disableTxChecksum turns off every tx-checksum-* feature of the interface
-// (ethtool -K <if> tx off).
-func disableTxChecksum(ifName string) error {
-	e, err := ethtool.NewEthtool()
-	if err != nil {
-		return fmt.Errorf("ethtool: %w", err)
-	}
-	defer e.Close()
-	feats, err := e.Features(ifName)
-	if err != nil {
-		return fmt.Errorf("features of %s: %w", ifName, err)
-	}
-	off := map[string]bool{}
-	for name, on := range feats {
-		if on && strings.HasPrefix(name, "tx-checksum") {
-			off[name] = false
-		}
-	}
-	if len(off) == 0 {
-		return nil
-	}
-	if err := e.Change(ifName, off); err != nil {
-		return fmt.Errorf("disabling checksum offload on %s: %w", ifName, err)
-	}
-	return nil
 }
