@@ -4,12 +4,12 @@
 // only the difference, in one atomic bundle, and remembers the result so it
 // can replay everything after ovs-vswitchd restarts.
 //
-// Concurrent changes share bundles (group commit): while one bundle is on
-// its way to the switch, the changes that arrive queue up, and the next
-// bundle carries all of them. No lock is held while a bundle travels, so
-// N concurrent callers cost about two round trips each, not N. If a shared
-// bundle is rejected, its changes are sent again one by one, so a bad
-// change fails only its own caller.
+// Concurrent changes share bundles (package groupcommit): while one bundle
+// is on its way to the switch, the changes that arrive queue up, and the
+// next bundle carries all of them. No lock is held while a bundle travels,
+// so N concurrent callers cost about two round trips each, not N. If a
+// shared bundle is rejected, its changes are sent again one by one, so a
+// bad change fails only its own caller.
 package flowsync
 
 import (
@@ -23,6 +23,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/seine-net/seine/datapath/groupcommit"
 	of "github.com/seine-net/seine/datapath/openflow"
 )
 
@@ -39,38 +40,25 @@ type Update struct {
 
 // Syncer owns the desired flow state. It is safe for concurrent use.
 type Syncer struct {
-	sw Applier
+	sw      Applier
+	commits *groupcommit.Committer[[]Update]
 
 	mu     sync.Mutex
 	owners map[string]map[string]of.Flow // owner → flow key → flow (on the switch)
 	refs   map[string]int                // flow key → owners wanting it
-	queue  []*request                    // waiting for the next bundle
-	busy   bool                          // a leader is sending bundles
 	flight *stage                        // the bundle on its way, if any
-	// replays counts Replay calls, so a leader whose bundle failed can
+	// replays counts Replay calls, so a committer whose bundle failed can
 	// tell that a replay sent its flows meanwhile.
 	replays uint64
 
 	bundles atomic.Uint64 // bundles sent by Set/SetMany, for tests
 }
 
-// request is one Set or SetMany call waiting for its bundle.
-type request struct {
-	ctx     context.Context
-	updates []Update
-	// done receives the outcome, or nil with lead set: the caller now
-	// sends the queued bundles itself.
-	done chan result
-}
-
-type result struct {
-	err  error
-	lead bool
-}
-
 // New returns a syncer that programs sw.
 func New(sw Applier) *Syncer {
-	return &Syncer{sw: sw, owners: map[string]map[string]of.Flow{}, refs: map[string]int{}}
+	s := &Syncer{sw: sw, owners: map[string]map[string]of.Flow{}, refs: map[string]int{}}
+	s.commits = groupcommit.New(s.commit)
+	return s
 }
 
 // Set makes the flows of owner exactly flows: flows the owner no longer has
@@ -87,97 +75,40 @@ func (s *Syncer) Set(ctx context.Context, owner string, flows []of.Flow) error {
 // SetMany applies several updates as one change: one bundle, all or
 // nothing, applied in order (a later update of the same owner wins). It
 // returns once the switch has committed the bundle, or with the error that
-// names the rejected flow.
+// names the rejected flow. A caller whose context ends while its change
+// waits behind another bundle gets the context's error and nothing is
+// sent for it.
 func (s *Syncer) SetMany(ctx context.Context, updates []Update) error {
-	r := &request{ctx: ctx, updates: updates, done: make(chan result, 1)}
-	s.mu.Lock()
-	s.queue = append(s.queue, r)
-	if s.busy {
-		s.mu.Unlock()
-		res := s.wait(r)
-		if !res.lead {
-			return res.err
-		}
-		s.mu.Lock()
-	}
-	s.busy = true
-	s.lead()
-	s.mu.Unlock()
-	return (<-r.done).err
+	return s.commits.Do(ctx, updates)
 }
 
-// wait waits for r's outcome. A request whose context ends while it is
-// still queued leaves the queue and fails; once its bundle is on its way it
-// waits for the outcome, so its caller never sees an error for a change
-// the switch has.
-func (s *Syncer) wait(r *request) result {
-	select {
-	case res := <-r.done:
-		return res
-	case <-r.ctx.Done():
-	}
-	s.mu.Lock()
-	for i, q := range s.queue {
-		if q != r {
-			continue
-		}
-		s.queue = append(s.queue[:i], s.queue[i+1:]...)
-		// While queued, r can only have been handed the lead: pass it on.
-		select {
-		case <-r.done:
-			s.handOffLocked()
-		default:
-		}
-		s.mu.Unlock()
-		return result{err: fmt.Errorf("programming flows: %w", r.ctx.Err())}
-	}
-	s.mu.Unlock()
-	return <-r.done
-}
-
-// lead sends the queued requests as one bundle, then hands the lead to the
-// first request queued meanwhile (or gives it up). s.mu must be held; it is
-// released while the bundle travels.
-func (s *Syncer) lead() {
-	batch := s.queue
-	s.queue = nil
-	s.send(batch)
-	s.handOffLocked()
-}
-
-// handOffLocked gives the lead to the first queued request, or gives it up
-// when none is queued. s.mu must be held.
-func (s *Syncer) handOffLocked() {
-	if len(s.queue) == 0 {
-		s.busy = false
-		return
-	}
-	s.queue[0].done <- result{lead: true}
-}
-
-// send applies batch as one bundle and delivers each request's outcome; if
-// the bundle fails and holds several requests, each is sent again alone.
-// s.mu must be held; it is released while bundles travel.
-func (s *Syncer) send(batch []*request) {
-	err := s.try(batch)
+// commit sends the changes of concurrent callers as one bundle; if the
+// switch rejects it, each change is sent again alone, so that only the
+// bad one fails.
+func (s *Syncer) commit(ctx context.Context, batch [][]Update) []error {
+	errs := make([]error, len(batch))
+	err := s.try(ctx, batch)
 	if err == nil || len(batch) == 1 {
-		for _, r := range batch {
-			r.done <- result{err: err}
+		for i := range errs {
+			errs[i] = err
 		}
-		return
+		return errs
 	}
-	for _, r := range batch {
-		r.done <- result{err: s.try([]*request{r})}
+	for i := range batch {
+		errs[i] = s.try(ctx, batch[i:i+1])
 	}
+	return errs
 }
 
-// try applies the requests of batch as one bundle and records the result.
-// If the bundle fails after a Replay sent its flows, it is sent once more
-// (the replay may have installed part of it). s.mu must be held.
-func (s *Syncer) try(batch []*request) error {
+// try applies batch as one bundle and records the result. If the bundle
+// fails after a Replay sent its flows, it is sent once more (the replay
+// may have installed part of it).
+func (s *Syncer) try(ctx context.Context, batch [][]Update) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	st := newStage(s)
-	for _, r := range batch {
-		for _, u := range r.updates {
+	for _, ups := range batch {
+		for _, u := range ups {
 			st.set(u.Owner, u.Flows)
 		}
 	}
@@ -185,8 +116,6 @@ func (s *Syncer) try(batch []*request) error {
 		st.commit()
 		return nil
 	}
-	ctx, cancel := batchContext(batch)
-	defer cancel()
 	s.flight = st
 	replays := s.replays
 	var err error
@@ -206,28 +135,6 @@ func (s *Syncer) try(batch []*request) error {
 	}
 	st.commit()
 	return nil
-}
-
-// batchContext returns a context that carries the first request's values
-// and ends when every request's context has ended.
-func batchContext(batch []*request) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancel(context.WithoutCancel(batch[0].ctx))
-	var left atomic.Int64
-	left.Store(int64(len(batch)))
-	stops := make([]func() bool, len(batch))
-	for i, r := range batch {
-		stops[i] = context.AfterFunc(r.ctx, func() {
-			if left.Add(-1) == 0 {
-				cancel()
-			}
-		})
-	}
-	return ctx, func() {
-		for _, stop := range stops {
-			stop()
-		}
-		cancel()
-	}
 }
 
 // stage is the state a bundle would leave: the owners it changes and the

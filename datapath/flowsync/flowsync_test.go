@@ -184,9 +184,7 @@ func TestConcurrentSetsShareBundles(t *testing.T) {
 	}
 	// Let every change queue behind the blocked bundle.
 	for {
-		s.mu.Lock()
-		queued := len(s.queue)
-		s.mu.Unlock()
+		queued := s.commits.Queued()
 		if queued == n {
 			break
 		}
@@ -223,9 +221,7 @@ func TestConcurrentSetsShareBundles(t *testing.T) {
 		}()
 	}
 	for {
-		s2.mu.Lock()
-		queued := len(s2.queue)
-		s2.mu.Unlock()
+		queued := s2.commits.Queued()
 		if queued == n {
 			break
 		}
@@ -258,9 +254,7 @@ func TestQueuedSetGivesUp(t *testing.T) {
 	gaveUp := make(chan error, 1)
 	go func() { gaveUp <- s.Set(cctx, "cancelled", []of.Flow{flow(70, "10.0.3.1", 3)}) }()
 	for {
-		s.mu.Lock()
-		queued := len(s.queue)
-		s.mu.Unlock()
+		queued := s.commits.Queued()
 		if queued == 1 {
 			break
 		}
