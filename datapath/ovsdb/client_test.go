@@ -553,3 +553,57 @@ func TestConcurrentEnsurePort(t *testing.T) {
 		}
 	}
 }
+
+// TestEnsurePortsShareTransactions ensures 40 ports at once, plus one on a
+// bridge that does not exist: the 40 share a few transactions (group
+// commit) and all get distinct ofports; the bad one fails alone.
+func TestEnsurePortsShareTransactions(t *testing.T) {
+	_, c := setup(t)
+	ctx := testCtx(t)
+	br := newBridge(t, c, BridgeConfig{})
+	const n = 40
+	names := make([]string, n)
+	for i := range names {
+		names[i] = uniq(t, "sgc")
+	}
+	before := c.commits.Commits()
+	var wg sync.WaitGroup
+	ports := make([]Port, n)
+	errs := make([]error, n)
+	start := make(chan struct{})
+	for i := range names {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			ports[i], errs[i] = c.EnsurePort(ctx, br, PortSpec{Name: names[i], Type: TypeInternal})
+		}()
+	}
+	var badErr error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		<-start
+		_, badErr = c.EnsurePort(ctx, uniq(t, "snone"), PortSpec{Name: uniq(t, "sgx"), Type: TypeInternal})
+	}()
+	close(start)
+	wg.Wait()
+	if !errors.Is(badErr, ErrBridgeNotFound) {
+		t.Errorf("port on a missing bridge: %v", badErr)
+	}
+	seen := map[int32]bool{}
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("EnsurePort %s: %v", names[i], err)
+		}
+		if ports[i].OFPort <= 0 || seen[ports[i].OFPort] {
+			t.Errorf("%s: ofport %d (duplicate or unset)", names[i], ports[i].OFPort)
+		}
+		seen[ports[i].OFPort] = true
+	}
+	commits := c.commits.Commits() - before
+	if commits >= n {
+		t.Errorf("%d ports took %d commits, want them shared", n, commits)
+	}
+	t.Logf("%d concurrent EnsurePort calls, %d commits", n+1, commits)
+}

@@ -192,7 +192,7 @@ func interfaceFailed(iface *vswitch.Interface) bool {
 // and attach the port to br.
 func (c *Client) createPortOps(t *txn, br *vswitch.Bridge, spec PortSpec) error {
 	iface := &vswitch.Interface{
-		UUID:        "new_iface",
+		UUID:        c.uuidName("iface"),
 		Name:        spec.Name,
 		Type:        spec.Type,
 		Options:     maps.Clone(spec.Options),
@@ -207,7 +207,7 @@ func (c *Client) createPortOps(t *txn, br *vswitch.Bridge, spec PortSpec) error 
 		iface.OfportRequest = &req
 	}
 	port := &vswitch.Port{
-		UUID:        "new_port",
+		UUID:        c.uuidName("port"),
 		Name:        spec.Name,
 		Interfaces:  []string{iface.UUID},
 		ExternalIDs: maps.Clone(spec.ExternalIDs),
