@@ -607,3 +607,31 @@ func TestEnsurePortsShareTransactions(t *testing.T) {
 	}
 	t.Logf("%d concurrent EnsurePort calls, %d commits", n+1, commits)
 }
+
+// TestSetPortExternalIDs merges keys into an existing port's and
+// interface's external_ids, and leaves a missing port missing.
+func TestSetPortExternalIDs(t *testing.T) {
+	o, c := setup(t)
+	ctx := testCtx(t)
+	br := newBridge(t, c, BridgeConfig{})
+	name := uniq(t, "sxi")
+	if _, err := c.EnsurePort(ctx, br, PortSpec{Name: name, Type: TypeInternal, ExternalIDs: map[string]string{"a": "1"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SetPortExternalIDs(ctx, name, map[string]string{"b": "2", "a": "3"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, table := range []string{"Port", "Interface"} {
+		got := vsctl(o, "get", table, name, "external_ids")
+		if got != `{a="3", b="2"}` {
+			t.Errorf("%s external_ids = %s", table, got)
+		}
+	}
+	missing := uniq(t, "sxm")
+	if err := c.SetPortExternalIDs(ctx, missing, map[string]string{"a": "1"}); err != nil {
+		t.Fatalf("missing port: %v", err)
+	}
+	if p, err := c.GetPort(ctx, missing); err != nil || p != nil {
+		t.Fatalf("a missing port was created: %v %v", p, err)
+	}
+}

@@ -53,6 +53,7 @@ const (
 // Ports is the OVSDB part the backend needs.
 type Ports interface {
 	EnsurePort(ctx context.Context, bridge string, spec ovsdb.PortSpec) (ovsdb.Port, error)
+	SetPortExternalIDs(ctx context.Context, name string, ids map[string]string) error
 	DeletePort(ctx context.Context, bridge, name string) error
 	ListPorts(ctx context.Context, bridge string) ([]ovsdb.Port, error)
 }
@@ -108,8 +109,7 @@ type Backend struct {
 	mu    sync.Mutex
 	ready bool
 
-	// podMu guards pods and serializes the flow updates SetIsolation
-	// makes with the removal of the records they read.
+	// podMu guards pods; it is never held across a call to OVS.
 	podMu sync.Mutex
 	pods  map[string]podRecord // "namespace/name" → attachment
 }
@@ -174,12 +174,17 @@ func (b *Backend) forget(owner string) []string {
 // change (pipeline.PodFlows), and flowsync sends only those. A Pod this
 // backend has no attachment of is ignored (it was detached meanwhile, or
 // its name was not known). It fails only when the switch rejects the
-// flows, naming the Pod.
+// flows, naming the Pod. Calls for different Pods may run concurrently
+// (and share bundles); calls for one Pod must not overlap.
+//
+// No lock is held while the flows travel: if a DEL (or a new attachment)
+// takes the record away meanwhile, the flows just installed for the old
+// attachment are removed again, so nothing outlives a DEL.
 func (b *Backend) SetIsolation(ctx context.Context, namespace, name string, ingress, egress bool) error {
 	key := namespace + "/" + name
 	b.podMu.Lock()
-	defer b.podMu.Unlock()
 	r, ok := b.pods[key]
+	b.podMu.Unlock()
 	if !ok {
 		b.log.Debug("isolation for a Pod not attached here ignored", zap.String("pod", key))
 		return nil
@@ -192,10 +197,22 @@ func (b *Backend) SetIsolation(ctx context.Context, namespace, name string, ingr
 	if err := b.flows.Set(ctx, r.owner, pipeline.PodFlows(b.cfg.Bridge, p)); err != nil {
 		return fmt.Errorf("isolation of pod %s: %w", key, err)
 	}
-	b.pods[key] = podRecord{owner: r.owner, port: r.port, pod: p}
+	b.podMu.Lock()
+	cur, still := b.pods[key]
+	if still && cur.owner == r.owner {
+		b.pods[key] = podRecord{owner: r.owner, port: r.port, pod: p}
+	}
+	b.podMu.Unlock()
+	if !still || cur.owner != r.owner {
+		// Detached while the flows travelled: its DEL may have removed
+		// its flows before this call put them back.
+		if err := b.flows.Set(context.WithoutCancel(ctx), r.owner, nil); err != nil {
+			return fmt.Errorf("removing the flows of pod %s, detached meanwhile: %w", key, err)
+		}
+		return nil
+	}
 	if r.port != "" {
-		if _, err := b.ports.EnsurePort(ctx, b.cfg.BridgeName, ovsdb.PortSpec{Name: r.port,
-			ExternalIDs: map[string]string{ExtIDIsolation: isolationValue(p)}}); err != nil {
+		if err := b.ports.SetPortExternalIDs(ctx, r.port, map[string]string{ExtIDIsolation: isolationValue(p)}); err != nil {
 			b.log.Warn("recording isolation in OVSDB", zap.String("pod", key), zap.Error(err))
 		}
 	}
