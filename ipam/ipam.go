@@ -134,17 +134,39 @@ func (a *Allocator) PodCIDR() *net.IPNet { return a.podCIDR }
 func (a *Allocator) Gateway() net.IP { return u32ToIP(a.first - 1) }
 
 // Allocate returns the address held by owner, or allocates and persists a
-// new one. The error wraps ErrExhausted when no address is free. An
-// address held by owner is returned once it is on disk, so a retried ADD
-// that finds an allocation in flight returns no earlier than the first.
+// new one: Reserve, then wait until it is on disk. The error wraps
+// ErrExhausted when no address is free.
 func (a *Allocator) Allocate(owner Owner) (net.IP, error) {
+	ip, durable, err := a.Reserve(owner)
+	if err != nil {
+		return nil, err
+	}
+	if err := durable(); err != nil {
+		return nil, err
+	}
+	return ip, nil
+}
+
+// Reserve returns the address held by owner, or picks a new one and holds
+// it in memory at once, starting the write that persists it. durable
+// blocks until the address is on disk; if the write fails, it releases
+// the reservation (unless the owner released it already) and returns the
+// error. The caller may do other work in between, but must not report the
+// address to anyone before durable returns nil: so a CNI ADD overlaps
+// the fsync with creating the Pod's interface. The error wraps
+// ErrExhausted when no address is free.
+func (a *Allocator) Reserve(owner Owner) (ip net.IP, durable func() error, err error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if ip, ok := a.byOwner[owner.key()]; ok {
-		if err := a.persistLocked(a.version); err != nil {
-			return nil, err
-		}
-		return u32ToIP(ip), nil
+	if cur, ok := a.byOwner[owner.key()]; ok {
+		// Possibly still in flight for an earlier call: wait for what is
+		// in memory now.
+		v := a.version
+		return u32ToIP(cur), func() error {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			return a.persistLocked(v)
+		}, nil
 	}
 	n := a.last - a.first + 1
 	start := a.first
@@ -164,20 +186,68 @@ func (a *Allocator) Allocate(owner Owner) (net.IP, error) {
 		a.st.Last = s
 		a.byOwner[owner.key()] = cand
 		a.version++
-		if err := a.persistLocked(a.version); err != nil {
-			// Not on disk: undo it (the next write drops it) unless
-			// the owner released it meanwhile. Last stays: next-fit
-			// only needs it to move forward.
-			if a.byOwner[owner.key()] == cand && a.st.Allocations[s] == owner {
+		v := a.version
+		// Start the write now; durable waits for it (or writes again).
+		go func() {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			_ = a.persistLocked(v)
+		}()
+		return u32ToIP(cand), func() error {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			err := a.persistLocked(v)
+			if err != nil && a.byOwner[owner.key()] == cand && a.st.Allocations[s] == owner {
+				// Not on disk: undo it (the next write drops it). Last
+				// stays: next-fit only needs it to move forward.
 				delete(a.st.Allocations, s)
 				delete(a.byOwner, owner.key())
 				a.version++
 			}
-			return nil, err
-		}
-		return u32ToIP(cand), nil
+			return err
+		}, nil
 	}
-	return nil, fmt.Errorf("podCIDR %s: all %d addresses in use: %w", a.podCIDR, n, ErrExhausted)
+	return nil, nil, fmt.Errorf("podCIDR %s: all %d addresses in use: %w", a.podCIDR, n, ErrExhausted)
+}
+
+// Claim records ip as held by owner and persists it: for an attachment
+// found on the bridge whose allocation never reached the disk (the daemon
+// stopped in the middle of its ADD). Claiming what owner already holds is
+// a no-op. Errors: ip outside the allocatable range, or held by another
+// attachment (or owner holding another address), a failed write.
+func (a *Allocator) Claim(owner Owner, ip net.IP) error {
+	ip4 := ip.To4()
+	if ip4 == nil || !a.podCIDR.Contains(ip4) {
+		return fmt.Errorf("claiming %s: not in podCIDR %s", ip, a.podCIDR)
+	}
+	v := binary.BigEndian.Uint32(ip4)
+	if v < a.first || v > a.last {
+		return fmt.Errorf("claiming %s: reserved address of podCIDR %s", ip, a.podCIDR)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	s := ip4.String()
+	if cur, ok := a.byOwner[owner.key()]; ok {
+		if cur == v {
+			return a.persistLocked(a.version)
+		}
+		return fmt.Errorf("claiming %s for %s: it holds %s", ip, owner.key(), u32ToIP(cur))
+	}
+	if o, used := a.st.Allocations[s]; used {
+		return fmt.Errorf("claiming %s for %s: held by %s", ip, owner.key(), o.key())
+	}
+	a.st.Allocations[s] = owner
+	a.byOwner[owner.key()] = v
+	a.version++
+	if err := a.persistLocked(a.version); err != nil {
+		if a.byOwner[owner.key()] == v && a.st.Allocations[s] == owner {
+			delete(a.st.Allocations, s)
+			delete(a.byOwner, owner.key())
+			a.version++
+		}
+		return err
+	}
+	return nil
 }
 
 // Release frees the address held by the attachment; releasing an unknown

@@ -247,3 +247,40 @@ func TestFailedWriteUndoesAllocation(t *testing.T) {
 		t.Fatalf("reopened: %v %v", b.List(), err)
 	}
 }
+
+// TestClaim records a given address for an attachment (as a restart does
+// for a Pod whose allocation never reached the disk) and refuses one that
+// is taken or reserved.
+func TestClaim(t *testing.T) {
+	dir := t.TempDir()
+	a, _, err := Open(dir, cidr(t, "10.244.1.0/24"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Claim(owner(1), net.ParseIP("10.244.1.9")); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Claim(owner(1), net.ParseIP("10.244.1.9")); err != nil {
+		t.Fatalf("claiming again: %v", err)
+	}
+	for _, bad := range []struct {
+		o  Owner
+		ip string
+	}{{owner(2), "10.244.1.9"}, {owner(1), "10.244.1.10"}, {owner(3), "10.244.1.1"}, {owner(3), "10.244.1.255"}, {owner(3), "10.244.2.5"}} {
+		if err := a.Claim(bad.o, net.ParseIP(bad.ip)); err == nil {
+			t.Errorf("claim of %s by %s accepted", bad.ip, bad.o.ContainerID)
+		}
+	}
+	b, _, err := Open(dir, cidr(t, "10.244.1.0/24"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ip, ok := b.Lookup("c1", "eth0"); !ok || ip.String() != "10.244.1.9" {
+		t.Fatalf("claim not on disk: %v %v", ip, ok)
+	}
+	for i := 0; i < 250; i++ {
+		if ip, err := b.Allocate(owner(100 + i)); err == nil && ip.String() == "10.244.1.9" {
+			t.Fatal("claimed address handed out")
+		}
+	}
+}

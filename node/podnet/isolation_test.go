@@ -73,6 +73,11 @@ func TestSetIsolation(t *testing.T) {
 	if n, err := be.RestorePods(ctx); err != nil || n != 1 {
 		t.Fatalf("RestorePods = %d, %v; want 1 Pod", n, err)
 	}
+	// The allocation never reached the (fresh) IPAM directory, as when a
+	// daemon stops in the middle of an ADD: the restart holds it again.
+	if ip, ok := alloc.Lookup(cid, ifn); !ok || ip.String() != "10.244.1.5" {
+		t.Errorf("after RestorePods the Pod's address is not held: %v %v", ip, ok)
+	}
 
 	podFlows := func() string {
 		// The Pod's Classifier (in_port) and L2Forwarding (table 80)

@@ -275,7 +275,10 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 		}
 	}()
 
-	podIP, err := b.ipam.Allocate(ipam.Owner{ContainerID: req.ContainerID, IfName: req.IfName,
+	// The address is held at once; its write to disk runs while the
+	// interface and the port are set up, and the ADD waits for it before
+	// anything learns the address.
+	podIP, durable, err := b.ipam.Reserve(ipam.Owner{ContainerID: req.ContainerID, IfName: req.IfName,
 		Namespace: req.PodNamespace, Pod: req.PodName})
 	if err != nil {
 		if errors.Is(err, ipam.ErrExhausted) {
@@ -381,6 +384,10 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 		return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "installing Pod flows: %w", err)
 	}
 	st.done(StepFlows)
+	if err := durable(); err != nil {
+		return nil, cniserver.Errorf(cniserver.ErrCodeInternal, "persisting the IP allocation: %w", err)
+	}
+	st.done(StepIPAMSync)
 	b.remember(req.PodNamespace, req.PodName, owner(req.ContainerID, req.IfName), hostName, pod)
 	undo = append(undo, func() { b.forget(owner(req.ContainerID, req.IfName)) })
 	if p := b.cfg.Policy; p != nil && req.PodName != "" {
@@ -554,7 +561,14 @@ func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 			continue
 		}
 		if _, ok := b.ipam.Lookup(cid, ifn); !ok {
-			b.log.Warn("Pod port without IP allocation", zap.String("port", p.Name), zap.String("ip", podIP.String()))
+			// Its ADD stopped before the allocation reached the disk:
+			// hold the address again, so it is not handed out twice.
+			owner := ipam.Owner{ContainerID: cid, IfName: ifn, Namespace: p.ExternalIDs[ExtIDPodNamespace], Pod: p.ExternalIDs[ExtIDPodName]}
+			if err := b.ipam.Claim(owner, podIP); err != nil {
+				b.log.Warn("Pod port without IP allocation", zap.String("port", p.Name), zap.String("ip", podIP.String()), zap.Error(err))
+			} else {
+				b.log.Info("IP allocation of an attached Pod recorded again", zap.String("port", p.Name), zap.String("ip", podIP.String()))
+			}
 		}
 		attached[cid+"/"+ifn] = true
 		iso := p.ExternalIDs[ExtIDIsolation]

@@ -12,7 +12,8 @@ import (
 // Steps of a CNI ADD: the values of the "step" label of
 // seine_cni_add_step_duration_seconds, in the order an ADD runs them.
 const (
-	// StepIPAM is allocating the Pod's address and persisting it.
+	// StepIPAM is reserving the Pod's address (in memory; its write to
+	// disk starts then).
 	StepIPAM = "ipam"
 	// StepVeth is creating the veth pair and configuring the Pod's end
 	// (address, route, MTU, checksum offload).
@@ -27,19 +28,22 @@ const (
 	StepOFPort = "ofport"
 	// StepFlows is installing the Pod's flows (one OpenFlow bundle).
 	StepFlows = "flows"
+	// StepIPAMSync is what is left, after the flows, of waiting for the
+	// address to be on disk (fsync).
+	StepIPAMSync = "ipam_sync"
 	// StepPolicy is waiting for the Pod's NetworkPolicies to be realized.
 	StepPolicy = "policy"
 )
 
 // Steps lists the step labels in order.
-var Steps = []string{StepIPAM, StepVeth, StepOVSDB, StepApply, StepOFPort, StepFlows, StepPolicy}
+var Steps = []string{StepIPAM, StepVeth, StepOVSDB, StepApply, StepOFPort, StepFlows, StepIPAMSync, StepPolicy}
 
 // newStepHistogram returns seine_cni_add_step_duration_seconds, registered
 // on reg when reg is not nil (an already registered one is reused).
 func newStepHistogram(reg prometheus.Registerer) *prometheus.HistogramVec {
 	h := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "seine_cni_add_step_duration_seconds",
-		Help:    "Time one CNI ADD spent in each step (ipam, veth, ovsdb_transaction, vswitchd_apply, ofport, flows, policy), successful ADDs only.",
+		Help:    "Time one CNI ADD spent in each step (ipam, veth, ovsdb_transaction, vswitchd_apply, ofport, flows, ipam_sync, policy), successful ADDs only.",
 		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 	}, []string{"step"})
 	if reg == nil {
