@@ -196,6 +196,29 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		return err
 	}
 
+	errc := make(chan error, 8)
+	// The Service proxy first: it needs only the bridge and the pipeline,
+	// and its informers' initial lists and its programming overlap the
+	// rest of the start-up.
+	var svcProxy *proxy.Proxier
+	if cfg.ProxyEnabled() {
+		npAddrs := cfg.NodePortCIDRs()
+		if len(npAddrs) == 0 {
+			npAddrs = []*net.IPNet{{IP: nodeIP.To4(), Mask: net.CIDRMask(32, 32)}}
+		}
+		_, svcCIDR, _ := net.ParseCIDR(cfg.ServiceCIDR)
+		svcProxy, err = proxy.New(kube, syncer, ofc, proxy.Config{NodeName: cfg.NodeName, Bridge: bridge,
+			SkipServices: cfg.Proxy.SkipServices, ProxyAll: cfg.ProxyAllEnabled(), Gateway: cfg.GatewayName,
+			ServiceCIDR: svcCIDR, NodePortAddresses: npAddrs, Registry: reg}, log.Named("proxy"))
+		if err != nil {
+			return err
+		}
+		replayProxy.Store(svcProxy)
+		go func() { errc <- svcProxy.Run(ctx) }()
+	} else if err := proxy.Cleanup(ctx, cfg.GatewayName, ofc); err != nil {
+		log.Warn("removing the leftovers of the Service proxy failed", zap.Error(err))
+	}
+
 	// NetworkPolicy: this Node's agent (enforcement) and its instance of
 	// the leader-elected controller.
 	var policyAgent *policyagent.Agent
@@ -256,7 +279,6 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	}
 	factory.Start(ctx.Done())
 
-	errc := make(chan error, 8)
 	go func() { errc <- routes.Run(ctx) }()
 	if policyAgent != nil {
 		go func() { errc <- policyAgent.Run(ctx) }()
@@ -285,24 +307,6 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 			return err
 		}
 		go func() { errc <- pc.Run(ctx) }()
-	}
-	var svcProxy *proxy.Proxier
-	if cfg.ProxyEnabled() {
-		npAddrs := cfg.NodePortCIDRs()
-		if len(npAddrs) == 0 {
-			npAddrs = []*net.IPNet{{IP: nodeIP.To4(), Mask: net.CIDRMask(32, 32)}}
-		}
-		_, svcCIDR, _ := net.ParseCIDR(cfg.ServiceCIDR)
-		svcProxy, err = proxy.New(kube, syncer, ofc, proxy.Config{NodeName: cfg.NodeName, Bridge: bridge,
-			SkipServices: cfg.Proxy.SkipServices, ProxyAll: cfg.ProxyAllEnabled(), Gateway: cfg.GatewayName,
-			ServiceCIDR: svcCIDR, NodePortAddresses: npAddrs, Registry: reg}, log.Named("proxy"))
-		if err != nil {
-			return err
-		}
-		replayProxy.Store(svcProxy)
-		go func() { errc <- svcProxy.Run(ctx) }()
-	} else if err := proxy.Cleanup(ctx, cfg.GatewayName, ofc); err != nil {
-		log.Warn("removing the leftovers of the Service proxy failed", zap.Error(err))
 	}
 	synced := factory.WaitForCacheSync(ctx.Done())
 	for typ, ok := range synced {
