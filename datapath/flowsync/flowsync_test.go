@@ -158,36 +158,27 @@ func (g *gate) Apply(ctx context.Context, mods []of.FlowMod) error {
 	return nil
 }
 
-// TestConcurrentSetsShareBundles queues 20 changes while a bundle is on its
-// way: they travel in one more bundle, not 20, and a change the switch
-// rejects fails its own caller only.
-func TestConcurrentSetsShareBundles(t *testing.T) {
+// queueBehind blocks a first bundle on a new gate, queues n changes
+// behind it (change i outputs to port(i)), lets the first bundle through
+// and returns the syncer, the gate and each change's error.
+func queueBehind(t *testing.T, n int, port func(i int) uint32) (*Syncer, *gate, []error) {
+	t.Helper()
 	g := newGate()
 	s := New(g)
 	ctx := context.Background()
 	first := make(chan error, 1)
 	go func() { first <- s.Set(ctx, "first", []of.Flow{flow(70, "10.0.1.1", 1)}) }()
 	<-g.entered
-	const n = 20
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := 0; i < n; i++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			port := uint32(10 + i)
-			if i == 7 {
-				port = 666
-			}
-			errs[i] = s.Set(ctx, fmt.Sprintf("o%d", i), []of.Flow{flow(70, fmt.Sprintf("10.0.2.%d", i), port)})
+			errs[i] = s.Set(ctx, fmt.Sprintf("o%d", i), []of.Flow{flow(70, fmt.Sprintf("10.0.2.%d", i), port(i))})
 		}()
 	}
-	// Let every change queue behind the blocked bundle.
-	for {
-		queued := s.commits.Queued()
-		if queued == n {
-			break
-		}
+	for s.commits.Queued() != n {
 		time.Sleep(time.Millisecond)
 	}
 	close(g.open)
@@ -195,6 +186,31 @@ func TestConcurrentSetsShareBundles(t *testing.T) {
 	if err := <-first; err != nil {
 		t.Fatal(err)
 	}
+	return s, g, errs
+}
+
+// TestConcurrentSetsShareBundles queues 20 changes while a bundle is on its
+// way: they travel in one more bundle, not 20, and a change the switch
+// rejects fails its own caller only.
+func TestConcurrentSetsShareBundles(t *testing.T) {
+	const n = 20
+	s, g, errs := queueBehind(t, n, func(i int) uint32 { return uint32(10 + i) })
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.bundles.Load(); got != 2 {
+		t.Errorf("%d bundles for 1 + %d changes, want 2", got, n)
+	}
+	if len(g.batches) != 2 || len(g.batches[1]) != n {
+		t.Errorf("bundles on the switch: %d, second with %d mods", len(g.batches), len(g.batches[1]))
+	}
+
+	s, _, errs = queueBehind(t, n, func(i int) uint32 {
+		if i == 7 {
+			return 666 // rejected
+		}
+		return uint32(10 + i)
+	})
 	for i, err := range errs {
 		if (err != nil) != (i == 7) {
 			t.Errorf("change %d: %v", i, err)
@@ -206,38 +222,6 @@ func TestConcurrentSetsShareBundles(t *testing.T) {
 	}
 	if s.Has("o7") || !s.Has("o8") || s.Count() != n {
 		t.Errorf("state after the batch: has o7 %v, o8 %v, %d flows", s.Has("o7"), s.Has("o8"), s.Count())
-	}
-
-	// Without a rejected change, queued changes share one bundle.
-	g2 := newGate()
-	s2 := New(g2)
-	go func() { first <- s2.Set(ctx, "first", []of.Flow{flow(70, "10.0.1.1", 1)}) }()
-	<-g2.entered
-	for i := 0; i < n; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = s2.Set(ctx, fmt.Sprintf("o%d", i), []of.Flow{flow(70, fmt.Sprintf("10.0.2.%d", i), uint32(10+i))})
-		}()
-	}
-	for {
-		queued := s2.commits.Queued()
-		if queued == n {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
-	close(g2.open)
-	wg.Wait()
-	<-first
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
-	if got := s2.bundles.Load(); got != 2 {
-		t.Errorf("%d bundles for 1 + %d changes, want 2", got, n)
-	}
-	if len(g2.batches) != 2 || len(g2.batches[1]) != n {
-		t.Errorf("bundles on the switch: %d, second with %d mods", len(g2.batches), len(g2.batches[1]))
 	}
 }
 
@@ -253,11 +237,7 @@ func TestQueuedSetGivesUp(t *testing.T) {
 	cctx, cancel := context.WithCancel(context.Background())
 	gaveUp := make(chan error, 1)
 	go func() { gaveUp <- s.Set(cctx, "cancelled", []of.Flow{flow(70, "10.0.3.1", 3)}) }()
-	for {
-		queued := s.commits.Queued()
-		if queued == 1 {
-			break
-		}
+	for s.commits.Queued() != 1 {
 		time.Sleep(time.Millisecond)
 	}
 	later := make(chan error, 1)
