@@ -83,14 +83,14 @@ func BenchmarkIncremental(b *testing.B) {
 	b.Logf("controller cold start: %v, %d objects stored", time.Since(t0).Round(time.Second), countStored(b, e))
 
 	events := e.watchComputed(b, ctx)
-	pod := w.Pods[0] // labelled app-1 in workload 1
-	labels := []map[string]string{{"app-2": "scale-2"}, {"app-1": "scale-1"}}
+	pod := w.Pods[0] // app=a in workload 1
+	labels := []map[string]string{{"app": "b"}, {"app": "a"}}
 	changes := []struct {
 		kind  string
 		apply func(i int) error
 	}{
 		{"pod", func(i int) error {
-			return e.patchLabels(ctx, "pods", pod.Namespace, pod.Name, labels[i%2], labels[(i+1)%2])
+			return e.patchLabels(ctx, "pods", pod.Namespace, pod.Name, labels[i%2], nil)
 		}},
 		{"namespace", func(i int) error {
 			on := map[string]string{"team": "blue"}
@@ -100,11 +100,12 @@ func BenchmarkIncremental(b *testing.B) {
 			return e.patchLabels(ctx, "namespaces", "", last, nil, on)
 		}},
 		{"policy", func(i int) error {
-			np, err := e.kube.NetworkingV1().NetworkPolicies(first).Get(ctx, "np-1", metav1.GetOptions{})
+			// allow-a allows app=b; it switches to app=a and back.
+			np, err := e.kube.NetworkingV1().NetworkPolicies(first).Get(ctx, "allow-a", metav1.GetOptions{})
 			if err != nil {
 				return err
 			}
-			np.Spec.Ingress[0].From[0].PodSelector.MatchLabels = labels[i%2]
+			np.Spec.Ingress[0].From[0].PodSelector.MatchLabels = labels[(i+1)%2]
 			_, err = e.kube.NetworkingV1().NetworkPolicies(first).Update(ctx, np, metav1.UpdateOptions{})
 			return err
 		}},

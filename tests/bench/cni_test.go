@@ -23,6 +23,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -352,7 +353,7 @@ func (m *cniMeter) steps() map[string]stepSum {
 	if err != nil {
 		m.b.Fatalf("metrics of %s: %v", m.node.Name, err)
 	}
-	var parser expfmt.TextParser
+	parser := expfmt.NewTextParser(model.UTF8Validation)
 	mfs, err := parser.TextToMetricFamilies(strings.NewReader(text))
 	if err != nil {
 		m.b.Fatalf("metrics of %s: %v", m.node.Name, err)
