@@ -14,6 +14,9 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/seine-net/seine/policy/compute/workloads"
 )
 
@@ -50,8 +53,9 @@ type proc struct {
 // tests/bench/antrea/build.sh), runs Antrea's four TestInitXLargeScale*
 // tests the same way, alternating, on the same machine: so both are
 // measured as users compare them, by the peak RSS of the whole process
-// (the inputs, which the test generates in the process, included) and
-// time.
+// (the inputs, which each test generates in its process, included: Seine's
+// Pods in the compact form its controller's informer keeps, Antrea's as
+// its test holds them) and time.
 //
 // Metrics per workload N: seine-wN-s (feeding the model and building every
 // object, the child's own timing), seine-wN-rss-MB, seine-wN-wall-s (the
@@ -156,9 +160,20 @@ func runAntreaTest(b *testing.B, binary, test string) proc {
 	return p
 }
 
+// cachedPod mirrors what the policy controller's Pod informer keeps of a
+// Pod (policy/controller's cachedPod): the metadata its key needs and
+// the model's PodInfo.
+type cachedPod struct {
+	meta metav1.ObjectMeta
+	info PodInfo
+}
+
 // TestComputeChild is BenchmarkSideBySide's child: with SEINE_COMPUTE_CHILD
-// set to a workload's name it builds the workload, feeds a model and builds
-// every object, and prints the time that took; otherwise it does nothing.
+// set to a workload's name it builds the workload, keeping each Pod in the
+// compact form the controller's informer keeps (the full Pod is dropped as
+// soon as it is made, as the informer's transform drops it), feeds a model
+// and builds every object, and prints the time the feeding and building
+// took; otherwise it does nothing.
 func TestComputeChild(t *testing.T) {
 	name := os.Getenv(envChild)
 	if name == "" {
@@ -168,14 +183,32 @@ func TestComputeChild(t *testing.T) {
 		if spec.Name != name {
 			continue
 		}
-		w := spec.Build()
+		var pods []cachedPod
+		w := spec.Build(workloads.PodsTo(func(p *corev1.Pod) {
+			pods = append(pods, cachedPod{
+				meta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name, UID: p.UID, ResourceVersion: p.ResourceVersion},
+				info: PodInfoOf(p)})
+		}))
 		runtime.GC()
 		start := time.Now()
-		m := feed(w, 0)
+		m := New(0)
+		for _, n := range w.Nodes {
+			m.UpsertNode(n)
+		}
+		for _, ns := range w.Namespaces {
+			m.UpsertNamespace(ns)
+		}
+		for i := range pods {
+			m.UpsertPodInfo(pods[i].info)
+		}
+		for _, np := range w.Policies {
+			m.UpsertNetworkPolicy(np)
+		}
 		objs := buildAll(m, m.TakeDirty())
 		d := time.Since(start)
 		runtime.KeepAlive(m)
 		runtime.KeepAlive(w)
+		runtime.KeepAlive(pods)
 		fmt.Printf("RESULT %.3f s\n%d objects\n", d.Seconds(), objs)
 		return
 	}
