@@ -54,6 +54,7 @@ const (
 type Ports interface {
 	EnsurePort(ctx context.Context, bridge string, spec ovsdb.PortSpec) (ovsdb.Port, error)
 	SetPortExternalIDs(ctx context.Context, name string, ids map[string]string) error
+	GetPort(ctx context.Context, name string) (*ovsdb.Port, error)
 	DeletePort(ctx context.Context, bridge, name string) error
 	ListPorts(ctx context.Context, bridge string) ([]ovsdb.Port, error)
 }
@@ -103,8 +104,9 @@ type Backend struct {
 	ipam  *ipam.Allocator
 	ports Ports
 	flows Flows
-	log   *zap.Logger
-	steps *prometheus.HistogramVec
+	log     *zap.Logger
+	steps   *prometheus.HistogramVec
+	ofports *ofportPool
 
 	mu    sync.Mutex
 	ready bool
@@ -138,7 +140,7 @@ func isolationValue(p pipeline.Pod) string {
 // until MarkReady.
 func New(cfg Config, alloc *ipam.Allocator, ports Ports, flows Flows, log *zap.Logger) *Backend {
 	return &Backend{cfg: cfg, ipam: alloc, ports: ports, flows: flows, log: log, pods: map[string]podRecord{},
-		steps: newStepHistogram(cfg.Metrics)}
+		steps: newStepHistogram(cfg.Metrics), ofports: newOFPortPool()}
 }
 
 // remember records an attached Pod (one record per namespace/name: a newer
@@ -348,9 +350,29 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 
 	st.done(StepVeth)
 
+	// The port gets an OpenFlow number chosen here (ofport_request), so
+	// its flows are installed while ovs-vswitchd adds the port; a port
+	// that ends up with another number gets its flows again.
 	podMAC := podIf.HardwareAddr
+	ofport, err := b.ofports.get()
+	if err != nil {
+		return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "attaching %s: %w", hostName, err)
+	}
+	undo = append(undo, func() { b.ofports.release(ofport) })
+	// A new attachment starts isolated for neither direction; the policy
+	// agent isolates it (SetIsolation) before WaitRealized returns.
+	pod := pipeline.Pod{OFPort: ofport, IP: podIP, MAC: podMAC}
+	flowOwner := owner(req.ContainerID, req.IfName)
+	flowsDone := make(chan error, 1)
+	go func() { flowsDone <- b.flows.Set(ctx, flowOwner, pipeline.PodFlows(br, pod)) }()
+	undo = append(undo, func() {
+		if err := b.flows.Set(context.WithoutCancel(ctx), flowOwner, nil); err != nil {
+			b.log.Error("rollback: removing flows", zap.String("container_id", req.ContainerID), zap.Error(err))
+		}
+	})
 	port, err := b.ports.EnsurePort(ovsdb.WithPortTrace(ctx, &st.port), b.cfg.BridgeName, ovsdb.PortSpec{
-		Name: hostName,
+		Name:          hostName,
+		OFPortRequest: int32(ofport),
 		ExternalIDs: map[string]string{
 			ExtIDContainerID:  req.ContainerID,
 			ExtIDIfName:       req.IfName,
@@ -360,6 +382,7 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 			ExtIDMAC:          podMAC.String(),
 		},
 	})
+	flowsErr := <-flowsDone // the undo above must not race the first Set
 	undo = append(undo, func() {
 		dctx := context.WithoutCancel(ctx)
 		if err := b.ports.DeletePort(dctx, b.cfg.BridgeName, hostName); err != nil {
@@ -370,26 +393,25 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 		return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "attaching %s to %s: %w", hostName, b.cfg.BridgeName, err)
 	}
 	st.portDone()
-
-	// A new attachment starts isolated for neither direction; the policy
-	// agent isolates it (SetIsolation) before WaitRealized returns.
-	pod := pipeline.Pod{OFPort: uint32(port.OFPort), IP: podIP, MAC: podMAC}
-	flows := pipeline.PodFlows(br, pod)
-	undo = append(undo, func() {
-		if err := b.flows.Set(context.WithoutCancel(ctx), owner(req.ContainerID, req.IfName), nil); err != nil {
-			b.log.Error("rollback: removing flows", zap.String("container_id", req.ContainerID), zap.Error(err))
+	if flowsErr != nil {
+		return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "installing Pod flows: %w", flowsErr)
+	}
+	if got := uint32(port.OFPort); got != ofport {
+		b.log.Warn("Pod port got another OpenFlow number than requested; installing its flows again",
+			zap.String("port", hostName), zap.Uint32("requested", ofport), zap.Uint32("ofport", got))
+		b.ofports.mark(got)
+		pod.OFPort = got
+		if err := b.flows.Set(ctx, flowOwner, pipeline.PodFlows(br, pod)); err != nil {
+			return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "installing Pod flows: %w", err)
 		}
-	})
-	if err := b.flows.Set(ctx, owner(req.ContainerID, req.IfName), flows); err != nil {
-		return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "installing Pod flows: %w", err)
 	}
 	st.done(StepFlows)
 	if err := durable(); err != nil {
 		return nil, cniserver.Errorf(cniserver.ErrCodeInternal, "persisting the IP allocation: %w", err)
 	}
 	st.done(StepIPAMSync)
-	b.remember(req.PodNamespace, req.PodName, owner(req.ContainerID, req.IfName), hostName, pod)
-	undo = append(undo, func() { b.forget(owner(req.ContainerID, req.IfName)) })
+	b.remember(req.PodNamespace, req.PodName, flowOwner, hostName, pod)
+	undo = append(undo, func() { b.forget(flowOwner) })
 	if p := b.cfg.Policy; p != nil && req.PodName != "" {
 		p.PodAttached(req.PodNamespace, req.PodName, uint32(port.OFPort), podIP, false)
 		undo = append(undo, func() { p.PodDetached(req.PodNamespace, req.PodName) })
@@ -433,8 +455,15 @@ func (b *Backend) release(ctx context.Context, containerID, ifName string) error
 	if err := b.flows.Set(ctx, owner(containerID, ifName), nil); err != nil {
 		return cniserver.Errorf(cniserver.ErrCodeDatapath, "removing Pod flows: %w", err)
 	}
+	var ofport uint32
+	if p, err := b.ports.GetPort(ctx, hostName); err == nil && p != nil && p.OFPort > 0 {
+		ofport = uint32(p.OFPort)
+	}
 	if err := b.ports.DeletePort(ctx, b.cfg.BridgeName, hostName); err != nil {
 		return cniserver.Errorf(cniserver.ErrCodeDatapath, "removing OVS port %s: %w", hostName, err)
+	}
+	if ofport != 0 {
+		b.ofports.release(ofport)
 	}
 	if err := deleteLink(hostName); err != nil {
 		return cniserver.Errorf(cniserver.ErrCodeDatapath, "removing veth %s: %w", hostName, err)
@@ -541,6 +570,11 @@ func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 	ports, err := b.ports.ListPorts(ctx, b.cfg.BridgeName)
 	if err != nil {
 		return 0, err
+	}
+	for _, p := range ports {
+		if p.OFPort > 0 {
+			b.ofports.mark(uint32(p.OFPort))
+		}
 	}
 	attached := map[string]bool{}
 	n := 0
