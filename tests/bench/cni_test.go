@@ -56,11 +56,11 @@ var cniLevels = []int{1, 10, 50, 200}
 //     chained plugins): what the daemon itself costs.
 //
 // These ADDs name no Pod (no K8S_POD_NAME), so the daemon does not wait
-// for NetworkPolicy realization. A last run, "policy", creates 50 Pods in
-// the API under a default-deny policy and an allow policy (the Node's
-// kubelet stopped, so the benchmark runs their ADDs itself) and ADDs them
-// all at once through the conflist: each ADD then waits until its Pod's
-// policies are installed.
+// for NetworkPolicy realization. Last, "policy-cni" and "policy-daemon"
+// create 50 Pods in the API under a default-deny policy and an allow
+// policy (the Node's kubelet stopped, so the benchmark runs their ADDs
+// itself) and ADD them all at once along each path: each ADD then waits
+// until its Pod's policies are installed.
 //
 // Metrics per path P and level N: P-cN-p50-ms, P-cN-p99-ms, P-cN-adds/s;
 // the mean of each ADD step (seine_cni_add_step_duration_seconds, when
@@ -222,7 +222,7 @@ func (m *cniMeter) level(ctx context.Context, path string, n int, nss []string, 
 		}
 	}
 	for proc, t := range cpu1 {
-		if path == "daemon" && proc == "plugins" {
+		if (path == "daemon" || strings.HasSuffix(path, "-daemon")) && proc == "plugins" {
 			continue
 		}
 		b.ReportMetric(ms(t-cpu0[proc])/float64(len(atts)), label+"-cpu-"+proc+"-ms")
@@ -251,7 +251,7 @@ func (m *cniMeter) level(ctx context.Context, path string, n int, nss []string, 
 func (m *cniMeter) add(ctx context.Context, path string, a attachment) error {
 	rt := sandbox.RuntimeConf(a.id, a.netns)
 	rt.Args = append(rt.Args, a.args...)
-	if path == "cni" {
+	if path == "cni" || strings.HasSuffix(path, "-cni") {
 		_, err := m.cc.Add(ctx, rt)
 		return err
 	}
@@ -334,9 +334,11 @@ func (m *cniMeter) policyLevel(ctx context.Context, c *sandbox.Cluster, nss []st
 	if err != nil {
 		b.Fatalf("PodRealization of %s never listed the %d Pods: %v", m.node.Name, len(nss), err)
 	}
-	m.level(ctx, "policy", len(nss), nss, func(i int) [][2]string {
-		return [][2]string{{"K8S_POD_NAMESPACE", namespace}, {"K8S_POD_NAME", fmt.Sprintf("web-%03d", i)}, {"K8S_POD_UID", uids[i]}}
-	})
+	for _, path := range []string{"policy-cni", "policy-daemon"} {
+		m.level(ctx, path, len(nss), nss, func(i int) [][2]string {
+			return [][2]string{{"K8S_POD_NAMESPACE", namespace}, {"K8S_POD_NAME", fmt.Sprintf("web-%03d", i)}, {"K8S_POD_UID", uids[i]}}
+		})
+	}
 }
 
 // stepSum is one step of seine_cni_add_step_duration_seconds.
