@@ -21,6 +21,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -62,11 +63,12 @@ type Allocator struct {
 	// Group commit: version counts the changes to st, saved is the
 	// version on disk, saving is set while one caller writes (without
 	// mu), and written is broadcast when it is done.
-	version uint64
-	saved   uint64
-	saving  bool
-	written *sync.Cond
-	writes  int // files written, for tests
+	version  uint64
+	saved    uint64
+	saving   bool
+	flushing bool // a background flusher runs (flushLocked)
+	written  *sync.Cond
+	writes   int // files written, for tests
 }
 
 // Open loads (or creates) the allocation file in dir for podCIDR (IPv4, at
@@ -188,11 +190,7 @@ func (a *Allocator) Reserve(owner Owner) (ip net.IP, durable func() error, err e
 		a.version++
 		v := a.version
 		// Start the write now; durable waits for it (or writes again).
-		go func() {
-			a.mu.Lock()
-			defer a.mu.Unlock()
-			_ = a.persistLocked(v)
-		}()
+		a.flushLocked()
 		return u32ToIP(cand), func() error {
 			a.mu.Lock()
 			defer a.mu.Unlock()
@@ -323,13 +321,15 @@ func (a *Allocator) persistLocked(v uint64) error {
 		}
 		a.saving = true
 		target := a.version
-		b, err := json.MarshalIndent(a.st, "", "  ")
+		snap := a.st
+		snap.Allocations = maps.Clone(a.st.Allocations)
+		a.mu.Unlock()
+		b, err := json.MarshalIndent(snap, "", "  ")
 		if err == nil {
-			a.mu.Unlock()
 			err = writeBytes(a.path, b)
-			a.mu.Lock()
-			a.writes++
 		}
+		a.mu.Lock()
+		a.writes++
 		a.saving = false
 		if err == nil && target > a.saved {
 			a.saved = target
@@ -340,6 +340,27 @@ func (a *Allocator) persistLocked(v uint64) error {
 		}
 	}
 	return nil
+}
+
+// flushLocked starts writing the state in the background unless a
+// flusher runs already; the flusher writes until every change made so far
+// is on disk (or a write fails: then callers of persistLocked write
+// again). a.mu must be held.
+func (a *Allocator) flushLocked() {
+	if a.flushing {
+		return
+	}
+	a.flushing = true
+	go func() {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		for a.saved < a.version {
+			if err := a.persistLocked(a.version); err != nil {
+				break
+			}
+		}
+		a.flushing = false
+	}()
 }
 
 // write stores st at path atomically (see writeBytes).
