@@ -183,7 +183,8 @@ test: lint unit-test e2e-test
 
 ## bench: benchmarks (docs/benchmarks.md records the figures).
 bench: deps control-plane build
-	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 90m ./tests/bench/... ./datapath/... ./ipam/... ./policy/... ./node/proxy/...
+	@tests/bench/antrea/build.sh >/dev/null || echo "Antrea's controller test binary not built: BenchmarkSideBySide reports Seine alone"
+	$(GO) test -p 1 -run '^$$' -bench . -benchtime 1x -timeout 90m ./tests/bench/... ./datapath/... ./ipam/... ./policy/... ./node/proxy/... ./node/podnet/...
 
 ## sandbox: a 3-Node cluster with demo Pods, left running.
 sandbox: deps control-plane build

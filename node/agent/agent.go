@@ -214,6 +214,32 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 		return err
 	}
 
+	// The Service proxy first: it needs only the bridge and the pipeline,
+	// and its informers' initial lists and its programming overlap the
+	// rest of the start-up.
+	var svcProxy *proxy.Proxier
+	if cfg.ProxyEnabled() {
+		npAddrs := cfg.NodePortCIDRs()
+		if len(npAddrs) == 0 {
+			npAddrs = []*net.IPNet{{IP: nodeIP.To4(), Mask: net.CIDRMask(32, 32)}}
+		}
+		_, svcCIDR, _ := net.ParseCIDR(cfg.ServiceCIDR)
+		pcfg := proxy.Config{NodeName: cfg.NodeName, Bridge: bridge,
+			SkipServices: cfg.Proxy.SkipServices, ProxyAll: cfg.ProxyAllEnabled(), Gateway: cfg.GatewayName,
+			ServiceCIDR: svcCIDR, NodePortAddresses: npAddrs, Registry: reg}
+		if gwIP == nil {
+			pcfg.RouteSource = nodeIP // the gateway has no address of its own
+		}
+		svcProxy, err = proxy.New(kube, syncer, ofc, pcfg, log.Named("proxy"))
+		if err != nil {
+			return err
+		}
+		replayProxy.Store(svcProxy)
+		go func() { errc <- svcProxy.Run(ctx) }()
+	} else if err := proxy.Cleanup(ctx, cfg.GatewayName, ofc); err != nil {
+		log.Warn("removing the leftovers of the Service proxy failed", zap.Error(err))
+	}
+
 	// NetworkPolicy: this Node's agent (enforcement) and its instance of
 	// the leader-elected controller.
 	var policyAgent *policyagent.Agent
@@ -252,6 +278,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 		Chained:           !ownsPods,
 		Gateway:           cfg.GatewayName,
 		NodeIP:            nodeIP,
+		Metrics:           reg,
 	}, alloc, ovs, syncer, log.Named("podnet"))
 	restored, err := backend.RestorePods(ctx)
 	if err != nil {
@@ -316,28 +343,6 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 		}
 		ops.leaderTasks(pc, kube, cp)
 		go func() { errc <- pc.Run(ctx) }()
-	}
-	var svcProxy *proxy.Proxier
-	if cfg.ProxyEnabled() {
-		npAddrs := cfg.NodePortCIDRs()
-		if len(npAddrs) == 0 {
-			npAddrs = []*net.IPNet{{IP: nodeIP.To4(), Mask: net.CIDRMask(32, 32)}}
-		}
-		_, svcCIDR, _ := net.ParseCIDR(cfg.ServiceCIDR)
-		pcfg := proxy.Config{NodeName: cfg.NodeName, Bridge: bridge,
-			SkipServices: cfg.Proxy.SkipServices, ProxyAll: cfg.ProxyAllEnabled(), Gateway: cfg.GatewayName,
-			ServiceCIDR: svcCIDR, NodePortAddresses: npAddrs}
-		if gwIP == nil {
-			pcfg.RouteSource = nodeIP // the gateway has no address of its own
-		}
-		svcProxy, err = proxy.New(kube, syncer, ofc, pcfg, log.Named("proxy"))
-		if err != nil {
-			return err
-		}
-		replayProxy.Store(svcProxy)
-		go func() { errc <- svcProxy.Run(ctx) }()
-	} else if err := proxy.Cleanup(ctx, cfg.GatewayName, ofc); err != nil {
-		log.Warn("removing the leftovers of the Service proxy failed", zap.Error(err))
 	}
 	synced := factory.WaitForCacheSync(ctx.Done())
 	for typ, ok := range synced {
@@ -502,12 +507,17 @@ func restConfig(kubeconfig, apiServer string) (*rest.Config, error) {
 
 // kubeClients returns the clients of the daemon's own API calls (watches
 // of its Node's share, CNI lookups, status): 50 requests per second, bursts
-// of 100.
+// of 100. Built-in kinds travel as protobuf, as kube-proxy's do: lists of
+// tens of thousands of Services and EndpointSlices decode several times
+// faster than JSON (CRDs have no protobuf encoding: JSON for those).
 func kubeClients(base *rest.Config) (kubernetes.Interface, versioned.Interface, error) {
 	rc := rest.CopyConfig(base)
 	rc.UserAgent = "seine-node"
 	rc.QPS, rc.Burst = 50, 100
-	kube, err := kubernetes.NewForConfig(rc)
+	pb := rest.CopyConfig(rc)
+	pb.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
+	pb.ContentType = "application/vnd.kubernetes.protobuf"
+	kube, err := kubernetes.NewForConfig(pb)
 	if err != nil {
 		return nil, nil, err
 	}

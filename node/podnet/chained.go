@@ -209,7 +209,7 @@ func (b *Backend) addChained(ctx context.Context, req *cniserver.Request) (_ *cu
 		}
 	}
 	port, err := b.attach(ctx, req, hostName, podIP, podMAC,
-		map[string]string{ExtIDAttachment: AttachmentChained, ExtIDHostSysctls: recorded}, &undo)
+		map[string]string{ExtIDAttachment: AttachmentChained, ExtIDHostSysctls: recorded}, &undo, newStepTimes(), nil)
 	if err != nil {
 		return nil, err
 	}

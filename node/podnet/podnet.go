@@ -25,7 +25,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ip"
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/safchain/ethtool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
 	"go.uber.org/zap"
 
@@ -54,6 +54,8 @@ const (
 // Ports is the OVSDB part the backend needs.
 type Ports interface {
 	EnsurePort(ctx context.Context, bridge string, spec ovsdb.PortSpec) (ovsdb.Port, error)
+	SetPortExternalIDs(ctx context.Context, name string, ids map[string]string) error
+	GetPort(ctx context.Context, name string) (*ovsdb.Port, error)
 	DeletePort(ctx context.Context, bridge, name string) error
 	ListPorts(ctx context.Context, bridge string) ([]ovsdb.Port, error)
 }
@@ -101,21 +103,25 @@ type Config struct {
 	Gateway string
 	// NodeIP is the source address of those routes.
 	NodeIP net.IP
+	// Metrics, when set, receives seine_cni_add_step_duration_seconds
+	// (see Steps).
+	Metrics prometheus.Registerer
 }
 
 // Backend implements the CNI commands on this Node.
 type Backend struct {
-	cfg   Config
-	ipam  *ipam.Allocator
-	ports Ports
-	flows Flows
-	log   *zap.Logger
+	cfg     Config
+	ipam    *ipam.Allocator
+	ports   Ports
+	flows   Flows
+	log     *zap.Logger
+	steps   *prometheus.HistogramVec
+	ofports *ofportPool
 
 	mu    sync.Mutex
 	ready bool
 
-	// podMu guards pods and serializes the flow updates SetIsolation
-	// makes with the removal of the records they read.
+	// podMu guards pods; it is never held across a call to OVS.
 	podMu sync.Mutex
 	pods  map[string]podRecord // "namespace/name" → attachment
 }
@@ -143,7 +149,8 @@ func isolationValue(p pipeline.Pod) string {
 // New returns the backend. It is not ready (STATUS fails, ADD refuses)
 // until MarkReady. alloc is nil with cfg.Chained.
 func New(cfg Config, alloc *ipam.Allocator, ports Ports, flows Flows, log *zap.Logger) *Backend {
-	return &Backend{cfg: cfg, ipam: alloc, ports: ports, flows: flows, log: log, pods: map[string]podRecord{}}
+	return &Backend{cfg: cfg, ipam: alloc, ports: ports, flows: flows, log: log, pods: map[string]podRecord{},
+		steps: newStepHistogram(cfg.Metrics), ofports: newOFPortPool()}
 }
 
 // remember records an attached Pod (one record per namespace/name: a newer
@@ -179,12 +186,17 @@ func (b *Backend) forget(owner string) []string {
 // change (pipeline.PodFlows), and flowsync sends only those. A Pod this
 // backend has no attachment of is ignored (it was detached meanwhile, or
 // its name was not known). It fails only when the switch rejects the
-// flows, naming the Pod.
+// flows, naming the Pod. Calls for different Pods may run concurrently
+// (and share bundles); calls for one Pod must not overlap.
+//
+// No lock is held while the flows travel: if a DEL (or a new attachment)
+// takes the record away meanwhile, the flows just installed for the old
+// attachment are removed again, so nothing outlives a DEL.
 func (b *Backend) SetIsolation(ctx context.Context, namespace, name string, ingress, egress bool) error {
 	key := namespace + "/" + name
 	b.podMu.Lock()
-	defer b.podMu.Unlock()
 	r, ok := b.pods[key]
+	b.podMu.Unlock()
 	if !ok {
 		b.log.Debug("isolation for a Pod not attached here ignored", zap.String("pod", key))
 		return nil
@@ -197,10 +209,22 @@ func (b *Backend) SetIsolation(ctx context.Context, namespace, name string, ingr
 	if err := b.flows.Set(ctx, r.owner, pipeline.PodFlows(b.cfg.Bridge, p)); err != nil {
 		return fmt.Errorf("isolation of pod %s: %w", key, err)
 	}
-	b.pods[key] = podRecord{owner: r.owner, port: r.port, pod: p}
+	b.podMu.Lock()
+	cur, still := b.pods[key]
+	if still && cur.owner == r.owner {
+		b.pods[key] = podRecord{owner: r.owner, port: r.port, pod: p}
+	}
+	b.podMu.Unlock()
+	if !still || cur.owner != r.owner {
+		// Detached while the flows travelled: its DEL may have removed
+		// its flows before this call put them back.
+		if err := b.flows.Set(context.WithoutCancel(ctx), r.owner, nil); err != nil {
+			return fmt.Errorf("removing the flows of pod %s, detached meanwhile: %w", key, err)
+		}
+		return nil
+	}
 	if r.port != "" {
-		if _, err := b.ports.EnsurePort(ctx, b.cfg.BridgeName, ovsdb.PortSpec{Name: r.port,
-			ExternalIDs: map[string]string{ExtIDIsolation: isolationValue(p)}}); err != nil {
+		if err := b.ports.SetPortExternalIDs(ctx, r.port, map[string]string{ExtIDIsolation: isolationValue(p)}); err != nil {
 			b.log.Warn("recording isolation in OVSDB", zap.String("pod", key), zap.Error(err))
 		}
 	}
@@ -256,6 +280,7 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 	}
 	defer podNS.Close()
 
+	st := newStepTimes()
 	var undo rollback
 	defer func() {
 		if retErr != nil {
@@ -263,7 +288,10 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 		}
 	}()
 
-	podIP, err := b.ipam.Allocate(ipam.Owner{ContainerID: req.ContainerID, IfName: req.IfName,
+	// The address is held at once; its write to disk runs while the
+	// interface and the port are set up, and the ADD waits for it before
+	// anything learns the address.
+	podIP, durable, err := b.ipam.Reserve(ipam.Owner{ContainerID: req.ContainerID, IfName: req.IfName,
 		Namespace: req.PodNamespace, Pod: req.PodName})
 	if err != nil {
 		if errors.Is(err, ipam.ErrExhausted) {
@@ -276,6 +304,7 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 			b.log.Error("rollback: releasing IP", zap.String("container_id", req.ContainerID), zap.Error(err))
 		}
 	})
+	st.done(StepIPAM)
 
 	br := b.cfg.Bridge
 	ones, _ := br.PodCIDR.Mask.Size()
@@ -330,11 +359,14 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 		}
 	}
 
+	st.done(StepVeth)
+
 	podMAC := podIf.HardwareAddr
-	port, err := b.attach(ctx, req, hostName, podIP, podMAC, nil, &undo)
+	port, err := b.attach(ctx, req, hostName, podIP, podMAC, nil, &undo, st, durable)
 	if err != nil {
 		return nil, err
 	}
+	st.observe(b.steps)
 
 	b.log.Info("Pod attached", zap.String("pod", req.PodNamespace+"/"+req.PodName),
 		zap.String("container_id", req.ContainerID), zap.String("ip", podIP.String()),
@@ -365,11 +397,33 @@ func (r rollback) run() {
 }
 
 // attach makes hostName a port of the bridge, its external_ids naming the
-// Pod (plus extra), installs the Pod's flows, and hands the Pod to the
+// Pod (plus extra), installs the Pod's flows, waits for durable (the IP
+// allocation on disk; nil when there is none), and hands the Pod to the
 // policy hook, waiting until its NetworkPolicies are enforced. Each step
-// adds its undo to undo.
+// adds its undo to undo, and its duration to st.
+//
+// The port gets an OpenFlow number chosen here (ofport_request), so its
+// flows are installed while ovs-vswitchd adds the port; a port that ends
+// up with another number gets its flows again.
 func (b *Backend) attach(ctx context.Context, req *cniserver.Request, hostName string, podIP net.IP, podMAC net.HardwareAddr,
-	extra map[string]string, undo *rollback) (ovsdb.Port, error) {
+	extra map[string]string, undo *rollback, st *stepTimes, durable func() error) (ovsdb.Port, error) {
+	var port ovsdb.Port
+	ofport, err := b.ofports.get()
+	if err != nil {
+		return port, cniserver.Errorf(cniserver.ErrCodeDatapath, "attaching %s: %w", hostName, err)
+	}
+	undo.add(func() { b.ofports.release(ofport) })
+	// A new attachment starts isolated for neither direction; the policy
+	// agent isolates it (SetIsolation) before WaitRealized returns.
+	pod := pipeline.Pod{OFPort: ofport, IP: podIP, MAC: podMAC}
+	key := owner(req.ContainerID, req.IfName)
+	flowsDone := make(chan error, 1)
+	go func() { flowsDone <- b.flows.Set(ctx, key, pipeline.PodFlows(b.cfg.Bridge, pod)) }()
+	undo.add(func() {
+		if err := b.flows.Set(context.WithoutCancel(ctx), key, nil); err != nil {
+			b.log.Error("rollback: removing flows", zap.String("container_id", req.ContainerID), zap.Error(err))
+		}
+	})
 	ids := map[string]string{
 		ExtIDContainerID:  req.ContainerID,
 		ExtIDIfName:       req.IfName,
@@ -379,7 +433,9 @@ func (b *Backend) attach(ctx context.Context, req *cniserver.Request, hostName s
 		ExtIDMAC:          podMAC.String(),
 	}
 	maps.Copy(ids, extra)
-	port, err := b.ports.EnsurePort(ctx, b.cfg.BridgeName, ovsdb.PortSpec{Name: hostName, ExternalIDs: ids})
+	port, err = b.ports.EnsurePort(ovsdb.WithPortTrace(ctx, &st.port), b.cfg.BridgeName,
+		ovsdb.PortSpec{Name: hostName, OFPortRequest: int32(ofport), ExternalIDs: ids})
+	flowsErr := <-flowsDone // the undo above must not race the first Set
 	undo.add(func() {
 		if err := b.ports.DeletePort(context.WithoutCancel(ctx), b.cfg.BridgeName, hostName); err != nil {
 			b.log.Error("rollback: deleting OVS port", zap.String("port", hostName), zap.Error(err))
@@ -388,17 +444,25 @@ func (b *Backend) attach(ctx context.Context, req *cniserver.Request, hostName s
 	if err != nil {
 		return port, cniserver.Errorf(cniserver.ErrCodeDatapath, "attaching %s to %s: %w", hostName, b.cfg.BridgeName, err)
 	}
-	// A new attachment starts isolated for neither direction; the policy
-	// agent isolates it (SetIsolation) before WaitRealized returns.
-	pod := pipeline.Pod{OFPort: uint32(port.OFPort), IP: podIP, MAC: podMAC}
-	key := owner(req.ContainerID, req.IfName)
-	undo.add(func() {
-		if err := b.flows.Set(context.WithoutCancel(ctx), key, nil); err != nil {
-			b.log.Error("rollback: removing flows", zap.String("container_id", req.ContainerID), zap.Error(err))
+	st.portDone()
+	if flowsErr != nil {
+		return port, cniserver.Errorf(cniserver.ErrCodeDatapath, "installing Pod flows: %w", flowsErr)
+	}
+	if got := uint32(port.OFPort); got != ofport {
+		b.log.Warn("Pod port got another OpenFlow number than requested; installing its flows again",
+			zap.String("port", hostName), zap.Uint32("requested", ofport), zap.Uint32("ofport", got))
+		b.ofports.mark(got)
+		pod.OFPort = got
+		if err := b.flows.Set(ctx, key, pipeline.PodFlows(b.cfg.Bridge, pod)); err != nil {
+			return port, cniserver.Errorf(cniserver.ErrCodeDatapath, "installing Pod flows: %w", err)
 		}
-	})
-	if err := b.flows.Set(ctx, key, pipeline.PodFlows(b.cfg.Bridge, pod)); err != nil {
-		return port, cniserver.Errorf(cniserver.ErrCodeDatapath, "installing Pod flows: %w", err)
+	}
+	st.done(StepFlows)
+	if durable != nil {
+		if err := durable(); err != nil {
+			return port, cniserver.Errorf(cniserver.ErrCodeInternal, "persisting the IP allocation: %w", err)
+		}
+		st.done(StepIPAMSync)
 	}
 	b.remember(req.PodNamespace, req.PodName, key, hostName, pod)
 	undo.add(func() { b.forget(key) })
@@ -408,6 +472,7 @@ func (b *Backend) attach(ctx context.Context, req *cniserver.Request, hostName s
 		if err := p.WaitRealized(ctx, req.PodNamespace, req.PodName, req.PodUID); err != nil {
 			return port, cniserver.Errorf(types.ErrTryAgainLater, "NetworkPolicies of %s/%s are not in place yet: %w", req.PodNamespace, req.PodName, err)
 		}
+		st.done(StepPolicy)
 	}
 	return port, nil
 }
@@ -432,8 +497,15 @@ func (b *Backend) release(ctx context.Context, containerID, ifName string) error
 	if err := b.flows.Set(ctx, owner(containerID, ifName), nil); err != nil {
 		return cniserver.Errorf(cniserver.ErrCodeDatapath, "removing Pod flows: %w", err)
 	}
+	var ofport uint32
+	if p, err := b.ports.GetPort(ctx, hostName); err == nil && p != nil && p.OFPort > 0 {
+		ofport = uint32(p.OFPort)
+	}
 	if err := b.ports.DeletePort(ctx, b.cfg.BridgeName, hostName); err != nil {
 		return cniserver.Errorf(cniserver.ErrCodeDatapath, "removing OVS port %s: %w", hostName, err)
+	}
+	if ofport != 0 {
+		b.ofports.release(ofport)
 	}
 	if err := deleteLink(hostName); err != nil {
 		return cniserver.Errorf(cniserver.ErrCodeDatapath, "removing veth %s: %w", hostName, err)
@@ -550,6 +622,11 @@ func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	for _, p := range ports {
+		if p.OFPort > 0 {
+			b.ofports.mark(uint32(p.OFPort))
+		}
+	}
 	attached := map[string]bool{}
 	n := 0
 	for _, p := range ports {
@@ -580,7 +657,14 @@ func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 		}
 		if b.ipam != nil {
 			if _, ok := b.ipam.Lookup(cid, ifn); !ok {
-				b.log.Warn("Pod port without IP allocation", zap.String("port", p.Name), zap.String("ip", podIP.String()))
+				// Its ADD stopped before the allocation reached the disk:
+				// hold the address again, so it is not handed out twice.
+				owner := ipam.Owner{ContainerID: cid, IfName: ifn, Namespace: p.ExternalIDs[ExtIDPodNamespace], Pod: p.ExternalIDs[ExtIDPodName]}
+				if err := b.ipam.Claim(owner, podIP); err != nil {
+					b.log.Warn("Pod port without IP allocation", zap.String("port", p.Name), zap.String("ip", podIP.String()), zap.Error(err))
+				} else {
+					b.log.Info("IP allocation of an attached Pod recorded again", zap.String("port", p.Name), zap.String("ip", podIP.String()))
+				}
 			}
 		}
 		attached[cid+"/"+ifn] = true
@@ -627,31 +711,4 @@ func deleteLink(name string) error {
 		return err
 	}
 	return netlink.LinkDel(link)
-}
-
-// disableTxChecksum turns off every tx-checksum-* feature of the interface
-// (ethtool -K <if> tx off).
-func disableTxChecksum(ifName string) error {
-	e, err := ethtool.NewEthtool()
-	if err != nil {
-		return fmt.Errorf("ethtool: %w", err)
-	}
-	defer e.Close()
-	feats, err := e.Features(ifName)
-	if err != nil {
-		return fmt.Errorf("features of %s: %w", ifName, err)
-	}
-	off := map[string]bool{}
-	for name, on := range feats {
-		if on && strings.HasPrefix(name, "tx-checksum") {
-			off[name] = false
-		}
-	}
-	if len(off) == 0 {
-		return nil
-	}
-	if err := e.Change(ifName, off); err != nil {
-		return fmt.Errorf("disabling checksum offload on %s: %w", ifName, err)
-	}
-	return nil
 }

@@ -92,12 +92,14 @@ type Config struct {
 	// Pod is taken to be isolated for neither direction, so it is called
 	// for a Pod only once the Pod needs isolating.
 	//
-	// The agent calls it from its reconciler, one call at a time, after the
-	// flows of the policies that changed the isolation are installed (a
-	// Pod is never isolated before its allow rules are in place) and
-	// before WaitRealized reports the Pod realized. An error is retried
-	// with backoff, and WaitRealized keeps failing for that Pod meanwhile.
-	// ctx is the reconciler's. It must not call back into the Agent.
+	// The agent calls it from its reconciler, concurrently for different
+	// Pods (never twice at once for one Pod; at most isolationWorkers at
+	// a time), after the flows of the policies that changed the isolation
+	// are installed (a Pod is never isolated before its allow rules are in
+	// place) and before WaitRealized reports the Pod realized. An error is
+	// retried with backoff, and WaitRealized keeps failing for that Pod
+	// meanwhile. ctx is the reconciler's. It must not call back into the
+	// Agent.
 	OnIsolation func(ctx context.Context, namespace, name string, ingress, egress bool) error
 	// AfterChange, when set, runs after every reconcile that installed
 	// flows, before WaitRealized callers are released (the daemon purges
@@ -667,14 +669,32 @@ func (a *Agent) isolationChangesLocked() []isoChange {
 	return out
 }
 
-// applyIsolation calls OnIsolation for each change, without a.mu held, and
-// records the result for the attachments that are still current. A failure
-// leaves the Pod pending and makes the next reconcile try again.
+// isolationWorkers bounds the OnIsolation calls in flight: enough for a
+// burst of Pods to share the switch round trips of their flow changes.
+const isolationWorkers = 64
+
+// applyIsolation calls OnIsolation for each change, concurrently and
+// without a.mu held, and records the results for the attachments that are
+// still current. A failure leaves the Pod pending and makes the next
+// reconcile try again.
 func (a *Agent) applyIsolation(ctx context.Context, changes []isoChange) error {
 	a.isoRetry = false
+	results := make([]error, len(changes))
+	sem := make(chan struct{}, isolationWorkers)
+	var wg sync.WaitGroup
+	for i, c := range changes {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			results[i] = a.cfg.OnIsolation(ctx, c.namespace, c.name, c.iso.ingress, c.iso.egress)
+		}()
+	}
+	wg.Wait()
 	var errs []error
-	for _, c := range changes {
-		err := a.cfg.OnIsolation(ctx, c.namespace, c.name, c.iso.ingress, c.iso.egress)
+	for i, c := range changes {
+		err := results[i]
 		a.mu.Lock()
 		current := a.gen[c.key] == c.gen
 		switch {

@@ -389,29 +389,53 @@ func (m *Model) relabelNamespace(n *namespace, l map[string]string) {
 
 // ---- Pods ----
 
+// PodInfo is what the model reads of a Pod. The policy controller's
+// informer keeps only this of each Pod, not the Pod itself.
+type PodInfo struct {
+	Namespace, Name, UID string
+	// Labels is the Pod's label map (shared, not copied).
+	Labels map[string]string
+	// NodeName is spec.nodeName.
+	NodeName string
+	// Active: not hostNetwork, and phase neither Succeeded nor Failed.
+	Active bool
+	// IPs are status.podIPs (or status.podIP).
+	IPs []string
+	// Ports are the named container ports, in container order.
+	Ports []v1alpha1.NamedPort
+}
+
+// PodInfoOf returns what the model reads of p.
+func PodInfoOf(p *corev1.Pod) PodInfo {
+	return PodInfo{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID), Labels: p.Labels,
+		NodeName: p.Spec.NodeName, IPs: podIPs(p), Ports: namedPorts(p),
+		Active: !p.Spec.HostNetwork && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed}
+}
+
 // UpsertPod records a Pod (its labels, spec.nodeName, status.podIPs,
-// named container ports, phase and hostNetwork) and updates the groups it
-// belongs to. Updates that change none of these are free. The model keeps
-// p.Labels without copying it: like an informer cache's objects, p must
-// not be mutated afterwards.
-func (m *Model) UpsertPod(p *corev1.Pod) {
+// named container ports, phase and hostNetwork): UpsertPodInfo of
+// PodInfoOf(p).
+func (m *Model) UpsertPod(p *corev1.Pod) { m.UpsertPodInfo(PodInfoOf(p)) }
+
+// UpsertPodInfo records a Pod and updates the groups it belongs to.
+// Updates that change nothing the model reads are free. The model keeps
+// p.Labels, p.IPs and p.Ports without copying them: like an informer
+// cache's objects, they must not be mutated afterwards.
+func (m *Model) UpsertPodInfo(p PodInfo) {
 	n := m.ns(p.Namespace)
 	pd := n.pods[p.Name]
-	if pd != nil && pd.uid != string(p.UID) {
+	if pd != nil && pd.uid != p.UID {
 		m.removePod(pd)
 		pd = nil
 	}
-	ips := podIPs(p)
-	ports := namedPorts(p)
-	active := !p.Spec.HostNetwork && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed
 	if pd == nil {
-		pd = &pod{ns: n, name: p.Name, uid: string(p.UID)}
+		pd = &pod{ns: n, name: p.Name, uid: p.UID}
 		n.pods[p.Name] = pd
-	} else if pd.active == active && pd.node == p.Spec.NodeName && slices.Equal(pd.ips, ips) &&
-		slices.Equal(pd.ports, ports) && mapsEqual(pd.labels, p.Labels) {
+	} else if pd.active == p.Active && pd.node == p.NodeName && slices.Equal(pd.ips, p.IPs) &&
+		slices.Equal(pd.ports, p.Ports) && mapsEqual(pd.labels, p.Labels) {
 		return
 	}
-	m.updatePod(pd, p.Labels, p.Spec.NodeName, ips, ports, active)
+	m.updatePod(pd, p.Labels, p.NodeName, p.IPs, p.Ports, p.Active)
 }
 
 // DeletePod forgets a Pod.

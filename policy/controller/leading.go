@@ -100,33 +100,6 @@ func (l *leading) apply(fn func(m *compute.Model)) {
 	}
 }
 
-// stripPod keeps only what the model reads of a Pod, so the informer
-// cache of a large cluster stays small.
-func stripPod(obj any) (any, error) {
-	p, ok := obj.(*corev1.Pod)
-	if !ok {
-		return obj, nil
-	}
-	out := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name, UID: p.UID, Labels: p.Labels,
-			ResourceVersion: p.ResourceVersion},
-		Spec:   corev1.PodSpec{NodeName: p.Spec.NodeName, HostNetwork: p.Spec.HostNetwork},
-		Status: corev1.PodStatus{Phase: p.Status.Phase, PodIP: p.Status.PodIP, PodIPs: p.Status.PodIPs},
-	}
-	for _, ct := range p.Spec.Containers {
-		var named []corev1.ContainerPort
-		for _, port := range ct.Ports {
-			if port.Name != "" {
-				named = append(named, port)
-			}
-		}
-		if named != nil {
-			out.Spec.Containers = append(out.Spec.Containers, corev1.Container{Name: ct.Name, Ports: named})
-		}
-	}
-	return out, nil
-}
-
 // stripMeta drops managed fields and annotations of other source objects.
 func stripMeta(obj any) (any, error) {
 	if a, ok := obj.(metav1.Object); ok {
@@ -178,7 +151,7 @@ func (c *Controller) lead(ctx context.Context) error {
 	nsInf := kf.Core().V1().Namespaces().Informer()
 	npInf := kf.Networking().V1().NetworkPolicies().Informer()
 	nodeInf := kf.Core().V1().Nodes().Informer()
-	if err := podInf.SetTransform(stripPod); err != nil {
+	if err := podInf.SetTransform(compactPod); err != nil {
 		return fmt.Errorf("pod informer transform: %w", err)
 	}
 	for _, inf := range []cache.SharedIndexInformer{nsInf, npInf, nodeInf} {
@@ -194,7 +167,7 @@ func (c *Controller) lead(ctx context.Context) error {
 	l.sources = map[string]cache.Store{"pods": podInf.GetStore(), "namespaces": nsInf.GetStore(),
 		"networkpolicies": npInf.GetStore(), "nodes": nodeInf.GetStore()}
 	specs := []handlerSpec{
-		{podInf, func(m *compute.Model, o any) { m.UpsertPod(o.(*corev1.Pod)) },
+		{podInf, func(m *compute.Model, o any) { m.UpsertPodInfo(o.(*cachedPod).info) },
 			func(m *compute.Model, ns, name string) { m.DeletePod(ns, name) }},
 		{nsInf, func(m *compute.Model, o any) { m.UpsertNamespace(o.(*corev1.Namespace)) },
 			func(m *compute.Model, _, name string) { m.DeleteNamespace(name) }},

@@ -24,7 +24,7 @@ const (
 	// it BenchmarkServiceProgramming skips when Seine has no Service proxy.
 	envKubeProxyOnly = "SEINE_BENCH_KUBEPROXY_ONLY"
 	// envServiceScales is a comma-separated list of Service counts,
-	// ascending; default "1000,10000".
+	// ascending; default "100,1000,10000,30000".
 	envServiceScales = "SEINE_BENCH_SERVICES"
 )
 
@@ -41,7 +41,7 @@ func serviceScales(b *testing.B) []int {
 	b.Helper()
 	s := os.Getenv(envServiceScales)
 	if s == "" {
-		return []int{1000, 10000}
+		return []int{100, 1000, 10000, 30000}
 	}
 	var out []int
 	for _, f := range strings.Split(s, ",") {
@@ -200,6 +200,10 @@ func BenchmarkServiceProgramming(b *testing.B) {
 		kpCold, kpChange := measureKubeProxy(ctx, b, cs, kp, refs, target, newIPs)
 		b.ReportMetric(ms(kpCold), "kubeproxy-cold-"+label+"-ms")
 		b.ReportMetric(ms(kpChange), "kubeproxy-change-"+label+"-ms")
+		if n == churnAt() {
+			h, changes := measureChurn(ctx, b, cs, refs, 0, kubeProxyLatency(kp.http), 20*time.Second)
+			reportChurn(b, "kubeproxy", h, changes)
+		}
 		rules, chains, err := kp.ruleCounts()
 		if err != nil {
 			b.Fatal(err)
@@ -218,6 +222,10 @@ func BenchmarkServiceProgramming(b *testing.B) {
 		sCold, sChange := measureSeine(ctx, b, cs, c, node, of, refs, shape, target, newIPs)
 		b.ReportMetric(ms(sCold), "seine-cold-"+label+"-ms")
 		b.ReportMetric(ms(sChange), "seine-change-"+label+"-ms")
+		if n == churnAt() {
+			h, changes := measureChurn(ctx, b, cs, refs, 1, seineLatency(netnsHTTPClient("/run/netns/"+node.NetNS)), 5*time.Second)
+			reportChurn(b, "seine", h, changes)
+		}
 		b.ReportMetric(float64(kpCold)/float64(sCold), "cold-"+label+"-ratio")
 		b.ReportMetric(float64(kpChange)/float64(sChange), "change-"+label+"-ratio")
 		flows, err := of.count(categoryFilter(pipeline.CategoryService))

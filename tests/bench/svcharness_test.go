@@ -61,10 +61,11 @@ type svcRef struct {
 func svcName(i int) string { return fmt.Sprintf("svc-%05d", i) }
 
 // endpointIP is endpoint j of synthetic Service i: addresses from
-// 10.244.64.0 upwards, above the podCIDRs a small sandbox allocates, so
-// nothing answers them (the benchmark only looks at the rules).
+// 10.244.64.0 to 10.244.249.255, above the podCIDRs a small sandbox
+// allocates, so nothing answers them (the benchmark only looks at the
+// rules); past 11,904 Services they repeat.
 func endpointIP(i, j int) string {
-	idx := i*svcEndpoints + j
+	idx := (i*svcEndpoints + j) % (186 * 256)
 	return fmt.Sprintf("10.244.%d.%d", 64+idx/256, idx%256)
 }
 
