@@ -219,7 +219,7 @@ func (cp *Capture) Stop() []string {
 }
 
 // NodeMetrics fetches the seine daemon's /metrics from inside the Node's
-// namespace (metricsAddress 127.0.0.1:9345, the default).
+// namespace (metricsAddress ":9345", the default: the Node's IP).
 func (c *Cluster) NodeMetrics(ctx context.Context, node string) (string, error) {
 	n, err := c.Node(node)
 	if err != nil {
@@ -229,7 +229,7 @@ func (c *Cluster) NodeMetrics(ctx context.Context, node string) (string, error) 
 	err = ns.WithNetNSPath(netnsPath(n.NetNS), func(ns.NetNS) error {
 		var d net.Dialer
 		var err error
-		conn, err = d.DialContext(ctx, "tcp", "127.0.0.1:9345")
+		conn, err = d.DialContext(ctx, "tcp", net.JoinHostPort(n.IP, "9345"))
 		return err
 	})
 	if err != nil {
@@ -237,7 +237,7 @@ func (c *Cluster) NodeMetrics(ctx context.Context, node string) (string, error) 
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
-	if _, err := io.WriteString(conn, "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n"); err != nil {
+	if _, err := io.WriteString(conn, "GET /metrics HTTP/1.0\r\nHost: "+n.IP+"\r\n\r\n"); err != nil {
 		return "", err
 	}
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
