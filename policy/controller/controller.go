@@ -197,7 +197,7 @@ func (c *Controller) Run(ctx context.Context) error {
 					c.leader.Store(true)
 					c.metrics.leader.Set(1)
 					c.log.Info("became policy controller leader")
-					if err := c.lead(lctx); err != nil && lctx.Err() == nil {
+					if err := c.lead(lctx, termStart(lctx, lock, c.cfg.Identity)); err != nil && lctx.Err() == nil {
 						c.log.Error("policy controller stopped", zap.Error(err))
 					}
 				},
@@ -228,4 +228,16 @@ func (c *Controller) Run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// termStart is when this instance's current term began: the Lease's
+// acquireTime when the Lease names it (a restarted instance that takes
+// back its own Lease continues the term; client-go keeps acquireTime
+// then), else now.
+func termStart(ctx context.Context, lock resourcelock.Interface, identity string) time.Time {
+	rec, _, err := lock.Get(ctx)
+	if err != nil || rec == nil || rec.HolderIdentity != identity || rec.AcquireTime.IsZero() {
+		return time.Now()
+	}
+	return rec.AcquireTime.Time
 }

@@ -118,8 +118,8 @@ func deletedKey(obj any) (string, string) {
 	return ns, name
 }
 
-// lead runs the controller for one term, until ctx ends.
-func (c *Controller) lead(ctx context.Context) error {
+// lead runs the controller for one term, begun at since, until ctx ends.
+func (c *Controller) lead(ctx context.Context, since time.Time) error {
 	ctx, cancel := context.WithCancel(ctx)
 	l := &leading{
 		c:     c,
@@ -222,7 +222,7 @@ func (c *Controller) lead(ctx context.Context) error {
 	c.mu.Unlock()
 
 	start := time.Now()
-	c.term.Store(&term{since: start})
+	c.term.Store(&term{since: since})
 	l.rmu.Lock()
 	l.roundStart = start // the initial sync is the term's first round
 	l.rmu.Unlock()
