@@ -379,7 +379,7 @@ func labelValue(m *dto.Metric, name string) string {
 	return ""
 }
 
-// scrape reads the daemon's /metrics (127.0.0.1:9345 in the Node's
+// scrape reads the daemon's /metrics (the Node's IP, port 9345, in its
 // network namespace).
 func (m *cniMeter) scrape() (string, error) {
 	nodeNS, err := ns.GetNS("/run/netns/" + m.node.NetNS)
@@ -390,7 +390,7 @@ func (m *cniMeter) scrape() (string, error) {
 	var conn net.Conn
 	if err := nodeNS.Do(func(ns.NetNS) error {
 		var err error
-		conn, err = net.DialTimeout("tcp", "127.0.0.1:9345", 5*time.Second)
+		conn, err = net.DialTimeout("tcp", net.JoinHostPort(m.node.IP, "9345"), 5*time.Second)
 		return err
 	}); err != nil {
 		return "", err

@@ -223,7 +223,7 @@ func BenchmarkServiceProgramming(b *testing.B) {
 		b.ReportMetric(ms(sCold), "seine-cold-"+label+"-ms")
 		b.ReportMetric(ms(sChange), "seine-change-"+label+"-ms")
 		if n == churnAt() {
-			h, changes := measureChurn(ctx, b, cs, refs, 1, seineLatency(netnsHTTPClient("/run/netns/"+node.NetNS)), 5*time.Second)
+			h, changes := measureChurn(ctx, b, cs, refs, 1, seineLatency(netnsHTTPClient("/run/netns/"+node.NetNS), node.IP), 5*time.Second)
 			reportChurn(b, "seine", h, changes)
 		}
 		b.ReportMetric(float64(kpCold)/float64(sCold), "cold-"+label+"-ratio")

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/http"
 	"os"
 	"strconv"
@@ -243,10 +244,11 @@ func reportChurn(b *testing.B, who string, h histogram, changes int) {
 	b.ReportMetric(h.within(1), who+"-churn-within-1s")
 }
 
-// seineLatency scrapes Seine's network programming latency histogram.
-func seineLatency(c *http.Client) func() (histogram, error) {
+// seineLatency scrapes Seine's network programming latency histogram from
+// the daemon on nodeIP (its metrics address, port 9345).
+func seineLatency(c *http.Client, nodeIP string) func() (histogram, error) {
 	return func() (histogram, error) {
-		return scrapeHistogram(c, "http://127.0.0.1:9345/metrics", proxy.ProgrammingLatencyName)
+		return scrapeHistogram(c, "http://"+net.JoinHostPort(nodeIP, "9345")+"/metrics", proxy.ProgrammingLatencyName)
 	}
 }
 
