@@ -20,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/seine-net/seine/tests/netpol"
 	"github.com/seine-net/seine/tests/sandbox"
@@ -272,12 +273,18 @@ func (e *netpolEnv) applyPolicies(ctx context.Context, want []*networkingv1.Netw
 		obj := p.DeepCopy()
 		got, err := api.Create(ctx, obj, metav1.CreateOptions{})
 		if apierrors.IsAlreadyExists(err) {
-			cur, gerr := api.Get(ctx, p.Name, metav1.GetOptions{})
-			if gerr != nil {
-				return nil, fmt.Errorf("get policy %s/%s: %w", p.Namespace, p.Name, gerr)
-			}
-			cur.Spec = *p.Spec.DeepCopy()
-			got, err = api.Update(ctx, cur, metav1.UpdateOptions{})
+			// Seine's controller annotates policies with their
+			// realization, so an update may race it: retry on conflict.
+			err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+				cur, gerr := api.Get(ctx, p.Name, metav1.GetOptions{})
+				if gerr != nil {
+					return gerr
+				}
+				cur.Spec = *p.Spec.DeepCopy()
+				var uerr error
+				got, uerr = api.Update(ctx, cur, metav1.UpdateOptions{})
+				return uerr
+			})
 		}
 		if err != nil {
 			return nil, fmt.Errorf("apply policy %s/%s: %w", p.Namespace, p.Name, err)

@@ -29,6 +29,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/seine-net/seine/datapath/pipeline"
 	opsv1alpha1 "github.com/seine-net/seine/node/apis/ops/v1alpha1"
@@ -449,12 +450,18 @@ func TestSeinectl(t *testing.T) {
 func setPolicy(t *testing.T, c *sandbox.Cluster, np *networkingv1.NetworkPolicy) {
 	t.Helper()
 	ctx := testCtx(t, 30*time.Second)
-	cur, err := c.Client().NetworkingV1().NetworkPolicies(np.Namespace).Get(ctx, np.Name, metav1.GetOptions{})
+	api := c.Client().NetworkingV1().NetworkPolicies(np.Namespace)
+	// The controller's realization annotations may race the update.
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur, err := api.Get(ctx, np.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		np.ResourceVersion = cur.ResourceVersion
+		_, err = api.Update(ctx, np, metav1.UpdateOptions{})
+		return err
+	})
 	if err != nil {
-		t.Fatal(err)
-	}
-	np.ResourceVersion = cur.ResourceVersion
-	if _, err := c.Client().NetworkingV1().NetworkPolicies(np.Namespace).Update(ctx, np, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 }
