@@ -406,6 +406,9 @@ func Key(f of.Flow) string {
 	if m.L4Dst != nil {
 		fmt.Fprintf(&b, ",tp_dst=%d/%#x", m.L4Dst.Port, m.L4Dst.Mask)
 	}
+	if m.Frag != nil {
+		fmt.Fprintf(&b, ",nw_frag=%#x/%#x", m.Frag.Value&m.Frag.Mask, m.Frag.Mask)
+	}
 	ip("tun_dst", m.TunDst)
 	for _, r := range m.Regs {
 		fmt.Fprintf(&b, ",reg%d=%#x/%#x", r.Reg, r.Value, r.Mask)

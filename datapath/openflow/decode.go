@@ -164,6 +164,12 @@ func decodeField(f fieldID, v, mask []byte, m *Match) {
 		m.CtZone = &z
 	case key == fieldID{class: classNXM1, field: nxmCtMark.field} && width == 4:
 		m.CtMark = &Masked32{Value: u32(v), Mask: mask32v()}
+	case key == fieldID{class: classNXM1, field: nxmIPFrag.field} && width == 1:
+		fm := &FragMatch{Value: v[0], Mask: FragAny | FragLater}
+		if mask != nil {
+			fm.Mask = mask[0]
+		}
+		m.Frag = fm
 	case key == fieldID{class: classNXM1, field: nxmConjID.field} && width == 4:
 		id := u32(v)
 		m.ConjID = &id

@@ -56,6 +56,7 @@ var (
 	nxmCtState  = fieldID{classNXM1, 105, 4}
 	nxmCtZone   = fieldID{classNXM1, 106, 2}
 	nxmCtMark   = fieldID{classNXM1, 107, 4}
+	nxmIPFrag   = fieldID{classNXM1, 26, 1}
 	nxmOfEthDst = fieldID{classNXM0, 1, 6}
 	nxmOfEthSrc = fieldID{classNXM0, 2, 6}
 	nxmOfIPSrc  = fieldID{classNXM0, 7, 4}
@@ -219,6 +220,19 @@ func encodeMatch(m *Match) (*of13.Match, error) {
 			}
 			add(p.f.tlv(be16(p.pm.Port), mask))
 		}
+	}
+	if m.Frag != nil {
+		if m.EthType == 0 {
+			return nil, errors.New("nw_frag match needs EthType (IPv4 or IPv6)")
+		}
+		if m.Frag.Mask == 0 || m.Frag.Mask&^(FragAny|FragLater) != 0 {
+			return nil, fmt.Errorf("nw_frag mask %#x: want a non-zero subset of %#x", m.Frag.Mask, FragAny|FragLater)
+		}
+		var mask []byte
+		if m.Frag.Mask != FragAny|FragLater {
+			mask = []byte{m.Frag.Mask}
+		}
+		add(nxmIPFrag.tlv([]byte{m.Frag.Value & m.Frag.Mask}, mask))
 	}
 	if m.TunDst != nil {
 		b, err := ipv4(m.TunDst, "tun_dst")

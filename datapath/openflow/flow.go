@@ -64,6 +64,22 @@ type PortMatch struct {
 	Mask uint16
 }
 
+// FragMatch matches nw_frag, the two fragment bits OVS derives from the IP
+// header (ovs-fields(7), "ip_frag"): FragAny is set on every fragment,
+// FragLater on every fragment but the first. Common forms: {FragAny,
+// FragAny} "yes", {0, FragAny} "no", {FragAny, FragAny|FragLater} "first",
+// {FragAny|FragLater, FragAny|FragLater} "later".
+type FragMatch struct {
+	Value uint8
+	Mask  uint8
+}
+
+// The nw_frag bits.
+const (
+	FragAny   uint8 = 1
+	FragLater uint8 = 2
+)
+
 // CtStateMatch requires the bits in Set to be 1 and those in Clear to be 0.
 type CtStateMatch struct {
 	Set   uint32
@@ -90,6 +106,10 @@ type Match struct {
 
 	L4Src *PortMatch // tcp_src / udp_src / sctp_src, chosen by IPProto
 	L4Dst *PortMatch // tcp_dst / udp_dst / sctp_dst, chosen by IPProto
+	// Frag matches nw_frag. In OVS's default fragment handling ("normal",
+	// ovs-ofctl(8) set-frags) the transport ports of every fragment read
+	// as 0, so a fragment never matches L4Src or L4Dst.
+	Frag *FragMatch
 
 	TunDst net.IP    // tun_dst (packets received from a tunnel)
 	TunSrc net.IP    // tun_src

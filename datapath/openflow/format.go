@@ -67,6 +67,9 @@ func (m Match) String() string {
 	if m.L4Dst != nil {
 		add("%s_dst=%s", l4, portMatch(*m.L4Dst))
 	}
+	if m.Frag != nil {
+		add("nw_frag=%s", fragString(*m.Frag))
+	}
 	if m.TunDst != nil {
 		add("tun_dst=%s", m.TunDst)
 	}
@@ -128,6 +131,25 @@ func masked(v, m uint32) string {
 		return fmt.Sprintf("%#x", v)
 	}
 	return fmt.Sprintf("%#x/%#x", v&m, m)
+}
+
+// fragString names an nw_frag match as ovs-ofctl(8) writes it, or gives
+// value/mask for the combinations it has no name for.
+func fragString(f FragMatch) string {
+	const both = FragAny | FragLater
+	switch (FragMatch{Value: f.Value & f.Mask, Mask: f.Mask}) {
+	case FragMatch{FragAny, FragAny}:
+		return "yes"
+	case FragMatch{0, FragAny}:
+		return "no"
+	case FragMatch{FragAny, both}:
+		return "first"
+	case FragMatch{both, both}:
+		return "later"
+	case FragMatch{0, FragLater}:
+		return "not_later"
+	}
+	return fmt.Sprintf("%#x/%#x", f.Value&f.Mask, f.Mask)
 }
 
 func portMatch(p PortMatch) string {

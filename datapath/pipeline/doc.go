@@ -13,7 +13,7 @@ var tableDocs = map[Table]string{
 	ARPResponder:    "answers ARP for peer gateways; forwards other ARP to the port owning the target IP",
 	Conntrack:       "`ct(zone=65520, nat, table=31)`",
 	ConntrackState:  "drops `ct_state=+inv+trk`",
-	ServiceLB:       "new connections to a Service VIP:port → its select group (or the affinity table)",
+	ServiceLB:       "new connections to a Service VIP:port (IP fragments: by the ClusterIP of a Service with one UDP port) → its select group (or the affinity table)",
 	SessionAffinity: "learned ClientIP affinity flows (hard_timeout = timeoutSeconds), reached by resubmit",
 	EndpointDNAT:    "`ct(commit, nat(dst=endpoint))`, recirculates to EgressRule",
 	EgressRule:      "NetworkPolicy egress allow: conjunctions (source Pod's in_port × destination peers × ports); `-new` packets skip",

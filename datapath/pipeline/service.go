@@ -155,6 +155,25 @@ type ServicePort struct {
 	// SNAT (External only) makes new connections leave with the gateway
 	// IP as their source (externalTrafficPolicy Cluster).
 	SNAT bool
+	// FragmentVIPs (UDP, not External) are VIPs of which this is the only
+	// UDP port: they take the fragments of new datagrams too. A datagram
+	// larger than the path MTU arrives in IP fragments, and under OVS's
+	// default fragment handling ("normal", ovs-ofctl(8) set-frags) no
+	// fragment matches udp_dst: the lookup sees its ports as 0. The
+	// kernel datapath hands the pipeline the datagram conntrack
+	// reassembled, so this never matters there. The userspace datapath
+	// reassembles it for conntrack only and goes on with the fragments
+	// (OVS lib/ipf.c), which share the connection's ct_state but not its
+	// ports (OVS sets ct_tp_dst only on a first fragment). So fragments
+	// are matched on the VIP alone, which names one Service port only
+	// when the Service has one UDP port. They may pick different buckets
+	// (the group hashes the real ports of a first fragment and zeros for
+	// the others), but each ends in a ct(commit,nat) of the same zone, and
+	// the datagram is reassembled, NATed and sent on at the one that sees
+	// its last fragment, so all of it reaches one endpoint. The caller
+	// must not name a VIP here for two ports (ClusterIPs are the
+	// Service's own; externalIPs may be shared, so leave them out).
+	FragmentVIPs []net.IP
 	// Sources, when set (External only), limit the frontend to packets
 	// from these addresses, and it takes precedence over the frontend of
 	// the same VIP and port without Sources. It carries the Node's own
@@ -311,6 +330,24 @@ func ServicePortFlows(b Bridge, sp ServicePort) ([]of.Flow, []of.GroupEntry, err
 				Match: of.Match{EthType: EthTypeIPv4, IPDst: host(vip), IPProto: sp.Protocol,
 					L4Dst: &of.PortMatch{Port: sp.Port}, CtState: newConn, Regs: []of.RegMatch{PktSource.Match(FromGateway)}},
 				Actions: toHostForReject(b, true)})
+		}
+	}
+	if sp.Protocol == 17 && !sp.External {
+		// Fragments of a new datagram (see FragmentVIPs).
+		frag := &of.FragMatch{Value: of.FragAny, Mask: of.FragAny}
+		for _, vip := range sp.FragmentVIPs {
+			if vip.To4() == nil {
+				continue
+			}
+			fs = append(fs, of.Flow{Table: uint8(ServiceLB), Priority: lbPrio, Cookie: ck,
+				Match:   of.Match{EthType: EthTypeIPv4, IPDst: host(vip), IPProto: sp.Protocol, Frag: frag, CtState: newConn},
+				Actions: lbActs})
+			if sp.Action == ServiceReject {
+				fs = append(fs, of.Flow{Table: uint8(ServiceLB), Priority: lbPrio + 1, Cookie: ck,
+					Match: of.Match{EthType: EthTypeIPv4, IPDst: host(vip), IPProto: sp.Protocol, Frag: frag, CtState: newConn,
+						Regs: []of.RegMatch{PktSource.Match(FromGateway)}},
+					Actions: toHostForReject(b, true)})
+			}
 		}
 	}
 	var mark uint32

@@ -37,7 +37,8 @@ func TestServiceFlowsInOVS(t *testing.T) {
 	small := pipeline.ServicePort{ID: 7, VIPs: []net.IP{net.ParseIP("10.96.0.10")}, Protocol: 6, Port: 80,
 		AffinitySeconds: 30, Endpoints: []pipeline.ServiceEndpoint{
 			{IP: net.ParseIP("10.244.1.5"), Port: 8080, Local: true}, {IP: net.ParseIP("10.244.2.5"), Port: 8080}}}
-	big := pipeline.ServicePort{ID: 8, VIPs: []net.IP{net.ParseIP("10.96.0.11")}, Protocol: 17, Port: 53}
+	big := pipeline.ServicePort{ID: 8, VIPs: []net.IP{net.ParseIP("10.96.0.11")}, FragmentVIPs: []net.IP{net.ParseIP("10.96.0.11")},
+		Protocol: 17, Port: 53}
 	for i := 0; i < 2500; i++ {
 		big.Endpoints = append(big.Endpoints, pipeline.ServiceEndpoint{IP: net.IPv4(10, 245, byte(i/250), byte(i%250+1)), Port: 5353})
 	}
@@ -115,6 +116,18 @@ func TestServiceFlowsInOVS(t *testing.T) {
 	}
 	if out := trace("reg6=0x0af40206,"+sctpNew, "trk,new", "trk,new"); !strings.Contains(out, "nat(dst=10.244.2.6:7777)") {
 		t.Errorf("SCTP connection: no DNAT in trace:\n%s", out)
+	}
+	// A UDP datagram in fragments: their ports read 0, and the VIP of a
+	// Service with one UDP port takes them to its group. A fragment to
+	// another VIP does not match.
+	frag := "in_port=3,dl_src=0a:00:00:00:01:05,dl_dst=0a:00:00:00:00:01,udp,nw_ttl=64,nw_src=10.244.1.5,"
+	for _, f := range []string{"nw_frag=first", "nw_frag=later"} {
+		if out := trace(frag+"nw_dst=10.96.0.11,"+f, "trk,new"); !strings.Contains(out, "group:8") {
+			t.Errorf("UDP fragment (%s) to the VIP does not reach its group:\n%s", f, out)
+		}
+		if out := trace(frag+"nw_dst=10.96.0.10,"+f, "trk,new"); strings.Contains(out, "group:") {
+			t.Errorf("UDP fragment (%s) to a VIP without fragment frontend reached a group:\n%s", f, out)
+		}
 	}
 	// NodePort: only from the gateway, DNAT with the external and SNAT
 	// marks; a Pod sending to the NodePort VIP does not match it.

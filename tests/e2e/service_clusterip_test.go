@@ -392,3 +392,53 @@ func TestServiceIgnoresHeadlessEndpointSlices(t *testing.T) {
 		return nil
 	})
 }
+
+// A UDP datagram larger than the MTU crosses in IP fragments both ways
+// (the echo server pads its answer to the request's size): each one
+// reaches an endpoint through the ClusterIP, from a Pod on the endpoints'
+// Node, from a Pod on another Node and from a Node itself (host network),
+// the path of the upstream "should be able to handle large requests: udp"
+// conformance tests.
+func TestServiceLargeUDP(t *testing.T) {
+	c := shared
+	const size = 4000 // three fragments at a 1,450-byte MTU
+	eps := svcPods(t, c, "svc-bigudp", "bigudp", 1, 2)
+	clients := svcPods(t, c, "svc-bigudp", "bigudp-client", 0, 1)
+	svc := createService(t, c, "svc-bigudp", "big", "bigudp", nil)
+	vip := svc.Spec.ClusterIP
+	all := map[string]bool{}
+	for _, p := range eps {
+		all[p.name] = true
+	}
+	type source struct{ name, netns string }
+	var from []source
+	for _, p := range clients {
+		st, err := c.PodState(p.ns, p.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		from = append(from, source{"pod " + p.name, st.NetNS})
+	}
+	from = append(from, source{"node " + c.Nodes()[0].Name, c.Nodes()[0].NetNS})
+	for _, s := range from {
+		eventually(t, 20*time.Second, s.name+": small datagram answered", func() error {
+			if r := c.ProbeFrom(testCtx(t, 5*time.Second), s.netns, vip, 53, corev1.ProtocolUDP, 2*time.Second); r.Outcome != echo.Connected {
+				return fmt.Errorf("got %s (%v)", r, r.Err)
+			}
+			return nil
+		})
+		for i := 0; i < 10; i++ {
+			var r echo.Result
+			for try := 0; try < 3; try++ {
+				r = c.ProbeDatagramFrom(testCtx(t, 5*time.Second), s.netns, vip, 53, size, 2*time.Second)
+				if r.Outcome == echo.Connected {
+					break
+				}
+			}
+			if r.Outcome != echo.Connected || !all[r.Reply] || r.Bytes != size {
+				t.Fatalf("%s: %d-byte datagram %d to %s:53: %s, %d bytes (%v); want an answer of %d bytes from one of %s",
+					s.name, size, i, vip, r, r.Bytes, r.Err, size, names(eps))
+			}
+		}
+	}
+}

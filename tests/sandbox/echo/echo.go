@@ -133,13 +133,13 @@ func (s *Servers) start(p Port, line []byte, log *zap.Logger) error {
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			buf := make([]byte, 2048)
+			buf := make([]byte, maxDatagram)
 			for {
-				_, from, err := pc.ReadFrom(buf)
+				n, from, err := pc.ReadFrom(buf)
 				if err != nil {
 					return
 				}
-				_, _ = pc.WriteTo(withClient(line, from), from)
+				_, _ = pc.WriteTo(padTo(withClient(line, from), n), from)
 			}
 		}()
 	case corev1.ProtocolSCTP:
@@ -159,6 +159,26 @@ func (s *Servers) start(p Port, line []byte, log *zap.Logger) error {
 // address the server saw the connection come from (after any NAT).
 func withClient(line []byte, from net.Addr) []byte {
 	return append(append([]byte(nil), line...), []byte("client "+from.String()+"\n")...)
+}
+
+// maxDatagram is the largest UDP payload over IPv4 (RFC 768 length,
+// minus the IPv4 and UDP headers).
+const maxDatagram = 65507
+
+// padTo extends a UDP reply to the size n of the datagram it answers (a
+// third line of dots), so that a large probe is answered as large: both
+// directions then cross the path in IP fragments. Small probes get the
+// reply as it is.
+func padTo(reply []byte, n int) []byte {
+	if n <= len(reply)+1 {
+		return reply
+	}
+	pad := make([]byte, n-len(reply))
+	for i := range pad {
+		pad[i] = '.'
+	}
+	pad[len(pad)-1] = '\n'
+	return append(reply, pad...)
 }
 
 func (s *Servers) add(c func() error) {
@@ -205,6 +225,8 @@ type Result struct {
 	// Err is the underlying error for Refused and TimedOut (and for setup
 	// failures, which are reported as TimedOut with Err set).
 	Err error
+	// Bytes is the size of the answer in bytes (ProbeDatagram only).
+	Bytes int
 }
 
 // String renders the result as the CLI prints it: "connected <reply>",
@@ -270,6 +292,62 @@ func probeHere(ctx context.Context, host string, port int, proto corev1.Protocol
 	res := Result{Outcome: Connected, Reply: strings.TrimRight(line, "\r\n")}
 	if second, _ := r.ReadString('\n'); strings.HasPrefix(second, "client ") {
 		res.Client = strings.TrimSpace(strings.TrimPrefix(second, "client "))
+	}
+	return res
+}
+
+// ProbeDatagram sends one UDP datagram of size bytes (a "probe" line and
+// padding; 6..65507) from the network namespace at netnsPath ("" for the
+// current one) to host:port and waits up to timeout for the answer, which
+// an echo server pads to the same size. Datagrams above the path MTU
+// travel in IP fragments both ways.
+func ProbeDatagram(ctx context.Context, netnsPath, host string, port, size int, timeout time.Duration) Result {
+	if size < 6 || size > maxDatagram {
+		return Result{Outcome: TimedOut, Err: fmt.Errorf("probe: datagram size %d outside 6..%d", size, maxDatagram)}
+	}
+	if timeout <= 0 {
+		timeout = 2 * time.Second
+	}
+	var res Result
+	var nsErr error
+	inNS(netnsPath, func() error {
+		res = datagramHere(ctx, host, port, size, timeout)
+		return nil
+	}, &nsErr)
+	if nsErr != nil {
+		return Result{Outcome: TimedOut, Err: nsErr}
+	}
+	return res
+}
+
+func datagramHere(ctx context.Context, host string, port, size int, timeout time.Duration) Result {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	deadline, _ := ctx.Deadline()
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "udp", net.JoinHostPort(host, strconv.Itoa(port)))
+	if err != nil {
+		return classify(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(deadline)
+	msg := make([]byte, size)
+	copy(msg, "probe\n")
+	for i := len("probe\n"); i < size; i++ {
+		msg[i] = 'x'
+	}
+	if _, err := c.Write(msg); err != nil {
+		return classify(err)
+	}
+	buf := make([]byte, maxDatagram)
+	n, err := c.Read(buf)
+	if err != nil {
+		return classify(err)
+	}
+	lines := strings.SplitN(string(buf[:n]), "\n", 3)
+	res := Result{Outcome: Connected, Reply: lines[0], Bytes: n}
+	if len(lines) > 1 && strings.HasPrefix(lines[1], "client ") {
+		res.Client = strings.TrimPrefix(lines[1], "client ")
 	}
 	return res
 }
