@@ -130,7 +130,7 @@ $(E2E_BIN)/.built: tests/tools/e2e/go.mod tests/tools/e2e/go.sum tests/tools/e2e
 	touch $@
 
 ## conformance: upstream sig-network conformance, NetworkPolicy and Services e2e tests on real
-## kubelets with Seine installed by its manifest (docs/conformance.md); about an hour.
+## kubelets with Seine installed by its manifest (docs/conformance.md); about 15 minutes.
 conformance: deps control-plane node-tools e2e-tools build image
 	$(GO) test -tags conformance -count=1 -timeout 4h -v ./tests/conformance/
 
