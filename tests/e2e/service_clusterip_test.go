@@ -410,19 +410,23 @@ func TestServiceLargeUDP(t *testing.T) {
 	for _, p := range eps {
 		all[p.name] = true
 	}
-	type source struct{ name, netns string }
+	type source struct {
+		name  string
+		probe func(n int) echo.Result // a datagram of n bytes to vip:53
+	}
 	var from []source
 	for _, p := range clients {
-		st, err := c.PodState(p.ns, p.name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		from = append(from, source{"pod " + p.name, st.NetNS})
+		from = append(from, source{"pod " + p.name, func(n int) echo.Result {
+			return c.ProbeDatagram(testCtx(t, 5*time.Second), p.ns, p.name, vip, 53, n, 2*time.Second)
+		}})
 	}
-	from = append(from, source{"node " + c.Nodes()[0].Name, c.Nodes()[0].NetNS})
+	node := c.Nodes()[0]
+	from = append(from, source{"node " + node.Name, func(n int) echo.Result {
+		return c.ProbeDatagramFrom(testCtx(t, 5*time.Second), node.NetNS, vip, 53, n, 2*time.Second)
+	}})
 	for _, s := range from {
 		eventually(t, 20*time.Second, s.name+": small datagram answered", func() error {
-			if r := c.ProbeFrom(testCtx(t, 5*time.Second), s.netns, vip, 53, corev1.ProtocolUDP, 2*time.Second); r.Outcome != echo.Connected {
+			if r := s.probe(6); r.Outcome != echo.Connected {
 				return fmt.Errorf("got %s (%v)", r, r.Err)
 			}
 			return nil
@@ -430,8 +434,7 @@ func TestServiceLargeUDP(t *testing.T) {
 		for i := 0; i < 10; i++ {
 			var r echo.Result
 			for try := 0; try < 3; try++ {
-				r = c.ProbeDatagramFrom(testCtx(t, 5*time.Second), s.netns, vip, 53, size, 2*time.Second)
-				if r.Outcome == echo.Connected {
+				if r = s.probe(size); r.Outcome == echo.Connected {
 					break
 				}
 			}

@@ -225,7 +225,7 @@ type Result struct {
 	// Err is the underlying error for Refused and TimedOut (and for setup
 	// failures, which are reported as TimedOut with Err set).
 	Err error
-	// Bytes is the size of the answer in bytes (ProbeDatagram only).
+	// Bytes is the size of a UDP answer in bytes.
 	Bytes int
 }
 
@@ -243,13 +243,32 @@ func (r Result) String() string {
 // line and classifies the outcome. For UDP it sends one datagram ("probe")
 // and waits for the answer; an ICMP port unreachable surfaces as Refused.
 func Probe(ctx context.Context, netnsPath, host string, port int, proto corev1.Protocol, timeout time.Duration) Result {
+	return probeIn(ctx, netnsPath, host, port, proto, 0, timeout)
+}
+
+// ProbeDatagram is Probe over UDP with a datagram of size bytes (the
+// "probe" line and padding; 6..65507), which an echo server answers with
+// as many bytes (Result.Bytes). Datagrams above the path MTU travel in IP
+// fragments both ways.
+func ProbeDatagram(ctx context.Context, netnsPath, host string, port, size int, timeout time.Duration) Result {
+	if size < len(probeLine) || size > maxDatagram {
+		return Result{Outcome: TimedOut, Err: fmt.Errorf("probe: datagram size %d outside %d..%d", size, len(probeLine), maxDatagram)}
+	}
+	return probeIn(ctx, netnsPath, host, port, corev1.ProtocolUDP, size, timeout)
+}
+
+// probeLine starts every UDP probe.
+const probeLine = "probe\n"
+
+// probeIn runs probeHere inside the network namespace at netnsPath.
+func probeIn(ctx context.Context, netnsPath, host string, port int, proto corev1.Protocol, size int, timeout time.Duration) Result {
 	if timeout <= 0 {
 		timeout = 2 * time.Second
 	}
 	var res Result
 	var nsErr error
 	inNS(netnsPath, func() error {
-		res = probeHere(ctx, host, port, proto, timeout)
+		res = probeHere(ctx, host, port, proto, size, timeout)
 		return nil
 	}, &nsErr)
 	if nsErr != nil {
@@ -258,7 +277,9 @@ func Probe(ctx context.Context, netnsPath, host string, port int, proto corev1.P
 	return res
 }
 
-func probeHere(ctx context.Context, host string, port int, proto corev1.Protocol, timeout time.Duration) Result {
+// probeHere probes from the current namespace; size is the UDP datagram's
+// size (0: just the probe line).
+func probeHere(ctx context.Context, host string, port int, proto corev1.Protocol, size int, timeout time.Duration) Result {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	deadline, _ := ctx.Deadline()
@@ -280,9 +301,26 @@ func probeHere(ctx context.Context, host string, port int, proto corev1.Protocol
 	defer c.Close()
 	_ = c.SetDeadline(deadline)
 	if network == "udp" {
-		if _, err := c.Write([]byte("probe\n")); err != nil {
+		msg := make([]byte, max(size, len(probeLine)))
+		copy(msg, probeLine)
+		for i := len(probeLine); i < len(msg); i++ {
+			msg[i] = 'x'
+		}
+		if _, err := c.Write(msg); err != nil {
 			return classify(err)
 		}
+		// One read takes the whole answer: a datagram.
+		buf := make([]byte, maxDatagram)
+		n, err := c.Read(buf)
+		if err != nil {
+			return classify(err)
+		}
+		lines := strings.SplitN(string(buf[:n]), "\n", 3)
+		res := Result{Outcome: Connected, Reply: strings.TrimRight(lines[0], "\r"), Bytes: n}
+		if len(lines) > 1 && strings.HasPrefix(lines[1], "client ") {
+			res.Client = strings.TrimSpace(strings.TrimPrefix(lines[1], "client "))
+		}
+		return res
 	}
 	r := bufio.NewReader(c)
 	line, err := r.ReadString('\n')
@@ -292,62 +330,6 @@ func probeHere(ctx context.Context, host string, port int, proto corev1.Protocol
 	res := Result{Outcome: Connected, Reply: strings.TrimRight(line, "\r\n")}
 	if second, _ := r.ReadString('\n'); strings.HasPrefix(second, "client ") {
 		res.Client = strings.TrimSpace(strings.TrimPrefix(second, "client "))
-	}
-	return res
-}
-
-// ProbeDatagram sends one UDP datagram of size bytes (a "probe" line and
-// padding; 6..65507) from the network namespace at netnsPath ("" for the
-// current one) to host:port and waits up to timeout for the answer, which
-// an echo server pads to the same size. Datagrams above the path MTU
-// travel in IP fragments both ways.
-func ProbeDatagram(ctx context.Context, netnsPath, host string, port, size int, timeout time.Duration) Result {
-	if size < 6 || size > maxDatagram {
-		return Result{Outcome: TimedOut, Err: fmt.Errorf("probe: datagram size %d outside 6..%d", size, maxDatagram)}
-	}
-	if timeout <= 0 {
-		timeout = 2 * time.Second
-	}
-	var res Result
-	var nsErr error
-	inNS(netnsPath, func() error {
-		res = datagramHere(ctx, host, port, size, timeout)
-		return nil
-	}, &nsErr)
-	if nsErr != nil {
-		return Result{Outcome: TimedOut, Err: nsErr}
-	}
-	return res
-}
-
-func datagramHere(ctx context.Context, host string, port, size int, timeout time.Duration) Result {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	deadline, _ := ctx.Deadline()
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "udp", net.JoinHostPort(host, strconv.Itoa(port)))
-	if err != nil {
-		return classify(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(deadline)
-	msg := make([]byte, size)
-	copy(msg, "probe\n")
-	for i := len("probe\n"); i < size; i++ {
-		msg[i] = 'x'
-	}
-	if _, err := c.Write(msg); err != nil {
-		return classify(err)
-	}
-	buf := make([]byte, maxDatagram)
-	n, err := c.Read(buf)
-	if err != nil {
-		return classify(err)
-	}
-	lines := strings.SplitN(string(buf[:n]), "\n", 3)
-	res := Result{Outcome: Connected, Reply: lines[0], Bytes: n}
-	if len(lines) > 1 && strings.HasPrefix(lines[1], "client ") {
-		res.Client = strings.TrimPrefix(lines[1], "client ")
 	}
 	return res
 }
