@@ -21,6 +21,10 @@ export SEINE_E2E_BIN := $(E2E_BIN)
 IMAGE        ?= $(shell $(GO) run ./deploy/render --print-image)
 IMAGE_ARCHIVE := $(BIN)/seine-image.tar
 LDFLAGS      := -s -w -X github.com/seine-net/seine/node/version.version=$(VERSION)
+# Leave out code seine never runs: urfave/cli's man-page and markdown
+# generators, gRPC's x/net/trace event logs. Each exec of seine-cni (once
+# per Pod start) pays the package initializers of everything linked in.
+BUILDTAGS    := urfave_cli_no_docs grpcnotrace
 K8S_LDFLAGS  := -X k8s.io/component-base/version.gitVersion=$(K8S_VERSION) \
                 -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=36 \
                 -X k8s.io/component-base/version.gitTreeState=clean
@@ -45,7 +49,7 @@ deps:
 ## build: bin/seine (static) with bin/seine-cni and bin/seinectl as symlinks, and bin/sandbox.
 build:
 	@mkdir -p $(BIN)
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/seine .
+	CGO_ENABLED=0 $(GO) build -trimpath -tags '$(BUILDTAGS)' -ldflags '$(LDFLAGS)' -o $(BIN)/seine .
 	ln -sf seine $(BIN)/seine-cni
 	ln -sf seine $(BIN)/seinectl
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/sandbox ./tests/cmd/sandbox
@@ -184,7 +188,7 @@ test: lint unit-test e2e-test
 ## bench: benchmarks (docs/benchmarks.md records the figures).
 bench: deps control-plane build
 	@tests/bench/antrea/build.sh >/dev/null || echo "Antrea's controller test binary not built: BenchmarkSideBySide reports Seine alone"
-	$(GO) test -p 1 -run '^$$' -bench . -benchtime 1x -timeout 90m ./tests/bench/... ./datapath/... ./ipam/... ./policy/... ./node/proxy/... ./node/podnet/...
+	$(GO) test -p 1 -run '^$$' -bench . -benchtime 1x -timeout 4h ./tests/bench/... ./datapath/... ./ipam/... ./policy/... ./node/proxy/... ./node/podnet/...
 
 ## sandbox: a 3-Node cluster with demo Pods, left running.
 sandbox: deps control-plane build

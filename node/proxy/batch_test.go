@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -139,11 +140,21 @@ func TestProgrammingLatency(t *testing.T) {
 	m.putBack("ns/a", ts) // the sync failed
 	m.programmed(m.checkout("ns/a"))
 	m.programmed(m.checkout("ns/b"))
-	mfs, err := reg.Gather()
-	if err != nil || len(mfs) != 1 || mfs[0].GetName() != ProgrammingLatencyName || len(mfs[0].GetMetric()) != 1 {
-		t.Fatalf("gathered %v (%v)", mfs, err)
+	gathered := func(name string) *dto.Metric {
+		t.Helper()
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+				return mf.GetMetric()[0]
+			}
+		}
+		t.Fatalf("no single series %s in %v", name, mfs)
+		return nil
 	}
-	h := mfs[0].GetMetric()[0].GetHistogram()
+	h := gathered(ProgrammingLatencyName).GetHistogram()
 	if h.GetSampleCount() != 2 || h.GetSampleSum() < 1.5 || h.GetSampleSum() > 10 {
 		t.Errorf("histogram: %d samples, sum %.3f s; want 2, about 1.6 s", h.GetSampleCount(), h.GetSampleSum())
 	}
@@ -156,5 +167,17 @@ func TestProgrammingLatency(t *testing.T) {
 	}
 	if m.checkout("ns/a") != nil {
 		t.Error("trigger times observed twice")
+	}
+
+	// The last sync's time, as kube-proxy's
+	// kubeproxy_sync_proxy_rules_last_timestamp_seconds: 0 before any.
+	if v := gathered(LastSyncName).GetGauge().GetValue(); v != 0 {
+		t.Errorf("%s = %v before any sync, want 0", LastSyncName, v)
+	}
+	before := time.Now()
+	m.synced()
+	v := gathered(LastSyncName).GetGauge().GetValue()
+	if at := time.Unix(0, int64(v*1e9)); at.Before(before.Add(-time.Millisecond)) || at.After(time.Now()) {
+		t.Errorf("%s = %v (%v), want the time of the sync (%v)", LastSyncName, v, at, before)
 	}
 }

@@ -17,6 +17,12 @@ import (
 // semantics, under Seine's prefix.
 const ProgrammingLatencyName = "seine_proxy_network_programming_duration_seconds"
 
+// LastSyncName is the Unix time, in seconds, at which the proxy last
+// finished programming a batch of Services with at least one of them
+// programmed: kube-proxy's kubeproxy_sync_proxy_rules_last_timestamp_seconds
+// under Seine's prefix. It is 0 until the first batch.
+const LastSyncName = "seine_proxy_sync_last_timestamp_seconds"
+
 // programmingBuckets are kube-proxy's: 0.25 s and 0.5 s, every second to
 // 59 s, every 5 s to 115 s, every 30 s to 5 min.
 func programmingBuckets() []float64 {
@@ -42,8 +48,9 @@ func programmingBuckets() []float64 {
 // deletions (their annotation tells when the slice last changed, not when
 // it was deleted) and trigger times from before the proxy started.
 type metrics struct {
-	latency *prometheus.HistogramVec
-	start   time.Time
+	latency  *prometheus.HistogramVec
+	lastSync prometheus.Gauge
+	start    time.Time
 
 	mu       sync.Mutex
 	triggers map[string][]time.Time // Service key → trigger times not yet programmed
@@ -57,20 +64,42 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help:    "In-cluster network programming latency: from an EndpointSlice's last-change-trigger-time to the Service programmed in the switch, in seconds.",
 			Buckets: programmingBuckets(),
 		}, []string{"ip_family"}),
+		lastSync: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: LastSyncName,
+			Help: "Unix time, in seconds, at which the proxy last finished programming a batch of Services (at least one programmed).",
+		}),
 		start:    time.Now(),
 		triggers: map[string][]time.Time{},
 	}
 	if reg != nil {
-		if err := reg.Register(m.latency); err != nil {
-			var are prometheus.AlreadyRegisteredError
-			if errors.As(err, &are) {
-				if existing, ok := are.ExistingCollector.(*prometheus.HistogramVec); ok {
-					m.latency = existing
-				}
+		m.latency = register(reg, m.latency)
+		m.lastSync = register(reg, m.lastSync)
+	}
+	return m
+}
+
+// register registers c on reg and returns it, or the collector of the
+// same description registered before (a proxy started again in the same
+// process keeps its series).
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing
 			}
 		}
 	}
-	return m
+	return c
+}
+
+// synced records that a batch finished with at least one Service
+// programmed.
+func (m *metrics) synced() {
+	if m == nil {
+		return
+	}
+	m.lastSync.SetToCurrentTime()
 }
 
 // triggered records the trigger time of an added or updated slice.

@@ -347,6 +347,9 @@ func (p *Proxier) SyncServices(ctx context.Context, keys []string) map[string]er
 			p.metrics.programmed(ts)
 		}
 	}
+	if len(errs) < len(keys) {
+		p.metrics.synced()
+	}
 	return errs
 }
 
