@@ -176,11 +176,13 @@ type group struct {
 	// peerOf holds the target groups whose policies use this group as peer.
 	peerOf set[*group]
 	// span counts, per Node, the target groups in peerOf with members there.
-	span smallMap[string, int]
+	span smallMap[*node, int]
 
 	// byNode lists the members per Node (members without a Node are in
-	// no list), slices the members with IPs per AddressGroup slice.
-	byNode smallMap[string, []*pod]
+	// no list), slices the members with IPs per AddressGroup slice. A Node
+	// with members has active Pods, so the model keeps its node: the
+	// pointers stay valid while they are keys here or in span.
+	byNode smallMap[*node, []*pod]
 	slices [][]*pod
 	// ver changes whenever the digest input of its policies changes.
 	ver uint64
@@ -198,8 +200,8 @@ type policy struct {
 
 // dkey is a dirty object named by the strings the model already holds, so
 // marking an object allocates nothing: AddressGroup {a: group key, i:
-// slice}, AppliedToGroup {a: group key, b: Node}, NetworkPolicy {a: object
-// name}, PodRealization {b: Node}.
+// slice}, AppliedToGroup {a: group key, b: NodeKey}, NetworkPolicy {a:
+// object name}, PodRealization {b: NodeKey}.
 type dkey struct {
 	a, b string
 	i    int32
@@ -216,28 +218,12 @@ const (
 	dPodRealization
 )
 
-func (m *Model) markATG(g *group, nodeName string) {
-	m.dirty[dkey{kind: dAppliedToGroup, a: g.key, b: nodeName}] = struct{}{}
+func (m *Model) markATG(g *group, n *node) {
+	m.dirty[dkey{kind: dAppliedToGroup, a: g.key, b: n.key}] = struct{}{}
 }
 func (m *Model) markNP(p *policy) { m.dirty[dkey{kind: dNetworkPolicy, a: p.objName}] = struct{}{} }
-func (m *Model) markPR(nodeName string) {
-	m.dirty[dkey{kind: dPodRealization, b: nodeName}] = struct{}{}
-}
-
-// nodeKey returns NodeKey(nodeName), cached for the Nodes the model knows.
-func (m *Model) nodeKey(nodeName string) string {
-	if n := m.nodes[nodeName]; n != nil {
-		return n.key
-	}
-	return v1alpha1.NodeKey(nodeName)
-}
-
-// spanLabel returns SpanLabel(nodeName), cached like nodeKey.
-func (m *Model) spanLabel(nodeName string) string {
-	if n := m.nodes[nodeName]; n != nil {
-		return n.label
-	}
-	return v1alpha1.SpanLabel(nodeName)
+func (m *Model) markPR(n *node) {
+	m.dirty[dkey{kind: dPodRealization, b: n.key}] = struct{}{}
 }
 
 // TakeDirty returns the keys of every object that may have changed since
@@ -251,11 +237,11 @@ func (m *Model) TakeDirty() []Key {
 		case dAddressGroup:
 			key = Key{KindAddressGroup, k.a + "-" + strconv.Itoa(int(k.i))}
 		case dAppliedToGroup:
-			key = Key{KindAppliedToGroup, k.a + "-" + m.nodeKey(k.b)}
+			key = Key{KindAppliedToGroup, k.a + "-" + k.b}
 		case dNetworkPolicy:
 			key = Key{KindNetworkPolicy, k.a}
 		case dPodRealization:
-			key = Key{KindPodRealization, m.nodeKey(k.b)}
+			key = Key{KindPodRealization, k.b}
 		}
 		out = append(out, key)
 	}
@@ -317,7 +303,7 @@ func (m *Model) UpsertNode(n *corev1.Node) {
 	nd := m.nodeFor(n.Name)
 	if !nd.known {
 		nd.known = true
-		m.markPR(nd.name)
+		m.markPR(nd)
 	}
 }
 
@@ -328,7 +314,7 @@ func (m *Model) DeleteNode(name string) {
 		return
 	}
 	nd.known = false
-	m.markPR(nd.name)
+	m.markPR(nd)
 	m.gcNode(nd)
 }
 
@@ -491,9 +477,9 @@ func (m *Model) updatePod(pd *pod, lbls map[string]string, nodeName string, ips 
 		if oldNode != "" {
 			on := m.nodes[oldNode]
 			delete(on.pods, pd)
-			m.markPR(on.name)
+			m.markPR(on)
 			for _, mb := range pd.groups {
-				m.removeFromNode(mb.g, pd, oldNode)
+				m.removeFromNode(mb.g, pd, on)
 			}
 			m.gcNode(on)
 		}
@@ -501,7 +487,7 @@ func (m *Model) updatePod(pd *pod, lbls map[string]string, nodeName string, ips 
 			nn := m.nodeFor(newNode)
 			nn.pods[pd] = struct{}{}
 			for _, mb := range pd.groups {
-				m.addToNode(mb.g, pd, newNode)
+				m.addToNode(mb.g, pd, nn)
 			}
 		}
 	}
@@ -512,16 +498,17 @@ func (m *Model) updatePod(pd *pod, lbls map[string]string, nodeName string, ips 
 		pd.ns.podIdx.move(pd, pd.labels, lbls)
 	}
 	pd.labels, pd.node, pd.ips, pd.ports, pd.active = lbls, nodeName, ips, ports, active
-	if newNode != "" {
-		m.markPR(newNode)
+	nn := m.podNode(pd)
+	if nn != nil {
+		m.markPR(nn)
 	}
 	// Kept groups: refresh contents.
 	if ipsChanged || portsChanged {
 		for i := range pd.groups {
 			mb := &pd.groups[i]
 			g := mb.g
-			if newNode != "" && g.targetRefs > 0 {
-				m.markATG(g, newNode)
+			if nn != nil && g.targetRefs > 0 {
+				m.markATG(g, nn)
 			}
 			switch {
 			case hadIPs && len(ips) == 0:
@@ -548,10 +535,10 @@ func (m *Model) join(pd *pod, g *group) {
 		s = m.assignSlice(g, pd)
 	}
 	pd.groups = append(pd.groups, membership{g: g, slice: s})
-	if pd.active && pd.node != "" {
-		m.addToNode(g, pd, pd.node)
+	if n := m.podNode(pd); n != nil {
+		m.addToNode(g, pd, n)
 		if g.targetRefs > 0 {
-			m.markPR(pd.node)
+			m.markPR(n)
 		}
 	}
 }
@@ -566,53 +553,61 @@ func (m *Model) leave(pd *pod, g *group) {
 	if mb.slice >= 0 {
 		m.releaseSlice(g, pd, mb.slice)
 	}
-	if pd.active && pd.node != "" {
-		m.removeFromNode(g, pd, pd.node)
+	if n := m.podNode(pd); n != nil {
+		m.removeFromNode(g, pd, n)
 		if g.targetRefs > 0 {
-			m.markPR(pd.node)
+			m.markPR(n)
 		}
 	}
 }
 
-func (m *Model) atgName(g *group, nodeName string) string { return g.key + "-" + m.nodeKey(nodeName) }
+// podNode returns the node of an active Pod with a Node, else nil.
+func (m *Model) podNode(pd *pod) *node {
+	if !pd.active || pd.node == "" {
+		return nil
+	}
+	return m.nodes[pd.node]
+}
+
+func atgName(g *group, n *node) string { return g.key + "-" + n.key }
 
 func agName(g *group, slice int) string { return g.key + "-" + strconv.Itoa(slice) }
 
 func npName(uid string) string { return "np-" + uid }
 
-func (m *Model) addToNode(g *group, pd *pod, nodeName string) {
-	list := g.byNode.Ptr(nodeName)
+func (m *Model) addToNode(g *group, pd *pod, n *node) {
+	list := g.byNode.Ptr(n)
 	*list = append(*list, pd)
-	n := len(*list)
+	first := len(*list) == 1
 	if g.targetRefs > 0 {
-		m.markATG(g, nodeName)
+		m.markATG(g, n)
 	}
-	if n == 1 {
-		m.groupNodeChanged(g, nodeName, +1)
+	if first {
+		m.groupNodeChanged(g, n, +1)
 	}
 }
 
-func (m *Model) removeFromNode(g *group, pd *pod, nodeName string) {
-	list, _ := g.byNode.Get(nodeName)
+func (m *Model) removeFromNode(g *group, pd *pod, n *node) {
+	list, _ := g.byNode.Get(n)
 	list, ok := removePod(list, pd)
 	if !ok {
 		return
 	}
 	if g.targetRefs > 0 {
-		m.markATG(g, nodeName)
+		m.markATG(g, n)
 	}
 	if len(list) > 0 {
-		g.byNode.Put(nodeName, list)
+		g.byNode.Put(n, list)
 	} else {
-		g.byNode.Delete(nodeName)
-		m.groupNodeChanged(g, nodeName, -1)
+		g.byNode.Delete(n)
+		m.groupNodeChanged(g, n, -1)
 	}
 }
 
 // groupNodeChanged handles a target group gaining (+1) or losing (-1) its
 // first/last member on a Node: the span of its policies and of the
 // AddressGroups they use changes.
-func (m *Model) groupNodeChanged(g *group, nodeName string, d int) {
+func (m *Model) groupNodeChanged(g *group, n *node, d int) {
 	if g.targetRefs == 0 {
 		return
 	}
@@ -620,18 +615,18 @@ func (m *Model) groupNodeChanged(g *group, nodeName string, d int) {
 		m.markNP(p)
 	}
 	for ag := range g.peerAGs.Keys() {
-		m.spanAdd(ag, nodeName, d)
+		m.spanAdd(ag, n, d)
 	}
 }
 
 // spanAdd adjusts the count of target groups giving ag a presence on node.
-func (m *Model) spanAdd(ag *group, nodeName string, d int) {
-	c, _ := ag.span.Get(nodeName)
+func (m *Model) spanAdd(ag *group, n *node, d int) {
+	c, _ := ag.span.Get(n)
 	c += d
 	if c <= 0 {
-		ag.span.Delete(nodeName)
+		ag.span.Delete(n)
 	} else {
-		ag.span.Put(nodeName, c)
+		ag.span.Put(n, c)
 	}
 	if (d > 0 && c == 1) || (d < 0 && c == 0) {
 		m.markAllSlices(ag)
@@ -696,8 +691,8 @@ func (m *Model) sliceCountChanged(g *group) {
 // bumpDigest invalidates the digest of every Pod in target group tg.
 func (m *Model) bumpDigest(tg *group) {
 	tg.ver++
-	for nodeName := range tg.byNode.Keys() {
-		m.markPR(nodeName)
+	for n := range tg.byNode.Keys() {
+		m.markPR(n)
 	}
 }
 
@@ -739,8 +734,8 @@ func (m *Model) attach(p *policy, tgSel v1alpha1.GroupSelector, peerSels []keyed
 	p.tg = tg
 	tg.targetRefs++
 	if tg.targetRefs == 1 {
-		for nodeName := range tg.byNode.Keys() {
-			m.markATG(tg, nodeName)
+		for n := range tg.byNode.Keys() {
+			m.markATG(tg, n)
 		}
 	}
 	tg.policies.Add(p)
@@ -755,8 +750,8 @@ func (m *Model) attach(p *policy, tgSel v1alpha1.GroupSelector, peerSels []keyed
 		*refs++
 		if *refs == 1 {
 			ag.peerOf.Add(tg)
-			for nodeName := range tg.byNode.Keys() {
-				m.spanAdd(ag, nodeName, +1)
+			for n := range tg.byNode.Keys() {
+				m.spanAdd(ag, n, +1)
 			}
 		}
 	}
@@ -777,8 +772,8 @@ func (m *Model) detach(p *policy) {
 		if *refs == 0 {
 			tg.peerAGs.Delete(ag)
 			ag.peerOf.Delete(tg)
-			for nodeName := range tg.byNode.Keys() {
-				m.spanAdd(ag, nodeName, -1)
+			for n := range tg.byNode.Keys() {
+				m.spanAdd(ag, n, -1)
 			}
 		}
 		ag.peerRefs--
@@ -789,8 +784,8 @@ func (m *Model) detach(p *policy) {
 	tg.policies.Delete(p)
 	tg.targetRefs--
 	if tg.targetRefs == 0 {
-		for nodeName := range tg.byNode.Keys() {
-			m.markATG(tg, nodeName)
+		for n := range tg.byNode.Keys() {
+			m.markATG(tg, n)
 		}
 	}
 	m.releaseGroup(tg)
