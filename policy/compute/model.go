@@ -90,7 +90,9 @@ type Model struct {
 	// nsIdx indexes known namespaces by label pair.
 	nsIdx labelIndex[*namespace]
 
-	dirty map[dkey]struct{}
+	// dirty numbers the dirty objects 0, 1, ... in the order they were
+	// first marked.
+	dirty map[dkey]int32
 
 	// digestMu guards digestCache, the only state Desired writes.
 	digestMu    sync.Mutex
@@ -112,7 +114,7 @@ func New(sliceSize int) *Model {
 		byObjName:   make(map[string]*policy),
 		nodes:       make(map[string]*node),
 		nodeByKey:   make(map[string]*node),
-		dirty:       make(map[dkey]struct{}),
+		dirty:       make(map[dkey]int32),
 		digestCache: make(map[string]string),
 		emptyDigest: realization.Digest(nil),
 	}
@@ -219,19 +221,22 @@ const (
 )
 
 func (m *Model) markATG(g *group, n *node) {
-	m.dirty[dkey{kind: dAppliedToGroup, a: g.key, b: n.key}] = struct{}{}
+	m.mark(dkey{kind: dAppliedToGroup, a: g.key, b: n.key})
 }
-func (m *Model) markNP(p *policy) { m.dirty[dkey{kind: dNetworkPolicy, a: p.objName}] = struct{}{} }
+func (m *Model) markNP(p *policy) { m.mark(dkey{kind: dNetworkPolicy, a: p.objName}) }
 func (m *Model) markPR(n *node) {
-	m.dirty[dkey{kind: dPodRealization, b: n.key}] = struct{}{}
+	m.mark(dkey{kind: dPodRealization, b: n.key})
 }
 
 // TakeDirty returns the keys of every object that may have changed since
 // the last call (including objects that must now be deleted) and forgets
-// them. The order is unspecified.
+// them, in the order they were first marked. That order keeps together
+// the objects one change marks (the AppliedToGroups of a group a policy
+// starts using, ...), so building them in it reuses what the build of the
+// previous one read.
 func (m *Model) TakeDirty() []Key {
-	out := make([]Key, 0, len(m.dirty))
-	for k := range m.dirty {
+	out := make([]Key, len(m.dirty))
+	for k, seq := range m.dirty {
 		var key Key
 		switch k.kind {
 		case dAddressGroup:
@@ -243,16 +248,23 @@ func (m *Model) TakeDirty() []Key {
 		case dPodRealization:
 			key = Key{KindPodRealization, k.b}
 		}
-		out = append(out, key)
+		out[seq] = key
 	}
 	if len(out) > 1024 {
 		// clear keeps a map's memory: after a burst (a cold start marks
 		// every object), let the big table go.
-		m.dirty = make(map[dkey]struct{})
+		m.dirty = make(map[dkey]int32)
 	} else {
 		clear(m.dirty)
 	}
 	return out
+}
+
+// mark adds k to the dirty set, numbering it in marking order.
+func (m *Model) mark(k dkey) {
+	if _, ok := m.dirty[k]; !ok {
+		m.dirty[k] = int32(len(m.dirty))
+	}
 }
 
 // DirtyLen is the number of keys TakeDirty would return.
@@ -637,13 +649,13 @@ func (m *Model) exported(ag *group) bool { return ag.peerRefs > 0 && ag.span.Len
 
 func (m *Model) markSlice(ag *group, s int) {
 	if m.exported(ag) {
-		m.dirty[dkey{kind: dAddressGroup, a: ag.key, i: int32(s)}] = struct{}{}
+		m.mark(dkey{kind: dAddressGroup, a: ag.key, i: int32(s)})
 	}
 }
 
 func (m *Model) markAllSlices(ag *group) {
 	for i := range ag.slices {
-		m.dirty[dkey{kind: dAddressGroup, a: ag.key, i: int32(i)}] = struct{}{}
+		m.mark(dkey{kind: dAddressGroup, a: ag.key, i: int32(i)})
 	}
 }
 

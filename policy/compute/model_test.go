@@ -422,6 +422,27 @@ func TestPodChangesTouchOnlyTheirObjects(t *testing.T) {
 	}
 }
 
+// TestTakeDirtyOrder checks TakeDirty returns each dirty key once, in the
+// order it was first marked.
+func TestTakeDirtyOrder(t *testing.T) {
+	m := New(0)
+	for _, n := range []string{"n2", "n0", "n1"} {
+		m.UpsertNode(mkNode(n))
+	}
+	m.DeleteNode("n0") // marks n0's PodRealization again
+	want := []Key{
+		{KindPodRealization, v1alpha1.NodeKey("n2")},
+		{KindPodRealization, v1alpha1.NodeKey("n0")},
+		{KindPodRealization, v1alpha1.NodeKey("n1")},
+	}
+	if got := m.TakeDirty(); !reflect.DeepEqual(got, want) {
+		t.Errorf("TakeDirty = %v, want %v", got, want)
+	}
+	if got := m.TakeDirty(); len(got) != 0 {
+		t.Errorf("second TakeDirty = %v, want none", got)
+	}
+}
+
 func TestPodRealizationDigest(t *testing.T) {
 	m := New(0)
 	m.UpsertNode(mkNode("n1"))
