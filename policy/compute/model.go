@@ -93,6 +93,11 @@ type Model struct {
 	// dirty numbers the dirty objects 0, 1, ... in the order they were
 	// first marked.
 	dirty map[dkey]int32
+	// epoch numbers the dirty sets: TakeDirty starts the next one. A
+	// node (group) stamped with the current epoch has its PodRealization
+	// (all its AppliedToGroups) in the dirty set already, so marking it
+	// again costs no map lookup.
+	epoch uint64
 
 	// digestMu guards digestCache, the only state Desired writes.
 	digestMu    sync.Mutex
@@ -115,6 +120,7 @@ func New(sliceSize int) *Model {
 		nodes:       make(map[string]*node),
 		nodeByKey:   make(map[string]*node),
 		dirty:       make(map[dkey]int32),
+		epoch:       1,
 		digestCache: make(map[string]string),
 		emptyDigest: realization.Digest(nil),
 	}
@@ -159,15 +165,18 @@ type node struct {
 	label string // SpanLabel(name)
 	known bool   // a Node object exists
 	pods  map[*pod]struct{}
+	// prMarked is the epoch in which its PodRealization was last marked.
+	prMarked uint64
 }
 
 type group struct {
-	id      uint64
-	key     string
-	sel     v1alpha1.GroupSelector
-	cluster bool
-	podM    *matcher
-	nsM     *matcher
+	id   uint64
+	key  string
+	sel  v1alpha1.GroupSelector
+	podM *matcher
+	// nsM is the namespace selector of a cluster-wide group, nil for a
+	// group of one namespace.
+	nsM *matcher
 
 	targetRefs, peerRefs int
 	// policies are the policies targeting this group.
@@ -188,6 +197,9 @@ type group struct {
 	slices [][]*pod
 	// ver changes whenever the digest input of its policies changes.
 	ver uint64
+	// atgsMarked is the epoch in which all its AppliedToGroups were last
+	// marked.
+	atgsMarked uint64
 }
 
 type policy struct {
@@ -203,7 +215,8 @@ type policy struct {
 // dkey is a dirty object named by the strings the model already holds, so
 // marking an object allocates nothing: AddressGroup {a: group key, i:
 // slice}, AppliedToGroup {a: group key, b: NodeKey}, NetworkPolicy {a:
-// object name}, PodRealization {b: NodeKey}.
+// object name}, PodRealization {b: NodeKey}; or every AppliedToGroup of a
+// group {a: group key}.
 type dkey struct {
 	a, b string
 	i    int32
@@ -218,13 +231,32 @@ const (
 	dAppliedToGroup
 	dNetworkPolicy
 	dPodRealization
+	// dGroupATGs stands for the AppliedToGroups the group has when the
+	// dirty set is taken. Those it loses before are marked one by one
+	// (by removeFromNode and detach), as are those it gains.
+	dGroupATGs
 )
 
 func (m *Model) markATG(g *group, n *node) {
 	m.mark(dkey{kind: dAppliedToGroup, a: g.key, b: n.key})
 }
+
+// markATGs marks every AppliedToGroup of target group g with one entry.
+func (m *Model) markATGs(g *group) {
+	if g.atgsMarked == m.epoch {
+		return
+	}
+	g.atgsMarked = m.epoch
+	m.mark(dkey{kind: dGroupATGs, a: g.key})
+}
+
 func (m *Model) markNP(p *policy) { m.mark(dkey{kind: dNetworkPolicy, a: p.objName}) }
+
 func (m *Model) markPR(n *node) {
+	if n.prMarked == m.epoch {
+		return
+	}
+	n.prMarked = m.epoch
 	m.mark(dkey{kind: dPodRealization, b: n.key})
 }
 
@@ -235,27 +267,69 @@ func (m *Model) markPR(n *node) {
 // starts using, ...), so building them in it reuses what the build of the
 // previous one read.
 func (m *Model) TakeDirty() []Key {
-	out := make([]Key, len(m.dirty))
+	ks := make([]dkey, len(m.dirty))
+	n := 0
 	for k, seq := range m.dirty {
-		var key Key
-		switch k.kind {
-		case dAddressGroup:
-			key = Key{KindAddressGroup, k.a + "-" + strconv.Itoa(int(k.i))}
-		case dAppliedToGroup:
-			key = Key{KindAppliedToGroup, k.a + "-" + k.b}
-		case dNetworkPolicy:
-			key = Key{KindNetworkPolicy, k.a}
-		case dPodRealization:
-			key = Key{KindPodRealization, k.b}
+		ks[seq] = k
+		if k.kind != dGroupATGs {
+			n++
+		} else if g := m.atgGroup(k.a); g != nil {
+			n += g.byNode.Len()
 		}
-		out[seq] = key
 	}
-	if len(out) > 1024 {
+	out := make([]Key, 0, n)
+	for _, k := range ks {
+		if k.kind == dGroupATGs {
+			out = m.appendGroupATGs(out, k.a)
+		} else {
+			out = append(out, k.key())
+		}
+	}
+	if len(ks) > 1024 {
 		// clear keeps a map's memory: after a burst (a cold start marks
 		// every object), let the big table go.
 		m.dirty = make(map[dkey]int32)
 	} else {
 		clear(m.dirty)
+	}
+	m.epoch++
+	return out
+}
+
+// key returns the key of a dirty object (not of a dGroupATGs entry).
+func (k dkey) key() Key {
+	switch k.kind {
+	case dAddressGroup:
+		return Key{KindAddressGroup, k.a + "-" + strconv.Itoa(int(k.i))}
+	case dAppliedToGroup:
+		return Key{KindAppliedToGroup, k.a + "-" + k.b}
+	case dNetworkPolicy:
+		return Key{KindNetworkPolicy, k.a}
+	}
+	return Key{KindPodRealization, k.b}
+}
+
+// atgGroup returns the group a dGroupATGs entry names if it has
+// AppliedToGroups now, else nil.
+func (m *Model) atgGroup(key string) *group {
+	if g := m.groups[key]; g != nil && g.targetRefs > 0 {
+		return g
+	}
+	return nil
+}
+
+// appendGroupATGs appends the keys of the AppliedToGroups of the group
+// named key, except those the dirty set holds on their own (their own
+// entry lists them).
+func (m *Model) appendGroupATGs(out []Key, key string) []Key {
+	g := m.atgGroup(key)
+	if g == nil {
+		return out
+	}
+	for n := range g.byNode.Keys() {
+		if _, ok := m.dirty[dkey{kind: dAppliedToGroup, a: g.key, b: n.key}]; !ok {
+			out = append(out, Key{KindAppliedToGroup, atgName(g, n)})
+		}
 	}
 	return out
 }
@@ -267,7 +341,8 @@ func (m *Model) mark(k dkey) {
 	}
 }
 
-// DirtyLen is the number of keys TakeDirty would return.
+// DirtyLen is the size of the dirty set, in which one entry may stand for
+// all AppliedToGroups of a group: TakeDirty returns no key when it is 0.
 func (m *Model) DirtyLen() int { return len(m.dirty) }
 
 func (m *Model) ns(name string) *namespace {
@@ -746,9 +821,7 @@ func (m *Model) attach(p *policy, tgSel v1alpha1.GroupSelector, peerSels []keyed
 	p.tg = tg
 	tg.targetRefs++
 	if tg.targetRefs == 1 {
-		for n := range tg.byNode.Keys() {
-			m.markATG(tg, n)
-		}
+		m.markATGs(tg)
 	}
 	tg.policies.Add(p)
 	for _, ks := range peerSels {
@@ -828,7 +901,6 @@ func (m *Model) acquire(sel v1alpha1.GroupSelector, key string) *group {
 		populate(n)
 		return g
 	}
-	g.cluster = true
 	g.nsM = newMatcher(sel.NamespaceSelector)
 	m.clusterIdx.add(g, g.nsM)
 	forCandidates(m.namespaces, &m.nsIdx, g.nsM, func(n *namespace) {
@@ -897,7 +969,7 @@ func (m *Model) releaseGroup(g *group) {
 	leaveAll := func(n *namespace) {
 		forCandidates(n.pods, &n.podIdx, g.podM, func(pd *pod) { m.leave(pd, g) })
 	}
-	if g.cluster {
+	if g.nsM != nil {
 		for _, n := range m.namespaces {
 			if n.cluster.Has(g) {
 				leaveAll(n)
@@ -907,7 +979,7 @@ func (m *Model) releaseGroup(g *group) {
 		leaveAll(m.namespaces[g.sel.Namespace])
 	}
 	delete(m.groups, g.key)
-	if !g.cluster {
+	if g.nsM == nil {
 		n := m.namespaces[g.sel.Namespace]
 		n.idx.remove(g, g.podM)
 		m.gcNamespace(n)
