@@ -93,6 +93,8 @@ type Model struct {
 	// dirty numbers the dirty objects 0, 1, ... in the order they were
 	// first marked.
 	dirty map[dkey]int32
+	// soloATGs counts the AppliedToGroups in dirty on their own entry.
+	soloATGs int
 	// epoch numbers the dirty sets: TakeDirty starts the next one. A
 	// node (group) stamped with the current epoch has its PodRealization
 	// (all its AppliedToGroups) in the dirty set already, so marking it
@@ -238,7 +240,9 @@ const (
 )
 
 func (m *Model) markATG(g *group, n *node) {
-	m.mark(dkey{kind: dAppliedToGroup, a: g.key, b: n.key})
+	if m.mark(dkey{kind: dAppliedToGroup, a: g.key, b: n.key}) {
+		m.soloATGs++
+	}
 }
 
 // markATGs marks every AppliedToGroup of target group g with one entry.
@@ -267,33 +271,49 @@ func (m *Model) markPR(n *node) {
 // starts using, ...), so building them in it reuses what the build of the
 // previous one read.
 func (m *Model) TakeDirty() []Key {
-	ks := make([]dkey, len(m.dirty))
-	n := 0
-	for k, seq := range m.dirty {
-		ks[seq] = k
-		if k.kind != dGroupATGs {
-			n++
-		} else if g := m.atgGroup(k.a); g != nil {
-			n += g.byNode.Len()
-		}
-	}
+	ents, n := m.dirtyEntries()
 	out := make([]Key, 0, n)
-	for _, k := range ks {
-		if k.kind == dGroupATGs {
-			out = m.appendGroupATGs(out, k.a)
+	for _, e := range ents {
+		if e.k.kind == dGroupATGs {
+			out = m.appendGroupATGs(out, e.g)
 		} else {
-			out = append(out, k.key())
+			out = append(out, e.k.key())
 		}
 	}
-	if len(ks) > 1024 {
+	if len(ents) > 1024 {
 		// clear keeps a map's memory: after a burst (a cold start marks
 		// every object), let the big table go.
 		m.dirty = make(map[dkey]int32)
 	} else {
 		clear(m.dirty)
 	}
+	m.soloATGs = 0
 	m.epoch++
 	return out
+}
+
+// dirtyEntry is a dirty set entry being taken; g is the group of a
+// dGroupATGs entry, nil when it has no AppliedToGroups now.
+type dirtyEntry struct {
+	k dkey
+	g *group
+}
+
+// dirtyEntries returns the dirty set's entries in marking order and how
+// many keys they stand for.
+func (m *Model) dirtyEntries() ([]dirtyEntry, int) {
+	ents := make([]dirtyEntry, len(m.dirty))
+	n := 0
+	for k, seq := range m.dirty {
+		e := &ents[seq]
+		e.k = k
+		if k.kind != dGroupATGs {
+			n++
+		} else if e.g = m.atgGroup(k.a); e.g != nil {
+			n += e.g.byNode.Len()
+		}
+	}
+	return ents, n
 }
 
 // key returns the key of a dirty object (not of a dGroupATGs entry).
@@ -318,27 +338,32 @@ func (m *Model) atgGroup(key string) *group {
 	return nil
 }
 
-// appendGroupATGs appends the keys of the AppliedToGroups of the group
-// named key, except those the dirty set holds on their own (their own
-// entry lists them).
-func (m *Model) appendGroupATGs(out []Key, key string) []Key {
-	g := m.atgGroup(key)
+// appendGroupATGs appends the keys of the AppliedToGroups of g (none if
+// nil), except those the dirty set holds on their own entry, which lists
+// them.
+func (m *Model) appendGroupATGs(out []Key, g *group) []Key {
 	if g == nil {
 		return out
 	}
 	for n := range g.byNode.Keys() {
-		if _, ok := m.dirty[dkey{kind: dAppliedToGroup, a: g.key, b: n.key}]; !ok {
-			out = append(out, Key{KindAppliedToGroup, atgName(g, n)})
+		if m.soloATGs > 0 {
+			if _, ok := m.dirty[dkey{kind: dAppliedToGroup, a: g.key, b: n.key}]; ok {
+				continue
+			}
 		}
+		out = append(out, Key{KindAppliedToGroup, atgName(g, n)})
 	}
 	return out
 }
 
-// mark adds k to the dirty set, numbering it in marking order.
-func (m *Model) mark(k dkey) {
-	if _, ok := m.dirty[k]; !ok {
-		m.dirty[k] = int32(len(m.dirty))
+// mark adds k to the dirty set, numbering it in marking order, and
+// reports whether it is new there.
+func (m *Model) mark(k dkey) bool {
+	if _, ok := m.dirty[k]; ok {
+		return false
 	}
+	m.dirty[k] = int32(len(m.dirty))
+	return true
 }
 
 // DirtyLen is the size of the dirty set, in which one entry may stand for
