@@ -236,14 +236,13 @@ func BenchmarkServiceProgramming(b *testing.B) {
 		kpCold, kpChange, err := measureKubeProxy(ctx, b, cs, kp, refs, target, changedIPs(si, 0), deadline)
 		if kpCold > 0 {
 			b.ReportMetric(ms(kpCold), "kubeproxy-cold-"+label+"-ms")
-			b.Logf("%s: kube-proxy cold %v", label, kpCold)
 			if sCold > 0 {
 				b.ReportMetric(float64(kpCold)/float64(sCold), "cold-"+label+"-ratio")
 			}
 		}
 		if err != nil {
 			kp.stop()
-			b.Logf("%s: kube-proxy: %v", label, err)
+			b.Logf("%s: kube-proxy cold %v; %v", label, kpCold, err)
 			b.ReportMetric(1, "kubeproxy-missed-"+label)
 			continue
 		}
@@ -392,10 +391,12 @@ func measureSeine(ctx context.Context, b *testing.B, cs kubernetes.Interface, c 
 			}
 		}
 	}
-	at, err := scrapeTimestamp(metrics, seineMetricsURL(node.IP), proxy.LastSyncName)
+	at, err := scrapeTimestamp(ctx, metrics, seineMetricsURL(node.IP), proxy.LastSyncName, "")
 	switch {
 	case err != nil:
 		b.Fatalf("seine: %s: %v", proxy.LastSyncName, err)
+	case at.IsZero():
+		b.Fatalf("seine: %s is 0 after its flows covered every Service", proxy.LastSyncName)
 	case at.After(t0) && !at.After(done):
 		done = at
 	default:

@@ -108,51 +108,28 @@ func (h histogram) String() string {
 	return b.String()
 }
 
-// scrapeFirst reads the first series of the metric name from a /metrics
-// endpoint; nil when it has none.
-func scrapeFirst(c *http.Client, url, name string) (*dto.Metric, error) {
+// scrapeHistogram reads the histogram name (labels ignored: one series)
+// from a /metrics endpoint.
+func scrapeHistogram(c *http.Client, url, name string) (histogram, error) {
 	resp, err := c.Get(url)
 	if err != nil {
-		return nil, err
+		return histogram{}, err
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return nil, err
+		return histogram{}, err
 	}
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	mfs, err := p.TextToMetricFamilies(strings.NewReader(string(body)))
 	if err != nil {
-		return nil, err
+		return histogram{}, err
 	}
 	mf := mfs[name]
 	if mf == nil || len(mf.GetMetric()) == 0 {
-		return nil, nil
+		return histogram{}, nil // nothing observed yet
 	}
-	return mf.GetMetric()[0], nil
-}
-
-// scrapeHistogram reads the histogram name (labels ignored: one series)
-// from a /metrics endpoint.
-func scrapeHistogram(c *http.Client, url, name string) (histogram, error) {
-	m, err := scrapeFirst(c, url, name)
-	if err != nil || m == nil {
-		return histogram{}, err // nil, nil: nothing observed yet
-	}
-	return toHistogram(m.GetHistogram()), nil
-}
-
-// scrapeTimestamp reads the gauge name, a Unix time in seconds, from a
-// /metrics endpoint; an error when there is none or it is 0.
-func scrapeTimestamp(c *http.Client, url, name string) (time.Time, error) {
-	m, err := scrapeFirst(c, url, name)
-	if err != nil {
-		return time.Time{}, err
-	}
-	if m == nil || m.GetGauge().GetValue() == 0 {
-		return time.Time{}, fmt.Errorf("%s: no value at %s", name, url)
-	}
-	return time.Unix(0, int64(m.GetGauge().GetValue()*1e9)), nil
+	return toHistogram(mf.GetMetric()[0].GetHistogram()), nil
 }
 
 func toHistogram(h *dto.Histogram) histogram {
