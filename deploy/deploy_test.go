@@ -118,10 +118,14 @@ func TestManifestObjects(t *testing.T) {
 			cm = o
 		}
 	}
-	for _, k := range []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ConfigMap", "DaemonSet"} {
+	for _, k := range []string{"Namespace", "ServiceAccount", "ClusterRoleBinding", "Role", "RoleBinding", "ConfigMap", "DaemonSet"} {
 		if kinds[k] != 1 {
 			t.Errorf("%d objects of kind %s, want 1", kinds[k], k)
 		}
+	}
+	// The daemon's, and the two aggregated into the default user roles.
+	if kinds["ClusterRole"] != 3 {
+		t.Errorf("%d ClusterRoles, want 3 (seine, seine-view, seine-traceflow)", kinds["ClusterRole"])
 	}
 	crds, _ := filepath.Glob("crds/*.yaml")
 	if kinds["CustomResourceDefinition"] != len(crds) || len(crds) == 0 {

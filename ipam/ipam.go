@@ -7,6 +7,13 @@
 // it continues after the last address handed out, so a released address is
 // reused as late as possible (connections to a deleted Pod should not reach
 // its successor).
+//
+// Every change is on disk before the call that made it returns. Concurrent
+// calls share the write (group commit): a change is made in memory, and
+// one caller at a time writes the whole state (temporary file, fsync,
+// rename), covering every change made before its write began; the others
+// wait for a write that covers theirs. So N concurrent ADDs cost one or two
+// fsyncs, not N, and no lock is held while the disk works.
 package ipam
 
 import (
@@ -14,6 +21,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -51,6 +59,16 @@ type Allocator struct {
 	last    uint32 // last allocatable address (broadcast - 1)
 	st      state
 	byOwner map[string]uint32
+
+	// Group commit: version counts the changes to st, saved is the
+	// version on disk, saving is set while one caller writes (without
+	// mu), and written is broadcast when it is done.
+	version  uint64
+	saved    uint64
+	saving   bool
+	flushing bool // a background flusher runs (flushLocked)
+	written  *sync.Cond
+	writes   int // files written, for tests
 }
 
 // Open loads (or creates) the allocation file in dir for podCIDR (IPv4, at
@@ -75,6 +93,7 @@ func Open(dir string, podCIDR *net.IPNet) (*Allocator, bool, error) {
 		last:    base + size - 2,
 		byOwner: map[string]uint32{},
 	}
+	a.written = sync.NewCond(&a.mu)
 	reset := false
 	b, err := os.ReadFile(a.path)
 	switch {
@@ -103,7 +122,7 @@ func Open(dir string, podCIDR *net.IPNet) (*Allocator, bool, error) {
 		a.byOwner[o.key()] = binary.BigEndian.Uint32(ip)
 	}
 	if reset {
-		if err := a.save(); err != nil {
+		if err := write(a.path, a.st); err != nil {
 			return nil, false, err
 		}
 	}
@@ -117,12 +136,39 @@ func (a *Allocator) PodCIDR() *net.IPNet { return a.podCIDR }
 func (a *Allocator) Gateway() net.IP { return u32ToIP(a.first - 1) }
 
 // Allocate returns the address held by owner, or allocates and persists a
-// new one. The error wraps ErrExhausted when no address is free.
+// new one: Reserve, then wait until it is on disk. The error wraps
+// ErrExhausted when no address is free.
 func (a *Allocator) Allocate(owner Owner) (net.IP, error) {
+	ip, durable, err := a.Reserve(owner)
+	if err != nil {
+		return nil, err
+	}
+	if err := durable(); err != nil {
+		return nil, err
+	}
+	return ip, nil
+}
+
+// Reserve returns the address held by owner, or picks a new one and holds
+// it in memory at once, starting the write that persists it. durable
+// blocks until the address is on disk; if the write fails, it releases
+// the reservation (unless the owner released it already) and returns the
+// error. The caller may do other work in between, but must not report the
+// address to anyone before durable returns nil: so a CNI ADD overlaps
+// the fsync with creating the Pod's interface. The error wraps
+// ErrExhausted when no address is free.
+func (a *Allocator) Reserve(owner Owner) (ip net.IP, durable func() error, err error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if ip, ok := a.byOwner[owner.key()]; ok {
-		return u32ToIP(ip), nil
+	if cur, ok := a.byOwner[owner.key()]; ok {
+		// Possibly still in flight for an earlier call: wait for what is
+		// in memory now.
+		v := a.version
+		return u32ToIP(cur), func() error {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			return a.persistLocked(v)
+		}, nil
 	}
 	n := a.last - a.first + 1
 	start := a.first
@@ -139,17 +185,67 @@ func (a *Allocator) Allocate(owner Owner) (net.IP, error) {
 			continue
 		}
 		a.st.Allocations[s] = owner
-		prevLast := a.st.Last
 		a.st.Last = s
-		if err := a.save(); err != nil {
-			delete(a.st.Allocations, s)
-			a.st.Last = prevLast
-			return nil, err
-		}
 		a.byOwner[owner.key()] = cand
-		return u32ToIP(cand), nil
+		a.version++
+		v := a.version
+		// Start the write now; durable waits for it (or writes again).
+		a.flushLocked()
+		return u32ToIP(cand), func() error {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			err := a.persistLocked(v)
+			if err != nil && a.byOwner[owner.key()] == cand && a.st.Allocations[s] == owner {
+				// Not on disk: undo it (the next write drops it). Last
+				// stays: next-fit only needs it to move forward.
+				delete(a.st.Allocations, s)
+				delete(a.byOwner, owner.key())
+				a.version++
+			}
+			return err
+		}, nil
 	}
-	return nil, fmt.Errorf("podCIDR %s: all %d addresses in use: %w", a.podCIDR, n, ErrExhausted)
+	return nil, nil, fmt.Errorf("podCIDR %s: all %d addresses in use: %w", a.podCIDR, n, ErrExhausted)
+}
+
+// Claim records ip as held by owner and persists it: for an attachment
+// found on the bridge whose allocation never reached the disk (the daemon
+// stopped in the middle of its ADD). Claiming what owner already holds is
+// a no-op. Errors: ip outside the allocatable range, or held by another
+// attachment (or owner holding another address), a failed write.
+func (a *Allocator) Claim(owner Owner, ip net.IP) error {
+	ip4 := ip.To4()
+	if ip4 == nil || !a.podCIDR.Contains(ip4) {
+		return fmt.Errorf("claiming %s: not in podCIDR %s", ip, a.podCIDR)
+	}
+	v := binary.BigEndian.Uint32(ip4)
+	if v < a.first || v > a.last {
+		return fmt.Errorf("claiming %s: reserved address of podCIDR %s", ip, a.podCIDR)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	s := ip4.String()
+	if cur, ok := a.byOwner[owner.key()]; ok {
+		if cur == v {
+			return a.persistLocked(a.version)
+		}
+		return fmt.Errorf("claiming %s for %s: it holds %s", ip, owner.key(), u32ToIP(cur))
+	}
+	if o, used := a.st.Allocations[s]; used {
+		return fmt.Errorf("claiming %s for %s: held by %s", ip, owner.key(), o.key())
+	}
+	a.st.Allocations[s] = owner
+	a.byOwner[owner.key()] = v
+	a.version++
+	if err := a.persistLocked(a.version); err != nil {
+		if a.byOwner[owner.key()] == v && a.st.Allocations[s] == owner {
+			delete(a.st.Allocations, s)
+			delete(a.byOwner, owner.key())
+			a.version++
+		}
+		return err
+	}
+	return nil
 }
 
 // Release frees the address held by the attachment; releasing an unknown
@@ -165,11 +261,19 @@ func (a *Allocator) Release(containerID, ifName string) error {
 	s := u32ToIP(ip).String()
 	o := a.st.Allocations[s]
 	delete(a.st.Allocations, s)
-	if err := a.save(); err != nil {
-		a.st.Allocations[s] = o
+	delete(a.byOwner, k)
+	a.version++
+	if err := a.persistLocked(a.version); err != nil {
+		// Still on disk: keep it held unless it went to someone else.
+		if _, taken := a.st.Allocations[s]; !taken {
+			if _, again := a.byOwner[k]; !again {
+				a.st.Allocations[s] = o
+				a.byOwner[k] = ip
+				a.version++
+			}
+		}
 		return err
 	}
-	delete(a.byOwner, k)
 	return nil
 }
 
@@ -204,13 +308,74 @@ func (a *Allocator) List() []Allocation {
 	return out
 }
 
-// save writes the state atomically: temporary file, fsync, rename.
-func (a *Allocator) save() error {
-	b, err := json.MarshalIndent(a.st, "", "  ")
+// persistLocked returns once version v of the state (or a later one) is on
+// disk. If no write is running, the caller writes the current state itself,
+// releasing a.mu meanwhile; otherwise it waits for the running write and
+// checks again. A failed write fails its writer only: a waiter whose
+// change it covered writes again. a.mu must be held.
+func (a *Allocator) persistLocked(v uint64) error {
+	for a.saved < v {
+		if a.saving {
+			a.written.Wait()
+			continue
+		}
+		a.saving = true
+		target := a.version
+		snap := a.st
+		snap.Allocations = maps.Clone(a.st.Allocations)
+		a.mu.Unlock()
+		b, err := json.MarshalIndent(snap, "", "  ")
+		if err == nil {
+			err = writeBytes(a.path, b)
+		}
+		a.mu.Lock()
+		a.writes++
+		a.saving = false
+		if err == nil && target > a.saved {
+			a.saved = target
+		}
+		a.written.Broadcast()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// flushLocked starts writing the state in the background unless a
+// flusher runs already; the flusher writes until every change made so far
+// is on disk (or a write fails: then callers of persistLocked write
+// again). a.mu must be held.
+func (a *Allocator) flushLocked() {
+	if a.flushing {
+		return
+	}
+	a.flushing = true
+	go func() {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		for a.saved < a.version {
+			if err := a.persistLocked(a.version); err != nil {
+				break
+			}
+		}
+		a.flushing = false
+	}()
+}
+
+// write stores st at path atomically (see writeBytes).
+func write(path string, st state) error {
+	b, err := json.MarshalIndent(st, "", "  ")
 	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(a.path), ".allocations-*")
+	return writeBytes(path, b)
+}
+
+// writeBytes replaces the file at path atomically: temporary file, fsync,
+// rename.
+func writeBytes(path string, b []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".allocations-*")
 	if err != nil {
 		return fmt.Errorf("saving IPAM state: %w", err)
 	}
@@ -226,7 +391,7 @@ func (a *Allocator) save() error {
 	if err := tmp.Close(); err != nil {
 		return fmt.Errorf("saving IPAM state: %w", err)
 	}
-	if err := os.Rename(tmp.Name(), a.path); err != nil {
+	if err := os.Rename(tmp.Name(), path); err != nil {
 		return fmt.Errorf("saving IPAM state: %w", err)
 	}
 	return nil

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 )
 
@@ -135,6 +136,151 @@ func TestRejectsTinyOrIPv6CIDR(t *testing.T) {
 	for _, c := range []string{"10.244.1.0/31", "fd00::/64"} {
 		if _, _, err := Open(t.TempDir(), cidr(t, c)); err == nil {
 			t.Fatalf("%s accepted", c)
+		}
+	}
+}
+
+// TestConcurrentAllocationsShareWrites allocates and then releases 100
+// addresses at once: every address is distinct and on disk when its call
+// returns, and the calls shared their writes (group commit).
+func TestConcurrentAllocationsShareWrites(t *testing.T) {
+	dir := t.TempDir()
+	a, _, err := Open(dir, cidr(t, "10.244.0.0/22"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 100
+	ips := make([]net.IP, n)
+	errs := make([]error, n)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			ips[i], errs[i] = a.Allocate(owner(i))
+		}()
+	}
+	close(start)
+	wg.Wait()
+	seen := map[string]bool{}
+	for i := range ips {
+		if errs[i] != nil {
+			t.Fatalf("allocation %d: %v", i, errs[i])
+		}
+		if seen[ips[i].String()] {
+			t.Fatalf("%s handed out twice", ips[i])
+		}
+		seen[ips[i].String()] = true
+	}
+	if a.writes >= n {
+		t.Errorf("%d allocations wrote the file %d times; want fewer writes than allocations", n, a.writes)
+	}
+	t.Logf("%d concurrent allocations, %d writes", n, a.writes)
+	b, _, err := Open(dir, cidr(t, "10.244.0.0/22"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range ips {
+		if ip, ok := b.Lookup(owner(i).ContainerID, "eth0"); !ok || !ip.Equal(ips[i]) {
+			t.Fatalf("allocation %d not on disk: %v %v", i, ip, ok)
+		}
+	}
+
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = a.Release(owner(i).ContainerID, "eth0")
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	if c, _, err := Open(dir, cidr(t, "10.244.0.0/22")); err != nil || len(c.List()) != 0 {
+		t.Fatalf("after releasing everything the file holds %v (%v)", c.List(), err)
+	}
+}
+
+// TestFailedWriteUndoesAllocation makes the state file unwritable (a
+// directory in its place): the allocation fails, holds nothing, and once
+// the file is writable again the address is handed out.
+func TestFailedWriteUndoesAllocation(t *testing.T) {
+	dir := t.TempDir()
+	a, _, err := Open(dir, cidr(t, "10.244.1.0/24"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept, err := a.Allocate(owner(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocker := filepath.Join(dir, "allocations.json")
+	if err := os.Remove(blocker); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(blocker, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if ip, err := a.Allocate(owner(1)); err == nil {
+		t.Fatalf("allocation with an unwritable state file succeeded: %s", ip)
+	}
+	if _, ok := a.Lookup("c1", "eth0"); ok || len(a.List()) != 1 {
+		t.Fatalf("failed allocation is held: %v", a.List())
+	}
+	if err := a.Release("c0", "eth0"); err == nil {
+		t.Fatal("release with an unwritable state file succeeded")
+	}
+	if ip, ok := a.Lookup("c0", "eth0"); !ok || !ip.Equal(kept) {
+		t.Fatalf("failed release dropped the allocation: %v %v", ip, ok)
+	}
+	if err := os.Remove(blocker); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Allocate(owner(1)); err != nil {
+		t.Fatal(err)
+	}
+	b, _, err := Open(dir, cidr(t, "10.244.1.0/24"))
+	if err != nil || len(b.List()) != 2 {
+		t.Fatalf("reopened: %v %v", b.List(), err)
+	}
+}
+
+// TestClaim records a given address for an attachment (as a restart does
+// for a Pod whose allocation never reached the disk) and refuses one that
+// is taken or reserved.
+func TestClaim(t *testing.T) {
+	dir := t.TempDir()
+	a, _, err := Open(dir, cidr(t, "10.244.1.0/24"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Claim(owner(1), net.ParseIP("10.244.1.9")); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Claim(owner(1), net.ParseIP("10.244.1.9")); err != nil {
+		t.Fatalf("claiming again: %v", err)
+	}
+	for _, bad := range []struct {
+		o  Owner
+		ip string
+	}{{owner(2), "10.244.1.9"}, {owner(1), "10.244.1.10"}, {owner(3), "10.244.1.1"}, {owner(3), "10.244.1.255"}, {owner(3), "10.244.2.5"}} {
+		if err := a.Claim(bad.o, net.ParseIP(bad.ip)); err == nil {
+			t.Errorf("claim of %s by %s accepted", bad.ip, bad.o.ContainerID)
+		}
+	}
+	b, _, err := Open(dir, cidr(t, "10.244.1.0/24"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ip, ok := b.Lookup("c1", "eth0"); !ok || ip.String() != "10.244.1.9" {
+		t.Fatalf("claim not on disk: %v %v", ip, ok)
+	}
+	for i := 0; i < 250; i++ {
+		if ip, err := b.Allocate(owner(100 + i)); err == nil && ip.String() == "10.244.1.9" {
+			t.Fatal("claimed address handed out")
 		}
 	}
 }

@@ -3,17 +3,30 @@
 // Node, ...). Owners replace their whole flow set at once; the syncer sends
 // only the difference, in one atomic bundle, and remembers the result so it
 // can replay everything after ovs-vswitchd restarts.
+//
+// Concurrent changes share bundles (package groupcommit): while one bundle
+// is on its way to the switch, the changes that arrive queue up, and the
+// next bundle carries all of them. No lock is held while a bundle travels,
+// so N concurrent callers cost about two round trips each, not N. If a
+// shared bundle is rejected, its changes are sent again one by one, so a
+// bad change fails only its own caller.
 package flowsync
 
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"reflect"
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/seine-net/seine/datapath/groupcommit"
 	of "github.com/seine-net/seine/datapath/openflow"
 )
 
@@ -22,69 +35,233 @@ type Applier interface {
 	Apply(ctx context.Context, mods []of.FlowMod) error
 }
 
+// Update replaces the flows of one owner; no flows removes the owner.
+type Update struct {
+	Owner string
+	Flows []of.Flow
+}
+
 // Syncer owns the desired flow state. It is safe for concurrent use.
 type Syncer struct {
+	sw      Applier
+	commits *groupcommit.Committer[[]Update]
+
 	mu     sync.Mutex
-	sw     Applier
-	owners map[string]map[string]of.Flow // owner → flow key → flow
+	owners map[string]map[string]of.Flow // owner → flow key → flow (on the switch)
+	refs   map[string]int                // flow key → owners wanting it
+	flight *stage                        // the bundle on its way, if any
+	// replays counts Replay calls, so a committer whose bundle failed can
+	// tell that a replay sent its flows meanwhile.
+	replays uint64
+
+	bundles atomic.Uint64 // bundles sent by Set/SetMany, for tests
+
+	programming prometheus.Histogram
+	mods        *prometheus.CounterVec
 }
 
 // New returns a syncer that programs sw.
 func New(sw Applier) *Syncer {
-	return &Syncer{sw: sw, owners: map[string]map[string]of.Flow{}}
+	s := &Syncer{sw: sw, owners: map[string]map[string]of.Flow{}, refs: map[string]int{},
+		programming: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "seine_flow_programming_duration_seconds",
+			Help:    "Time to program one bundle of flow changes into OVS: sent, committed and acknowledged.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 10},
+		}),
+		mods: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "seine_flow_mods_total",
+			Help: "Flow modifications sent to OVS, by operation (add, delete).",
+		}, []string{"op"}),
+	}
+	s.commits = groupcommit.New(s.commit)
+	return s
+}
+
+// Register adds the syncer's metrics to reg:
+// seine_flow_programming_duration_seconds (histogram) and
+// seine_flow_mods_total{op}.
+func (s *Syncer) Register(reg prometheus.Registerer) error {
+	if err := reg.Register(s.programming); err != nil {
+		return err
+	}
+	return reg.Register(s.mods)
+}
+
+// apply sends mods to the switch and records the metrics. It needs no lock.
+func (s *Syncer) apply(ctx context.Context, mods []of.FlowMod) error {
+	start := time.Now()
+	if err := s.sw.Apply(ctx, mods); err != nil {
+		return err
+	}
+	s.programming.Observe(time.Since(start).Seconds())
+	var adds, dels int
+	for _, m := range mods {
+		if m.Op == of.OpDelete {
+			dels++
+		} else {
+			adds++
+		}
+	}
+	s.mods.WithLabelValues("add").Add(float64(adds))
+	s.mods.WithLabelValues("delete").Add(float64(dels))
+	return nil
 }
 
 // Set makes the flows of owner exactly flows: flows the owner no longer has
 // are deleted, new or changed ones added, unchanged ones left alone. Two
 // flows are the same entry when table, priority and match are equal
 // (OpenFlow 1.3 section 6.4); an entry whose actions or cookie changed is
-// re-added, which replaces it in place. Nothing is recorded when the switch
-// rejects the change, so a retry recomputes the same difference.
+// re-added, which replaces it in place. An entry another owner also wants
+// is not deleted. Nothing is recorded when the switch rejects the change,
+// so a retry recomputes the same difference.
 func (s *Syncer) Set(ctx context.Context, owner string, flows []of.Flow) error {
+	return s.SetMany(ctx, []Update{{Owner: owner, Flows: flows}})
+}
+
+// SetMany applies several updates as one change: one bundle, all or
+// nothing, applied in order (a later update of the same owner wins). It
+// returns once the switch has committed the bundle, or with the error that
+// names the rejected flow. A caller whose context ends while its change
+// waits behind another bundle gets the context's error and nothing is
+// sent for it.
+func (s *Syncer) SetMany(ctx context.Context, updates []Update) error {
+	return s.commits.Do(ctx, updates)
+}
+
+// commit sends the changes of concurrent callers as one bundle; if the
+// switch rejects it, each change is sent again alone, so that only the
+// bad one fails.
+func (s *Syncer) commit(ctx context.Context, batch [][]Update) []error {
+	errs := make([]error, len(batch))
+	err := s.try(ctx, batch)
+	if err == nil || len(batch) == 1 {
+		for i := range errs {
+			errs[i] = err
+		}
+		return errs
+	}
+	for i := range batch {
+		errs[i] = s.try(ctx, batch[i:i+1])
+	}
+	return errs
+}
+
+// try applies batch as one bundle and records the result. If the bundle
+// fails after a Replay sent its flows, it is sent once more (the replay
+// may have installed part of it).
+func (s *Syncer) try(ctx context.Context, batch [][]Update) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	st := newStage(s)
+	for _, ups := range batch {
+		for _, u := range ups {
+			st.set(u.Owner, u.Flows)
+		}
+	}
+	if len(st.mods) == 0 {
+		st.commit()
+		return nil
+	}
+	s.flight = st
+	replays := s.replays
+	var err error
+	for attempt := 0; attempt < 2; attempt++ {
+		s.mu.Unlock()
+		err = s.apply(ctx, st.mods)
+		s.bundles.Add(1)
+		s.mu.Lock()
+		if err == nil || s.replays == replays {
+			break
+		}
+		replays = s.replays
+	}
+	s.flight = nil
+	if err != nil {
+		return fmt.Errorf("programming flows of %s: %w", st.describe(), err)
+	}
+	st.commit()
+	return nil
+}
+
+// stage is the state a bundle would leave: the owners it changes and the
+// flow mods that take the switch there.
+type stage struct {
+	s      *Syncer
+	owners map[string]map[string]of.Flow // staged owners; nil: removed
+	refs   map[string]int                // change of s.refs per key
+	mods   []of.FlowMod
+	names  []string // owners changed, in order
+}
+
+func newStage(s *Syncer) *stage {
+	return &stage{s: s, owners: map[string]map[string]of.Flow{}, refs: map[string]int{}}
+}
+
+func (st *stage) get(owner string) map[string]of.Flow {
+	if fs, ok := st.owners[owner]; ok {
+		return fs
+	}
+	return st.s.owners[owner]
+}
+
+// set stages owner's new flows and appends the mods they need.
+func (st *stage) set(owner string, flows []of.Flow) {
 	want := make(map[string]of.Flow, len(flows))
 	for _, f := range flows {
 		want[Key(f)] = f
 	}
-	have := s.owners[owner]
-	var mods []of.FlowMod
+	have := st.get(owner)
 	for k, f := range have {
-		if _, ok := want[k]; !ok && !s.sharedLocked(owner, k) {
-			mods = append(mods, of.FlowMod{Op: of.OpDelete, Flow: f})
+		if _, ok := want[k]; ok {
+			continue
+		}
+		st.refs[k]--
+		if st.s.refs[k]+st.refs[k] == 0 {
+			st.mods = append(st.mods, of.FlowMod{Op: of.OpDelete, Flow: f})
 		}
 	}
 	for k, f := range want {
-		if old, ok := have[k]; ok && sameFlow(old, f) {
+		old, ok := have[k]
+		if !ok {
+			st.refs[k]++
+		} else if sameFlow(old, f) {
 			continue
 		}
-		mods = append(mods, of.FlowMod{Op: of.OpAdd, Flow: f})
-	}
-	if len(mods) > 0 {
-		if err := s.sw.Apply(ctx, mods); err != nil {
-			return fmt.Errorf("programming flows of %s: %w", owner, err)
-		}
+		st.mods = append(st.mods, of.FlowMod{Op: of.OpAdd, Flow: f})
 	}
 	if len(want) == 0 {
-		delete(s.owners, owner)
-	} else {
-		s.owners[owner] = want
+		want = nil
 	}
-	return nil
+	if _, seen := st.owners[owner]; !seen {
+		st.names = append(st.names, owner)
+	}
+	st.owners[owner] = want
 }
 
-// sharedLocked reports whether an owner other than owner also wants the
-// flow entry k, in which case deleting it would break that owner.
-func (s *Syncer) sharedLocked(owner, k string) bool {
-	for o, fs := range s.owners {
-		if o == owner {
-			continue
-		}
-		if _, ok := fs[k]; ok {
-			return true
+// commit makes the staged state the syncer's. s.mu must be held.
+func (st *stage) commit() {
+	for o, fs := range st.owners {
+		if fs == nil {
+			delete(st.s.owners, o)
+		} else {
+			st.s.owners[o] = fs
 		}
 	}
-	return false
+	for k, d := range st.refs {
+		if n := st.s.refs[k] + d; n > 0 {
+			st.s.refs[k] = n
+		} else {
+			delete(st.s.refs, k)
+		}
+	}
+}
+
+// describe names the owners of the stage for errors.
+func (st *stage) describe() string {
+	if len(st.names) <= 3 {
+		return strings.Join(st.names, ", ")
+	}
+	return fmt.Sprintf("%s and %d more owners", strings.Join(st.names[:3], ", "), len(st.names)-3)
 }
 
 // Delete removes every flow of owner; unknown owners are a no-op.
@@ -100,20 +277,34 @@ func (s *Syncer) Has(owner string) bool {
 	return ok
 }
 
-// Replay re-adds every desired flow, for a switch that lost its flows.
+// Replay re-adds every desired flow, for a switch that lost its flows,
+// including those of a bundle on its way (whose leader sends it again if
+// it fails meanwhile). It sends directly, not behind queued changes: the
+// OpenFlow client calls it on reconnection, while other calls wait.
 func (s *Syncer) Replay(ctx context.Context) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.replays++
+	all := maps.Clone(s.owners)
+	if st := s.flight; st != nil {
+		for o, fs := range st.owners {
+			if fs == nil {
+				delete(all, o)
+			} else {
+				all[o] = fs
+			}
+		}
+	}
 	var mods []of.FlowMod
-	for _, fs := range s.owners {
+	for _, fs := range all {
 		for _, f := range fs {
 			mods = append(mods, of.FlowMod{Op: of.OpAdd, Flow: f})
 		}
 	}
+	s.mu.Unlock()
 	if len(mods) == 0 {
 		return nil
 	}
-	return s.sw.Apply(ctx, mods)
+	return s.apply(ctx, mods)
 }
 
 // Snapshot returns a copy of the desired flows, by owner, sorted by table
@@ -142,13 +333,25 @@ func (s *Syncer) Snapshot() map[string][]of.Flow {
 func (s *Syncer) Count() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	seen := map[string]struct{}{}
+	return len(s.refs)
+}
+
+// CountByTable returns the number of distinct flow entries desired in
+// each table.
+func (s *Syncer) CountByTable() map[uint8]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	seen := map[string]uint8{}
 	for _, fs := range s.owners {
-		for k := range fs {
-			seen[k] = struct{}{}
+		for k, f := range fs {
+			seen[k] = f.Table
 		}
 	}
-	return len(seen)
+	out := map[uint8]int{}
+	for _, t := range seen {
+		out[t]++
+	}
+	return out
 }
 
 // sameFlow reports whether two entries with equal keys also carry the same
@@ -203,6 +406,9 @@ func Key(f of.Flow) string {
 	}
 	if m.L4Dst != nil {
 		fmt.Fprintf(&b, ",tp_dst=%d/%#x", m.L4Dst.Port, m.L4Dst.Mask)
+	}
+	if m.Frag != nil {
+		fmt.Fprintf(&b, ",nw_frag=%#x/%#x", m.Frag.Value&m.Frag.Mask, m.Frag.Mask)
 	}
 	ip("tun_dst", m.TunDst)
 	for _, r := range m.Regs {

@@ -3,8 +3,14 @@ package flowsync
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
+	"sync"
 	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	of "github.com/seine-net/seine/datapath/openflow"
 )
@@ -121,4 +127,230 @@ func TestReplayResendsEverything(t *testing.T) {
 	if last := r.batches[len(r.batches)-1]; count(last, of.OpAdd) != 3 {
 		t.Fatalf("replay sent %+v", last)
 	}
+}
+
+// CountByTable counts shared entries once; the metrics count every
+// programmed change and mod.
+func TestCountByTableAndMetrics(t *testing.T) {
+	r := &recorder{}
+	s := New(r)
+	reg := prometheus.NewRegistry()
+	if err := s.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	shared := flow(70, "10.0.0.1", 1)
+	if err := s.Set(ctx, "a", []of.Flow{shared, flow(80, "10.0.0.2", 2)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Set(ctx, "b", []of.Flow{shared}); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.CountByTable(); got[70] != 1 || got[80] != 1 || len(got) != 2 {
+		t.Fatalf("CountByTable = %v", got)
+	}
+	if err := s.Delete(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if n := testutil.CollectAndCount(reg, "seine_flow_programming_duration_seconds"); n != 1 {
+		t.Fatalf("%d histogram series", n)
+	}
+	if adds := testutil.ToFloat64(s.mods.WithLabelValues("add")); adds != 3 {
+		t.Errorf("adds = %v, want 3", adds)
+	}
+	if dels := testutil.ToFloat64(s.mods.WithLabelValues("delete")); dels != 1 {
+		t.Errorf("deletes = %v, want 1 (the shared entry stays)", dels)
+	}
+}
+
+// gate is a fake switch whose first Apply blocks until open is closed,
+// and which rejects every bundle holding a flow that outputs to port 666.
+type gate struct {
+	mu      sync.Mutex
+	batches [][]of.FlowMod
+	entered chan struct{} // closed when the first Apply blocks
+	open    chan struct{}
+	first   bool
+}
+
+func newGate() *gate { return &gate{entered: make(chan struct{}), open: make(chan struct{})} }
+
+func (g *gate) Apply(ctx context.Context, mods []of.FlowMod) error {
+	g.mu.Lock()
+	first := !g.first
+	g.first = true
+	g.mu.Unlock()
+	if first {
+		close(g.entered)
+		<-g.open
+	}
+	for _, m := range mods {
+		if out, ok := m.Flow.Actions[0].(of.Output); ok && out.Port == 666 {
+			return errors.New("rejected flow to port 666")
+		}
+	}
+	g.mu.Lock()
+	g.batches = append(g.batches, mods)
+	g.mu.Unlock()
+	return nil
+}
+
+// queueBehind blocks a first bundle on a new gate, queues n changes
+// behind it (change i outputs to port(i)), lets the first bundle through
+// and returns the syncer, the gate and each change's error.
+func queueBehind(t *testing.T, n int, port func(i int) uint32) (*Syncer, *gate, []error) {
+	t.Helper()
+	g := newGate()
+	s := New(g)
+	ctx := context.Background()
+	first := make(chan error, 1)
+	go func() { first <- s.Set(ctx, "first", []of.Flow{flow(70, "10.0.1.1", 1)}) }()
+	<-g.entered
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = s.Set(ctx, fmt.Sprintf("o%d", i), []of.Flow{flow(70, fmt.Sprintf("10.0.2.%d", i), port(i))})
+		}()
+	}
+	for s.commits.Queued() != n {
+		time.Sleep(time.Millisecond)
+	}
+	close(g.open)
+	wg.Wait()
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	return s, g, errs
+}
+
+// TestConcurrentSetsShareBundles queues 20 changes while a bundle is on its
+// way: they travel in one more bundle, not 20, and a change the switch
+// rejects fails its own caller only.
+func TestConcurrentSetsShareBundles(t *testing.T) {
+	const n = 20
+	s, g, errs := queueBehind(t, n, func(i int) uint32 { return uint32(10 + i) })
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.bundles.Load(); got != 2 {
+		t.Errorf("%d bundles for 1 + %d changes, want 2", got, n)
+	}
+	if len(g.batches) != 2 || len(g.batches[1]) != n {
+		t.Errorf("bundles on the switch: %d, second with %d mods", len(g.batches), len(g.batches[1]))
+	}
+
+	s, _, errs = queueBehind(t, n, func(i int) uint32 {
+		if i == 7 {
+			return 666 // rejected
+		}
+		return uint32(10 + i)
+	})
+	for i, err := range errs {
+		if (err != nil) != (i == 7) {
+			t.Errorf("change %d: %v", i, err)
+		}
+	}
+	// The first bundle, the shared one (rejected), then each change alone.
+	if got := s.bundles.Load(); got != 2+n {
+		t.Errorf("%d bundles sent, want %d", got, 2+n)
+	}
+	if s.Has("o7") || !s.Has("o8") || s.Count() != n {
+		t.Errorf("state after the batch: has o7 %v, o8 %v, %d flows", s.Has("o7"), s.Has("o8"), s.Count())
+	}
+}
+
+// TestQueuedSetGivesUp cancels changes while they wait behind a bundle:
+// they fail with their context's error and the others, queued after them,
+// are still sent.
+func TestQueuedSetGivesUp(t *testing.T) {
+	g := newGate()
+	s := New(g)
+	first := make(chan error, 1)
+	go func() { first <- s.Set(context.Background(), "first", []of.Flow{flow(70, "10.0.1.1", 1)}) }()
+	<-g.entered
+	cctx, cancel := context.WithCancel(context.Background())
+	gaveUp := make(chan error, 1)
+	go func() { gaveUp <- s.Set(cctx, "cancelled", []of.Flow{flow(70, "10.0.3.1", 3)}) }()
+	for s.commits.Queued() != 1 {
+		time.Sleep(time.Millisecond)
+	}
+	later := make(chan error, 1)
+	go func() { later <- s.Set(context.Background(), "later", []of.Flow{flow(70, "10.0.3.2", 4)}) }()
+	cancel()
+	if err := <-gaveUp; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled change: %v", err)
+	}
+	close(g.open)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-later:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a change queued behind a cancelled one was never sent")
+	}
+	if s.Has("cancelled") || !s.Has("later") {
+		t.Errorf("cancelled recorded %v, later recorded %v", s.Has("cancelled"), s.Has("later"))
+	}
+}
+
+// TestManyConcurrentSets changes 50 owners from 50 goroutines, three times
+// each: the state ends as the last change of each, and the switch holds
+// exactly those flows.
+func TestManyConcurrentSets(t *testing.T) {
+	sw := &tracking{flows: map[string]of.Flow{}}
+	s := New(sw)
+	var wg sync.WaitGroup
+	for i := 0; i < 50; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for round := 0; round < 3; round++ {
+				fl := []of.Flow{flow(70, fmt.Sprintf("10.1.%d.%d", i, round), uint32(round+1)), flow(20, "10.9.9.9", 7)}
+				if err := s.Set(context.Background(), fmt.Sprintf("o%d", i), fl); err != nil {
+					t.Error(err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if got := s.Count(); got != 51 || len(sw.flows) != 51 {
+		t.Fatalf("desired %d flows, switch holds %d; want 51", got, len(sw.flows))
+	}
+	for i := 0; i < 50; i++ {
+		if _, ok := sw.flows[Key(flow(70, fmt.Sprintf("10.1.%d.2", i), 3))]; !ok {
+			t.Fatalf("owner %d's last flow is missing", i)
+		}
+	}
+	for i := 0; i < 50; i++ {
+		_ = s.Delete(context.Background(), fmt.Sprintf("o%d", i))
+	}
+	if len(sw.flows) != 0 || s.Count() != 0 {
+		t.Fatalf("after deleting every owner: switch %d, desired %d", len(sw.flows), s.Count())
+	}
+}
+
+// tracking is a fake switch that keeps the flow table bundles leave.
+type tracking struct {
+	mu    sync.Mutex
+	flows map[string]of.Flow
+}
+
+func (sw *tracking) Apply(_ context.Context, mods []of.FlowMod) error {
+	sw.mu.Lock()
+	defer sw.mu.Unlock()
+	for _, m := range mods {
+		if m.Op == of.OpDelete {
+			delete(sw.flows, Key(m.Flow))
+		} else {
+			sw.flows[Key(m.Flow)] = m.Flow
+		}
+	}
+	return nil
 }

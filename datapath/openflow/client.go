@@ -79,6 +79,18 @@ type Client struct {
 	ready   bool          // cur may serve ordinary calls (replay finished)
 	closed  bool          //
 	changed chan struct{} // closed and replaced on every state change
+
+	packetIns packetInSubs
+}
+
+// onPacketIn decodes a packet-in for the subscribers.
+func (c *Client) onPacketIn(m message) {
+	pi, err := decodePacketIn(m)
+	if err != nil {
+		c.log.Debug("undecodable packet-in", zap.Error(err))
+		return
+	}
+	c.packetIns.dispatch(pi)
 }
 
 // replayKey marks the context handed to the OnReconnect callback; its value
@@ -134,7 +146,7 @@ func (c *Client) connectInitial() (*conn, error) {
 	defer cancel()
 	backoff := c.opts.minBackoff
 	for {
-		cn, dpid, err := dialConn(ctx, c.target, c.log, c.opts.echoInterval)
+		cn, dpid, err := dialConn(ctx, c.target, c.log, c.opts.echoInterval, c.onPacketIn)
 		if err == nil {
 			c.log.Info("openflow connected", zap.String("datapath_id", fmt.Sprintf("%016x", dpid)))
 			return cn, nil
@@ -179,7 +191,7 @@ func (c *Client) reconnect() *conn {
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, c.opts.maxBackoff)
-		cn, dpid, err := dialConn(c.ctx, c.target, c.log, c.opts.echoInterval)
+		cn, dpid, err := dialConn(c.ctx, c.target, c.log, c.opts.echoInterval, c.onPacketIn)
 		if err != nil {
 			c.log.Debug("openflow reconnect failed", zap.Int("attempt", attempt), zap.Error(err))
 			continue

@@ -117,6 +117,10 @@ func roundTripFlows() []Flow {
 			EthType: 0x0800, CtState: &CtStateMatch{Set: CtTrk | CtEst, Clear: CtNew},
 			CtZone: ptr(uint16(65520)), CtMark: &Masked32{Value: 1, Mask: 1},
 		}, Actions: []Action{CT{Commit: true, Zone: 65520, SetMark: &Masked32{Value: 1}}, Output{3}}},
+		{Table: 20, Priority: 60, Cookie: 0x3004, Match: Match{
+			EthType: 0x0800, IPProto: 17, Frag: &FragMatch{Value: FragAny, Mask: FragAny},
+			CtState: &CtStateMatch{Set: CtTrk | CtNew},
+		}, Actions: []Action{Output{3}}},
 		{Table: 20, Priority: 50, Cookie: 0x3002, Match: Match{
 			EthType: 0x0800, CtState: &CtStateMatch{Clear: CtTrk},
 		}, Actions: []Action{CT{Zone: 65520, Table: ptr(uint8(30)), NAT: &CTNAT{}}}},
@@ -188,6 +192,7 @@ func TestApplyRoundTrip(t *testing.T) {
 		0x3001: {"table=20", "ct_state=-new+est+trk", "ct_zone=65520", "ct_mark=0x1/0x1", "ip",
 			"actions=ct(commit,zone=65520,exec(set_field:0x1->ct_mark)),output:3"},
 		0x3002: {"table=20", "priority=50", "ct_state=-trk", "actions=ct(table=30,zone=65520,nat)"},
+		0x3004: {"table=20", "priority=60", "ct_state=+new+trk", "udp", "nw_frag=yes", "actions=output:3"},
 		0x3003: {"table=30", "actions=ct(commit,zone=1,nat(src=10.0.0.1-10.0.0.2:1000-2000)),ct(commit,zone=2,nat(dst=10.96.0.10),exec(set_field:0x20/0xf0->ct_mark))"},
 		0x4001: {"table=40", "nw_src=10.1.0.0/16", "actions=conjunction(7,1/2)"},
 		0x4002: {"table=40", "tp_dst=443", "actions=conjunction(7,2/2)"},
@@ -259,15 +264,15 @@ func TestApplyRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatalf("DumpFlows(table 20): %v", err)
 	}
-	if len(t20) != 2 || t20[0].Table != 20 || t20[1].Table != 20 {
-		t.Errorf("DumpFlows(table 20) = %v, want the 2 flows of table 20", t20)
+	if len(t20) != 3 || t20[0].Table != 20 || t20[1].Table != 20 || t20[2].Table != 20 {
+		t.Errorf("DumpFlows(table 20) = %v, want the 3 flows of table 20", t20)
 	}
 	c3, err := c.DumpFlows(ctx, nil, 0x3000, 0xf000)
 	if err != nil {
 		t.Fatalf("DumpFlows(cookie 0x3000/0xf000): %v", err)
 	}
-	if len(c3) != 3 {
-		t.Errorf("DumpFlows(cookie 0x3000/0xf000) returned %d flows, want 3", len(c3))
+	if len(c3) != 4 {
+		t.Errorf("DumpFlows(cookie 0x3000/0xf000) returned %d flows, want 4", len(c3))
 	}
 }
 

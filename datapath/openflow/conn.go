@@ -78,12 +78,16 @@ type conn struct {
 	xid      atomic.Uint32
 	bundleID atomic.Uint32
 	lastRecv atomic.Int64 // unix nanoseconds of the last received message
+
+	// onPacketIn, when set, receives the switch's packet-ins (on the
+	// reader goroutine).
+	onPacketIn func(message)
 }
 
 // dialConn opens target, performs the OpenFlow 1.3 handshake (Hello,
 // FeaturesRequest/Reply) within handshakeTimeout and starts the reader and
-// keepalive goroutines.
-func dialConn(ctx context.Context, target string, log *zap.Logger, echoInterval time.Duration) (*conn, uint64, error) {
+// keepalive goroutines; the reader hands packet-ins to onPacketIn (if set).
+func dialConn(ctx context.Context, target string, log *zap.Logger, echoInterval time.Duration, onPacketIn func(message)) (*conn, uint64, error) {
 	network, addr, err := parseTarget(target)
 	if err != nil {
 		return nil, 0, err
@@ -94,10 +98,11 @@ func dialConn(ctx context.Context, target string, log *zap.Logger, echoInterval 
 		return nil, 0, fmt.Errorf("dial %s: %w", target, err)
 	}
 	c := &conn{
-		nc:      nc,
-		log:     log,
-		waiters: make(map[uint32]*waiter),
-		closed:  make(chan struct{}),
+		nc:         nc,
+		log:        log,
+		waiters:    make(map[uint32]*waiter),
+		closed:     make(chan struct{}),
+		onPacketIn: onPacketIn,
 	}
 	// Start xids away from zero so that a zero xid in a reply never matches.
 	c.xid.Store(0x1000)
@@ -184,9 +189,35 @@ func (c *conn) handshake(ctx context.Context, br *bufio.Reader) (uint64, error) 
 				return 0, fmt.Errorf("short features reply (%d bytes)", len(m.raw))
 			}
 			c.lastRecv.Store(time.Now().UnixNano())
+			if c.onPacketIn != nil {
+				if err := c.enablePacketIns(); err != nil {
+					return 0, err
+				}
+			}
 			return binary.BigEndian.Uint64(m.raw[8:16]), c.nc.SetDeadline(time.Time{})
 		}
 	}
+}
+
+// enablePacketIns asks for the packet-ins of output-to-controller actions
+// (OFPT_SET_ASYNC, OpenFlow 1.3 section 7.3.10: packet_in_mask bit
+// OFPR_ACTION for the master/equal and slave roles; no port-status or
+// flow-removed messages). OVS sends a management ("service") connection no
+// asynchronous messages until it asks.
+func (c *conn) enablePacketIns() error {
+	const typeSetAsync, reasonAction = 28, 1
+	b := make([]byte, 32)
+	b[0], b[1] = ofVersion, typeSetAsync
+	binary.BigEndian.PutUint16(b[2:4], uint16(len(b)))
+	binary.BigEndian.PutUint32(b[4:8], c.nextXid())
+	binary.BigEndian.PutUint32(b[8:12], 1<<reasonAction)
+	binary.BigEndian.PutUint32(b[12:16], 1<<reasonAction)
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if _, err := c.nc.Write(b); err != nil {
+		return fmt.Errorf("set async config: %w", err)
+	}
+	return nil
 }
 
 // checkHello verifies that the switch can speak OpenFlow 1.3: either its
@@ -287,6 +318,12 @@ func (c *conn) readLoop(br *bufio.Reader) {
 			// Reply from another goroutine: the reader must never block on
 			// a write, or a switch that waits for us to read would deadlock.
 			go func() { _ = c.sendEchoReply(m) }()
+			continue
+		}
+		if m.typ == of13.Type_PacketIn {
+			if c.onPacketIn != nil {
+				c.onPacketIn(m)
+			}
 			continue
 		}
 		c.mu.Lock()

@@ -145,6 +145,14 @@ func decodeField(f fieldID, v, mask []byte, m *Match) {
 		m.L4Dst = port()
 	case key == fieldID{class: classNXM1, field: nxmTunDst.field} && width == 4:
 		m.TunDst = net.IP(cloneBytes(v))
+	case key == fieldID{class: classNXM1, field: nxmTunSrc.field} && width == 4:
+		m.TunSrc = net.IP(cloneBytes(v))
+	case (key == fieldID{class: classNXM1, field: nxmTunID.field} || key == fieldID{class: classBasic, field: oxmTunnelID.field}) && width == 8:
+		t := &Masked64{Value: binary.BigEndian.Uint64(v)}
+		if mask != nil {
+			t.Mask = binary.BigEndian.Uint64(mask)
+		}
+		m.TunID = t
 	case f.class == classNXM1 && f.field <= 15 && width == 4:
 		m.Regs = append(m.Regs, RegMatch{Reg: f.field, Value: u32(v), Mask: mask32v()})
 	case key == fieldID{class: classNXM1, field: nxmCtState.field} && width == 4:
@@ -159,6 +167,12 @@ func decodeField(f fieldID, v, mask []byte, m *Match) {
 		m.CtZone = &z
 	case key == fieldID{class: classNXM1, field: nxmCtMark.field} && width == 4:
 		m.CtMark = &Masked32{Value: u32(v), Mask: mask32v()}
+	case key == fieldID{class: classNXM1, field: nxmIPFrag.field} && width == 1:
+		fm := &FragMatch{Value: v[0], Mask: FragAny | FragLater}
+		if mask != nil {
+			fm.Mask = mask[0]
+		}
+		m.Frag = fm
 	case key == fieldID{class: classNXM1, field: nxmConjID.field} && width == 4:
 		id := u32(v)
 		m.ConjID = &id

@@ -47,12 +47,16 @@ var (
 	oxmARPTHA   = fieldID{classBasic, 25, 6}
 	oxmIPv6Src  = fieldID{classBasic, 26, 16}
 	oxmIPv6Dst  = fieldID{classBasic, 27, 16}
+	oxmTunnelID = fieldID{classBasic, 38, 8}
+	nxmTunID    = fieldID{classNXM1, 16, 8}
+	nxmTunSrc   = fieldID{classNXM1, 31, 4}
 	nxmTunDst   = fieldID{classNXM1, 32, 4}
 	nxmPktMark  = fieldID{classNXM1, 33, 4}
 	nxmConjID   = fieldID{classNXM1, 37, 4}
 	nxmCtState  = fieldID{classNXM1, 105, 4}
 	nxmCtZone   = fieldID{classNXM1, 106, 2}
 	nxmCtMark   = fieldID{classNXM1, 107, 4}
+	nxmIPFrag   = fieldID{classNXM1, 26, 1}
 	nxmOfEthDst = fieldID{classNXM0, 1, 6}
 	nxmOfEthSrc = fieldID{classNXM0, 2, 6}
 	nxmOfIPSrc  = fieldID{classNXM0, 7, 4}
@@ -103,6 +107,7 @@ func (f fieldID) tlv(value, mask []byte) of13.MatchField {
 
 func be16(v uint16) []byte { return binary.BigEndian.AppendUint16(nil, v) }
 func be32(v uint32) []byte { return binary.BigEndian.AppendUint32(nil, v) }
+func be64(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
 
 func mac(hw net.HardwareAddr, what string) ([]byte, error) {
 	if len(hw) != 6 {
@@ -228,12 +233,39 @@ func encodeMatch(m *Match) (*of13.Match, error) {
 			add(p.f.tlv(be16(p.pm.Port), mask))
 		}
 	}
+	if m.Frag != nil {
+		if m.EthType == 0 {
+			return nil, errors.New("nw_frag match needs EthType (IPv4 or IPv6)")
+		}
+		if m.Frag.Mask == 0 || m.Frag.Mask&^(FragAny|FragLater) != 0 {
+			return nil, fmt.Errorf("nw_frag mask %#x: want a non-zero subset of %#x", m.Frag.Mask, FragAny|FragLater)
+		}
+		var mask []byte
+		if m.Frag.Mask != FragAny|FragLater {
+			mask = []byte{m.Frag.Mask}
+		}
+		add(nxmIPFrag.tlv([]byte{m.Frag.Value & m.Frag.Mask}, mask))
+	}
 	if m.TunDst != nil {
 		b, err := ipv4(m.TunDst, "tun_dst")
 		if err != nil {
 			return nil, err
 		}
 		add(nxmTunDst.tlv(b, nil))
+	}
+	if m.TunSrc != nil {
+		b, err := ipv4(m.TunSrc, "tun_src")
+		if err != nil {
+			return nil, err
+		}
+		add(nxmTunSrc.tlv(b, nil))
+	}
+	if m.TunID != nil {
+		var mask []byte
+		if m.TunID.Mask != 0 && m.TunID.Mask != ^uint64(0) {
+			mask = be64(m.TunID.Mask)
+		}
+		add(nxmTunID.tlv(be64(m.TunID.Value), mask))
 	}
 	seen := map[uint8]bool{}
 	for _, r := range m.Regs {
@@ -396,9 +428,11 @@ func moveField(f Field) (fieldID, bool) {
 		return nxmOfUDPSrc, true
 	case FieldUDPDst:
 		return nxmOfUDPDst, true
+	case FieldTunID:
+		return nxmTunID, true
 	}
 	var n uint8
-	if _, err := fmt.Sscanf(string(f), "reg%d", &n); err == nil && n <= 15 && string(f) == fmt.Sprintf("reg%d", n) {
+	if _, err := fmt.Sscanf(string(f), "reg%d", &n); err == nil && n <= 15 && f == FieldReg(n) {
 		return nxmReg(n), true
 	}
 	return fieldID{}, false
@@ -489,16 +523,25 @@ func encodeAction(a Action) (of13.Action, error) {
 		if !ok {
 			return nil, fmt.Errorf("move: unsupported destination field %q", a.Dst)
 		}
-		if a.NBits == 0 {
-			if src.width != dst.width || a.SrcOfs != 0 || a.DstOfs != 0 {
-				return nil, fmt.Errorf("move %s->%s: widths differ (%d vs %d bytes)", a.Src, a.Dst, src.width, dst.width)
-			}
-			return of13.NewNXActionRegMove(uint16(src.width)*8, 0, 0, src.header(), dst.header()), nil
+		if src.width != dst.width {
+			return nil, fmt.Errorf("move %s->%s: widths differ (%d vs %d bytes)", a.Src, a.Dst, src.width, dst.width)
 		}
-		if int(a.SrcOfs)+int(a.NBits) > int(src.width)*8 || int(a.DstOfs)+int(a.NBits) > int(dst.width)*8 {
-			return nil, fmt.Errorf("move %s[%d..]->%s[%d..]: %d bits exceed a field", a.Src, a.SrcOfs, a.Dst, a.DstOfs, a.NBits)
+		return of13.NewNXActionRegMove(uint16(src.width)*8, 0, 0, src.header(), dst.header()), nil
+	case MoveRange:
+		src, ok := moveField(a.Src)
+		if !ok {
+			return nil, fmt.Errorf("move: unsupported source field %q", a.Src)
 		}
-		return of13.NewNXActionRegMove(uint16(a.NBits), uint16(a.SrcOfs), uint16(a.DstOfs), src.header(), dst.header()), nil
+		dst, ok := moveField(a.Dst)
+		if !ok {
+			return nil, fmt.Errorf("move: unsupported destination field %q", a.Dst)
+		}
+		if a.NBits == 0 || int(a.SrcOfs)+int(a.NBits) > int(src.width)*8 || int(a.DstOfs)+int(a.NBits) > int(dst.width)*8 {
+			return nil, fmt.Errorf("move %s[%d..]->%s[%d..]: %d bits do not fit", a.Src, a.SrcOfs, a.Dst, a.DstOfs, a.NBits)
+		}
+		return of13.NewNXActionRegMove(a.NBits, a.SrcOfs, a.DstOfs, src.header(), dst.header()), nil
+	case SetTunID:
+		return setField(nxmTunID, be64(a.ID)), nil
 	case CT:
 		return encodeCT(a)
 	case Conjunction:

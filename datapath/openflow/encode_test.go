@@ -66,12 +66,15 @@ func TestEncodeRejects(t *testing.T) {
 		{"bad register", Flow{Match: Match{Regs: []RegMatch{{Reg: 16}}}}, "reg16"},
 		{"duplicate register", Flow{Match: Match{Regs: []RegMatch{{Reg: 1}, {Reg: 1}}}}, "twice"},
 		{"ct_state conflict", Flow{Match: Match{CtState: &CtStateMatch{Set: CtNew, Clear: CtNew}}}, "both set and cleared"},
+		{"frag without eth_type", Flow{Match: Match{Frag: &FragMatch{Value: FragAny, Mask: FragAny}}}, "EthType"},
+		{"frag bad mask", Flow{Match: Match{EthType: 0x0800, Frag: &FragMatch{Value: 4, Mask: 4}}}, "nw_frag mask"},
 		{"short mac", Flow{Match: Match{EthSrc: net.HardwareAddr{1, 2}}}, "eth_src"},
 		{"v6 arp", Flow{Match: Match{ARPSPA: net.ParseIP("fe80::1")}}, "arp_spa"},
 		{"load overflow", Flow{Actions: []Action{LoadReg{Reg: 0, NBits: 4, Value: 16}}}, "does not fit"},
 		{"load range", Flow{Actions: []Action{LoadReg{Reg: 0, Ofs: 30, NBits: 4}}}, "exceed"},
 		{"move widths", Flow{Actions: []Action{Move{Src: FieldEthSrc, Dst: FieldIPDst}}}, "widths differ"},
-		{"move unknown", Flow{Actions: []Action{Move{Src: "tun_id", Dst: FieldIPDst}}}, "unsupported source"},
+		{"move unknown", Flow{Actions: []Action{Move{Src: "tcp_flags", Dst: FieldIPDst}}}, "unsupported source"},
+		{"move range too wide", Flow{Actions: []Action{MoveRange{Src: FieldReg(3), Dst: FieldTunID, SrcOfs: 20, NBits: 16}}}, "do not fit"},
 		{"mark without commit", Flow{Actions: []Action{CT{SetMark: &Masked32{Value: 1}}}}, "requires commit"},
 		{"sparse mark mask", Flow{Actions: []Action{CT{Commit: true, SetMark: &Masked32{Value: 1, Mask: 0x5}}}}, "contiguous"},
 		{"snat and dnat", Flow{Actions: []Action{CT{NAT: &CTNAT{SNAT: true, DNAT: true}}}}, "exclusive"},
@@ -107,6 +110,11 @@ func TestMatchString(t *testing.T) {
 		Regs: []RegMatch{{Reg: 3, Value: 0x12, Mask: 0xff}}, CtState: &CtStateMatch{Set: CtTrk, Clear: CtInv}}
 	want := "in_port=LOCAL,ip,nw_proto=17,udp_dst=0x100/0xff00,reg3=0x12/0xff,ct_state=-inv+trk"
 	if got := m.String(); got != want {
+		t.Errorf("String() = %q, want %q", got, want)
+	}
+	frag := Match{EthType: 0x0800, Frag: &FragMatch{Value: FragAny | FragLater, Mask: FragAny | FragLater},
+		CtState: &CtStateMatch{Set: CtTrk, Clear: CtInv}}
+	if got, want := frag.String(), "ip,nw_frag=later,ct_state=-inv+trk"; got != want {
 		t.Errorf("String() = %q, want %q", got, want)
 	}
 	if got := (Match{}).String(); got != "any" {

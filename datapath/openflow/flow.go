@@ -29,13 +29,23 @@ const (
 const (
 	PortInPort uint32 = 0xfffffff8
 	PortNormal uint32 = 0xfffffffa
-	PortLocal  uint32 = 0xfffffffe
+	// PortController sends the packet to the controller connections as a
+	// packet-in (OFPP_CONTROLLER); Output asks for the whole packet
+	// (max_len OFPCML_NO_BUFFER). See Client.SubscribePacketIns.
+	PortController uint32 = 0xfffffffd
+	PortLocal      uint32 = 0xfffffffe
 )
 
 // Masked32 is a value under a mask; a zero Mask means "all bits" (exact).
 type Masked32 struct {
 	Value uint32
 	Mask  uint32
+}
+
+// Masked64 is a 64-bit value under a mask; a zero Mask means exact.
+type Masked64 struct {
+	Value uint64
+	Mask  uint64
 }
 
 // RegMatch matches bits of one of the sixteen 32-bit NXM registers reg0..reg15.
@@ -53,6 +63,22 @@ type PortMatch struct {
 	Port uint16
 	Mask uint16
 }
+
+// FragMatch matches nw_frag, the two fragment bits OVS derives from the IP
+// header (ovs-fields(7), "ip_frag"): FragAny is set on every fragment,
+// FragLater on every fragment but the first. Common forms: {FragAny,
+// FragAny} "yes", {0, FragAny} "no", {FragAny, FragAny|FragLater} "first",
+// {FragAny|FragLater, FragAny|FragLater} "later".
+type FragMatch struct {
+	Value uint8
+	Mask  uint8
+}
+
+// The nw_frag bits.
+const (
+	FragAny   uint8 = 1
+	FragLater uint8 = 2
+)
 
 // CtStateMatch requires the bits in Set to be 1 and those in Clear to be 0.
 type CtStateMatch struct {
@@ -82,8 +108,14 @@ type Match struct {
 
 	L4Src *PortMatch // tcp_src / udp_src / sctp_src, chosen by IPProto
 	L4Dst *PortMatch // tcp_dst / udp_dst / sctp_dst, chosen by IPProto
+	// Frag matches nw_frag. In OVS's default fragment handling ("normal",
+	// ovs-ofctl(8) set-frags) the transport ports of every fragment read
+	// as 0, so a fragment never matches L4Src or L4Dst.
+	Frag *FragMatch
 
-	TunDst net.IP // tun_dst (packets received from a tunnel)
+	TunDst net.IP    // tun_dst (packets received from a tunnel)
+	TunSrc net.IP    // tun_src
+	TunID  *Masked64 // tun_id: the tunnel key (VNI), under a mask
 
 	Regs    []RegMatch
 	CtState *CtStateMatch
@@ -158,25 +190,33 @@ const (
 	FieldIPDst  Field = "ip_dst"
 	FieldInPort Field = "in_port" // 16 bits, writable (NXM_OF_IN_PORT)
 	FieldIPTTL  Field = "nw_ttl"
-	FieldTCPSrc Field = "tcp_src"
+	FieldTCPSrc Field = "tcp_src" // a move needs the flow to match TCP (ovs-ofctl checks prerequisites)
 	FieldTCPDst Field = "tcp_dst"
 	FieldUDPSrc Field = "udp_src"
 	FieldUDPDst Field = "udp_dst"
+	FieldTunID  Field = "tun_id"
 )
 
-// FieldReg names register n (0-15) as a Move operand.
+// FieldReg names the whole 32-bit register reg0..reg15 (n is 0..15), for
+// Move and MoveRange.
 func FieldReg(n uint8) Field { return Field(fmt.Sprintf("reg%d", n)) }
 
-// Move copies NBits bits of field Src starting at bit SrcOfs into field
-// Dst starting at bit DstOfs (ovs-actions(7) "move:src[a..b]->dst[c..d]").
-// NBits 0 copies the whole of Src into the whole of Dst, which must then
-// have the same width. A transport port operand needs the flow to match
-// its protocol (ovs-ofctl checks prerequisites).
-type Move struct {
+// Move copies the whole of field Src into field Dst (ovs-actions(7) "move");
+// both must have the same width.
+type Move struct{ Src, Dst Field }
+
+// MoveRange copies NBits bits starting at bit SrcOfs of Src to the bits
+// starting at DstOfs of Dst (ovs-actions(7) "move:reg3[0..15]->tun_id[0..15]").
+// Src and Dst are any fields Move accepts.
+type MoveRange struct {
 	Src, Dst       Field
-	SrcOfs, DstOfs uint8
-	NBits          uint8
+	SrcOfs, DstOfs uint16
+	NBits          uint16
 }
+
+// SetTunID sets the tunnel key (tun_id, the VNI of Geneve and VXLAN, the
+// GRE key) of a packet about to leave through a flow-based tunnel port.
+type SetTunID struct{ ID uint64 }
 
 // CT sends the packet through the connection tracker (ovs-actions(7) "ct").
 type CT struct {
@@ -232,6 +272,8 @@ func (CT) isAction()          {}
 func (Conjunction) isAction() {}
 func (DecTTL) isAction()      {}
 func (Group) isAction()       {}
+func (MoveRange) isAction()   {}
+func (SetTunID) isAction()    {}
 
 // Op is what a FlowMod does.
 type Op int

@@ -67,8 +67,21 @@ func (m Match) String() string {
 	if m.L4Dst != nil {
 		add("%s_dst=%s", l4, portMatch(*m.L4Dst))
 	}
+	if m.Frag != nil {
+		add("nw_frag=%s", fragString(*m.Frag))
+	}
 	if m.TunDst != nil {
 		add("tun_dst=%s", m.TunDst)
+	}
+	if m.TunSrc != nil {
+		add("tun_src=%s", m.TunSrc)
+	}
+	if m.TunID != nil {
+		if m.TunID.Mask == 0 || m.TunID.Mask == ^uint64(0) {
+			add("tun_id=%#x", m.TunID.Value)
+		} else {
+			add("tun_id=%#x/%#x", m.TunID.Value&m.TunID.Mask, m.TunID.Mask)
+		}
 	}
 	for _, r := range m.Regs {
 		add("reg%d=%s", r.Reg, masked(r.Value, r.Mask))
@@ -107,6 +120,8 @@ func portName(p uint32) string {
 		return "NORMAL"
 	case PortLocal:
 		return "LOCAL"
+	case PortController:
+		return "CONTROLLER"
 	}
 	return fmt.Sprint(p)
 }
@@ -116,6 +131,25 @@ func masked(v, m uint32) string {
 		return fmt.Sprintf("%#x", v)
 	}
 	return fmt.Sprintf("%#x/%#x", v&m, m)
+}
+
+// fragString names an nw_frag match as ovs-ofctl(8) writes it, or gives
+// value/mask for the combinations it has no name for.
+func fragString(f FragMatch) string {
+	const both = FragAny | FragLater
+	switch (FragMatch{Value: f.Value & f.Mask, Mask: f.Mask}) {
+	case FragMatch{FragAny, FragAny}:
+		return "yes"
+	case FragMatch{0, FragAny}:
+		return "no"
+	case FragMatch{FragAny, both}:
+		return "first"
+	case FragMatch{both, both}:
+		return "later"
+	case FragMatch{0, FragLater}:
+		return "not_later"
+	}
+	return fmt.Sprintf("%#x/%#x", f.Value&f.Mask, f.Mask)
 }
 
 func portMatch(p PortMatch) string {
@@ -141,4 +175,124 @@ func ctStateString(s CtStateMatch) string {
 		return "any"
 	}
 	return b.String()
+}
+
+// FormatActions renders actions in ovs-actions(7) syntax, e.g.
+// "set_field:0e:5e:1e:00:00:01->eth_dst,goto_table:L2Forwarding"; table
+// names a table (nil prints numbers). An empty list renders as "drop".
+func FormatActions(actions []Action, table func(uint8) string) string {
+	if table == nil {
+		table = func(t uint8) string { return fmt.Sprint(t) }
+	}
+	if len(actions) == 0 {
+		return "drop"
+	}
+	p := make([]string, 0, len(actions))
+	for _, a := range actions {
+		p = append(p, formatAction(a, table))
+	}
+	return strings.Join(p, ",")
+}
+
+func bitRange(name string, ofs, nbits uint8) string {
+	if nbits == 0 {
+		nbits = 32
+	}
+	if nbits == 1 {
+		return fmt.Sprintf("%s[%d]", name, ofs)
+	}
+	if ofs == 0 && nbits == 32 {
+		return name + "[]"
+	}
+	return fmt.Sprintf("%s[%d..%d]", name, ofs, int(ofs)+int(nbits)-1)
+}
+
+func formatAction(a Action, table func(uint8) string) string {
+	set := func(v any, field string) string { return fmt.Sprintf("set_field:%v->%s", v, field) }
+	switch a := a.(type) {
+	case Output:
+		return "output:" + portName(a.Port)
+	case OutputReg:
+		return "output:" + bitRange(fmt.Sprintf("reg%d", a.Reg), a.Ofs, a.NBits)
+	case GotoTable:
+		return "goto_table:" + table(a.Table)
+	case Resubmit:
+		return "resubmit(," + table(a.Table) + ")"
+	case SetEthSrc:
+		return set(a.MAC, "eth_src")
+	case SetEthDst:
+		return set(a.MAC, "eth_dst")
+	case SetTunDst:
+		return set(a.IP, "tun_dst")
+	case SetTunID:
+		return set(fmt.Sprintf("%#x", a.ID), "tun_id")
+	case SetIPSrc:
+		return set(a.IP, "ip_src")
+	case SetIPDst:
+		return set(a.IP, "ip_dst")
+	case SetARPOp:
+		return set(a.Op, "arp_op")
+	case SetARPSHA:
+		return set(a.MAC, "arp_sha")
+	case SetARPSPA:
+		return set(a.IP, "arp_spa")
+	case LoadReg:
+		return fmt.Sprintf("load:%#x->%s", a.Value, bitRange(fmt.Sprintf("reg%d", a.Reg), a.Ofs, a.NBits))
+	case Move:
+		return fmt.Sprintf("move:%s->%s", a.Src, a.Dst)
+	case MoveRange:
+		r := func(f Field, ofs uint16) string { return fmt.Sprintf("%s[%d..%d]", f, ofs, ofs+a.NBits-1) }
+		return "move:" + r(a.Src, a.SrcOfs) + "->" + r(a.Dst, a.DstOfs)
+	case CT:
+		p := []string{}
+		if a.Commit {
+			p = append(p, "commit")
+		}
+		p = append(p, fmt.Sprintf("zone=%d", a.Zone))
+		if a.Table != nil {
+			p = append(p, "table="+table(*a.Table))
+		}
+		if a.NAT != nil {
+			p = append(p, formatNAT(a.NAT))
+		}
+		if a.SetMark != nil {
+			p = append(p, fmt.Sprintf("exec(set_field:%s->ct_mark)", masked(a.SetMark.Value, a.SetMark.Mask)))
+		}
+		return "ct(" + strings.Join(p, ",") + ")"
+	case Conjunction:
+		return fmt.Sprintf("conjunction(%d,%d/%d)", a.ID, a.Clause, a.NClauses)
+	case DecTTL:
+		return "dec_ttl"
+	case Group:
+		return fmt.Sprintf("group:%d", a.ID)
+	case Learn:
+		return fmt.Sprintf("learn(table=%s,priority=%d,hard_timeout=%d,...)", table(a.Table), a.Priority, a.HardTimeout)
+	}
+	return fmt.Sprintf("%T", a)
+}
+
+func formatNAT(n *CTNAT) string {
+	kind := ""
+	switch {
+	case n.SNAT:
+		kind = "src"
+	case n.DNAT:
+		kind = "dst"
+	default:
+		return "nat"
+	}
+	r := ""
+	if n.IPMin != nil {
+		r = "=" + n.IPMin.String()
+		if n.IPMax != nil && !n.IPMax.Equal(n.IPMin) {
+			r += "-" + n.IPMax.String()
+		}
+		if n.PortMin != 0 {
+			r += fmt.Sprintf(":%d", n.PortMin)
+			if n.PortMax != 0 && n.PortMax != n.PortMin {
+				r += fmt.Sprintf("-%d", n.PortMax)
+			}
+		}
+	}
+	return "nat(" + kind + r + ")"
 }

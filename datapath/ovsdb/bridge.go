@@ -150,11 +150,11 @@ func (c *Client) EnsureBridge(ctx context.Context, cfg BridgeConfig) error {
 // createBridgeOps adds the operations that create the bridge, its internal
 // port and its named flow tables, and attach the bridge to the root row.
 func (c *Client) createBridgeOps(t *txn, root *vswitch.OpenvSwitch, cfg BridgeConfig) error {
-	iface := &vswitch.Interface{UUID: "new_iface", Name: cfg.Name, Type: "internal"}
-	port := &vswitch.Port{UUID: "new_port", Name: cfg.Name, Interfaces: []string{iface.UUID}}
+	iface := &vswitch.Interface{UUID: c.uuidName("iface"), Name: cfg.Name, Type: "internal"}
+	port := &vswitch.Port{UUID: c.uuidName("port"), Name: cfg.Name, Interfaces: []string{iface.UUID}}
 	failMode := vswitch.BridgeFailMode(cfg.FailMode)
 	br := &vswitch.Bridge{
-		UUID:         "new_bridge",
+		UUID:         c.uuidName("bridge"),
 		Name:         cfg.Name,
 		DatapathType: cfg.DatapathType,
 		ExternalIDs:  maps.Clone(cfg.ExternalIDs),
@@ -171,7 +171,7 @@ func (c *Client) createBridgeOps(t *txn, root *vswitch.OpenvSwitch, cfg BridgeCo
 	if len(cfg.TableNames) > 0 {
 		br.FlowTables = make(map[int]string, len(cfg.TableNames))
 		for id, name := range cfg.TableNames {
-			ft := &vswitch.FlowTable{UUID: fmt.Sprintf("new_table_%d", id), Name: &name}
+			ft := &vswitch.FlowTable{UUID: c.uuidName(fmt.Sprintf("table%d", id)), Name: &name}
 			rows = append(rows, ft)
 			br.FlowTables[int(id)] = ft.UUID
 		}
@@ -215,7 +215,7 @@ func (c *Client) updateBridgeOps(ctx context.Context, t *txn, br *vswitch.Bridge
 	for id, name := range cfg.TableNames {
 		ftUUID, ok := br.FlowTables[int(id)]
 		if !ok {
-			ft := &vswitch.FlowTable{UUID: fmt.Sprintf("new_table_%d", id), Name: &name}
+			ft := &vswitch.FlowTable{UUID: c.uuidName(fmt.Sprintf("table%d", id)), Name: &name}
 			if err := t.add(c.ovs.Create(ft)); err != nil {
 				return fmt.Errorf("build Flow_Table insert: %w", err)
 			}

@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -35,6 +36,7 @@ import (
 	libovsdb "github.com/ovn-org/libovsdb/ovsdb"
 	"go.uber.org/zap"
 
+	"github.com/seine-net/seine/datapath/groupcommit"
 	"github.com/seine-net/seine/datapath/ovsdb/vswitch"
 )
 
@@ -64,6 +66,8 @@ type Client struct {
 	ovs     client.Client
 	log     *zap.Logger
 	changed *broadcaster
+	commits *groupcommit.Committer[*pendingTxn]
+	names   atomic.Uint64 // suffixes of named UUIDs
 }
 
 // Dial connects to the OVSDB server at endpoint, which is in libovsdb form:
@@ -105,6 +109,7 @@ func Dial(ctx context.Context, endpoint string, log *zap.Logger) (*Client, error
 		return nil, fmt.Errorf("connect to ovsdb at %s: %w", endpoint, err)
 	}
 	c := &Client{ovs: ovs, log: log, changed: newBroadcaster()}
+	c.commits = groupcommit.New(c.commitBatch)
 	notify := func(string) { c.changed.notify() }
 	ovs.Cache().AddEventHandler(&cache.EventHandlerFuncs{
 		AddFunc:    func(table string, _ model.Model) { notify(table) },
@@ -191,6 +196,13 @@ func (c *Client) waitUntil(ctx context.Context, what string, cond func() (bool, 
 	}
 }
 
+// uuidName returns a named UUID (RFC 7047 section 5.1, "uuid-name") for a
+// row a transaction inserts, unique within the client, so that
+// transactions can be merged.
+func (c *Client) uuidName(kind string) string {
+	return fmt.Sprintf("new_%s_%d", kind, c.names.Add(1))
+}
+
 // txn is one transaction under construction.
 type txn struct {
 	ops []libovsdb.Operation
@@ -231,18 +243,19 @@ func (c *Client) transact(ctx context.Context, what string, b build) error {
 				return fmt.Errorf("%s: %w (last error: %w)", what, ctx.Err(), lastErr)
 			}
 		}
-		t, err := b(ctx)
-		if errors.Is(err, errConflict) {
+		p := &pendingTxn{build: b}
+		err := c.commits.Do(ctx, p)
+		if errors.Is(err, errConflict) && !p.built {
 			lastErr = err
 			continue
 		}
-		if err != nil {
+		if err != nil && !p.built {
 			return fmt.Errorf("%s: %w", what, err)
 		}
-		if t == nil || len(t.ops) == 0 {
+		if p.empty {
 			return nil
 		}
-		nextCfg, err := c.commit(ctx, t)
+		nextCfg := p.nextCfg
 		if errors.Is(err, errConflict) {
 			c.log.Debug("ovsdb transaction lost a race, retrying",
 				zap.String("operation", what), zap.Int("attempt", attempt+1), zap.Error(err))
@@ -252,14 +265,92 @@ func (c *Client) transact(ctx context.Context, what string, b build) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", what, err)
 		}
+		tr := portTraceFrom(ctx)
+		if tr != nil {
+			tr.Committed = time.Now()
+		}
 		if nextCfg > 0 {
 			if err := c.waitApplied(ctx, nextCfg); err != nil {
 				return fmt.Errorf("%s: %w", what, err)
+			}
+			if tr != nil {
+				tr.Applied = time.Now()
 			}
 		}
 		return nil
 	}
 	return fmt.Errorf("%s: gave up after %d attempts: %w", what, maxAttempts, lastErr)
+}
+
+// pendingTxn is one transaction waiting to be built and committed together
+// with others (group commit): several callers' operations travel in one
+// OVSDB transaction with one next_cfg increment, so ovsdb-server and
+// ovs-vswitchd handle them once.
+type pendingTxn struct {
+	build build
+	// Outcome: built is set once the build succeeded (an error is then
+	// the commit's), empty when it had nothing to change.
+	built, empty bool
+	nextCfg      int
+}
+
+// commitBatch builds every pending transaction from the cache and commits
+// them as one; if that fails, each is committed alone, so a conflict or
+// bad operation fails only its own caller (who retries as transact does).
+func (c *Client) commitBatch(ctx context.Context, batch []*pendingTxn) []error {
+	errs := make([]error, len(batch))
+	var ts []*txn
+	var idx []int
+	for i, p := range batch {
+		t, err := p.build(ctx)
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		p.built = true
+		if t == nil || len(t.ops) == 0 {
+			p.empty = true
+			continue
+		}
+		ts, idx = append(ts, t), append(idx, i)
+	}
+	if len(ts) > 1 {
+		next, err := c.commit(ctx, merge(ts))
+		if err == nil {
+			for _, i := range idx {
+				batch[i].nextCfg = next
+			}
+			return errs
+		}
+		c.log.Debug("shared ovsdb transaction failed; committing its parts one by one",
+			zap.Int("parts", len(ts)), zap.Error(err))
+	}
+	for j, t := range ts {
+		batch[idx[j]].nextCfg, errs[idx[j]] = c.commit(ctx, t)
+	}
+	return errs
+}
+
+// merge concatenates transactions into one, with a single next_cfg
+// increment and select at the end when any of them asked for one.
+func merge(ts []*txn) *txn {
+	out := &txn{cfgIndex: -1}
+	var reconf []libovsdb.Operation // the first next_cfg increment and select
+	for _, t := range ts {
+		ops := t.ops
+		if t.cfgIndex >= 0 {
+			if reconf == nil {
+				reconf = ops[t.cfgIndex-1 : t.cfgIndex+1]
+			}
+			ops = ops[:t.cfgIndex-1]
+		}
+		out.ops = append(out.ops, ops...)
+	}
+	if reconf != nil {
+		out.ops = append(out.ops, reconf...)
+		out.cfgIndex = len(out.ops) - 1
+	}
+	return out
 }
 
 // commit sends the transaction. It returns errConflict (wrapped) when the
@@ -351,7 +442,7 @@ func (c *Client) root(ctx context.Context) (*vswitch.OpenvSwitch, error) {
 
 // requestReconfigure adds to t the increment of Open_vSwitch.next_cfg and
 // a select that reads the new value back, so that transact can wait for
-// ovs-vswitchd to catch up.
+// ovs-vswitchd to catch up. They must be t's last operations.
 func (c *Client) requestReconfigure(t *txn, root *vswitch.OpenvSwitch) error {
 	if err := t.add(c.ovs.Where(root).Mutate(root, model.Mutation{
 		Field: &root.NextCfg, Mutator: libovsdb.MutateOperationAdd, Value: 1,
@@ -454,3 +545,7 @@ func containsAll(have, want map[string]string) bool {
 	}
 	return true
 }
+
+// Connected reports whether the client is connected to the server now (it
+// reconnects by itself after a loss).
+func (c *Client) Connected() bool { return c.ovs.Connected() }

@@ -611,3 +611,85 @@ func TestClearFlowRestoreWait(t *testing.T) {
 		t.Errorf("other_config = %s", got)
 	}
 }
+
+// TestEnsurePortsShareTransactions ensures 40 ports at once, plus one on a
+// bridge that does not exist: the 40 share a few transactions (group
+// commit) and all get distinct ofports; the bad one fails alone.
+func TestEnsurePortsShareTransactions(t *testing.T) {
+	_, c := setup(t)
+	ctx := testCtx(t)
+	br := newBridge(t, c, BridgeConfig{})
+	const n = 40
+	names := make([]string, n)
+	for i := range names {
+		names[i] = uniq(t, "sgc")
+	}
+	before := c.commits.Commits()
+	var wg sync.WaitGroup
+	ports := make([]Port, n)
+	errs := make([]error, n)
+	start := make(chan struct{})
+	for i := range names {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			ports[i], errs[i] = c.EnsurePort(ctx, br, PortSpec{Name: names[i], Type: TypeInternal})
+		}()
+	}
+	var badErr error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		<-start
+		_, badErr = c.EnsurePort(ctx, uniq(t, "snone"), PortSpec{Name: uniq(t, "sgx"), Type: TypeInternal})
+	}()
+	close(start)
+	wg.Wait()
+	if !errors.Is(badErr, ErrBridgeNotFound) {
+		t.Errorf("port on a missing bridge: %v", badErr)
+	}
+	seen := map[int32]bool{}
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("EnsurePort %s: %v", names[i], err)
+		}
+		if ports[i].OFPort <= 0 || seen[ports[i].OFPort] {
+			t.Errorf("%s: ofport %d (duplicate or unset)", names[i], ports[i].OFPort)
+		}
+		seen[ports[i].OFPort] = true
+	}
+	commits := c.commits.Commits() - before
+	if commits >= n {
+		t.Errorf("%d ports took %d commits, want them shared", n, commits)
+	}
+	t.Logf("%d concurrent EnsurePort calls, %d commits", n+1, commits)
+}
+
+// TestSetPortExternalIDs merges keys into an existing port's and
+// interface's external_ids, and leaves a missing port missing.
+func TestSetPortExternalIDs(t *testing.T) {
+	o, c := setup(t)
+	ctx := testCtx(t)
+	br := newBridge(t, c, BridgeConfig{})
+	name := uniq(t, "sxi")
+	if _, err := c.EnsurePort(ctx, br, PortSpec{Name: name, Type: TypeInternal, ExternalIDs: map[string]string{"a": "1"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SetPortExternalIDs(ctx, name, map[string]string{"b": "2", "a": "3"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, table := range []string{"Port", "Interface"} {
+		got := vsctl(o, "get", table, name, "external_ids")
+		if got != `{a="3", b="2"}` {
+			t.Errorf("%s external_ids = %s", table, got)
+		}
+	}
+	missing := uniq(t, "sxm")
+	if err := c.SetPortExternalIDs(ctx, missing, map[string]string{"a": "1"}); err != nil {
+		t.Fatalf("missing port: %v", err)
+	}
+	if p, err := c.GetPort(ctx, missing); err != nil || p != nil {
+		t.Fatalf("a missing port was created: %v %v", p, err)
+	}
+}

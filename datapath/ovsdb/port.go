@@ -151,6 +151,7 @@ func (c *Client) ensurePortOps(ctx context.Context, bridge string, spec PortSpec
 		return nil, err
 	}
 	t := &txn{cfgIndex: -1}
+	reconfigure := true
 	if port == nil {
 		if iface != nil {
 			// An interface row is unreferenced only for the instant
@@ -168,17 +169,22 @@ func (c *Client) ensurePortOps(ctx context.Context, bridge string, spec PortSpec
 		if !slices.Contains(port.Interfaces, iface.UUID) {
 			return nil, fmt.Errorf("port %q exists but interface %q belongs to another port", spec.Name, spec.Name)
 		}
-		if err := c.updatePortOps(ctx, t, br, port, iface, spec); err != nil {
+		if reconfigure, err = c.updatePortOps(ctx, t, br, port, iface, spec); err != nil {
 			return nil, err
 		}
 	}
-	if len(t.ops) == 0 && !interfaceFailed(iface) {
+	failed := interfaceFailed(iface)
+	if len(t.ops) == 0 && !failed {
 		return nil, nil
 	}
 	// Also for an unchanged interface that failed: a reconfiguration makes
-	// ovs-vswitchd try to open its device again (it may exist by now).
-	if err := c.requestReconfigure(t, root); err != nil {
-		return nil, err
+	// ovs-vswitchd try to open its device again (it may exist by now). A
+	// change of external_ids only is nothing ovs-vswitchd acts on, so
+	// there is nothing to wait for.
+	if reconfigure || failed {
+		if err := c.requestReconfigure(t, root); err != nil {
+			return nil, err
+		}
 	}
 	return t, nil
 }
@@ -192,7 +198,7 @@ func interfaceFailed(iface *vswitch.Interface) bool {
 // and attach the port to br.
 func (c *Client) createPortOps(t *txn, br *vswitch.Bridge, spec PortSpec) error {
 	iface := &vswitch.Interface{
-		UUID:        "new_iface",
+		UUID:        c.uuidName("iface"),
 		Name:        spec.Name,
 		Type:        spec.Type,
 		Options:     maps.Clone(spec.Options),
@@ -207,7 +213,7 @@ func (c *Client) createPortOps(t *txn, br *vswitch.Bridge, spec PortSpec) error 
 		iface.OfportRequest = &req
 	}
 	port := &vswitch.Port{
-		UUID:        "new_port",
+		UUID:        c.uuidName("port"),
 		Name:        spec.Name,
 		Interfaces:  []string{iface.UUID},
 		ExternalIDs: maps.Clone(spec.ExternalIDs),
@@ -224,27 +230,29 @@ func (c *Client) createPortOps(t *txn, br *vswitch.Bridge, spec PortSpec) error 
 }
 
 // updatePortOps adds the operations that bring an existing port and its
-// interface to spec and onto br; none when they already match.
-func (c *Client) updatePortOps(ctx context.Context, t *txn, br *vswitch.Bridge, port *vswitch.Port, iface *vswitch.Interface, spec PortSpec) error {
+// interface to spec and onto br; none when they already match. reconfigure
+// reports whether they change anything but external_ids.
+func (c *Client) updatePortOps(ctx context.Context, t *txn, br *vswitch.Bridge, port *vswitch.Port, iface *vswitch.Interface, spec PortSpec) (reconfigure bool, err error) {
 	if !slices.Contains(br.Ports, port.UUID) {
+		reconfigure = true
 		owner, err := c.bridgeOfPort(ctx, port.UUID)
 		if err != nil {
-			return err
+			return false, err
 		}
 		if owner == nil {
-			return fmt.Errorf("%w: port %q is on no bridge", errConflict, spec.Name)
+			return false, fmt.Errorf("%w: port %q is on no bridge", errConflict, spec.Name)
 		}
 		// Both mutations commit together, so the port is never
 		// unreferenced (and never garbage-collected) in between.
 		if err := t.add(c.ovs.Where(owner).Mutate(owner, model.Mutation{
 			Field: &owner.Ports, Mutator: libovsdb.MutateOperationDelete, Value: []string{port.UUID},
 		})); err != nil {
-			return fmt.Errorf("build detach of port from bridge %s: %w", owner.Name, err)
+			return false, fmt.Errorf("build detach of port from bridge %s: %w", owner.Name, err)
 		}
 		if err := t.add(c.ovs.Where(br).Mutate(br, model.Mutation{
 			Field: &br.Ports, Mutator: libovsdb.MutateOperationInsert, Value: []string{port.UUID},
 		})); err != nil {
-			return fmt.Errorf("build attach of port to bridge: %w", err)
+			return false, fmt.Errorf("build attach of port to bridge: %w", err)
 		}
 	}
 
@@ -271,21 +279,52 @@ func (c *Client) updatePortOps(ctx context.Context, t *txn, br *vswitch.Bridge, 
 		fields = append(fields, &iface.OfportRequest)
 	}
 	if len(fields) > 0 {
+		reconfigure = true
 		if err := t.add(c.ovs.Where(iface).Update(iface, fields...)); err != nil {
-			return fmt.Errorf("build interface update: %w", err)
+			return false, fmt.Errorf("build interface update: %w", err)
 		}
 	}
 	if !containsAll(iface.ExternalIDs, spec.ExternalIDs) {
 		if err := t.add(c.ovs.Where(iface).Mutate(iface, mergeMapMutations(&iface.ExternalIDs, spec.ExternalIDs)...)); err != nil {
-			return fmt.Errorf("build interface external_ids mutation: %w", err)
+			return false, fmt.Errorf("build interface external_ids mutation: %w", err)
 		}
 	}
 	if !containsAll(port.ExternalIDs, spec.ExternalIDs) {
 		if err := t.add(c.ovs.Where(port).Mutate(port, mergeMapMutations(&port.ExternalIDs, spec.ExternalIDs)...)); err != nil {
-			return fmt.Errorf("build port external_ids mutation: %w", err)
+			return false, fmt.Errorf("build port external_ids mutation: %w", err)
 		}
 	}
-	return nil
+	return reconfigure, nil
+}
+
+// SetPortExternalIDs merges ids into the external_ids of the port called
+// name and of its interface (the keys given are set, others kept). A port
+// that does not exist is left alone: nothing is created, and that is not
+// an error. It does not wait for ovs-vswitchd, which does not act on
+// external_ids. Errors: a failed transaction.
+func (c *Client) SetPortExternalIDs(ctx context.Context, name string, ids map[string]string) error {
+	return c.transact(ctx, fmt.Sprintf("external_ids of port %s", name), func(ctx context.Context) (*txn, error) {
+		port, err := c.portByName(ctx, name)
+		if err != nil || port == nil {
+			return nil, err
+		}
+		t := &txn{cfgIndex: -1}
+		if !containsAll(port.ExternalIDs, ids) {
+			if err := t.add(c.ovs.Where(port).Mutate(port, mergeMapMutations(&port.ExternalIDs, ids)...)); err != nil {
+				return nil, fmt.Errorf("build port external_ids mutation: %w", err)
+			}
+		}
+		iface, err := c.primaryInterface(ctx, port)
+		if err != nil {
+			return nil, err
+		}
+		if iface != nil && !containsAll(iface.ExternalIDs, ids) {
+			if err := t.add(c.ovs.Where(iface).Mutate(iface, mergeMapMutations(&iface.ExternalIDs, ids)...)); err != nil {
+				return nil, fmt.Errorf("build interface external_ids mutation: %w", err)
+			}
+		}
+		return t, nil
+	})
 }
 
 // DeletePort removes the port from bridge; a missing port is not an error.

@@ -41,11 +41,12 @@ func (b Bridge) NATChecksumDetour() bool { return b.SegmentOut != 0 && b.Segment
 
 // regMove copies a register field into bits [ofs, ofs+width) of a header
 // field, or the reverse (toReg).
-func regMove(f RegField, field of.Field, fieldOfs uint8, toReg bool) of.Move {
+func regMove(f RegField, field of.Field, fieldOfs uint8, toReg bool) of.MoveRange {
+	reg, ofs, n := of.FieldReg(f.Reg()), uint16(f.Ofs()), uint16(f.NBits())
 	if toReg {
-		return of.Move{Src: field, SrcOfs: fieldOfs, Dst: of.FieldReg(f.Reg()), DstOfs: f.Ofs(), NBits: f.NBits()}
+		return of.MoveRange{Src: field, SrcOfs: uint16(fieldOfs), Dst: reg, DstOfs: ofs, NBits: n}
 	}
-	return of.Move{Src: of.FieldReg(f.Reg()), SrcOfs: f.Ofs(), Dst: field, DstOfs: fieldOfs, NBits: f.NBits()}
+	return of.MoveRange{Src: reg, SrcOfs: ofs, Dst: field, DstOfs: uint16(fieldOfs), NBits: n}
 }
 
 // savedFields are the header fields SaveHeaders keeps for a protocol.
@@ -99,13 +100,16 @@ func natDetourFlows(b Bridge) []of.Flow {
 			Match: of.Match{EthType: EthTypeIPv4, IPProto: proto}, Actions: append(save, goTo(Conntrack))})
 		restore = append(restore,
 			of.SetEthDst{MAC: natDetourMAC},
-			of.Move{Src: of.FieldInPort, Dst: of.FieldEthDst, NBits: 16},
+			of.MoveRange{Src: of.FieldInPort, Dst: of.FieldEthDst, NBits: 16},
 			of.Output{Port: b.SegmentOut})
 		ready := of.RegMatch{Reg: OutputResolved.Reg(), Value: OutputResolved.Mask() | NATApplied.Mask(),
 			Mask: OutputResolved.Mask() | NATApplied.Mask() | NATChecksumDone.Mask()}
 		for _, port := range leaving {
 			fs = append(fs, of.Flow{Table: uint8(Output), Priority: PrioHigh + 20, Cookie: ck,
-				Match:   of.Match{EthType: EthTypeIPv4, IPProto: proto, Regs: []of.RegMatch{ready, TargetOFPort.Match(port)}},
+				Match: of.Match{EthType: EthTypeIPv4, IPProto: proto,
+					// A Traceflow packet is small and fully checksummed, and its
+					// registers must survive: no detour.
+					Regs: []of.RegMatch{ready, TargetOFPort.Match(port), TraceActive.Match(0)}},
 				Actions: restore})
 		}
 	}
@@ -119,7 +123,7 @@ func natDetourFlows(b Bridge) []of.Flow {
 	fs = append(fs, of.Flow{Table: uint8(Classifier), Priority: PrioHigh + 10, Cookie: ck,
 		Match: of.Match{InPort: b.SegmentIn, EthDst: natDetourMAC, EthDstMask: natDetourMask},
 		Actions: []of.Action{
-			of.Move{Src: of.FieldEthDst, Dst: of.FieldInPort, NBits: 16},
+			of.MoveRange{Src: of.FieldEthDst, Dst: of.FieldInPort, NBits: 16},
 			NATChecksumDone.Load(1),
 			of.Resubmit{Table: uint8(Classifier)},
 		}})

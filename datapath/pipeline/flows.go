@@ -38,8 +38,11 @@ type Bridge struct {
 	Round       uint16
 	GatewayPort uint32
 	GatewayMAC  net.HardwareAddr
-	GatewayIP   net.IP     // first IP of PodCIDR
-	PodCIDR     *net.IPNet // this Node's podCIDR
+	// GatewayIP is the first IP of PodCIDR; nil when seine owns no
+	// podCIDR (PolicyOnly).
+	GatewayIP net.IP
+	// PodCIDR is this Node's podCIDR; nil with PolicyOnly.
+	PodCIDR *net.IPNet
 	// NodeIP is this Node's InternalIP; Pod traffic from peers to it
 	// arrives through the tunnel and is handed to the host.
 	NodeIP net.IP
@@ -55,6 +58,13 @@ type Bridge struct {
 	// TunnelSegmented, and NATed packets leaving the Node always
 	// (NATChecksumDetour).
 	SegmentOut, SegmentIn uint32
+	// PolicyOnly: the bridge sits between a routed primary CNI's Pods and
+	// the host (trafficEncapMode networkPolicyOnly). It answers every ARP
+	// request with VirtualMAC, routes by destination IP to local Pods
+	// (decrementing the TTL of Pod-to-Pod packets, as the host would) and
+	// sends everything else to the gateway, so packets arrive as they
+	// would without the bridge.
+	PolicyOnly bool
 }
 
 // TunnelEgress is how the bridge hands a packet to a peer Node. Every
@@ -162,7 +172,14 @@ func BaseFlows(b Bridge) []of.Flow {
 	add(SpoofGuard, PrioHigh, of.Match{EthType: EthTypeARP, Regs: []of.RegMatch{PktSource.Match(FromGateway)}}, goTo(ARPResponder))
 	add(SpoofGuard, PrioHigh, of.Match{EthType: EthTypeIPv4, Regs: []of.RegMatch{PktSource.Match(FromGateway)}}, goTo(SaveHeaders))
 	// ARP for the gateway goes to the gateway, whose kernel answers.
-	add(ARPResponder, PrioNormal, of.Match{EthType: EthTypeARP, ARPTPA: b.GatewayIP}, of.Output{Port: b.GatewayPort})
+	if b.GatewayIP != nil {
+		add(ARPResponder, PrioNormal, of.Match{EthType: EthTypeARP, ARPTPA: b.GatewayIP}, of.Output{Port: b.GatewayPort})
+	}
+	if b.PolicyOnly {
+		// Every ARP request, from a Pod or the host, is answered with
+		// the virtual MAC: L3Forwarding sets the real addresses.
+		add(ARPResponder, PrioLow, of.Match{EthType: EthTypeARP, ARPOp: 1}, arpReply(nil)...)
+	}
 	// Conntrack.
 	zone := ConntrackZone
 	ctTable := uint8(ConntrackState)
@@ -170,13 +187,15 @@ func BaseFlows(b Bridge) []of.Flow {
 	add(ConntrackState, PrioHigh, of.Match{EthType: EthTypeIPv4, CtState: &of.CtStateMatch{Set: of.CtTrk | of.CtInv}})
 	// L3Forwarding: to the gateway's own IP; anything unknown in the local
 	// podCIDR is dropped; everything else leaves through the gateway.
-	add(L3Forwarding, PrioHigh, of.Match{EthType: EthTypeIPv4, IPDst: host(b.GatewayIP)},
-		of.SetEthDst{MAC: b.GatewayMAC}, goTo(L2Forwarding))
-	if b.NodeIP != nil {
-		add(L3Forwarding, PrioHigh, of.Match{EthType: EthTypeIPv4, IPDst: host(b.NodeIP)},
-			of.SetEthDst{MAC: b.GatewayMAC}, goTo(L2Forwarding))
+	for _, ip := range []net.IP{b.GatewayIP, b.NodeIP} {
+		if ip != nil {
+			add(L3Forwarding, PrioHigh, of.Match{EthType: EthTypeIPv4, IPDst: host(ip)},
+				of.SetEthDst{MAC: b.GatewayMAC}, goTo(L2Forwarding))
+		}
 	}
-	add(L3Forwarding, PrioLow, of.Match{EthType: EthTypeIPv4, IPDst: b.PodCIDR})
+	if b.PodCIDR != nil {
+		add(L3Forwarding, PrioLow, of.Match{EthType: EthTypeIPv4, IPDst: b.PodCIDR})
+	}
 	add(L3Forwarding, PrioLow-1, of.Match{EthType: EthTypeIPv4},
 		of.SetEthDst{MAC: b.GatewayMAC}, goTo(L2Forwarding))
 	// L2Forwarding to the gateway and the tunnel.
@@ -217,7 +236,7 @@ func PodFlows(b Bridge, p Pod) []of.Flow {
 		deliver = append(deliver, IngressIsolated.Load(1))
 	}
 	deliver = append(deliver, goTo(L2Forwarding.next()))
-	return []of.Flow{
+	fs := []of.Flow{
 		{Table: uint8(Classifier), Priority: PrioNormal, Cookie: ck, Match: of.Match{InPort: p.OFPort},
 			Actions: classify},
 		{Table: uint8(SpoofGuard), Priority: PrioHigh, Cookie: ck,
@@ -226,15 +245,22 @@ func PodFlows(b Bridge, p Pod) []of.Flow {
 		{Table: uint8(SpoofGuard), Priority: PrioHigh, Cookie: ck,
 			Match:   of.Match{InPort: p.OFPort, EthType: EthTypeIPv4, EthSrc: p.MAC, IPSrc: host(ip)},
 			Actions: []of.Action{goTo(SaveHeaders)}},
-		{Table: uint8(ARPResponder), Priority: PrioNormal, Cookie: ck,
-			Match:   of.Match{EthType: EthTypeARP, ARPTPA: ip},
-			Actions: []of.Action{of.Output{Port: p.OFPort}}},
 		{Table: uint8(L3Forwarding), Priority: PrioHigh, Cookie: ck,
 			Match:   of.Match{EthType: EthTypeIPv4, IPDst: host(ip)},
 			Actions: []of.Action{of.SetEthSrc{MAC: b.GatewayMAC}, of.SetEthDst{MAC: p.MAC}, goTo(L2Forwarding)}},
 		{Table: uint8(L2Forwarding), Priority: PrioHigh, Cookie: ck,
 			Match: of.Match{EthDst: p.MAC}, Actions: deliver},
 	}
+	if b.PolicyOnly {
+		// The bridge answers every ARP request itself (BaseFlows), and
+		// routes between Pods as the host would: with one hop of TTL.
+		return append(fs, of.Flow{Table: uint8(L3Forwarding), Priority: PrioHigh + 1, Cookie: ck,
+			Match:   of.Match{EthType: EthTypeIPv4, IPDst: host(ip), Regs: []of.RegMatch{PktSource.Match(FromPod)}},
+			Actions: []of.Action{of.SetEthSrc{MAC: b.GatewayMAC}, of.SetEthDst{MAC: p.MAC}, of.DecTTL{}, goTo(L2Forwarding)}})
+	}
+	return append(fs, of.Flow{Table: uint8(ARPResponder), Priority: PrioNormal, Cookie: ck,
+		Match:   of.Match{EthType: EthTypeARP, ARPTPA: ip},
+		Actions: []of.Action{of.Output{Port: p.OFPort}}})
 }
 
 // PeerNodeFlows returns the flows that reach a peer Node's podCIDR through
@@ -250,7 +276,6 @@ func PodFlows(b Bridge, p Pod) []of.Flow {
 // tracking sees whole connections.
 func PeerNodeFlows(b Bridge, n PeerNode) []of.Flow {
 	ck := Cookie(b.Round, CategoryNode, n.ID)
-	vmac := VirtualMAC()
 	peerMAC := PeerMAC(n.NodeIP)
 	toPeer := []of.Action{
 		of.SetEthSrc{MAC: b.GatewayMAC},
@@ -270,17 +295,8 @@ func PeerNodeFlows(b Bridge, n PeerNode) []of.Flow {
 	deliver = append(deliver, OutputResolved.Load(1), goTo(L2Forwarding.next()))
 	flows := []of.Flow{
 		{Table: uint8(ARPResponder), Priority: PrioHigh, Cookie: ck,
-			Match: of.Match{EthType: EthTypeARP, ARPOp: 1, ARPTPA: n.GatewayIP.To4()},
-			Actions: []of.Action{
-				of.Move{Src: of.FieldEthSrc, Dst: of.FieldEthDst},
-				of.SetEthSrc{MAC: vmac},
-				of.SetARPOp{Op: 2},
-				of.Move{Src: of.FieldARPSHA, Dst: of.FieldARPTHA},
-				of.SetARPSHA{MAC: vmac},
-				of.Move{Src: of.FieldARPSPA, Dst: of.FieldARPTPA},
-				of.SetARPSPA{IP: n.GatewayIP.To4()},
-				of.Output{Port: of.PortInPort},
-			}},
+			Match:   of.Match{EthType: EthTypeARP, ARPOp: 1, ARPTPA: n.GatewayIP.To4()},
+			Actions: arpReply(n.GatewayIP.To4())},
 		{Table: uint8(L3Forwarding), Priority: PrioHigh, Cookie: ck,
 			Match:   of.Match{EthType: EthTypeIPv4, IPDst: n.PodCIDR},
 			Actions: toPeer},
@@ -291,9 +307,56 @@ func PeerNodeFlows(b Bridge, n PeerNode) []of.Flow {
 			Match: of.Match{EthDst: peerMAC}, Actions: deliver},
 	}
 	if b.Tunnel == TunnelSegmented {
-		flows = append(flows, of.Flow{Table: uint8(TunnelOutput), Priority: PrioHigh, Cookie: ck,
-			Match:   of.Match{EthDst: peerMAC},
-			Actions: []of.Action{of.SetTunDst{IP: n.NodeIP.To4()}, of.Output{Port: b.TunnelPort}}})
+		flows = append(flows,
+			of.Flow{Table: uint8(TunnelOutput), Priority: PrioHigh, Cookie: ck,
+				Match:   of.Match{EthDst: peerMAC},
+				Actions: []of.Action{of.SetTunDst{IP: n.NodeIP.To4()}, of.Output{Port: b.TunnelPort}}},
+			// A Traceflow packet is small and must keep its registers
+			// (TraceTag becomes the tunnel key in Output): it goes to the
+			// tunnel directly, without the segmentation detour.
+			of.Flow{Table: uint8(L2Forwarding), Priority: PrioHigh + 1, Cookie: ck,
+				Match: of.Match{EthDst: peerMAC, Regs: []of.RegMatch{TraceActive.Match(1)}},
+				Actions: []of.Action{of.SetTunDst{IP: n.NodeIP.To4()}, TargetOFPort.Load(b.TunnelPort),
+					OutputResolved.Load(1), goTo(L2Forwarding.next())}})
 	}
 	return flows
+}
+
+// arpReply turns an ARP request into the reply "ip is at VirtualMAC" and
+// sends it back out of its in_port. A nil ip answers for the requested
+// address (arp_tpa, moved to arp_spa).
+func arpReply(ip net.IP) []of.Action {
+	vmac := VirtualMAC()
+	acts := []of.Action{
+		of.Move{Src: of.FieldEthSrc, Dst: of.FieldEthDst},
+		of.SetEthSrc{MAC: vmac},
+		of.SetARPOp{Op: 2},
+		of.Move{Src: of.FieldARPSHA, Dst: of.FieldARPTHA},
+		of.SetARPSHA{MAC: vmac},
+	}
+	if ip == nil {
+		// Swap the protocol addresses through ARPScratch.
+		scratch := of.FieldReg(ARPScratch.Reg())
+		return append(acts,
+			of.Move{Src: of.FieldARPTPA, Dst: scratch},
+			of.Move{Src: of.FieldARPSPA, Dst: of.FieldARPTPA},
+			of.Move{Src: scratch, Dst: of.FieldARPSPA},
+			of.Output{Port: of.PortInPort})
+	}
+	return append(acts,
+		of.Move{Src: of.FieldARPSPA, Dst: of.FieldARPTPA},
+		of.SetARPSPA{IP: ip},
+		of.Output{Port: of.PortInPort})
+}
+
+// RoutedPeerNodeFlows returns the flows of a peer Node reached through the
+// host's routing instead of the tunnel (trafficEncapMode noEncap, or
+// hybrid for a peer in this Node's transport subnet): traffic to its
+// podCIDR leaves through the gateway, and the host routes it to the peer's
+// Node IP (or to the underlay's router). Same cookie as PeerNodeFlows, so
+// a peer switching between the two replaces its flows in place.
+func RoutedPeerNodeFlows(b Bridge, n PeerNode) []of.Flow {
+	return []of.Flow{{Table: uint8(L3Forwarding), Priority: PrioHigh, Cookie: Cookie(b.Round, CategoryNode, n.ID),
+		Match:   of.Match{EthType: EthTypeIPv4, IPDst: n.PodCIDR},
+		Actions: []of.Action{of.SetEthDst{MAC: b.GatewayMAC}, goTo(L2Forwarding)}}}
 }

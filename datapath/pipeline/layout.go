@@ -11,6 +11,8 @@ package pipeline
 
 import (
 	"fmt"
+	"strconv"
+	"strings"
 
 	"github.com/seine-net/seine/datapath/openflow"
 )
@@ -99,6 +101,30 @@ func TableNames() map[uint8]string {
 	return m
 }
 
+// Index is t's position in Tables() (-1 if t is not a pipeline table).
+func (t Table) Index() int {
+	for i, ti := range Tables() {
+		if ti.Table == t {
+			return i
+		}
+	}
+	return -1
+}
+
+// TableByName returns the table with the given name (as Tables() names
+// it), or the table numbered by a decimal string.
+func TableByName(name string) (Table, bool) {
+	for _, ti := range Tables() {
+		if strings.EqualFold(ti.Name, name) {
+			return ti.Table, true
+		}
+	}
+	if n, err := strconv.ParseUint(name, 10, 8); err == nil {
+		return Table(n), true
+	}
+	return 0, false
+}
+
 // next returns the table after t in pipeline order (t itself for the last).
 func (t Table) next() Table {
 	ts := Tables()
@@ -122,13 +148,14 @@ const (
 	OutputResolved RegField = 0<<16 | 16<<8 | 1
 	// TargetOFPort (reg1[0..31]) is the ofport Output sends the packet to.
 	TargetOFPort RegField = 1<<16 | 0<<8 | 32
-	// EndpointSelected (reg0[17]) is set once EndpointIP holds the chosen
-	// endpoint of a Service connection (by the select group or by a
-	// session affinity flow).
+	// EndpointSelected (reg0[17]) is set by the EndpointDNAT flow that
+	// DNATs a new Service connection to its endpoint; registers survive
+	// the recirculation, so the later tables know the packet is one.
 	EndpointSelected RegField = 0<<16 | 17<<8 | 1
 	// HairpinOut (reg0[18]) sends the packet back out of its own in_port
-	// (a Pod talking to itself through a Service): OpenFlow drops an
-	// output to the ingress port unless it is output:in_port.
+	// (a Pod talking to itself through a Service, or the host to an
+	// endpoint on its own host network): OpenFlow drops an output to the
+	// ingress port unless it is output:in_port.
 	HairpinOut RegField = 0<<16 | 18<<8 | 1
 	// IngressIsolated (reg0[24]) is set by the L2Forwarding flow of a
 	// local Pod that some NetworkPolicy isolates for ingress: the packet
@@ -164,6 +191,20 @@ const (
 	ServicePortID RegField = 5<<16 | 0<<8 | 32
 	// EndpointIP (reg6[0..31]) is the IPv4 address of the chosen endpoint.
 	EndpointIP RegField = 6<<16 | 0<<8 | 32
+	// TraceTag (reg3[0..15]) is the trace number of a Traceflow packet:
+	// loaded by the packet-out on the source Node, copied from the tunnel
+	// key on the others (see TraceFlows).
+	TraceTag RegField = 3<<16 | 0<<8 | 16
+	// TraceActive (reg3[16]) marks a Traceflow packet: every table reports
+	// it to the daemon (a packet-in) before processing it.
+	TraceActive RegField = 3<<16 | 16<<8 | 1
+	// TraceVisited (reg4[0..31]) has bit i set once table i of Tables()
+	// has reported a Traceflow packet, so each table reports it once.
+	TraceVisited RegField = 4<<16 | 0<<8 | 32
+	// ARPScratch (reg2[0..31]) holds an ARP protocol address while the
+	// catch-all ARP responder of PolicyOnly bridges swaps arp_spa and
+	// arp_tpa; nothing after ARPResponder reads it.
+	ARPScratch RegField = 2<<16 | 0<<8 | 32
 )
 
 // Values of PktSource.
@@ -190,8 +231,12 @@ func (f RegField) Mask() uint32 {
 	return ((uint32(1) << f.NBits()) - 1) << f.Ofs()
 }
 
-// String names the field as ovs-ofctl prints it, e.g. "reg0[0..3]".
+// String names the field as ovs-ofctl prints it, e.g. "reg0[0..3]" or
+// "reg0[16]".
 func (f RegField) String() string {
+	if f.NBits() == 1 {
+		return fmt.Sprintf("reg%d[%d]", f.Reg(), f.Ofs())
+	}
 	return fmt.Sprintf("reg%d[%d..%d]", f.Reg(), f.Ofs(), f.Ofs()+f.NBits()-1)
 }
 
@@ -203,6 +248,25 @@ func (f RegField) Load(v uint32) openflow.LoadReg {
 // Match is the register match requiring the field to equal v.
 func (f RegField) Match(v uint32) openflow.RegMatch {
 	return openflow.RegMatch{Reg: f.Reg(), Value: v << f.Ofs(), Mask: f.Mask()}
+}
+
+// Regs combines field matches into one match per register, since a flow
+// may match each register only once. Fields of one register must not
+// overlap.
+func Regs(ms ...openflow.RegMatch) []openflow.RegMatch {
+	var out []openflow.RegMatch
+next:
+	for _, m := range ms {
+		for i := range out {
+			if out[i].Reg == m.Reg {
+				out[i].Value |= m.Value
+				out[i].Mask |= m.Mask
+				continue next
+			}
+		}
+		out = append(out, m)
+	}
+	return out
 }
 
 // Cookie layout: bits 48..63 are the round (incremented at each daemon
@@ -225,6 +289,7 @@ const (
 	CategoryNode     Category = 3 // one peer Node
 	CategoryPolicy   Category = 4 // NetworkPolicy rules
 	CategoryService  Category = 5 // Service load balancing
+	CategoryTrace    Category = 6 // Traceflow observation flows
 )
 
 // Cookie builds the cookie of a flow of the given category and object ID in

@@ -40,7 +40,18 @@ import (
 //     Node's gateway IP in ServiceSNATZone, so that an endpoint on another
 //     Node answers through this one; a Conntrack flow un-SNATs replies to
 //     the gateway IP before the Pod zone un-DNATs them.
-//  5. A Service port without endpoints has no group: its ServiceLB flow
+//  5. Host SNAT: a connection that entered from the gateway (the host's
+//     own, or NodePort, externalIPs and LoadBalancer traffic) and whose
+//     endpoint the host reaches itself (TargetOFPort is the gateway: a
+//     peer routed without the tunnel, a host-network endpoint) would come
+//     back to the host with an address the host owns or does not route
+//     back here. So ConntrackCommit sets CtMarkHostSNAT and SNATs it to
+//     ServiceHostSNATIP in ServiceSNATZone, and the packet goes back out
+//     of the gateway (HairpinOut). The host masquerades ServiceHostSNATIP
+//     to the Node IP on its way out and routes replies to it into the
+//     bridge, where a Conntrack flow un-SNATs them before the Pod zone
+//     un-DNATs them; they too leave through the gateway they came in by.
+//  6. A Service port without endpoints has no group: its ServiceLB flow
 //     commits the connection (so that the answer is not ct_state=+inv)
 //     and hands the packet to the host through the gateway, where the
 //     node's nftables rejects it (TCP RST, ICMP port unreachable).
@@ -50,6 +61,13 @@ import (
 // collides with a cluster address; Pods reply to it through their
 // default route, the gateway.
 var ServiceHairpinIP = net.IPv4(169, 254, 100, 1).To4()
+
+// ServiceHostSNATIP is the source given to Service connections that enter
+// from the gateway and leave through it again (see item 5 above). It is
+// link-local (RFC 3927) like ServiceHairpinIP: the host routes it to the
+// gateway (a permanent neighbour entry names VirtualMAC) and masquerades
+// it when it leaves the Node.
+var ServiceHostSNATIP = net.IPv4(169, 254, 100, 3).To4()
 
 // ServiceSNATZone is the conntrack zone of the hairpin SNAT (a second NAT
 // on a connection needs a zone of its own, ovs-actions(7) "ct").
@@ -68,6 +86,10 @@ const (
 	// CtMarkFromGateway: the connection entered the bridge from the
 	// gateway; its replies go back there (BaseFlows).
 	CtMarkFromGateway uint32 = 1 << 3
+	// CtMarkHostSNAT: the connection entered from the gateway, was DNATed
+	// to an endpoint behind the gateway and SNATed to ServiceHostSNATIP;
+	// both directions hairpin on the gateway port.
+	CtMarkHostSNAT uint32 = 1 << 4
 )
 
 // NodePortVIP is the address the host DNATs NodePort traffic to before
@@ -133,6 +155,25 @@ type ServicePort struct {
 	// SNAT (External only) makes new connections leave with the gateway
 	// IP as their source (externalTrafficPolicy Cluster).
 	SNAT bool
+	// FragmentVIPs (UDP, not External) are VIPs of which this is the only
+	// UDP port: they take the fragments of new datagrams too. A datagram
+	// larger than the path MTU arrives in IP fragments, and under OVS's
+	// default fragment handling ("normal", ovs-ofctl(8) set-frags) no
+	// fragment matches udp_dst: the lookup sees its ports as 0. The
+	// kernel datapath hands the pipeline the datagram conntrack
+	// reassembled, so this never matters there. The userspace datapath
+	// reassembles it for conntrack only and goes on with the fragments
+	// (OVS lib/ipf.c), which share the connection's ct_state but not its
+	// ports (OVS sets ct_tp_dst only on a first fragment). So fragments
+	// are matched on the VIP alone, which names one Service port only
+	// when the Service has one UDP port. They may pick different buckets
+	// (the group hashes the real ports of a first fragment and zeros for
+	// the others), but each ends in a ct(commit,nat) of the same zone, and
+	// the datagram is reassembled, NATed and sent on at the one that sees
+	// its last fragment, so all of it reaches one endpoint. The caller
+	// must not name a VIP here for two ports (ClusterIPs are the
+	// Service's own; externalIPs may be shared, so leave them out).
+	FragmentVIPs []net.IP
 	// Sources, when set (External only), limit the frontend to packets
 	// from these addresses, and it takes precedence over the frontend of
 	// the same VIP and port without Sources. It carries the Node's own
@@ -150,7 +191,13 @@ func ServiceBaseFlows(b Bridge) []of.Flow {
 	ck := Cookie(b.Round, CategoryService, 0)
 	snatTable := uint8(Output)
 	backTo := uint8(Conntrack)
-	return []of.Flow{
+	// Without a gateway IP (PolicyOnly) every SNATed external connection
+	// takes ServiceHostSNATIP: the host routes it back into the bridge.
+	snatIP := ServiceHostSNATIP
+	if b.GatewayIP != nil {
+		snatIP = b.GatewayIP.To4()
+	}
+	fs := []of.Flow{
 		{Table: uint8(ServiceLB), Priority: PrioDefault + 1, Cookie: ck, Actions: []of.Action{goTo(EgressRule)}},
 		{Table: uint8(SessionAffinity), Priority: PrioDefault + 1, Cookie: ck}, // return from resubmit
 		{Table: uint8(Conntrack), Priority: PrioHigh + 10, Cookie: ck,
@@ -166,24 +213,51 @@ func ServiceBaseFlows(b Bridge) []of.Flow {
 				CtMark: &of.Masked32{Value: CtMarkHairpin, Mask: CtMarkHairpin}},
 			Actions: []of.Action{HairpinOut.Load(1), goTo(Output)}},
 		{Table: uint8(Output), Priority: PrioHigh + 10, Cookie: ck,
-			Match:   of.Match{Regs: []of.RegMatch{{Reg: 0, Value: 1<<OutputResolved.Ofs() | 1<<HairpinOut.Ofs(), Mask: OutputResolved.Mask() | HairpinOut.Mask()}}},
+			Match:   of.Match{Regs: Regs(OutputResolved.Match(1), HairpinOut.Match(1))},
 			Actions: []of.Action{of.Output{Port: of.PortInPort}}},
-		// External frontends: un-SNAT replies to the gateway IP (only
+		// External frontends: un-SNAT replies to the SNAT address (only
 		// untracked packets, so the recirculated one moves on), SNAT new
 		// connections, and send replies back to the host.
-		{Table: uint8(Conntrack), Priority: PrioHigh + 10, Cookie: ck,
-			Match:   of.Match{EthType: EthTypeIPv4, IPDst: host(b.GatewayIP), CtState: &of.CtStateMatch{Clear: of.CtTrk}},
-			Actions: []of.Action{of.CT{Zone: ServiceSNATZone, Table: &backTo, NAT: &of.CTNAT{}}}},
 		{Table: uint8(ConntrackCommit), Priority: PrioHigh + 5, Cookie: ck,
 			Match: of.Match{EthType: EthTypeIPv4, CtState: &of.CtStateMatch{Set: of.CtTrk, Clear: of.CtRpl},
 				CtMark: &of.Masked32{Value: CtMarkServiceSNAT, Mask: CtMarkServiceSNAT}},
 			Actions: []of.Action{of.CT{Commit: true, Zone: ServiceSNATZone, Table: &snatTable,
-				NAT: &of.CTNAT{SNAT: true, IPMin: b.GatewayIP.To4()}}}},
+				NAT: &of.CTNAT{SNAT: true, IPMin: snatIP}}}},
 		{Table: uint8(L3Forwarding), Priority: PrioHigh + 10, Cookie: ck,
 			Match: of.Match{EthType: EthTypeIPv4, CtState: &of.CtStateMatch{Set: of.CtTrk | of.CtRpl},
 				CtMark: &of.Masked32{Value: CtMarkExternal, Mask: CtMarkExternal}},
 			Actions: []of.Action{of.SetEthSrc{MAC: b.GatewayMAC}, of.SetEthDst{MAC: b.GatewayMAC}, goTo(L2Forwarding)}},
+		// Host SNAT (item 5): a new connection from the gateway, DNATed
+		// (EndpointSelected) to an endpoint behind the gateway; its later
+		// packets; its replies.
+		{Table: uint8(ConntrackCommit), Priority: PrioHigh + 20, Cookie: ck,
+			Match: of.Match{EthType: EthTypeIPv4, CtState: &of.CtStateMatch{Set: of.CtTrk | of.CtNew},
+				Regs: Regs(PktSource.Match(FromGateway), TargetOFPort.Match(b.GatewayPort), EndpointSelected.Match(1))},
+			Actions: []of.Action{HairpinOut.Load(1),
+				of.CT{Commit: true, Zone: ConntrackZone, SetMark: &of.Masked32{
+					Value: CtMarkHostSNAT | CtMarkFromGateway, Mask: CtMarkHostSNAT | CtMarkFromGateway}},
+				of.CT{Commit: true, Zone: ServiceSNATZone, Table: &snatTable,
+					NAT: &of.CTNAT{SNAT: true, IPMin: ServiceHostSNATIP}}}},
+		{Table: uint8(ConntrackCommit), Priority: PrioHigh + 20, Cookie: ck,
+			Match: of.Match{EthType: EthTypeIPv4, CtState: &of.CtStateMatch{Set: of.CtTrk, Clear: of.CtNew | of.CtRpl},
+				CtMark: &of.Masked32{Value: CtMarkHostSNAT, Mask: CtMarkHostSNAT}},
+			Actions: []of.Action{HairpinOut.Load(1), of.CT{Commit: true, Zone: ServiceSNATZone, Table: &snatTable,
+				NAT: &of.CTNAT{SNAT: true, IPMin: ServiceHostSNATIP}}}},
+		{Table: uint8(ConntrackCommit), Priority: PrioHigh + 20, Cookie: ck,
+			Match: of.Match{EthType: EthTypeIPv4, CtState: &of.CtStateMatch{Set: of.CtTrk | of.CtRpl},
+				CtMark: &of.Masked32{Value: CtMarkHostSNAT, Mask: CtMarkHostSNAT}},
+			Actions: []of.Action{HairpinOut.Load(1), goTo(Output)}},
 	}
+	unSNAT := []net.IP{ServiceHostSNATIP}
+	if b.GatewayIP != nil {
+		unSNAT = append(unSNAT, b.GatewayIP.To4())
+	}
+	for _, ip := range unSNAT {
+		fs = append(fs, of.Flow{Table: uint8(Conntrack), Priority: PrioHigh + 10, Cookie: ck,
+			Match:   of.Match{EthType: EthTypeIPv4, IPDst: host(ip), CtState: &of.CtStateMatch{Clear: of.CtTrk}},
+			Actions: []of.Action{of.CT{Zone: ServiceSNATZone, Table: &backTo, NAT: &of.CTNAT{}}}})
+	}
+	return fs
 }
 
 // ServiceOwner is the flowsync owner name of a Service port's flows.
@@ -258,6 +332,24 @@ func ServicePortFlows(b Bridge, sp ServicePort) ([]of.Flow, []of.GroupEntry, err
 				Actions: toHostForReject(b, true)})
 		}
 	}
+	if sp.Protocol == 17 && !sp.External {
+		// Fragments of a new datagram (see FragmentVIPs).
+		frag := &of.FragMatch{Value: of.FragAny, Mask: of.FragAny}
+		for _, vip := range sp.FragmentVIPs {
+			if vip.To4() == nil {
+				continue
+			}
+			fs = append(fs, of.Flow{Table: uint8(ServiceLB), Priority: lbPrio, Cookie: ck,
+				Match:   of.Match{EthType: EthTypeIPv4, IPDst: host(vip), IPProto: sp.Protocol, Frag: frag, CtState: newConn},
+				Actions: lbActs})
+			if sp.Action == ServiceReject {
+				fs = append(fs, of.Flow{Table: uint8(ServiceLB), Priority: lbPrio + 1, Cookie: ck,
+					Match: of.Match{EthType: EthTypeIPv4, IPDst: host(vip), IPProto: sp.Protocol, Frag: frag, CtState: newConn,
+						Regs: []of.RegMatch{PktSource.Match(FromGateway)}},
+					Actions: toHostForReject(b, true)})
+			}
+		}
+	}
 	var mark uint32
 	if sp.External {
 		mark = CtMarkExternal
@@ -298,7 +390,7 @@ func ServicePortFlows(b Bridge, sp ServicePort) ([]of.Flow, []of.GroupEntry, err
 			if m != 0 {
 				ct.SetMark = &of.Masked32{Value: m, Mask: CtMarkHairpin | CtMarkExternal | CtMarkServiceSNAT}
 			}
-			return append(acts, NATApplied.Load(1), ct)
+			return append(acts, EndpointSelected.Load(1), NATApplied.Load(1), ct)
 		}
 		regs := []of.RegMatch{ServicePortID.Match(sp.ID), EndpointIP.Match(v)}
 		fs = append(fs, of.Flow{Table: uint8(EndpointDNAT), Priority: PrioNormal, Cookie: ck,

@@ -37,7 +37,8 @@ func TestServiceFlowsInOVS(t *testing.T) {
 	small := pipeline.ServicePort{ID: 7, VIPs: []net.IP{net.ParseIP("10.96.0.10")}, Protocol: 6, Port: 80,
 		AffinitySeconds: 30, Endpoints: []pipeline.ServiceEndpoint{
 			{IP: net.ParseIP("10.244.1.5"), Port: 8080, Local: true}, {IP: net.ParseIP("10.244.2.5"), Port: 8080}}}
-	big := pipeline.ServicePort{ID: 8, VIPs: []net.IP{net.ParseIP("10.96.0.11")}, Protocol: 17, Port: 53}
+	big := pipeline.ServicePort{ID: 8, VIPs: []net.IP{net.ParseIP("10.96.0.11")}, FragmentVIPs: []net.IP{net.ParseIP("10.96.0.11")},
+		Protocol: 17, Port: 53}
 	for i := 0; i < 2500; i++ {
 		big.Endpoints = append(big.Endpoints, pipeline.ServiceEndpoint{IP: net.IPv4(10, 245, byte(i/250), byte(i%250+1)), Port: 5353})
 	}
@@ -51,10 +52,13 @@ func TestServiceFlowsInOVS(t *testing.T) {
 	fromNode := pipeline.ServicePort{ID: 12, VIPs: []net.IP{pipeline.NodePortVIP}, Protocol: 6, Port: 30080, External: true,
 		Sources:   []net.IP{net.ParseIP("198.18.0.11")},
 		Endpoints: []pipeline.ServiceEndpoint{{IP: net.ParseIP("10.244.2.7"), Port: 8080}, {IP: net.ParseIP("10.244.1.5"), Port: 8080, Local: true}}}
+	// A Service with two UDP ports: its VIP takes no fragments.
+	syslog := pipeline.ServicePort{ID: 13, VIPs: []net.IP{net.ParseIP("10.96.0.14")}, Protocol: 17, Port: 514,
+		Endpoints: []pipeline.ServiceEndpoint{{IP: net.ParseIP("10.244.2.8"), Port: 514}}}
 	flows := append(pipeline.BaseFlows(br), pipeline.PodFlows(br, p1)...)
 	flows = append(flows, pipeline.ServiceBaseFlows(br)...)
 	var groups []of.GroupMod
-	for _, sp := range []pipeline.ServicePort{small, big, none, sctp, nodePort, fromNode} {
+	for _, sp := range []pipeline.ServicePort{small, big, none, sctp, nodePort, fromNode, syslog} {
 		fs, gs, err := pipeline.ServicePortFlows(br, sp)
 		if err != nil {
 			t.Fatal(err)
@@ -64,8 +68,8 @@ func TestServiceFlowsInOVS(t *testing.T) {
 			groups = append(groups, of.GroupMod{Op: of.GroupOpAdd, Group: gs[i]})
 		}
 	}
-	if len(groups) != 1+4+3 {
-		t.Fatalf("%d groups, want 1 for the small service, 1+3 for 2,500 endpoints, 1 each for SCTP and the two NodePort frontends", len(groups))
+	if len(groups) != 1+4+4 {
+		t.Fatalf("%d groups, want 1 for the small service, 1+3 for 2,500 endpoints, 1 each for SCTP, the two NodePort frontends and syslog", len(groups))
 	}
 	for _, g := range groups { // one message per group: each must fit 64 KiB
 		if err := c.ApplyGroups(ctx, []of.GroupMod{g}); err != nil {
@@ -80,8 +84,8 @@ func TestServiceFlowsInOVS(t *testing.T) {
 		t.Fatal(err)
 	}
 	dump := o.Run("ovs-ofctl", "-O", "OpenFlow13", "dump-groups", o.MgmtSocket("br-int"))
-	if n := strings.Count(dump, "bucket="); n != 2+2500+3+2+2 {
-		t.Errorf("%d buckets installed, want %d", n, 2+2500+3+2+2)
+	if n := strings.Count(dump, "bucket="); n != 2+2500+3+2+2+1 {
+		t.Errorf("%d buckets installed, want %d", n, 2+2500+3+2+2+1)
 	}
 	trace := func(flow string, ct ...string) string {
 		args := []string{"ofproto/trace", "br-int", flow}
@@ -115,6 +119,21 @@ func TestServiceFlowsInOVS(t *testing.T) {
 	}
 	if out := trace("reg6=0x0af40206,"+sctpNew, "trk,new", "trk,new"); !strings.Contains(out, "nat(dst=10.244.2.6:7777)") {
 		t.Errorf("SCTP connection: no DNAT in trace:\n%s", out)
+	}
+	// A UDP datagram in fragments: their ports read 0, and the VIP of a
+	// Service with one UDP port takes them to its group. A UDP VIP without
+	// FragmentVIPs takes its whole datagrams, not fragments.
+	frag := "in_port=3,dl_src=0a:00:00:00:01:05,dl_dst=0a:00:00:00:00:01,udp,nw_ttl=64,nw_src=10.244.1.5,"
+	for _, f := range []string{"nw_frag=first", "nw_frag=later"} {
+		if out := trace(frag+"nw_dst=10.96.0.11,"+f, "trk,new"); !strings.Contains(out, "group:8") {
+			t.Errorf("UDP fragment (%s) to the VIP does not reach its group:\n%s", f, out)
+		}
+		if out := trace(frag+"nw_dst=10.96.0.14,"+f, "trk,new"); strings.Contains(out, "group:13") {
+			t.Errorf("UDP fragment (%s) to a VIP without fragment frontend reached its group:\n%s", f, out)
+		}
+	}
+	if out := trace(frag+"nw_dst=10.96.0.14,udp_src=40000,udp_dst=514", "trk,new"); !strings.Contains(out, "group:13") {
+		t.Errorf("whole UDP datagram to the two-port Service does not reach its group:\n%s", out)
 	}
 	// NodePort: only from the gateway, DNAT with the external and SNAT
 	// marks; a Pod sending to the NodePort VIP does not match it.

@@ -13,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -21,8 +20,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/vishvananda/netlink"
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
@@ -42,6 +39,7 @@ import (
 	"github.com/seine-net/seine/datapath/ovsdb"
 	"github.com/seine-net/seine/datapath/pipeline"
 	"github.com/seine-net/seine/ipam"
+	"github.com/seine-net/seine/node/cni/install"
 	cniserver "github.com/seine-net/seine/node/cni/server"
 	"github.com/seine-net/seine/node/config"
 	"github.com/seine-net/seine/node/noderoute"
@@ -67,17 +65,22 @@ const (
 )
 
 // Run runs the daemon until ctx ends.
-func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
+func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option) error {
 	log = log.With(zap.String("node", cfg.NodeName))
 	reg := prometheus.NewRegistry()
-	errc := make(chan error, 8)
-	// Health first: /healthz answers while the daemon waits for the API
-	// server, OVS or its podCIDR; /readyz once Pods can be served.
-	var ready atomic.Bool
-	if cfg.MetricsAddress != "" {
-		go func() { errc <- serveMetrics(ctx, cfg.MetricsAddress, reg, &ready) }()
-	}
 	rc, err := restConfig(cfg.Kubeconfig, cfg.KubeAPIServerOverride)
+	if err != nil {
+		return err
+	}
+	errc := make(chan error, 16)
+	ops, err := newOperations(cfg, rc, reg, log, opts)
+	if err != nil {
+		return err
+	}
+	// Health first: /healthz answers while the daemon waits for the API
+	// server, OVS or its podCIDR (when the address to serve on is known
+	// before the Node is: see startProbes).
+	probesUp, err := ops.startProbes(ctx, nil, errc)
 	if err != nil {
 		return err
 	}
@@ -85,7 +88,8 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	if err != nil {
 		return err
 	}
-	node, err := waitForPodCIDR(ctx, kube, cfg.NodeName, log)
+	ownsPods := cfg.TrafficEncapMode.OwnsPodNetwork()
+	node, err := waitForNode(ctx, kube, cfg.NodeName, ownsPods, log)
 	if err != nil {
 		return err
 	}
@@ -93,12 +97,21 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	if nodeIP == nil {
 		return fmt.Errorf("node %s has no IPv4 InternalIP", cfg.NodeName)
 	}
-	_, podCIDR, err := net.ParseCIDR(node.Spec.PodCIDR)
-	if err != nil || podCIDR.IP.To4() == nil {
-		return fmt.Errorf("node %s: podCIDR %q is not an IPv4 CIDR", cfg.NodeName, node.Spec.PodCIDR)
+	var podCIDR *net.IPNet // the primary CNI's business in networkPolicyOnly mode
+	if ownsPods {
+		_, podCIDR, err = net.ParseCIDR(node.Spec.PodCIDR)
+		if err != nil || podCIDR.IP.To4() == nil {
+			return fmt.Errorf("node %s: podCIDR %q is not an IPv4 CIDR", cfg.NodeName, node.Spec.PodCIDR)
+		}
 	}
 	_, clusterCIDR, _ := net.ParseCIDR(cfg.ClusterCIDR)
-	log.Info("node found", zap.String("node_ip", nodeIP.String()), zap.String("pod_cidr", podCIDR.String()))
+	log.Info("node found", zap.String("node_ip", nodeIP.String()), zap.Stringer("pod_cidr", podCIDR),
+		zap.String("traffic_encap_mode", string(cfg.TrafficEncapMode)), zap.Bool("snat", cfg.SNATEnabled()))
+	if !probesUp {
+		if _, err := ops.startProbes(ctx, nodeIP, errc); err != nil {
+			return err
+		}
+	}
 
 	ovs, err := dialOVSDB(ctx, cfg.OVSDBEndpoint(), log)
 	if err != nil {
@@ -117,13 +130,9 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	if err != nil {
 		return err
 	}
-	overhead, err := tunnel.Overhead(cfg.TunnelType)
+	mtu, err := podMTU(cfg, transport)
 	if err != nil {
 		return err
-	}
-	mtu := cfg.MTU
-	if mtu == 0 {
-		mtu = transport.MTU - overhead
 	}
 	log.Info("transport", zap.String("interface", transport.Name), zap.Int("transport_mtu", transport.MTU),
 		zap.Int("pod_mtu", mtu), zap.String("tunnel_type", cfg.TunnelType))
@@ -157,7 +166,12 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	if err != nil {
 		return fmt.Errorf("gateway port: %w", err)
 	}
-	gwIP := noderoute.FirstIP(podCIDR)
+	var gwIP net.IP
+	if ownsPods {
+		gwIP = noderoute.FirstIP(podCIDR)
+	} else if err := clearGatewayAddresses(cfg.GatewayName); err != nil {
+		return err
+	}
 	gwMAC, err := setupGateway(cfg.GatewayName, gwIP, podCIDR, mtu)
 	if err != nil {
 		return err
@@ -182,7 +196,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	ofc, err := of.Dial(ctx, cfg.BridgeMgmtSocket(), log.Named("openflow"),
 		of.WithOnReconnect(func(ctx context.Context) error {
 			log.Warn("OpenFlow connection re-established; replaying all groups and flows")
-			if cfg.OVSDatapathType == config.DatapathNetdev {
+			if cfg.OVSDatapathType == config.DatapathNetdev && cfg.TrafficEncapMode.UsesTunnel() && tunnelKind == tunnel.KindOVSPort {
 				if _, err := attachNetdevTransport(ctx, cfg, ovs, nodeIP, log); err != nil {
 					return fmt.Errorf("attaching the transport again: %w", err)
 				}
@@ -206,19 +220,48 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		GatewayIP:   gwIP,
 		PodCIDR:     podCIDR,
 		NodeIP:      nodeIP,
-		TunnelPort:  uint32(tunPort.OFPort),
+		TunnelPort:  tunPort,
+		PolicyOnly:  !ownsPods,
 	}
 	if err := tunnelEgress(ctx, cfg, tunnelKind, tso, ovs, mtu, &bridge); err != nil {
 		return err
 	}
-	log.Info("tunnel", zap.String("kind", tunnelKind.String()), zap.Stringer("egress", bridge.Tunnel),
-		zap.Bool("userspace_tso", tso))
-	baseFlows := pipeline.BaseFlows(bridge)
+	if cfg.TrafficEncapMode.UsesTunnel() {
+		log.Info("tunnel", zap.String("kind", tunnelKind.String()), zap.Stringer("egress", bridge.Tunnel),
+			zap.Bool("userspace_tso", tso))
+	}
+	baseFlows := append(pipeline.BaseFlows(bridge), pipeline.TraceFlows(bridge)...)
 	if cfg.PolicyEnabled() {
 		baseFlows = append(baseFlows, pipeline.PolicyBaseFlows(bridge)...)
 	}
 	if err := syncer.Set(ctx, "pipeline", baseFlows); err != nil {
 		return err
+	}
+
+	// The Service proxy first: it needs only the bridge and the pipeline,
+	// and its informers' initial lists and its programming overlap the
+	// rest of the start-up.
+	var svcProxy *proxy.Proxier
+	if cfg.ProxyEnabled() {
+		npAddrs := cfg.NodePortCIDRs()
+		if len(npAddrs) == 0 {
+			npAddrs = []*net.IPNet{{IP: nodeIP.To4(), Mask: net.CIDRMask(32, 32)}}
+		}
+		_, svcCIDR, _ := net.ParseCIDR(cfg.ServiceCIDR)
+		pcfg := proxy.Config{NodeName: cfg.NodeName, Bridge: bridge,
+			SkipServices: cfg.Proxy.SkipServices, ProxyAll: cfg.ProxyAllEnabled(), Gateway: cfg.GatewayName,
+			ServiceCIDR: svcCIDR, NodePortAddresses: npAddrs, Registry: reg}
+		if gwIP == nil {
+			pcfg.RouteSource = nodeIP // the gateway has no address of its own
+		}
+		svcProxy, err = proxy.New(kube, syncer, ofc, pcfg, log.Named("proxy"))
+		if err != nil {
+			return err
+		}
+		replayProxy.Store(svcProxy)
+		go func() { errc <- svcProxy.Run(ctx) }()
+	} else if err := proxy.Cleanup(ctx, cfg.GatewayName, ofc); err != nil {
+		log.Warn("removing the leftovers of the Service proxy failed", zap.Error(err))
 	}
 
 	// NetworkPolicy: this Node's agent (enforcement) and its instance of
@@ -239,12 +282,16 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	}
 
 	// Pods already attached.
-	alloc, reset, err := ipam.Open(filepath.Join(cfg.DataDir, "ipam"), podCIDR)
-	if err != nil {
-		return err
-	}
-	if reset {
-		log.Warn("podCIDR changed since the last run: previous IP allocations discarded")
+	var alloc *ipam.Allocator
+	if ownsPods {
+		var reset bool
+		alloc, reset, err = ipam.Open(filepath.Join(cfg.DataDir, "ipam"), podCIDR)
+		if err != nil {
+			return err
+		}
+		if reset {
+			log.Warn("podCIDR changed since the last run: previous IP allocations discarded")
+		}
 	}
 	backend = podnet.New(podnet.Config{
 		BridgeName:        cfg.BridgeName,
@@ -252,12 +299,17 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		MTU:               mtu,
 		DisableTxChecksum: userspaceDatapath(cfg) && !tso,
 		Policy:            policyHook(policyAgent),
+		Chained:           !ownsPods,
+		Gateway:           cfg.GatewayName,
+		NodeIP:            nodeIP,
+		Metrics:           reg,
 	}, alloc, ovs, syncer, log.Named("podnet"))
 	restored, err := backend.RestorePods(ctx)
 	if err != nil {
 		return fmt.Errorf("restoring Pods: %w", err)
 	}
 	log.Info("restored attached Pods", zap.Int("pods", restored))
+	ops.podsGate.Open()
 
 	// SNAT and peers.
 	nft, err := snat.NewNFTables()
@@ -265,14 +317,20 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		return err
 	}
 	masq := snat.New(nft, clusterCIDR, cfg.GatewayName, cfg.SNATEnabled())
-	masq.SetNodeIP(cfg.NodeName, nodeIP)
-	if err := masq.Sync(ctx); err != nil {
+	factory := informers.NewSharedInformerFactory(kube, 0)
+	rcfg := noderoute.Config{NodeName: cfg.NodeName, Mode: cfg.TrafficEncapMode, Transport: transport.Name,
+		Gateway: cfg.GatewayName, Bridge: bridge, Flows: syncer}
+	if ownsPods {
+		masq.SetNodeIP(cfg.NodeName, nodeIP)
+		if err := masq.Sync(ctx); err != nil {
+			return err
+		}
+		rcfg.SNAT = masq
+	} else if err := masq.Cleanup(ctx); err != nil {
 		return err
 	}
-	factory := informers.NewSharedInformerFactory(kube, 0)
-	rcfg := noderoute.Config{NodeName: cfg.NodeName, Gateway: cfg.GatewayName, Bridge: bridge, Flows: syncer, SNAT: masq,
-		Tunnel: peerTunnel(kernelTunnel)}
-	if userspaceDatapath(cfg) && tunnelKind == tunnel.KindOVSPort {
+	rcfg.Tunnel = peerTunnel(kernelTunnel)
+	if cfg.OVSDatapathType == config.DatapathNetdev && cfg.TrafficEncapMode.UsesTunnel() && tunnelKind == tunnel.KindOVSPort {
 		rcfg.Neighbors = &tunnel.Neighbors{Bridge: cfg.TransportBridge, Appctl: ovsctl.New(cfg.OVSRunDir)}
 	}
 	routes, err := noderoute.New(factory.Core().V1().Nodes(), rcfg, log.Named("noderoute"))
@@ -308,25 +366,8 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		if err != nil {
 			return err
 		}
+		ops.leaderTasks(pc, kube, cp)
 		go func() { errc <- pc.Run(ctx) }()
-	}
-	var svcProxy *proxy.Proxier
-	if cfg.ProxyEnabled() {
-		npAddrs := cfg.NodePortCIDRs()
-		if len(npAddrs) == 0 {
-			npAddrs = []*net.IPNet{{IP: nodeIP.To4(), Mask: net.CIDRMask(32, 32)}}
-		}
-		_, svcCIDR, _ := net.ParseCIDR(cfg.ServiceCIDR)
-		svcProxy, err = proxy.New(kube, syncer, ofc, proxy.Config{NodeName: cfg.NodeName, Bridge: bridge,
-			SkipServices: cfg.Proxy.SkipServices, ProxyAll: cfg.ProxyAllEnabled(), Gateway: cfg.GatewayName,
-			ServiceCIDR: svcCIDR, NodePortAddresses: npAddrs}, log.Named("proxy"))
-		if err != nil {
-			return err
-		}
-		replayProxy.Store(svcProxy)
-		go func() { errc <- svcProxy.Run(ctx) }()
-	} else if err := proxy.Cleanup(ctx, cfg.GatewayName, ofc); err != nil {
-		log.Warn("removing the leftovers of the Service proxy failed", zap.Error(err))
 	}
 	synced := factory.WaitForCacheSync(ctx.Done())
 	for typ, ok := range synced {
@@ -350,23 +391,35 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		return err
 	}
 	log.Info("datapath ready", zap.Uint16("round", round), zap.Int("flows", syncer.Count()))
+	ops.pipelineGate.Open()
 
 	// Metrics and health.
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "seine_flows", Help: "OpenFlow entries Seine keeps installed on the integration bridge.",
-	}, func() float64 { return float64(syncer.Count()) }))
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "seine_peer_nodes", Help: "Peer Nodes connected through the tunnel.",
-	}, func() float64 { return float64(len(routes.Peers())) }))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "seine_pod_ips_allocated", Help: "Pod IPs allocated from this Node's podCIDR.",
-	}, func() float64 { return float64(len(alloc.List())) }))
+	}, func() float64 {
+		if alloc == nil {
+			return 0
+		}
+		return float64(len(alloc.List()))
+	}))
+	registerModeMetrics(reg, cfg, routes)
+	if !ownsPods {
+		go func() {
+			errc <- install.KeepChained(ctx, cfg.PrimaryCNIConflist, cfg.CNISocket, log.Named("cni-chain"))
+		}()
+	}
+	dp := &datapath{bridge: bridge, ovs: ovs, ofc: ofc, appctl: ovsctl.New(cfg.OVSRunDir), flows: syncer, pods: backend,
+		policy: policyAgent, routes: routes, factory: factory, kube: kube, nodeUID: node.UID}
+	if err := ops.datapathUp(dp); err != nil {
+		return err
+	}
+
 	backend.MarkReady()
 	srv := cniserver.New(backend, log.Named("cni"), cniserver.WithRegistry(reg))
 	go func() { errc <- srv.Serve(ctx, cfg.CNISocket) }()
-	ready.Store(true)
+	ops.cniGate.Open()
 	log.Info("serving CNI", zap.String("socket", cfg.CNISocket))
+	ops.run(ctx, dp, errc)
 
 	select {
 	case <-ctx.Done():
@@ -479,12 +532,17 @@ func restConfig(kubeconfig, apiServer string) (*rest.Config, error) {
 
 // kubeClients returns the clients of the daemon's own API calls (watches
 // of its Node's share, CNI lookups, status): 50 requests per second, bursts
-// of 100.
+// of 100. Built-in kinds travel as protobuf, as kube-proxy's do: lists of
+// tens of thousands of Services and EndpointSlices decode several times
+// faster than JSON (CRDs have no protobuf encoding: JSON for those).
 func kubeClients(base *rest.Config) (kubernetes.Interface, versioned.Interface, error) {
 	rc := rest.CopyConfig(base)
 	rc.UserAgent = "seine-node"
 	rc.QPS, rc.Burst = 50, 100
-	kube, err := kubernetes.NewForConfig(rc)
+	pb := rest.CopyConfig(rc)
+	pb.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
+	pb.ContentType = "application/vnd.kubernetes.protobuf"
+	kube, err := kubernetes.NewForConfig(pb)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -495,14 +553,14 @@ func kubeClients(base *rest.Config) (kubernetes.Interface, versioned.Interface, 
 	return kube, cp, nil
 }
 
-// waitForPodCIDR polls the Node until kube-controller-manager (or whoever
-// runs node IPAM) has set its podCIDR.
-func waitForPodCIDR(ctx context.Context, kube kubernetes.Interface, name string, log *zap.Logger) (*corev1.Node, error) {
+// waitForNode polls the Node until it exists and, when needPodCIDR, until
+// kube-controller-manager (or whoever runs node IPAM) has set its podCIDR.
+func waitForNode(ctx context.Context, kube kubernetes.Interface, name string, needPodCIDR bool, log *zap.Logger) (*corev1.Node, error) {
 	var node *corev1.Node
 	last := time.Time{}
 	err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
 		n, err := kube.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-		if err != nil || n.Spec.PodCIDR == "" {
+		if err != nil || needPodCIDR && n.Spec.PodCIDR == "" {
 			if time.Since(last) > 10*time.Second {
 				last = time.Now()
 				log.Info("waiting for this Node's podCIDR", zap.NamedError("last_error", err))
@@ -563,8 +621,9 @@ func attachNetdevTransport(ctx context.Context, cfg config.Config, ovs *ovsdb.Cl
 	return tunnel.AttachNetdev(ctx, ovs, nft, cfg.TransportBridge, device, log)
 }
 
-// setupGateway gives the gateway interface the first IP of the podCIDR, the
-// Pod MTU, and brings it up; it returns the gateway's MAC.
+// setupGateway gives the gateway interface the first IP of the podCIDR
+// (none when gwIP is nil), the Pod MTU, and brings it up; it returns the
+// gateway's MAC.
 func setupGateway(name string, gwIP net.IP, podCIDR *net.IPNet, mtu int) (net.HardwareAddr, error) {
 	var link netlink.Link
 	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 10*time.Second, true,
@@ -576,9 +635,11 @@ func setupGateway(name string, gwIP net.IP, podCIDR *net.IPNet, mtu int) (net.Ha
 	if err != nil {
 		return nil, fmt.Errorf("gateway interface %s did not appear: %w", name, err)
 	}
-	ones, _ := podCIDR.Mask.Size()
-	if err := netlink.AddrReplace(link, &netlink.Addr{IPNet: &net.IPNet{IP: gwIP, Mask: net.CIDRMask(ones, 32)}}); err != nil {
-		return nil, fmt.Errorf("address of %s: %w", name, err)
+	if gwIP != nil {
+		ones, _ := podCIDR.Mask.Size()
+		if err := netlink.AddrReplace(link, &netlink.Addr{IPNet: &net.IPNet{IP: gwIP, Mask: net.CIDRMask(ones, 32)}}); err != nil {
+			return nil, fmt.Errorf("address of %s: %w", name, err)
+		}
 	}
 	if link.Attrs().MTU != mtu {
 		if err := netlink.LinkSetMTU(link, mtu); err != nil {
@@ -616,28 +677,6 @@ func setSysctls(gateway string) error {
 		if err := os.WriteFile(path, []byte(v), 0o644); err != nil {
 			return fmt.Errorf("sysctl %s: %w", path, err)
 		}
-	}
-	return nil
-}
-
-// serveMetrics serves /metrics, /healthz (the process answers) and /readyz
-// (200 once ready is set: the datapath is programmed and the CNI server
-// runs; 503 before).
-func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, ready *atomic.Bool) error {
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !ready.Load() {
-			http.Error(w, "not ready: the datapath is being programmed", http.StatusServiceUnavailable)
-			return
-		}
-		_, _ = w.Write([]byte("ok\n"))
-	})
-	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() { <-ctx.Done(); _ = srv.Close() }()
-	if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("metrics server on %s: %w", addr, err)
 	}
 	return nil
 }

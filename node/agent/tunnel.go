@@ -19,12 +19,9 @@ import (
 	"github.com/seine-net/seine/tunnel"
 )
 
-// Names of the nftables tables the tunnel uses with the netdev datapath
-// (family netdev): ingress drops on devices whose packets belong to OVS.
-const (
-	nftTransportTable = "seine-transport"
-	nftTunnelTable    = "seine-tunnel"
-)
+// nftTunnelTable is the nftables table (netdev family) whose ingress drop
+// keeps the kernel VXLAN device's packets OVS's alone (tunnel.KernelVXLAN).
+const nftTunnelTable = "seine-tunnel"
 
 // userspaceDatapath reports whether cfg runs OVS's netdev datapath.
 func userspaceDatapath(cfg config.Config) bool { return cfg.OVSDatapathType == config.DatapathNetdev }
@@ -48,40 +45,32 @@ func setUserspaceTSO(ctx context.Context, cfg config.Config, ovs *ovsdb.Client, 
 	return nil
 }
 
-// setupTransport prepares the Node's side of the underlay for the tunnel
-// kind and returns the transport interface: with OVS's userspace tunnels
-// the transport bridge takes it over (tunnel.AttachNetdev); with a kernel
-// tunnel device a transport bridge left by an earlier configuration is
-// removed (tunnel.DetachNetdev) and the interface stays the kernel's.
-func setupTransport(ctx context.Context, cfg config.Config, kind tunnel.Kind, ovs *ovsdb.Client, nodeIP net.IP, log *zap.Logger) (tunnel.Transport, error) {
-	if !userspaceDatapath(cfg) {
-		return tunnel.FindTransport(cfg.TransportInterface, nodeIP)
-	}
-	if kind == tunnel.KindOVSPort {
-		return setupNetdevTransport(ctx, cfg, ovs, nodeIP, log)
-	}
-	nft, err := knftables.New(knftables.NetDevFamily, nftTransportTable)
-	if err != nil {
-		return tunnel.Transport{}, fmt.Errorf("nftables: %w", err)
-	}
-	if err := tunnel.DetachNetdev(ctx, ovs, nft, cfg.TransportBridge, log); err != nil {
-		return tunnel.Transport{}, err
-	}
-	return tunnel.FindTransport(cfg.TransportInterface, nodeIP)
-}
-
-// tunnelPort creates the tunnel port on the integration bridge: OVS's
-// flow-based tunnel port, or a kernel VXLAN device attached as an ordinary
-// port. Switching kinds keeps the port's name and ofport; a kernel device
-// left by the other kind is deleted once the OVS port replaced it.
-func tunnelPort(ctx context.Context, cfg config.Config, kind tunnel.Kind, ovs *ovsdb.Client, nodeIP net.IP, mtu int) (ovsdb.Port, *tunnel.KernelVXLAN, error) {
+// tunnelPort creates the tunnel port on the integration bridge when the
+// mode tunnels: OVS's flow-based tunnel port, or a kernel VXLAN device
+// attached as an ordinary port. Switching kinds keeps the port's name and
+// ofport; a kernel device left by the other kind is deleted once the OVS
+// port replaced it. When the mode does not tunnel, it removes both and
+// returns ofport 0. The kernel device, when it is the port, is returned
+// for the route controller (its peers).
+func tunnelPort(ctx context.Context, cfg config.Config, kind tunnel.Kind, ovs *ovsdb.Client, nodeIP net.IP, mtu int) (uint32, *tunnel.KernelVXLAN, error) {
 	kernel := tunnel.KernelVXLAN{Name: cfg.TunnelName}
 	var nft knftables.Interface
 	if userspaceDatapath(cfg) {
 		var err error
 		if nft, err = knftables.New(knftables.NetDevFamily, nftTunnelTable); err != nil {
-			return ovsdb.Port{}, nil, fmt.Errorf("nftables: %w", err)
+			return 0, nil, fmt.Errorf("nftables: %w", err)
 		}
+	}
+	if !cfg.TrafficEncapMode.UsesTunnel() {
+		if err := ovs.DeletePort(ctx, cfg.BridgeName, cfg.TunnelName); err != nil {
+			return 0, nil, fmt.Errorf("removing tunnel port %s: %w", cfg.TunnelName, err)
+		}
+		if nft != nil {
+			if err := kernel.Remove(ctx, nft); err != nil {
+				return 0, nil, err
+			}
+		}
+		return 0, nil, nil
 	}
 	// A port changing kind is removed and added again: ovs-vswitchd 3.1
 	// changes an interface's type in place, but keeps state of the old
@@ -92,40 +81,40 @@ func tunnelPort(ctx context.Context, cfg config.Config, kind tunnel.Kind, ovs *o
 		wantType = ovsdb.TypeSystem
 	}
 	if old, err := ovs.GetPort(ctx, cfg.TunnelName); err != nil {
-		return ovsdb.Port{}, nil, err
+		return 0, nil, err
 	} else if old != nil && old.Type != wantType {
 		if err := ovs.DeletePort(ctx, cfg.BridgeName, cfg.TunnelName); err != nil {
-			return ovsdb.Port{}, nil, fmt.Errorf("replacing tunnel port: %w", err)
+			return 0, nil, fmt.Errorf("replacing tunnel port: %w", err)
 		}
 	}
 	if kind == tunnel.KindKernelDevice {
 		if err := kernel.Ensure(ctx, nft, nodeIP, mtu); err != nil {
-			return ovsdb.Port{}, nil, err
+			return 0, nil, err
 		}
 		p, err := ovs.EnsurePort(ctx, cfg.BridgeName, ovsdb.PortSpec{
 			Name: cfg.TunnelName, Type: ovsdb.TypeSystem, Options: map[string]string{}, OFPortRequest: TunnelOFPort,
 		})
 		if err != nil {
-			return ovsdb.Port{}, nil, fmt.Errorf("tunnel port: %w", err)
+			return 0, nil, fmt.Errorf("tunnel port: %w", err)
 		}
-		return p, &kernel, nil
+		return uint32(p.OFPort), &kernel, nil
 	}
 	opts, err := tunnel.PortOptions(cfg.TunnelType)
 	if err != nil {
-		return ovsdb.Port{}, nil, err
+		return 0, nil, err
 	}
 	p, err := ovs.EnsurePort(ctx, cfg.BridgeName, ovsdb.PortSpec{
 		Name: cfg.TunnelName, Type: cfg.TunnelType, Options: opts, OFPortRequest: TunnelOFPort,
 	})
 	if err != nil {
-		return ovsdb.Port{}, nil, fmt.Errorf("tunnel port: %w", err)
+		return 0, nil, fmt.Errorf("tunnel port: %w", err)
 	}
 	if nft != nil {
 		if err := kernel.Remove(ctx, nft); err != nil {
-			return ovsdb.Port{}, nil, err
+			return 0, nil, err
 		}
 	}
-	return p, nil, nil
+	return uint32(p.OFPort), nil, nil
 }
 
 // tunnelEgress decides how packets reach the tunnel port, and sets up or

@@ -15,6 +15,8 @@ import (
 	"github.com/seine-net/seine/node/agent"
 	"github.com/seine-net/seine/node/cni/install"
 	"github.com/seine-net/seine/node/config"
+	"github.com/seine-net/seine/node/ctl"
+	"github.com/seine-net/seine/node/logring"
 	"github.com/seine-net/seine/node/version"
 )
 
@@ -37,6 +39,17 @@ func NewApp() *cli.App {
 			nodeCommand(),
 			installCNICommand(),
 			ovsCommand(),
+			{
+				Name:            "ctl",
+				Usage:           "seinectl, the operators' CLI (seine ctl --help)",
+				SkipFlagParsing: true,
+				Action: func(c *cli.Context) error {
+					if code := ctl.Main(append([]string{"seinectl"}, c.Args().Slice()...)); code != 0 {
+						return cli.Exit("", code)
+					}
+					return nil
+				},
+			},
 			{
 				Name:  "version",
 				Usage: "print the version",
@@ -63,16 +76,21 @@ func nodeCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			log, err := NewLogger(cfg.LogLevel, c.String("log-format"))
+			logging, err := NewLogging(cfg.LogLevel, c.String("log-format"))
 			if err != nil {
 				return err
 			}
+			log := logging.Logger
 			defer func() { _ = log.Sync() }()
 			log.Info("starting seine node", zap.String("version", version.String()),
-				zap.String("datapath", cfg.OVSDatapathType), zap.String("tunnel_type", cfg.TunnelType))
+				zap.String("datapath", cfg.OVSDatapathType), zap.String("tunnel_type", cfg.TunnelType),
+				zap.String("traffic_encap_mode", string(cfg.TrafficEncapMode)))
+			for _, w := range cfg.Warnings() {
+				log.Warn("configuration", zap.String("warning", w))
+			}
 			ctx, stop := signal.NotifyContext(c.Context, syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			if err := agent.Run(ctx, cfg, log); err != nil {
+			if err := agent.Run(ctx, cfg, log, agent.WithLogLevel(logging.Level), agent.WithRecentLogs(logging.Recent)); err != nil {
 				log.Error("seine node failed", zap.Error(err))
 				return err
 			}
@@ -96,9 +114,17 @@ func installCNICommand() *cli.Command {
 			&cli.BoolFlag{Name: "no-bandwidth", Usage: "do not chain the bandwidth plugin"},
 			&cli.StringSliceFlag{Name: "plugin-dir", Usage: "where to find the chained plugins, to negotiate the conflist's CNI version (default: --cni-bin-dir; repeatable)"},
 			&cli.StringFlag{Name: "cni-version", Usage: "the conflist's cniVersion (default: the newest all chained plugins support)"},
+			&cli.StringFlag{Name: "chain-into", Usage: "networkPolicyOnly: insert seine after the primary plugin of this conflist instead of writing " + install.ConfListName},
+			&cli.BoolFlag{Name: "unchain", Usage: "with --chain-into: remove seine from that conflist instead (stop the daemon first: it puts itself back)"},
 			&cli.StringFlag{Name: "install-plugins-from", Usage: "copy each plugin seine relies on (the chained ones, loopback) that the CNI bin dir lacks from this directory (the image's /opt/cni/bin)"},
 		},
 		Action: func(c *cli.Context) error {
+			if primary := c.String("chain-into"); primary != "" {
+				return chainCNI(c, primary)
+			}
+			if c.Bool("unchain") {
+				return fmt.Errorf("--unchain needs --chain-into")
+			}
 			o := install.Options{
 				BinDir:         c.String("cni-bin-dir"),
 				ConfDir:        c.String("cni-conf-dir"),
@@ -120,23 +146,69 @@ func installCNICommand() *cli.Command {
 	}
 }
 
-// NewLogger builds the daemon's zap logger: level debug, info, warn or
-// error; format console (human-readable) or json.
-func NewLogger(level, format string) (*zap.Logger, error) {
+// chainCNI installs the binary and chains seine into (or, with --unchain,
+// out of) the primary CNI's conflist.
+func chainCNI(c *cli.Context, primary string) error {
+	if c.Bool("unchain") {
+		changed, err := install.Unchain(primary)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(c.App.Writer, "seine removed from %s (changed: %v)\n", primary, changed)
+		return nil
+	}
+	o := install.Options{BinDir: c.String("cni-bin-dir")}
+	if err := install.InstallBinary(o); err != nil {
+		return err
+	}
+	changed, err := install.Chain(primary, c.String("cni-socket"))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(c.App.Writer, "installed %s/%s and chained it into %s (changed: %v)\n", o.BinDir, install.PluginType, primary, changed)
+	return nil
+}
+
+// recentLogSize is how much of its recent log the daemon keeps in memory
+// for support bundles.
+const recentLogSize = 4 << 20
+
+// Logging is the daemon's logger, its level (changed at run time by
+// seinectl log-level) and the copy of its recent output.
+type Logging struct {
+	Logger *zap.Logger
+	Level  zap.AtomicLevel
+	Recent *logring.Ring
+}
+
+// NewLogging builds the daemon's zap logger: level debug, info, warn or
+// error; format console (human-readable) or json; to standard error and
+// to an in-memory ring of the last 4 MiB.
+func NewLogging(level, format string) (Logging, error) {
 	lvl, err := zapcore.ParseLevel(level)
 	if err != nil {
-		return nil, fmt.Errorf("log level: %w", err)
+		return Logging{}, fmt.Errorf("log level: %w", err)
 	}
 	zc := zap.NewProductionConfig()
 	zc.Level = zap.NewAtomicLevelAt(lvl)
 	zc.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
 	zc.Sampling = nil
+	var enc zapcore.Encoder
 	switch format {
 	case "json":
+		enc = zapcore.NewJSONEncoder(zc.EncoderConfig)
 	case "console":
 		zc.Encoding = "console"
+		enc = zapcore.NewConsoleEncoder(zc.EncoderConfig)
 	default:
-		return nil, fmt.Errorf("log format %q: want console or json", format)
+		return Logging{}, fmt.Errorf("log format %q: want console or json", format)
 	}
-	return zc.Build()
+	ring := logring.New(recentLogSize)
+	log, err := zc.Build(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
+		return zapcore.NewTee(c, zapcore.NewCore(enc, ring, zc.Level))
+	}))
+	if err != nil {
+		return Logging{}, err
+	}
+	return Logging{Logger: log, Level: zc.Level, Recent: ring}, nil
 }

@@ -36,10 +36,11 @@ func ovsCommand() *cli.Command {
 					if err != nil {
 						return err
 					}
-					log, err := NewLogger(cfg.LogLevel, "console")
+					logging, err := NewLogging(cfg.LogLevel, "console")
 					if err != nil {
 						return err
 					}
+					log := logging.Logger
 					defer func() { _ = log.Sync() }()
 					ctx, stop := signal.NotifyContext(c.Context, syscall.SIGINT, syscall.SIGTERM)
 					defer stop()

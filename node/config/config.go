@@ -81,10 +81,23 @@ type Config struct {
 	// ServiceCIDR is the ClusterIP range. Default 10.96.0.0/16.
 	ServiceCIDR string `json:"serviceCIDR,omitempty"`
 	// MTU of Pod interfaces and the gateway; 0 derives it from the transport
-	// interface's MTU minus the tunnel overhead.
+	// interface's MTU, minus the tunnel overhead in the modes that tunnel.
 	MTU int `json:"mtu,omitempty"`
-	// SNAT enables masquerading of Pod traffic leaving the cluster. Default true.
+	// TrafficEncapMode is encap (default), noEncap, hybrid or
+	// networkPolicyOnly (see TrafficEncapMode).
+	TrafficEncapMode TrafficEncapMode `json:"trafficEncapMode,omitempty"`
+	// NoSNAT turns off the masquerading of Pod traffic leaving the cluster
+	// (noEncap and hybrid, where the underlay can route Pod addresses).
+	NoSNAT bool `json:"noSNAT,omitempty"`
+	// SNAT is the removed predecessor of NoSNAT; setting it is an error
+	// that names its replacement.
 	SNAT *bool `json:"snat,omitempty"`
+	// PrimaryCNIConflist is, with networkPolicyOnly, the absolute path of
+	// the primary CNI's conflist: seine keeps itself chained in it.
+	PrimaryCNIConflist string `json:"primaryCNIConflist,omitempty"`
+	// AllowNoEncapWithoutProxy is set from the environment variable
+	// AllowNoEncapWithoutProxyEnv, never from the file.
+	AllowNoEncapWithoutProxy bool `json:"-"`
 
 	// CNISocket is the unix socket the CNI plugin talks to. Default
 	// /var/run/seine/cni.sock.
@@ -92,8 +105,11 @@ type Config struct {
 	// DataDir keeps state that must survive restarts (IP allocations).
 	// Default /var/lib/seine.
 	DataDir string `json:"dataDir,omitempty"`
-	// MetricsAddress serves /metrics and /healthz; empty disables. Default
-	// 127.0.0.1:9345.
+	// APISocket is the unix socket of the local API seinectl talks to
+	// (mode 0600: root only). Default /var/run/seine/seine.sock.
+	APISocket string `json:"apiSocket,omitempty"`
+	// MetricsAddress serves /metrics, /healthz and /readyz (host:port); an
+	// empty host means the Node's InternalIP, "" disables. Default :9345.
 	MetricsAddress string `json:"metricsAddress,omitempty"`
 	// LogLevel is debug, info (default), warn or error.
 	LogLevel string `json:"logLevel,omitempty"`
@@ -191,21 +207,22 @@ func (c Config) PolicyEnabled() bool {
 func Default() Config {
 	t := true
 	return Config{
-		OVSRunDir:       "/var/run/openvswitch",
-		OVSDatapathType: DatapathSystem,
-		BridgeName:      "br-int",
-		GatewayName:     "seine-gw0",
-		TunnelName:      "seine-tun0",
-		TunnelType:      TunnelGeneve,
-		TransportBridge: "br-phy",
-		UserspaceTSO:    &t,
-		ClusterCIDR:     "10.244.0.0/16",
-		ServiceCIDR:     "10.96.0.0/16",
-		SNAT:            &t,
-		CNISocket:       "/var/run/seine/cni.sock",
-		DataDir:         "/var/lib/seine",
-		MetricsAddress:  "127.0.0.1:9345",
-		LogLevel:        "info",
+		OVSRunDir:        "/var/run/openvswitch",
+		OVSDatapathType:  DatapathSystem,
+		BridgeName:       "br-int",
+		GatewayName:      "seine-gw0",
+		TunnelName:       "seine-tun0",
+		TunnelType:       TunnelGeneve,
+		TransportBridge:  "br-phy",
+		UserspaceTSO:     &t,
+		ClusterCIDR:      "10.244.0.0/16",
+		ServiceCIDR:      "10.96.0.0/16",
+		TrafficEncapMode: ModeEncap,
+		CNISocket:        "/var/run/seine/cni.sock",
+		DataDir:          "/var/lib/seine",
+		APISocket:        "/var/run/seine/seine.sock",
+		MetricsAddress:   ":9345",
+		LogLevel:         "info",
 		NetworkPolicy: NetworkPolicyConfig{
 			Enable:                &t,
 			RealizeTimeout:        metav1.Duration{Duration: 10 * time.Second},
@@ -276,6 +293,7 @@ func Load(path string, overrides []string) (Config, error) {
 	if c.NodeName == "" {
 		c.NodeName = os.Getenv("NODE_NAME")
 	}
+	c.AllowNoEncapWithoutProxy = os.Getenv(AllowNoEncapWithoutProxyEnv) == "true"
 	if c.NodeName == "" {
 		h, err := os.Hostname()
 		if err != nil {
@@ -319,6 +337,14 @@ func (c Config) Validate() error {
 	if c.CNISocket == "" || !filepath.IsAbs(c.CNISocket) {
 		bad("cniSocket", "%q must be an absolute path", c.CNISocket)
 	}
+	if c.APISocket == "" || !filepath.IsAbs(c.APISocket) {
+		bad("apiSocket", "%q must be an absolute path", c.APISocket)
+	}
+	if c.MetricsAddress != "" {
+		if _, port, err := net.SplitHostPort(c.MetricsAddress); err != nil || port == "" {
+			bad("metricsAddress", "%q is not host:port (an empty host means the Node's address)", c.MetricsAddress)
+		}
+	}
 	if c.DataDir == "" || !filepath.IsAbs(c.DataDir) {
 		bad("dataDir", "%q must be an absolute path", c.DataDir)
 	}
@@ -360,6 +386,7 @@ func (c Config) Validate() error {
 	default:
 		bad("logLevel", "%q is not one of debug, info, warn, error", c.LogLevel)
 	}
+	c.validateMode(bad)
 	return errors.Join(errs...)
 }
 
@@ -367,8 +394,12 @@ func (c Config) Validate() error {
 // userspace TSO.
 func (c Config) UserspaceTSOEnabled() bool { return c.UserspaceTSO == nil || *c.UserspaceTSO }
 
-// SNATEnabled reports whether Pod traffic leaving the cluster is masqueraded.
-func (c Config) SNATEnabled() bool { return c.SNAT == nil || *c.SNAT }
+// SNATEnabled reports whether seine masquerades Pod traffic leaving the
+// cluster: not with noSNAT, and never in networkPolicyOnly mode, where the
+// primary CNI owns Pod connectivity.
+func (c Config) SNATEnabled() bool {
+	return !c.NoSNAT && c.TrafficEncapMode.OwnsPodNetwork()
+}
 
 // OVSDBEndpoint is the libovsdb endpoint of the local OVSDB server.
 func (c Config) OVSDBEndpoint() string { return "unix:" + filepath.Join(c.OVSRunDir, "db.sock") }

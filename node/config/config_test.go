@@ -22,7 +22,8 @@ func TestDefaultsAreValid(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.TunnelType != TunnelGeneve || c.OVSDatapathType != DatapathSystem || !c.SNATEnabled() || !c.PolicyEnabled() {
+	if c.TunnelType != TunnelGeneve || c.OVSDatapathType != DatapathSystem || !c.SNATEnabled() || !c.PolicyEnabled() ||
+		c.TrafficEncapMode != ModeEncap {
 		t.Fatalf("unexpected defaults: %+v", c)
 	}
 	if c.LeaderElection.LeaseDuration.Duration != 15*time.Second {
@@ -32,11 +33,11 @@ func TestDefaultsAreValid(t *testing.T) {
 
 func TestFileAndOverrides(t *testing.T) {
 	p := write(t, "nodeName: worker-1\ntunnelType: vxlan\nleaderElection:\n  leaseDuration: 6s\n")
-	c, err := Load(p, []string{"tunnelType=gre", "leaderElection.renewDeadline=4s", "leaderElection.retryPeriod=1s", "snat=false"})
+	c, err := Load(p, []string{"tunnelType=gre", "leaderElection.renewDeadline=4s", "leaderElection.retryPeriod=1s", "trafficEncapMode=hybrid", "noSNAT=true"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.NodeName != "worker-1" || c.TunnelType != TunnelGRE || c.SNATEnabled() {
+	if c.NodeName != "worker-1" || c.TunnelType != TunnelGRE || c.SNATEnabled() || c.TrafficEncapMode != ModeHybrid {
 		t.Fatalf("got %+v", c)
 	}
 	le := c.LeaderElection
@@ -66,5 +67,62 @@ func TestErrorsNameTheKey(t *testing.T) {
 	}
 	if _, err := Load("", []string{"novalue"}); err == nil {
 		t.Error("override without '=' accepted")
+	}
+}
+
+func TestTrafficModes(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		set      []string
+		env      string
+		wantErr  string // "" = valid
+		wantWarn string
+		tunnel   bool
+		direct   bool
+		snat     bool
+		ownsPods bool
+	}{
+		{name: "default encap", tunnel: true, snat: true, ownsPods: true},
+		{name: "noEncap", set: []string{"trafficEncapMode=noEncap"}, direct: true, snat: true, ownsPods: true},
+		{name: "noEncap noSNAT", set: []string{"trafficEncapMode=noEncap", "noSNAT=true"}, direct: true, ownsPods: true},
+		{name: "hybrid noSNAT", set: []string{"trafficEncapMode=hybrid", "noSNAT=true"}, tunnel: true, direct: true, ownsPods: true},
+		{name: "policy only", set: []string{"trafficEncapMode=networkPolicyOnly", "primaryCNIConflist=/etc/cni/net.d/10-ptp.conflist"}},
+		{name: "policy only noSNAT warns", set: []string{"trafficEncapMode=networkPolicyOnly", "primaryCNIConflist=/etc/cni/net.d/10-ptp.conflist", "noSNAT=true"},
+			wantWarn: "noSNAT"},
+		{name: "unknown mode", set: []string{"trafficEncapMode=vxlan"}, wantErr: "trafficEncapMode"},
+		{name: "mode names are case sensitive", set: []string{"trafficEncapMode=noencap"}, wantErr: "trafficEncapMode"},
+		{name: "noSNAT with encap", set: []string{"noSNAT=true"}, wantErr: "noSNAT"},
+		{name: "snat key replaced", set: []string{"trafficEncapMode=noEncap", "snat=false"}, wantErr: "noSNAT"},
+		{name: "policy only without primary", set: []string{"trafficEncapMode=networkPolicyOnly"}, wantErr: "primaryCNIConflist"},
+		{name: "relative primary", set: []string{"trafficEncapMode=networkPolicyOnly", "primaryCNIConflist=10-ptp.conflist"}, wantErr: "primaryCNIConflist"},
+		{name: "noEncap without proxy", set: []string{"trafficEncapMode=noEncap", "proxy.enable=false"}, wantErr: AllowNoEncapWithoutProxyEnv},
+		{name: "hybrid without proxy", set: []string{"trafficEncapMode=hybrid", "proxy.enable=false"}, wantErr: "proxy.enable"},
+		{name: "noEncap without proxy, overridden", set: []string{"trafficEncapMode=noEncap", "proxy.enable=false"},
+			env: "true", direct: true, snat: true, ownsPods: true, wantWarn: "proxy.enable"},
+		{name: "override must say true", set: []string{"trafficEncapMode=noEncap", "proxy.enable=false"}, env: "1", wantErr: "proxy.enable"},
+		{name: "encap without proxy", set: []string{"proxy.enable=false"}, tunnel: true, snat: true, ownsPods: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv(AllowNoEncapWithoutProxyEnv, tc.env)
+			c, err := Load("", append([]string{"nodeName=n1"}, tc.set...))
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error %v, want one naming %s", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := c.TrafficEncapMode
+			if m.UsesTunnel() != tc.tunnel || m.RoutesDirectly() != tc.direct || c.SNATEnabled() != tc.snat || m.OwnsPodNetwork() != tc.ownsPods {
+				t.Errorf("%s: tunnel %v direct %v snat %v ownsPods %v, want %v %v %v %v", m,
+					m.UsesTunnel(), m.RoutesDirectly(), c.SNATEnabled(), m.OwnsPodNetwork(), tc.tunnel, tc.direct, tc.snat, tc.ownsPods)
+			}
+			warn := strings.Join(c.Warnings(), "\n")
+			if (tc.wantWarn == "") != (warn == "") || !strings.Contains(warn, tc.wantWarn) {
+				t.Errorf("warnings %q, want one naming %q", warn, tc.wantWarn)
+			}
+		})
 	}
 }

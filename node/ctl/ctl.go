@@ -1,35 +1,209 @@
-// Package ctl is seinectl, the operators' command-line client.
+// Package ctl is seinectl, the operators' command-line client. It talks to
+// the seine daemon of the Node it runs on through the daemon's local API
+// (a root-only unix socket, see node/localapi) and to the cluster through
+// a kubeconfig, as kubectl does. `seinectl` (the busybox name of the seine
+// binary) and `seine ctl` run it.
+//
+// Output is a table by default; -o wide adds columns, -o json and -o yaml
+// print the objects. Flags may follow arguments, as with kubectl.
 package ctl
 
 import (
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/urfave/cli/v2"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 
+	opsclient "github.com/seine-net/seine/node/client/clientset/versioned"
+	"github.com/seine-net/seine/node/localapi"
 	"github.com/seine-net/seine/node/version"
+	cpclient "github.com/seine-net/seine/policy/client/clientset/versioned"
 )
 
-// Main runs seinectl and returns the process exit status.
-func Main(args []string) int {
-	app := &cli.App{
-		Name:    "seinectl",
-		Usage:   "inspect and debug Seine",
-		Version: version.Version(),
+// NewApp returns the seinectl application.
+func NewApp() *cli.App {
+	return &cli.App{
+		Name:                 "seinectl",
+		Usage:                "inspect and debug Seine",
+		Version:              version.Version(),
+		EnableBashCompletion: true,
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "socket", Value: localapi.DefaultSocket, EnvVars: []string{"SEINE_API_SOCKET"},
+				Usage: "the local seine daemon's API socket (root only)"},
+			&cli.StringFlag{Name: "kubeconfig", EnvVars: []string{"KUBECONFIG"},
+				Usage: "kubeconfig file for the cluster (default: in-cluster, then ~/.kube/config)"},
+		},
 		Commands: []*cli.Command{
-			{
-				Name:  "version",
-				Usage: "print the version of seinectl",
-				Action: func(c *cli.Context) error {
-					fmt.Fprintln(c.App.Writer, "seinectl", version.String())
-					return nil
-				},
-			},
+			versionCommand(),
+			getCommand(),
+			traceCommand(),
+			queryCommand(),
+			traceflowCommand(),
+			logLevelCommand(),
+			supportBundleCommand(),
+			completionCommand(),
 		},
 	}
-	if err := app.Run(args); err != nil {
+}
+
+// Main runs seinectl with args (args[0] is the program name) and returns
+// the process exit status.
+func Main(args []string) int {
+	app := NewApp()
+	if err := app.Run(interspersed(app, args)); err != nil {
 		fmt.Fprintln(os.Stderr, "seinectl:", err)
 		return 1
 	}
 	return 0
+}
+
+// local returns the client of the local daemon's API.
+func local(c *cli.Context) *localapi.Client {
+	return localapi.NewClient(c.String("socket"))
+}
+
+// clients are the cluster's API clients.
+type clients struct {
+	kube kubernetes.Interface
+	cp   cpclient.Interface
+	ops  opsclient.Interface
+}
+
+// cluster builds the cluster clients from --kubeconfig (like kubectl: the
+// file, else in-cluster, else ~/.kube/config).
+func cluster(c *cli.Context) (*clients, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	if p := c.String("kubeconfig"); p != "" {
+		rules.ExplicitPath = p
+	}
+	var rc *rest.Config
+	var err error
+	if c.String("kubeconfig") == "" {
+		rc, err = rest.InClusterConfig()
+	}
+	if rc == nil {
+		rc, err = clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig: %w", err)
+	}
+	rc.UserAgent = "seinectl/" + version.Version()
+	out := &clients{}
+	if out.kube, err = kubernetes.NewForConfig(rc); err != nil {
+		return nil, err
+	}
+	if out.cp, err = cpclient.NewForConfig(rc); err != nil {
+		return nil, err
+	}
+	if out.ops, err = opsclient.NewForConfig(rc); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// splitRef splits "namespace/name"; a bare name takes namespace def.
+func splitRef(ref, def string) (string, string, error) {
+	if ref == "" {
+		return "", "", fmt.Errorf("empty Pod reference")
+	}
+	ns, name, ok := strings.Cut(ref, "/")
+	if !ok {
+		return def, ref, nil
+	}
+	if ns == "" || name == "" || strings.Contains(name, "/") {
+		return "", "", fmt.Errorf("%q: want namespace/name", ref)
+	}
+	return ns, name, nil
+}
+
+// interspersed moves the flags that follow a leaf command's arguments in
+// front of them, so that `seinectl get agentinfo n1 -o wide` parses as
+// kubectl users expect (urfave/cli stops at the first argument).
+func interspersed(app *cli.App, args []string) []string {
+	if len(args) < 2 {
+		return args
+	}
+	const complete = "--generate-bash-completion"
+	tail := []string(nil)
+	if args[len(args)-1] == complete {
+		args, tail = args[:len(args)-1], []string{complete}
+	}
+	out := []string{args[0]}
+	cmds, flags := app.Commands, app.Flags
+	i := 1
+	takeFlags := func() {
+		for i < len(args) && isFlag(args[i]) {
+			out = append(out, args[i])
+			if takesValue(flags, args[i]) && i+1 < len(args) {
+				out = append(out, args[i+1])
+				i++
+			}
+			i++
+		}
+	}
+	takeFlags()
+	var leaf *cli.Command
+	for i < len(args) {
+		var c *cli.Command
+		for _, cand := range cmds {
+			if cand.HasName(args[i]) {
+				c = cand
+			}
+		}
+		if c == nil {
+			break
+		}
+		out = append(out, args[i])
+		i++
+		leaf, cmds, flags = c, c.Subcommands, c.Flags
+		if len(c.Subcommands) == 0 {
+			break
+		}
+		takeFlags()
+	}
+	if leaf == nil || leaf.SkipFlagParsing || len(leaf.Subcommands) > 0 {
+		return append(args, tail...)
+	}
+	var fl, pos []string
+	for ; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			pos = append(pos, args[i:]...)
+			break
+		}
+		if isFlag(a) {
+			fl = append(fl, a)
+			if takesValue(flags, a) && i+1 < len(args) {
+				fl = append(fl, args[i+1])
+				i++
+			}
+			continue
+		}
+		pos = append(pos, a)
+	}
+	out = append(append(out, fl...), pos...)
+	return append(out, tail...)
+}
+
+func isFlag(a string) bool { return len(a) > 1 && a[0] == '-' && a != "--" }
+
+// takesValue reports whether flag a (without "=value") expects a value.
+func takesValue(flags []cli.Flag, a string) bool {
+	if strings.Contains(a, "=") {
+		return false
+	}
+	name := strings.TrimLeft(a, "-")
+	for _, f := range flags {
+		for _, n := range f.Names() {
+			if n == name {
+				_, isBool := f.(*cli.BoolFlag)
+				return !isBool
+			}
+		}
+	}
+	return false
 }

@@ -1,10 +1,15 @@
-// Package noderoute connects this Node to its peers: for every other Node
-// with a podCIDR it installs the OVS flows that send traffic for that
-// podCIDR through the tunnel to the peer's InternalIP, a host route for the
-// podCIDR via the gateway interface, and the peer's IP in the SNAT
-// exemption set; all three are removed when the Node goes away. With the
-// userspace datapath it also keeps OVS's tunnel neighbor cache filled for
-// every peer (see tunnel.Neighbors), so no first packet is dropped.
+// Package noderoute connects this Node to its peers. For every other Node
+// with a podCIDR it decides, from the traffic mode and whether the peer
+// shares this Node's transport subnet, how its podCIDR is reached (Route):
+// through the tunnel (OVS flows setting tun_dst to the peer's InternalIP,
+// and a host route for the podCIDR via the gateway interface), by a host
+// route via the peer's Node IP (flows sending the podCIDR out of the
+// gateway), or by the underlay's routing (flows only). It also keeps the
+// peer's IP in the SNAT exemption set. All of it is removed when the Node
+// goes away, and re-decided when the Node or this Node's transport
+// addresses change. With the userspace datapath it also keeps OVS's tunnel
+// neighbor cache filled for every tunnelled peer (see tunnel.Neighbors), so
+// no first packet is dropped.
 package noderoute
 
 import (
@@ -31,6 +36,7 @@ import (
 
 	of "github.com/seine-net/seine/datapath/openflow"
 	"github.com/seine-net/seine/datapath/pipeline"
+	"github.com/seine-net/seine/node/config"
 )
 
 // FlowSetter installs the flows of one owner (see datapath/flowsync).
@@ -74,16 +80,34 @@ const neighborWorkers = 4
 // neighborTimeout bounds one resolution (ARP included).
 const neighborTimeout = 10 * time.Second
 
+// RouteProtocol marks the host routes to peer podCIDRs (rtnetlink
+// rtm_protocol; values above 4 are free for routing daemons, rtnetlink(7)),
+// so that stale ones are found on any device after a mode change.
+const RouteProtocol netlink.RouteProtocol = 0x5f
+
+// addressRecheck is how often the transport's addresses are re-read in
+// case an address notification was lost.
+const addressRecheck = 30 * time.Second
+
 // Config wires the controller to this Node's datapath.
 type Config struct {
 	NodeName string
-	// Gateway is the name of the gateway interface; host routes to peer
-	// podCIDRs point at it.
+	// Mode is the traffic mode; empty means encap.
+	Mode config.TrafficEncapMode
+	// Transport is the interface holding this Node's transport address;
+	// with noEncap and hybrid, a peer whose Node IP is inside one of its
+	// networks is routed directly.
+	Transport string
+	// Gateway is the name of the gateway interface; host routes to
+	// tunnelled peers' podCIDRs point at it.
 	Gateway string
 	Bridge  pipeline.Bridge
 	Flows   FlowSetter
-	SNAT    NodeIPSet
-	// Neighbors, when set (userspace datapath), is told about every peer.
+	// SNAT is the masquerade exemption set; nil when seine masquerades
+	// nothing (networkPolicyOnly).
+	SNAT NodeIPSet
+	// Neighbors, when set (userspace datapath), is told about every
+	// tunnelled peer.
 	Neighbors NeighborCache
 	// Tunnel, when set, is told about every peer before its flows and
 	// after their removal.
@@ -93,6 +117,7 @@ type Config struct {
 type peer struct {
 	podCIDR *net.IPNet
 	nodeIP  net.IP
+	route   Route
 }
 
 // Controller reconciles peer Nodes.
@@ -107,6 +132,10 @@ type Controller struct {
 
 	mu    sync.Mutex
 	peers map[string]peer // installed state by Node name
+	// nets are the transport's networks the routes were decided with.
+	nets []*net.IPNet
+	// pending are the Nodes of the initial list not yet synced.
+	pending map[string]bool
 }
 
 // New returns a controller fed by the Node informer.
@@ -121,6 +150,9 @@ func New(informer coreinformers.NodeInformer, cfg Config, log *zap.Logger) (*Con
 		neighQueue: workqueue.NewTypedWithConfig(workqueue.TypedQueueConfig[string]{Name: "noderoute-neighbors"}),
 		log:        log,
 		peers:      map[string]peer{},
+	}
+	if c.cfg.Mode == "" {
+		c.cfg.Mode = config.ModeEncap
 	}
 	_, err := informer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    c.enqueue,
@@ -142,12 +174,18 @@ func (c *Controller) enqueue(obj any) {
 	c.queue.Add(key)
 }
 
-// Run processes Node changes until ctx ends. After the informer has synced
-// it removes host routes through the gateway that belong to no Node (left
-// by an earlier run).
+// Run processes Node changes until ctx ends. Once every Node known at
+// start has been synced it removes the host routes to podCIDRs that belong
+// to no peer, or that the peer no longer needs (left by an earlier run, in
+// another mode perhaps).
 func (c *Controller) Run(ctx context.Context) error {
 	defer c.queue.ShutDown()
 	defer c.neighQueue.ShutDown()
+	if c.cfg.Mode.RoutesDirectly() {
+		if err := c.watchTransport(ctx); err != nil {
+			return err
+		}
+	}
 	if !cache.WaitForCacheSync(ctx.Done(), c.synced) {
 		return fmt.Errorf("waiting for the Node informer: %w", ctx.Err())
 	}
@@ -155,6 +193,12 @@ func (c *Controller) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	c.mu.Lock()
+	c.pending = map[string]bool{}
+	for _, n := range nodes {
+		c.pending[n.Name] = true
+	}
+	c.mu.Unlock()
 	for _, n := range nodes {
 		c.queue.Add(n.Name)
 	}
@@ -165,11 +209,9 @@ func (c *Controller) Run(ctx context.Context) error {
 		}
 		go wait.UntilWithContext(ctx, c.refreshNeighbors, neighborRefresh)
 	}
-	// Give the initial sync a moment to install every known peer, then drop
-	// stale routes.
 	go func() {
-		if err := wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(context.Context) (bool, error) {
-			return c.queue.Len() == 0, nil
+		if err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(context.Context) (bool, error) {
+			return c.InitialSyncDone(), nil
 		}); err == nil {
 			if err := c.removeStaleRoutes(); err != nil {
 				c.log.Warn("removing stale routes", zap.Error(err))
@@ -181,6 +223,77 @@ func (c *Controller) Run(ctx context.Context) error {
 	}()
 	<-ctx.Done()
 	return nil
+}
+
+// InitialSyncDone reports whether every Node listed at start has been
+// synced successfully once.
+func (c *Controller) InitialSyncDone() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.pending != nil && len(c.pending) == 0
+}
+
+// watchTransport reads the transport's networks, then follows its address
+// changes (and re-reads them every addressRecheck), re-deciding every
+// peer's route when they change.
+func (c *Controller) watchTransport(ctx context.Context) error {
+	nets, err := TransportNets(c.cfg.Transport)
+	if err != nil {
+		return fmt.Errorf("addresses of transport interface %s: %w", c.cfg.Transport, err)
+	}
+	c.mu.Lock()
+	c.nets = nets
+	c.mu.Unlock()
+	c.log.Info("transport subnets", zap.String("interface", c.cfg.Transport), zap.Stringers("subnets", nets))
+	updates := make(chan netlink.AddrUpdate, 64)
+	if err := netlink.AddrSubscribeWithOptions(updates, ctx.Done(), netlink.AddrSubscribeOptions{
+		ErrorCallback: func(err error) { c.log.Warn("address notifications", zap.Error(err)) },
+	}); err != nil {
+		return fmt.Errorf("subscribing to address changes: %w", err)
+	}
+	go func() {
+		tick := time.NewTicker(addressRecheck)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case _, ok := <-updates:
+				if !ok {
+					updates = nil // recheck on the ticker only
+					continue
+				}
+			case <-tick.C:
+			}
+			c.recheckTransport()
+		}
+	}()
+	return nil
+}
+
+// recheckTransport re-reads the transport's networks and, when they
+// changed, queues every Node.
+func (c *Controller) recheckTransport() {
+	nets, err := TransportNets(c.cfg.Transport)
+	if err != nil {
+		c.log.Warn("reading transport addresses", zap.String("interface", c.cfg.Transport), zap.Error(err))
+		return
+	}
+	c.mu.Lock()
+	changed := !sameNets(nets, c.nets)
+	c.nets = nets
+	c.mu.Unlock()
+	if !changed {
+		return
+	}
+	c.log.Info("transport subnets changed: re-deciding peer routes", zap.Stringers("subnets", nets))
+	nodes, err := c.lister.List(labels.Everything())
+	if err != nil {
+		return
+	}
+	for _, n := range nodes {
+		c.queue.Add(n.Name)
+	}
 }
 
 func (c *Controller) worker(ctx context.Context) {
@@ -200,6 +313,9 @@ func (c *Controller) processNext(ctx context.Context) bool {
 		return true
 	}
 	c.queue.Forget(name)
+	c.mu.Lock()
+	delete(c.pending, name)
+	c.mu.Unlock()
 	return true
 }
 
@@ -213,8 +329,7 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 	}
 	nodeIP := InternalIP(node)
 	if name == c.cfg.NodeName {
-		c.cfg.SNAT.SetNodeIP(name, nodeIP)
-		return c.cfg.SNAT.Sync(ctx)
+		return c.syncSNAT(ctx, name, nodeIP)
 	}
 	_, podCIDR, err := net.ParseCIDR(node.Spec.PodCIDR)
 	if err != nil || nodeIP == nil || podCIDR.IP.To4() == nil {
@@ -222,50 +337,72 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 		// anything installed for an older version of it.
 		return c.removePeer(ctx, name)
 	}
-	gw := FirstIP(podCIDR)
 	c.mu.Lock()
+	route := RouteFor(c.cfg.Mode, c.nets, nodeIP)
 	old, had := c.peers[name]
 	c.mu.Unlock()
-	if c.cfg.Tunnel != nil {
+	gw := FirstIP(podCIDR)
+	if c.cfg.Tunnel != nil && route == RouteTunnel {
+		// The tunnel knows the peer before any flow sends to it.
 		if err := c.cfg.Tunnel.AddPeer(nodeIP); err != nil {
 			return err
 		}
 	}
-	flows := pipeline.PeerNodeFlows(c.cfg.Bridge, pipeline.PeerNode{
-		ID: peerID(name), PodCIDR: podCIDR, NodeIP: nodeIP, GatewayIP: gw,
-	})
+	pn := pipeline.PeerNode{ID: peerID(name), PodCIDR: podCIDR, NodeIP: nodeIP, GatewayIP: gw}
+	var flows []of.Flow
+	switch route {
+	case RouteTunnel:
+		flows = pipeline.PeerNodeFlows(c.cfg.Bridge, pn)
+	case RouteDirect, RouteUnderlay:
+		flows = pipeline.RoutedPeerNodeFlows(c.cfg.Bridge, pn)
+	}
 	if err := c.cfg.Flows.Set(ctx, owner(name), flows); err != nil {
 		return err
 	}
-	if had && c.cfg.Tunnel != nil && !old.nodeIP.Equal(nodeIP) {
+	if had && c.cfg.Tunnel != nil && old.route == RouteTunnel && (route != RouteTunnel || !old.nodeIP.Equal(nodeIP)) {
 		if err := c.cfg.Tunnel.RemovePeer(old.nodeIP); err != nil {
 			return err
 		}
 	}
-	if had && old.podCIDR.String() != podCIDR.String() {
+	if had && (old.podCIDR.String() != podCIDR.String() || old.route != route) {
 		if err := c.deleteRoute(old.podCIDR); err != nil {
 			return err
 		}
 	}
-	if err := c.ensureRoute(podCIDR, gw); err != nil {
+	switch route {
+	case RouteTunnel:
+		err = c.ensureTunnelRoute(podCIDR, gw)
+	case RouteDirect:
+		err = c.ensureDirectRoute(podCIDR, nodeIP)
+	}
+	if err != nil {
 		return err
 	}
 	c.mu.Lock()
-	c.peers[name] = peer{podCIDR: podCIDR, nodeIP: nodeIP}
+	c.peers[name] = peer{podCIDR: podCIDR, nodeIP: nodeIP, route: route}
 	c.mu.Unlock()
-	if c.cfg.Neighbors != nil && (!had || !old.nodeIP.Equal(nodeIP)) {
+	if c.cfg.Neighbors != nil && route == RouteTunnel && (!had || !old.nodeIP.Equal(nodeIP) || old.route != route) {
 		// Queued now: a retry of this sync finds the peer already known.
 		c.neighQueue.Add(name)
 	}
-	c.cfg.SNAT.SetNodeIP(name, nodeIP)
-	if err := c.cfg.SNAT.Sync(ctx); err != nil {
+	if err := c.syncSNAT(ctx, name, nodeIP); err != nil {
 		return err
 	}
-	if !had {
-		c.log.Info("peer Node connected", zap.String("node", name),
+	if !had || old.route != route {
+		c.log.Info("peer Node connected", zap.String("node", name), zap.String("route", route.String()),
 			zap.String("pod_cidr", podCIDR.String()), zap.String("node_ip", nodeIP.String()))
 	}
 	return nil
+}
+
+// syncSNAT records a Node's IP (nil: forgets it) in the SNAT exemption
+// set, if seine masquerades at all.
+func (c *Controller) syncSNAT(ctx context.Context, name string, ip net.IP) error {
+	if c.cfg.SNAT == nil {
+		return nil
+	}
+	c.cfg.SNAT.SetNodeIP(name, ip)
+	return c.cfg.SNAT.Sync(ctx)
 }
 
 // refreshNeighbors queues every peer for tunnel neighbor resolution.
@@ -289,7 +426,7 @@ func (c *Controller) neighborWorker(ctx context.Context) {
 		c.mu.Lock()
 		p, ok := c.peers[name]
 		c.mu.Unlock()
-		if ok {
+		if ok && p.route == RouteTunnel {
 			// Bounded: a hung ovs-vswitchd must not hold a worker forever.
 			ectx, cancel := context.WithTimeout(ctx, neighborTimeout)
 			err := c.cfg.Neighbors.Ensure(ectx, p.nodeIP)
@@ -314,7 +451,7 @@ func (c *Controller) removePeer(ctx context.Context, name string) error {
 		if err := c.deleteRoute(old.podCIDR); err != nil {
 			return err
 		}
-		if c.cfg.Tunnel != nil {
+		if c.cfg.Tunnel != nil && old.route == RouteTunnel {
 			if err := c.cfg.Tunnel.RemovePeer(old.nodeIP); err != nil {
 				return err
 			}
@@ -324,63 +461,100 @@ func (c *Controller) removePeer(ctx context.Context, name string) error {
 	c.mu.Lock()
 	delete(c.peers, name)
 	c.mu.Unlock()
-	c.cfg.SNAT.SetNodeIP(name, nil)
-	return c.cfg.SNAT.Sync(ctx)
+	return c.syncSNAT(ctx, name, nil)
 }
 
-// ensureRoute installs "podCIDR via gw dev <gateway> onlink": the gateway
-// IP is answered by the bridge's ARP responder with the virtual MAC, and the
-// bridge's L3 forwarding sends the packet through the tunnel.
-func (c *Controller) ensureRoute(podCIDR *net.IPNet, gw net.IP) error {
+// ensureTunnelRoute installs "podCIDR via gw dev <gateway> onlink": the
+// gateway IP is answered by the bridge's ARP responder with the virtual
+// MAC, and the bridge's L3 forwarding sends the packet through the tunnel.
+func (c *Controller) ensureTunnelRoute(podCIDR *net.IPNet, gw net.IP) error {
 	link, err := netlink.LinkByName(c.cfg.Gateway)
 	if err != nil {
 		return fmt.Errorf("gateway interface %s: %w", c.cfg.Gateway, err)
 	}
-	r := &netlink.Route{LinkIndex: link.Attrs().Index, Dst: podCIDR, Gw: gw, Flags: int(netlink.FLAG_ONLINK)}
+	r := &netlink.Route{LinkIndex: link.Attrs().Index, Dst: podCIDR, Gw: gw, Flags: int(netlink.FLAG_ONLINK),
+		Protocol: RouteProtocol}
 	if err := netlink.RouteReplace(r); err != nil {
 		return fmt.Errorf("route %s via %s: %w", podCIDR, gw, err)
 	}
 	return nil
 }
 
-func (c *Controller) deleteRoute(podCIDR *net.IPNet) error {
-	link, err := netlink.LinkByName(c.cfg.Gateway)
-	if err != nil {
-		return fmt.Errorf("gateway interface %s: %w", c.cfg.Gateway, err)
-	}
-	err = netlink.RouteDel(&netlink.Route{LinkIndex: link.Attrs().Index, Dst: podCIDR})
-	if err != nil && !errors.Is(err, syscall.ESRCH) {
-		return fmt.Errorf("deleting route %s: %w", podCIDR, err)
+// ensureDirectRoute installs "podCIDR via <peer Node IP>": the kernel finds
+// the transport interface, the peer being in its subnet.
+func (c *Controller) ensureDirectRoute(podCIDR *net.IPNet, nodeIP net.IP) error {
+	r := &netlink.Route{Dst: podCIDR, Gw: nodeIP, Protocol: RouteProtocol}
+	if err := netlink.RouteReplace(r); err != nil {
+		return fmt.Errorf("route %s via %s: %w", podCIDR, nodeIP, err)
 	}
 	return nil
 }
 
-// removeStaleRoutes deletes gateway routes (with a next hop) to networks
-// that are no peer's podCIDR, leaving the Service proxy's routes (next hop
-// pipeline.NodePortVIP) alone.
-func (c *Controller) removeStaleRoutes() error {
+// deleteRoute removes this controller's route to podCIDR, whichever
+// device it uses.
+func (c *Controller) deleteRoute(podCIDR *net.IPNet) error {
+	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Dst: podCIDR, Table: syscall.RT_TABLE_MAIN},
+		netlink.RT_FILTER_DST|netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return fmt.Errorf("listing routes to %s: %w", podCIDR, err)
+	}
+	for _, r := range routes {
+		if !c.ours(r) {
+			continue
+		}
+		if err := netlink.RouteDel(&r); err != nil && !errors.Is(err, syscall.ESRCH) {
+			return fmt.Errorf("deleting route %s: %w", podCIDR, err)
+		}
+	}
+	return nil
+}
+
+// ours reports whether r is a peer route of this controller: marked with
+// RouteProtocol, or (left by a release that did not mark them) a route
+// with a next hop through the gateway other than the Service proxy's.
+func (c *Controller) ours(r netlink.Route) bool {
+	if r.Dst == nil {
+		return false
+	}
+	if r.Protocol == RouteProtocol {
+		return true
+	}
 	link, err := netlink.LinkByName(c.cfg.Gateway)
+	return err == nil && r.LinkIndex == link.Attrs().Index && r.Gw != nil && !r.Gw.Equal(pipeline.NodePortVIP)
+}
+
+// removeStaleRoutes deletes this controller's routes (see ours) that no
+// installed peer wants as they are: to no peer's podCIDR, or to a peer
+// whose route is now another kind.
+func (c *Controller) removeStaleRoutes() error {
+	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: syscall.RT_TABLE_MAIN},
+		netlink.RT_FILTER_TABLE)
 	if err != nil {
 		return err
 	}
-	routes, err := netlink.RouteList(link, netlink.FAMILY_V4)
+	gw, err := netlink.LinkByName(c.cfg.Gateway)
 	if err != nil {
 		return err
 	}
 	c.mu.Lock()
-	want := map[string]bool{}
+	want := map[string]peer{}
 	for _, p := range c.peers {
-		want[p.podCIDR.String()] = true
+		want[p.podCIDR.String()] = p
 	}
 	c.mu.Unlock()
 	for _, r := range routes {
-		if r.Dst == nil || r.Gw == nil || want[r.Dst.String()] || r.Gw.Equal(pipeline.NodePortVIP) {
+		if !c.ours(r) {
+			continue
+		}
+		p, ok := want[r.Dst.String()]
+		if ok && (p.route == RouteTunnel && r.LinkIndex == gw.Attrs().Index ||
+			p.route == RouteDirect && r.Gw.Equal(p.nodeIP)) {
 			continue
 		}
 		if err := netlink.RouteDel(&r); err != nil && !errors.Is(err, syscall.ESRCH) {
 			return err
 		}
-		c.log.Info("removed stale route", zap.String("dst", r.Dst.String()))
+		c.log.Info("removed stale route", zap.String("dst", r.Dst.String()), zap.Stringer("via", r.Gw))
 	}
 	return nil
 }
@@ -398,7 +572,9 @@ func (c *Controller) removeStaleTunnelPeers() error {
 	c.mu.Lock()
 	want := map[string]bool{}
 	for _, p := range c.peers {
-		want[p.nodeIP.String()] = true
+		if p.route == RouteTunnel {
+			want[p.nodeIP.String()] = true
+		}
 	}
 	c.mu.Unlock()
 	for _, ip := range ips {
@@ -420,6 +596,17 @@ func (c *Controller) Peers() map[string]string {
 	out := make(map[string]string, len(c.peers))
 	for n, p := range c.peers {
 		out[n] = p.podCIDR.String()
+	}
+	return out
+}
+
+// PeerRoutes counts the installed peers by route.
+func (c *Controller) PeerRoutes() map[Route]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := map[Route]int{}
+	for _, p := range c.peers {
+		out[p.route]++
 	}
 	return out
 }

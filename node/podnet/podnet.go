@@ -16,6 +16,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"strings"
 	"sync"
@@ -24,6 +25,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ip"
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
 	"go.uber.org/zap"
 
@@ -53,6 +55,8 @@ const (
 // Ports is the OVSDB part the backend needs.
 type Ports interface {
 	EnsurePort(ctx context.Context, bridge string, spec ovsdb.PortSpec) (ovsdb.Port, error)
+	SetPortExternalIDs(ctx context.Context, name string, ids map[string]string) error
+	GetPort(ctx context.Context, name string) (*ovsdb.Port, error)
 	DeletePort(ctx context.Context, bridge, name string) error
 	ListPorts(ctx context.Context, bridge string) ([]ovsdb.Port, error)
 }
@@ -93,21 +97,34 @@ type Config struct {
 	// Policy, when set, is told about Pods, and an ADD returns only once
 	// the Pod's NetworkPolicies are enforced.
 	Policy PolicyHook
+	// Chained (trafficEncapMode networkPolicyOnly): a primary CNI plugin
+	// runs before seine and owns the Pod's address and interface; ADD
+	// attaches that interface (see chained.go) and there is no IPAM.
+	Chained bool
+	// Gateway is the gateway interface, where chained Pods' host routes
+	// move.
+	Gateway string
+	// NodeIP is the source address of those routes.
+	NodeIP net.IP
+	// Metrics, when set, receives seine_cni_add_step_duration_seconds
+	// (see Steps).
+	Metrics prometheus.Registerer
 }
 
 // Backend implements the CNI commands on this Node.
 type Backend struct {
-	cfg   Config
-	ipam  *ipam.Allocator
-	ports Ports
-	flows Flows
-	log   *zap.Logger
+	cfg     Config
+	ipam    *ipam.Allocator
+	ports   Ports
+	flows   Flows
+	log     *zap.Logger
+	steps   *prometheus.HistogramVec
+	ofports *ofportPool
 
 	mu    sync.Mutex
 	ready bool
 
-	// podMu guards pods and serializes the flow updates SetIsolation
-	// makes with the removal of the records they read.
+	// podMu guards pods; it is never held across a call to OVS.
 	podMu sync.Mutex
 	pods  map[string]podRecord // "namespace/name" → attachment
 }
@@ -133,9 +150,10 @@ func isolationValue(p pipeline.Pod) string {
 }
 
 // New returns the backend. It is not ready (STATUS fails, ADD refuses)
-// until MarkReady.
+// until MarkReady. alloc is nil with cfg.Chained.
 func New(cfg Config, alloc *ipam.Allocator, ports Ports, flows Flows, log *zap.Logger) *Backend {
-	return &Backend{cfg: cfg, ipam: alloc, ports: ports, flows: flows, log: log, pods: map[string]podRecord{}}
+	return &Backend{cfg: cfg, ipam: alloc, ports: ports, flows: flows, log: log, pods: map[string]podRecord{},
+		steps: newStepHistogram(cfg.Metrics), ofports: newOFPortPool()}
 }
 
 // remember records an attached Pod (one record per namespace/name: a newer
@@ -171,12 +189,17 @@ func (b *Backend) forget(owner string) []string {
 // change (pipeline.PodFlows), and flowsync sends only those. A Pod this
 // backend has no attachment of is ignored (it was detached meanwhile, or
 // its name was not known). It fails only when the switch rejects the
-// flows, naming the Pod.
+// flows, naming the Pod. Calls for different Pods may run concurrently
+// (and share bundles); calls for one Pod must not overlap.
+//
+// No lock is held while the flows travel: if a DEL (or a new attachment)
+// takes the record away meanwhile, the flows just installed for the old
+// attachment are removed again, so nothing outlives a DEL.
 func (b *Backend) SetIsolation(ctx context.Context, namespace, name string, ingress, egress bool) error {
 	key := namespace + "/" + name
 	b.podMu.Lock()
-	defer b.podMu.Unlock()
 	r, ok := b.pods[key]
+	b.podMu.Unlock()
 	if !ok {
 		b.log.Debug("isolation for a Pod not attached here ignored", zap.String("pod", key))
 		return nil
@@ -189,10 +212,22 @@ func (b *Backend) SetIsolation(ctx context.Context, namespace, name string, ingr
 	if err := b.flows.Set(ctx, r.owner, pipeline.PodFlows(b.cfg.Bridge, p)); err != nil {
 		return fmt.Errorf("isolation of pod %s: %w", key, err)
 	}
-	b.pods[key] = podRecord{owner: r.owner, port: r.port, pod: p}
+	b.podMu.Lock()
+	cur, still := b.pods[key]
+	if still && cur.owner == r.owner {
+		b.pods[key] = podRecord{owner: r.owner, port: r.port, pod: p}
+	}
+	b.podMu.Unlock()
+	if !still || cur.owner != r.owner {
+		// Detached while the flows travelled: its DEL may have removed
+		// its flows before this call put them back.
+		if err := b.flows.Set(context.WithoutCancel(ctx), r.owner, nil); err != nil {
+			return fmt.Errorf("removing the flows of pod %s, detached meanwhile: %w", key, err)
+		}
+		return nil
+	}
 	if r.port != "" {
-		if _, err := b.ports.EnsurePort(ctx, b.cfg.BridgeName, ovsdb.PortSpec{Name: r.port,
-			ExternalIDs: map[string]string{ExtIDIsolation: isolationValue(p)}}); err != nil {
+		if err := b.ports.SetPortExternalIDs(ctx, r.port, map[string]string{ExtIDIsolation: isolationValue(p)}); err != nil {
 			b.log.Warn("recording isolation in OVSDB", zap.String("pod", key), zap.Error(err))
 		}
 	}
@@ -239,22 +274,27 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 	if req.IfName == "" || len(req.IfName) > 15 {
 		return nil, cniserver.Errorf(types.ErrInvalidEnvironmentVariables, "CNI_IFNAME %q is not a valid interface name", req.IfName)
 	}
+	if b.cfg.Chained {
+		return b.addChained(ctx, req)
+	}
 	podNS, err := ns.GetNS(req.Netns)
 	if err != nil {
 		return nil, cniserver.Errorf(types.ErrInvalidEnvironmentVariables, "CNI_NETNS %q: %w", req.Netns, err)
 	}
 	defer podNS.Close()
 
-	var undo []func()
+	st := newStepTimes()
+	var undo rollback
 	defer func() {
 		if retErr != nil {
-			for i := len(undo) - 1; i >= 0; i-- {
-				undo[i]()
-			}
+			undo.run()
 		}
 	}()
 
-	podIP, err := b.ipam.Allocate(ipam.Owner{ContainerID: req.ContainerID, IfName: req.IfName,
+	// The address is held at once; its write to disk runs while the
+	// interface and the port are set up, and the ADD waits for it before
+	// anything learns the address.
+	podIP, durable, err := b.ipam.Reserve(ipam.Owner{ContainerID: req.ContainerID, IfName: req.IfName,
 		Namespace: req.PodNamespace, Pod: req.PodName})
 	if err != nil {
 		if errors.Is(err, ipam.ErrExhausted) {
@@ -262,11 +302,12 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 		}
 		return nil, cniserver.Errorf(cniserver.ErrCodeInternal, "allocating an IP: %w", err)
 	}
-	undo = append(undo, func() {
+	undo.add(func() {
 		if err := b.ipam.Release(req.ContainerID, req.IfName); err != nil {
 			b.log.Error("rollback: releasing IP", zap.String("container_id", req.ContainerID), zap.Error(err))
 		}
 	})
+	st.done(StepIPAM)
 
 	br := b.cfg.Bridge
 	ones, _ := br.PodCIDR.Mask.Size()
@@ -306,7 +347,7 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 		return nil
 	})
 	if hostIf.Name != "" || err != nil {
-		undo = append(undo, func() {
+		undo.add(func() {
 			if err := deleteLink(hostName); err != nil {
 				b.log.Error("rollback: deleting veth", zap.String("veth", hostName), zap.Error(err))
 			}
@@ -321,49 +362,14 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 		}
 	}
 
-	podMAC := podIf.HardwareAddr
-	port, err := b.ports.EnsurePort(ctx, b.cfg.BridgeName, ovsdb.PortSpec{
-		Name: hostName,
-		ExternalIDs: map[string]string{
-			ExtIDContainerID:  req.ContainerID,
-			ExtIDIfName:       req.IfName,
-			ExtIDPodName:      req.PodName,
-			ExtIDPodNamespace: req.PodNamespace,
-			ExtIDIP:           podIP.String(),
-			ExtIDMAC:          podMAC.String(),
-		},
-	})
-	undo = append(undo, func() {
-		dctx := context.WithoutCancel(ctx)
-		if err := b.ports.DeletePort(dctx, b.cfg.BridgeName, hostName); err != nil {
-			b.log.Error("rollback: deleting OVS port", zap.String("port", hostName), zap.Error(err))
-		}
-	})
-	if err != nil {
-		return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "attaching %s to %s: %w", hostName, b.cfg.BridgeName, err)
-	}
+	st.done(StepVeth)
 
-	// A new attachment starts isolated for neither direction; the policy
-	// agent isolates it (SetIsolation) before WaitRealized returns.
-	pod := pipeline.Pod{OFPort: uint32(port.OFPort), IP: podIP, MAC: podMAC}
-	flows := pipeline.PodFlows(br, pod)
-	undo = append(undo, func() {
-		if err := b.flows.Set(context.WithoutCancel(ctx), owner(req.ContainerID, req.IfName), nil); err != nil {
-			b.log.Error("rollback: removing flows", zap.String("container_id", req.ContainerID), zap.Error(err))
-		}
-	})
-	if err := b.flows.Set(ctx, owner(req.ContainerID, req.IfName), flows); err != nil {
-		return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "installing Pod flows: %w", err)
+	podMAC := podIf.HardwareAddr
+	port, err := b.attach(ctx, req, hostName, podIP, podMAC, nil, &undo, st, durable)
+	if err != nil {
+		return nil, err
 	}
-	b.remember(req.PodNamespace, req.PodName, owner(req.ContainerID, req.IfName), hostName, pod)
-	undo = append(undo, func() { b.forget(owner(req.ContainerID, req.IfName)) })
-	if p := b.cfg.Policy; p != nil && req.PodName != "" {
-		p.PodAttached(req.PodNamespace, req.PodName, uint32(port.OFPort), podIP, false)
-		undo = append(undo, func() { p.PodDetached(req.PodNamespace, req.PodName) })
-		if err := p.WaitRealized(ctx, req.PodNamespace, req.PodName, req.PodUID); err != nil {
-			return nil, cniserver.Errorf(types.ErrTryAgainLater, "NetworkPolicies of %s/%s are not in place yet: %w", req.PodNamespace, req.PodName, err)
-		}
-	}
+	st.observe(b.steps)
 
 	b.log.Info("Pod attached", zap.String("pod", req.PodNamespace+"/"+req.PodName),
 		zap.String("container_id", req.ContainerID), zap.String("ip", podIP.String()),
@@ -381,9 +387,105 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 	}, nil
 }
 
+// rollback collects the undo steps of an ADD, run in reverse order when it
+// fails.
+type rollback []func()
+
+func (r *rollback) add(f func()) { *r = append(*r, f) }
+
+func (r rollback) run() {
+	for i := len(r) - 1; i >= 0; i-- {
+		r[i]()
+	}
+}
+
+// attach makes hostName a port of the bridge, its external_ids naming the
+// Pod (plus extra), installs the Pod's flows, waits for durable (the IP
+// allocation on disk; nil when there is none), and hands the Pod to the
+// policy hook, waiting until its NetworkPolicies are enforced. Each step
+// adds its undo to undo, and its duration to st.
+//
+// The port gets an OpenFlow number chosen here (ofport_request), so its
+// flows are installed while ovs-vswitchd adds the port; a port that ends
+// up with another number gets its flows again.
+func (b *Backend) attach(ctx context.Context, req *cniserver.Request, hostName string, podIP net.IP, podMAC net.HardwareAddr,
+	extra map[string]string, undo *rollback, st *stepTimes, durable func() error) (ovsdb.Port, error) {
+	var port ovsdb.Port
+	ofport, err := b.ofports.get()
+	if err != nil {
+		return port, cniserver.Errorf(cniserver.ErrCodeDatapath, "attaching %s: %w", hostName, err)
+	}
+	undo.add(func() { b.ofports.release(ofport) })
+	// A new attachment starts isolated for neither direction; the policy
+	// agent isolates it (SetIsolation) before WaitRealized returns.
+	pod := pipeline.Pod{OFPort: ofport, IP: podIP, MAC: podMAC}
+	key := owner(req.ContainerID, req.IfName)
+	flowsDone := make(chan error, 1)
+	go func() { flowsDone <- b.flows.Set(ctx, key, pipeline.PodFlows(b.cfg.Bridge, pod)) }()
+	undo.add(func() {
+		if err := b.flows.Set(context.WithoutCancel(ctx), key, nil); err != nil {
+			b.log.Error("rollback: removing flows", zap.String("container_id", req.ContainerID), zap.Error(err))
+		}
+	})
+	ids := map[string]string{
+		ExtIDContainerID:  req.ContainerID,
+		ExtIDIfName:       req.IfName,
+		ExtIDPodName:      req.PodName,
+		ExtIDPodNamespace: req.PodNamespace,
+		ExtIDIP:           podIP.String(),
+		ExtIDMAC:          podMAC.String(),
+	}
+	maps.Copy(ids, extra)
+	port, err = b.ports.EnsurePort(ovsdb.WithPortTrace(ctx, &st.port), b.cfg.BridgeName,
+		ovsdb.PortSpec{Name: hostName, OFPortRequest: int32(ofport), ExternalIDs: ids})
+	flowsErr := <-flowsDone // the undo above must not race the first Set
+	undo.add(func() {
+		if err := b.ports.DeletePort(context.WithoutCancel(ctx), b.cfg.BridgeName, hostName); err != nil {
+			b.log.Error("rollback: deleting OVS port", zap.String("port", hostName), zap.Error(err))
+		}
+	})
+	if err != nil {
+		return port, cniserver.Errorf(cniserver.ErrCodeDatapath, "attaching %s to %s: %w", hostName, b.cfg.BridgeName, err)
+	}
+	st.portDone()
+	if flowsErr != nil {
+		return port, cniserver.Errorf(cniserver.ErrCodeDatapath, "installing Pod flows: %w", flowsErr)
+	}
+	if got := uint32(port.OFPort); got != ofport {
+		b.log.Warn("Pod port got another OpenFlow number than requested; installing its flows again",
+			zap.String("port", hostName), zap.Uint32("requested", ofport), zap.Uint32("ofport", got))
+		b.ofports.mark(got)
+		pod.OFPort = got
+		if err := b.flows.Set(ctx, key, pipeline.PodFlows(b.cfg.Bridge, pod)); err != nil {
+			return port, cniserver.Errorf(cniserver.ErrCodeDatapath, "installing Pod flows: %w", err)
+		}
+	}
+	st.done(StepFlows)
+	if durable != nil {
+		if err := durable(); err != nil {
+			return port, cniserver.Errorf(cniserver.ErrCodeInternal, "persisting the IP allocation: %w", err)
+		}
+		st.done(StepIPAMSync)
+	}
+	b.remember(req.PodNamespace, req.PodName, key, hostName, pod)
+	undo.add(func() { b.forget(key) })
+	if p := b.cfg.Policy; p != nil && req.PodName != "" {
+		p.PodAttached(req.PodNamespace, req.PodName, uint32(port.OFPort), podIP, false)
+		undo.add(func() { p.PodDetached(req.PodNamespace, req.PodName) })
+		if err := p.WaitRealized(ctx, req.PodNamespace, req.PodName, req.PodUID); err != nil {
+			return port, cniserver.Errorf(types.ErrTryAgainLater, "NetworkPolicies of %s/%s are not in place yet: %w", req.PodNamespace, req.PodName, err)
+		}
+		st.done(StepPolicy)
+	}
+	return port, nil
+}
+
 // Del detaches a Pod (CNI spec, "DEL"): flows, OVS port, veth and IP are
 // released; whatever is already gone is skipped.
 func (b *Backend) Del(ctx context.Context, req *cniserver.Request) error {
+	if b.cfg.Chained {
+		return b.releaseChained(ctx, req.ContainerID, req.IfName)
+	}
 	return b.release(ctx, req.ContainerID, req.IfName)
 }
 
@@ -398,14 +500,23 @@ func (b *Backend) release(ctx context.Context, containerID, ifName string) error
 	if err := b.flows.Set(ctx, owner(containerID, ifName), nil); err != nil {
 		return cniserver.Errorf(cniserver.ErrCodeDatapath, "removing Pod flows: %w", err)
 	}
+	var ofport uint32
+	if p, err := b.ports.GetPort(ctx, hostName); err == nil && p != nil && p.OFPort > 0 {
+		ofport = uint32(p.OFPort)
+	}
 	if err := b.ports.DeletePort(ctx, b.cfg.BridgeName, hostName); err != nil {
 		return cniserver.Errorf(cniserver.ErrCodeDatapath, "removing OVS port %s: %w", hostName, err)
+	}
+	if ofport != 0 {
+		b.ofports.release(ofport)
 	}
 	if err := deleteLink(hostName); err != nil {
 		return cniserver.Errorf(cniserver.ErrCodeDatapath, "removing veth %s: %w", hostName, err)
 	}
-	if err := b.ipam.Release(containerID, ifName); err != nil {
-		return cniserver.Errorf(cniserver.ErrCodeInternal, "releasing IP: %w", err)
+	if b.ipam != nil {
+		if err := b.ipam.Release(containerID, ifName); err != nil {
+			return cniserver.Errorf(cniserver.ErrCodeInternal, "releasing IP: %w", err)
+		}
 	}
 	b.log.Info("Pod detached", zap.String("container_id", containerID), zap.String("port", hostName))
 	return nil
@@ -415,6 +526,9 @@ func (b *Backend) release(ctx context.Context, containerID, ifName string) error
 // Pod interface exists in the netns with the recorded address, and the host
 // end is attached to the bridge with its flows installed.
 func (b *Backend) Check(ctx context.Context, req *cniserver.Request, prev *current.Result) error {
+	if b.cfg.Chained {
+		return b.checkChained(ctx, req, prev)
+	}
 	if prev == nil {
 		return cniserver.Errorf(types.ErrInvalidNetworkConfig, "CHECK needs a prevResult")
 	}
@@ -483,9 +597,13 @@ func (b *Backend) GC(ctx context.Context, _ *cniserver.Request, valid []types.GC
 			continue
 		}
 		seen[cid+"/"+ifn] = true
+		if p.ExternalIDs[ExtIDAttachment] == AttachmentChained {
+			errs = append(errs, b.releaseChained(ctx, cid, ifn))
+			continue
+		}
 		errs = append(errs, b.release(ctx, cid, ifn))
 	}
-	for _, a := range b.ipam.List() {
+	for _, a := range b.allocations() {
 		k := a.Owner.ContainerID + "/" + a.Owner.IfName
 		if keep[k] || seen[k] {
 			continue
@@ -507,11 +625,26 @@ func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	for _, p := range ports {
+		if p.OFPort > 0 {
+			b.ofports.mark(uint32(p.OFPort))
+		}
+	}
 	attached := map[string]bool{}
 	n := 0
 	for _, p := range ports {
 		cid, ifn := p.ExternalIDs[ExtIDContainerID], p.ExternalIDs[ExtIDIfName]
 		if cid == "" {
+			continue
+		}
+		if p.ExternalIDs[ExtIDAttachment] == AttachmentChained {
+			ok, err := b.restoreChained(ctx, p)
+			if err != nil {
+				return n, err
+			}
+			if ok {
+				n++
+			}
 			continue
 		}
 		podIP := net.ParseIP(p.ExternalIDs[ExtIDIP]).To4()
@@ -525,8 +658,17 @@ func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 			}
 			continue
 		}
-		if _, ok := b.ipam.Lookup(cid, ifn); !ok {
-			b.log.Warn("Pod port without IP allocation", zap.String("port", p.Name), zap.String("ip", podIP.String()))
+		if b.ipam != nil {
+			if _, ok := b.ipam.Lookup(cid, ifn); !ok {
+				// Its ADD stopped before the allocation reached the disk:
+				// hold the address again, so it is not handed out twice.
+				owner := ipam.Owner{ContainerID: cid, IfName: ifn, Namespace: p.ExternalIDs[ExtIDPodNamespace], Pod: p.ExternalIDs[ExtIDPodName]}
+				if err := b.ipam.Claim(owner, podIP); err != nil {
+					b.log.Warn("Pod port without IP allocation", zap.String("port", p.Name), zap.String("ip", podIP.String()), zap.Error(err))
+				} else {
+					b.log.Info("IP allocation of an attached Pod recorded again", zap.String("port", p.Name), zap.String("ip", podIP.String()))
+				}
+			}
 		}
 		attached[cid+"/"+ifn] = true
 		iso := p.ExternalIDs[ExtIDIsolation]
@@ -542,7 +684,7 @@ func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 		}
 		n++
 	}
-	for _, a := range b.ipam.List() {
+	for _, a := range b.allocations() {
 		if !attached[a.Owner.ContainerID+"/"+a.Owner.IfName] {
 			b.log.Info("releasing IP of a Pod that is no longer attached", zap.String("ip", a.IP.String()),
 				zap.String("container_id", a.Owner.ContainerID))
@@ -552,6 +694,14 @@ func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// allocations lists the IPAM allocations (none without IPAM).
+func (b *Backend) allocations() []ipam.Allocation {
+	if b.ipam == nil {
+		return nil
+	}
+	return b.ipam.List()
 }
 
 func deleteLink(name string) error {

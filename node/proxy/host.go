@@ -25,7 +25,11 @@ import (
 //     reset, everything else with ICMP port unreachable;
 //   - with proxyAll, NodePort traffic to the node-port addresses is DNATed
 //     to pipeline.NodePortVIP (port unchanged) in prerouting and output,
-//     which routes it into the bridge through the gateway.
+//     which routes it into the bridge through the gateway;
+//   - with proxyAll, connections the bridge SNATed to
+//     pipeline.ServiceHostSNATIP are masqueraded when they leave the Node
+//     (postrouting), and the host routes their replies back to the
+//     gateway.
 const HostTable = "seine-proxy"
 
 // The sets of HostTable.
@@ -63,6 +67,9 @@ type hostConfig struct {
 	// nodePortAddresses are the local addresses (CIDRs) that accept
 	// NodePort traffic.
 	nodePortAddresses []*net.IPNet
+	// routeSrc, when set, is the preferred source of the routes into the
+	// gateway (a gateway without an address of its own).
+	routeSrc net.IP
 }
 
 // host keeps the proxy's nftables elements and routes, reference counted
@@ -86,8 +93,10 @@ func newHost(cfg hostConfig) (*host, error) {
 // reset (re)creates the table's chains and rules in one transaction
 // without flushing the element sets, so traffic keeps flowing across a
 // daemon restart; prune later removes what is no longer wanted. With
-// proxyAll it also installs the route and permanent neighbour entry of
-// NodePortVIP on the gateway, and the route of the ClusterIP range.
+// proxyAll it also installs the routes and permanent neighbour entries of
+// NodePortVIP and ServiceHostSNATIP on the gateway, the masquerade of
+// ServiceHostSNATIP leaving through other interfaces, and the route of
+// the ClusterIP range.
 func (h *host) reset(ctx context.Context) error {
 	tx := h.nft.NewTransaction()
 	tx.Add(&knftables.Table{Comment: knftables.PtrTo("seine: Service proxy host rules")})
@@ -112,6 +121,7 @@ func (h *host) reset(ctx context.Context) error {
 		{"input", knftables.FilterType, knftables.InputHook, knftables.FilterPriority + "-10"},
 		{"prerouting", knftables.NATType, knftables.PreroutingHook, knftables.DNATPriority},
 		{"output", knftables.NATType, knftables.OutputHook, knftables.DNATPriority},
+		{"postrouting", knftables.NATType, knftables.PostroutingHook, knftables.SNATPriority},
 	}
 	for _, c := range chains {
 		tx.Add(&knftables.Chain{Name: c.name, Type: knftables.PtrTo(c.typ), Hook: knftables.PtrTo(c.hook),
@@ -125,12 +135,15 @@ func (h *host) reset(ctx context.Context) error {
 			"ip daddr . meta l4proto . th dport", "@"+SetNoEndpoints, "reject with icmp type port-unreachable")})
 	}
 	if h.cfg.proxyAll {
-		for _, c := range chains[2:] {
+		for _, c := range chains[2:4] {
 			tx.Add(&knftables.Rule{Chain: c.name, Rule: knftables.Concat(
 				"ip daddr", "@"+SetNodePortAddresses, "fib daddr type local",
 				"meta l4proto . th dport", "@"+SetNodePorts, "dnat to", pipeline.NodePortVIP.String()),
 				Comment: knftables.PtrTo("NodePort into the bridge")})
 		}
+		tx.Add(&knftables.Rule{Chain: "postrouting", Rule: knftables.Concat(
+			"ip saddr", pipeline.ServiceHostSNATIP.String(), "oifname !=", fmt.Sprintf("%q", h.cfg.gateway), "masquerade"),
+			Comment: knftables.PtrTo("Service connections the bridge sends out through the host")})
 	}
 	if err := h.nft.Run(ctx, tx); err != nil {
 		return fmt.Errorf("programming table %s: %w", HostTable, err)
@@ -142,14 +155,16 @@ func (h *host) reset(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("gateway %s: %w", h.cfg.gateway, err)
 	}
-	vip := &net.IPNet{IP: pipeline.NodePortVIP, Mask: net.CIDRMask(32, 32)}
-	if err := netlink.RouteReplace(&netlink.Route{LinkIndex: link.Attrs().Index, Dst: vip, Scope: netlink.SCOPE_LINK,
-		Protocol: routeProtocol}); err != nil {
-		return fmt.Errorf("route to %s: %w", vip, err)
-	}
-	if err := netlink.NeighSet(&netlink.Neigh{LinkIndex: link.Attrs().Index, Family: netlink.FAMILY_V4,
-		State: netlink.NUD_PERMANENT, IP: pipeline.NodePortVIP, HardwareAddr: pipeline.VirtualMAC()}); err != nil {
-		return fmt.Errorf("neighbour %s: %w", pipeline.NodePortVIP, err)
+	for _, ip := range []net.IP{pipeline.NodePortVIP, pipeline.ServiceHostSNATIP} {
+		dst := &net.IPNet{IP: ip, Mask: net.CIDRMask(32, 32)}
+		if err := netlink.RouteReplace(&netlink.Route{LinkIndex: link.Attrs().Index, Dst: dst, Scope: netlink.SCOPE_LINK,
+			Src: h.cfg.routeSrc, Protocol: routeProtocol}); err != nil {
+			return fmt.Errorf("route to %s: %w", dst, err)
+		}
+		if err := netlink.NeighSet(&netlink.Neigh{LinkIndex: link.Attrs().Index, Family: netlink.FAMILY_V4,
+			State: netlink.NUD_PERMANENT, IP: ip, HardwareAddr: pipeline.VirtualMAC()}); err != nil {
+			return fmt.Errorf("neighbour %s: %w", ip, err)
+		}
 	}
 	if h.cfg.services != nil {
 		if err := h.replaceRoute(link, h.cfg.services); err != nil {
@@ -161,7 +176,7 @@ func (h *host) reset(ctx context.Context) error {
 
 func (h *host) replaceRoute(link netlink.Link, dst *net.IPNet) error {
 	err := netlink.RouteReplace(&netlink.Route{LinkIndex: link.Attrs().Index, Dst: dst, Gw: pipeline.NodePortVIP,
-		Flags: int(netlink.FLAG_ONLINK), Protocol: routeProtocol})
+		Flags: int(netlink.FLAG_ONLINK), Src: h.cfg.routeSrc, Protocol: routeProtocol})
 	if err != nil {
 		return fmt.Errorf("route %s via %s: %w", dst, pipeline.NodePortVIP, err)
 	}
@@ -300,7 +315,8 @@ func proxyRoutes(link netlink.Link) ([]netlink.Route, error) {
 }
 
 // Cleanup removes what a Proxier leaves behind — HostTable, its routes and
-// the NodePortVIP neighbour entry on gateway, and the bridge's groups —
+// the neighbour entries of NodePortVIP and ServiceHostSNATIP on gateway,
+// and the bridge's groups —
 // for a Node whose proxy has been turned off. Missing pieces are fine.
 func Cleanup(ctx context.Context, gateway string, sw Switch) error {
 	var errs []error
@@ -324,9 +340,11 @@ func Cleanup(ctx context.Context, gateway string, sw Switch) error {
 				errs = append(errs, fmt.Errorf("deleting route to %s: %w", r.Dst, err))
 			}
 		}
-		err = netlink.NeighDel(&netlink.Neigh{LinkIndex: link.Attrs().Index, Family: netlink.FAMILY_V4, IP: pipeline.NodePortVIP})
-		if err != nil && !errors.Is(err, syscall.ENOENT) {
-			errs = append(errs, fmt.Errorf("deleting neighbour %s: %w", pipeline.NodePortVIP, err))
+		for _, ip := range []net.IP{pipeline.NodePortVIP, pipeline.ServiceHostSNATIP} {
+			err = netlink.NeighDel(&netlink.Neigh{LinkIndex: link.Attrs().Index, Family: netlink.FAMILY_V4, IP: ip})
+			if err != nil && !errors.Is(err, syscall.ENOENT) {
+				errs = append(errs, fmt.Errorf("deleting neighbour %s: %w", ip, err))
+			}
 		}
 	}
 	ids, err := sw.GroupIDs(ctx)

@@ -14,17 +14,20 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 
+	"github.com/seine-net/seine/datapath/flowsync"
 	of "github.com/seine-net/seine/datapath/openflow"
 	"github.com/seine-net/seine/datapath/pipeline"
 )
@@ -32,6 +35,7 @@ import (
 // Flows is the part of flowsync.Syncer the proxy uses.
 type Flows interface {
 	Set(ctx context.Context, owner string, flows []of.Flow) error
+	SetMany(ctx context.Context, updates []flowsync.Update) error
 }
 
 // Switch is the part of the OpenFlow client the proxy uses.
@@ -59,6 +63,12 @@ type Config struct {
 	// NodePortAddresses are the CIDRs of the local addresses that accept
 	// NodePort traffic (ProxyAll only).
 	NodePortAddresses []*net.IPNet
+	// RouteSource, when set, is the preferred source address of the host
+	// routes into the gateway (ProxyAll only): the Node IP when the
+	// gateway has no address of its own (networkPolicyOnly).
+	RouteSource net.IP
+	// Registry, when set, receives the proxy's metrics (see metrics.go).
+	Registry prometheus.Registerer
 }
 
 // Proxier programs Services. Create with New, then Run.
@@ -75,6 +85,10 @@ type Proxier struct {
 	host    *host
 	health  *healthChecks // nil without ProxyAll
 	synced  []cache.InformerSynced
+	metrics *metrics
+	// initial holds the Services known at start not yet synced; nil once
+	// all were (the worker's own).
+	initial map[string]bool
 
 	mu        sync.Mutex
 	installed map[string]map[string]*portInstall // service key → port key → state
@@ -83,7 +97,10 @@ type Proxier struct {
 	// gave it (read from the switch at start), so that a restart keeps
 	// IDs, and with them the groups the old flows point to.
 	prior map[string]uint32
-	ready bool
+	// existing holds the IDs of groups on the switch at start that no
+	// installed port has claimed yet: installing one modifies it.
+	existing map[uint32]bool
+	ready    bool
 }
 
 type portInstall struct {
@@ -97,7 +114,7 @@ type portInstall struct {
 // New returns a Proxier watching kube with its own informers.
 func New(kube kubernetes.Interface, flows Flows, sw Switch, cfg Config, log *zap.Logger) (*Proxier, error) {
 	hs, err := newHost(hostConfig{proxyAll: cfg.ProxyAll, gateway: cfg.Gateway, services: cfg.ServiceCIDR,
-		nodePortAddresses: cfg.NodePortAddresses})
+		nodePortAddresses: cfg.NodePortAddresses, routeSrc: cfg.RouteSource})
 	if err != nil {
 		return nil, err
 	}
@@ -114,6 +131,7 @@ func New(kube kubernetes.Interface, flows Flows, sw Switch, cfg Config, log *zap
 		host:      hs,
 		installed: map[string]map[string]*portInstall{},
 		ids:       newIDAllocator(pipeline.MaxServicePortID),
+		metrics:   newMetrics(cfg.Registry),
 	}
 	for _, s := range cfg.SkipServices {
 		p.skip[s] = true
@@ -143,8 +161,16 @@ func New(kube kubernetes.Interface, flows Flows, sw Switch, cfg Config, log *zap
 			}
 		}
 	}
-	h := cache.ResourceEventHandlerFuncs{AddFunc: enqueue, DeleteFunc: enqueue,
-		UpdateFunc: func(_, n any) { enqueue(n) }}
+	// A slice added or updated carries the trigger time of its change,
+	// recorded before the Service is queued (network programming latency).
+	changed := func(obj any) {
+		if s, ok := obj.(*discoveryv1.EndpointSlice); ok {
+			p.metrics.triggered(s)
+		}
+		enqueue(obj)
+	}
+	h := cache.ResourceEventHandlerFuncs{AddFunc: changed, DeleteFunc: enqueue,
+		UpdateFunc: func(_, n any) { changed(n) }}
 	if _, err := svcInf.AddEventHandler(h); err != nil {
 		return nil, err
 	}
@@ -191,6 +217,9 @@ func (p *Proxier) Run(ctx context.Context) error {
 	if err := p.readPriorIDs(ctx); err != nil {
 		return err
 	}
+	if err := p.readExistingGroups(ctx); err != nil {
+		return err
+	}
 	if err := p.flows.Set(ctx, "service-base", pipeline.ServiceBaseFlows(p.cfg.Bridge)); err != nil {
 		return fmt.Errorf("service base flows: %w", err)
 	}
@@ -198,45 +227,87 @@ func (p *Proxier) Run(ctx context.Context) error {
 	if !cache.WaitForCacheSync(ctx.Done(), p.synced...) {
 		return fmt.Errorf("service informers did not sync: %w", ctx.Err())
 	}
-	initial := p.queue.Len()
-	go func() {
-		// Ready once the initial backlog is processed (or soon after).
-		for ctx.Err() == nil && p.queue.Len() > 0 && initial > 0 {
-			time.Sleep(50 * time.Millisecond)
-		}
-		p.mu.Lock()
-		p.ready = true
-		err := errors.Join(p.host.prune(ctx), p.pruneGroups(ctx))
-		p.prior = nil
-		p.mu.Unlock()
-		if err != nil {
-			p.log.Warn("removing stale host rules failed", zap.Error(err))
-		}
-	}()
+	// Synced once every Service known now has been through a sync
+	// (programmed, or failed and requeued): not when the queue is empty,
+	// which it is while the last batch is still being programmed.
+	svcs, err := p.svcs.List(labels.Everything())
+	if err != nil {
+		return err
+	}
+	p.initial = make(map[string]bool, len(svcs))
+	for _, svc := range svcs {
+		p.initial[svc.Namespace+"/"+svc.Name] = true
+	}
+	p.log.Info("service proxy running", zap.Int("services", len(svcs)))
+	p.markSynced(ctx, nil)
 	go func() { <-ctx.Done(); p.queue.ShutDown() }()
-	p.log.Info("service proxy running", zap.Int("services", initial))
 	for p.processNext(ctx) {
 	}
 	return nil
 }
 
+// markSynced notes that keys went through a sync; once every Service of
+// the initial backlog has, the proxier is ready and removes what an
+// earlier run left behind. Only the worker calls it.
+func (p *Proxier) markSynced(ctx context.Context, keys []string) {
+	if p.initial == nil {
+		return
+	}
+	for _, k := range keys {
+		delete(p.initial, k)
+	}
+	if len(p.initial) > 0 {
+		return
+	}
+	p.initial = nil
+	p.mu.Lock()
+	p.ready = true
+	err := errors.Join(p.host.prune(ctx), p.pruneGroups(ctx))
+	p.prior = nil
+	p.mu.Unlock()
+	if err != nil {
+		p.log.Warn("removing stale host rules failed", zap.Error(err))
+	}
+}
+
+// processNext takes the next Service from the queue, and with it every
+// other Service queued (up to maxBatch), and programs them together.
 func (p *Proxier) processNext(ctx context.Context) bool {
 	key, quit := p.queue.Get()
 	if quit {
 		return false
 	}
-	defer p.queue.Done(key)
-	start := time.Now()
-	if err := p.SyncService(ctx, key); err != nil {
-		if ctx.Err() != nil {
-			return false
+	keys := []string{key}
+	// The worker is the queue's only consumer: Get does not block while
+	// Len is positive.
+	for len(keys) < maxBatch && p.queue.Len() > 0 {
+		k, quit := p.queue.Get()
+		if quit {
+			break
 		}
-		p.log.Warn("programming service failed; retrying", zap.String("service", key), zap.Error(err))
-		p.queue.AddRateLimited(key)
-		return true
+		keys = append(keys, k)
 	}
-	p.queue.Forget(key)
-	p.log.Debug("service programmed", zap.String("service", key), zap.Duration("took", time.Since(start)))
+	defer func() {
+		for _, k := range keys {
+			p.queue.Done(k)
+		}
+	}()
+	start := time.Now()
+	errs := p.SyncServices(ctx, keys)
+	if ctx.Err() != nil {
+		return false
+	}
+	for _, k := range keys {
+		if err := errs[k]; err != nil {
+			p.log.Warn("programming service failed; retrying", zap.String("service", k), zap.Error(err))
+			p.queue.AddRateLimited(k)
+			continue
+		}
+		p.queue.Forget(k)
+	}
+	p.markSynced(ctx, keys)
+	p.log.Debug("services programmed", zap.Int("services", len(keys)), zap.Int("failed", len(errs)),
+		zap.Duration("took", time.Since(start)))
 	return true
 }
 
@@ -244,18 +315,59 @@ func (p *Proxier) processNext(ctx context.Context) bool {
 // match the informers' view: new ports get an ID, groups and flows; changed
 // ports are updated in place; vanished ports are removed.
 func (p *Proxier) SyncService(ctx context.Context, key string) error {
+	return p.SyncServices(ctx, []string{key})[key]
+}
+
+// SyncServices is SyncService for several Services at once, sharing
+// OpenFlow bundles between them (see applyBatch). It returns the errors by
+// Service key; Services without an entry are programmed.
+func (p *Proxier) SyncServices(ctx context.Context, keys []string) map[string]error {
+	errs := map[string]error{}
+	wants := make(map[string][]PortState, len(keys))
+	triggers := make(map[string][]time.Time, len(keys))
+	for _, key := range keys {
+		triggers[key] = p.metrics.checkout(key)
+		want, hcErr, err := p.desired(key)
+		if err != nil {
+			errs[key] = err
+			continue
+		}
+		if hcErr != nil {
+			errs[key] = hcErr
+		}
+		wants[key] = want
+	}
+	for key, err := range p.applyBatch(ctx, wants) {
+		errs[key] = errors.Join(err, errs[key])
+	}
+	for key, ts := range triggers {
+		if errs[key] != nil {
+			p.metrics.putBack(key, ts)
+		} else {
+			p.metrics.programmed(ts)
+		}
+	}
+	if len(errs) < len(keys) {
+		p.metrics.synced()
+	}
+	return errs
+}
+
+// desired returns the ports the Service key should have now, and sets up
+// its health check node port; hcErr is a health check that cannot listen
+// (the Service is programmed anyway).
+func (p *Proxier) desired(key string) (want []PortState, hcErr, err error) {
 	ns, name, err := cache.SplitMetaNamespaceKey(key)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	var want []PortState
 	var hcPort int32
 	var hcLocal int
 	svc, err := p.svcs.Services(ns).Get(name)
 	switch {
 	case apierrors.IsNotFound(err):
 	case err != nil:
-		return err
+		return nil, nil, err
 	default:
 		if why := Ignored(svc, p.skip); why != "" {
 			p.log.Debug("service ignored", zap.String("service", key), zap.String("reason", why))
@@ -263,7 +375,7 @@ func (p *Proxier) SyncService(ctx context.Context, key string) error {
 		}
 		objs, err := p.slices.ByIndex(byService, key)
 		if err != nil {
-			return err
+			return nil, nil, err
 		}
 		slices := make([]*discoveryv1.EndpointSlice, 0, len(objs))
 		for _, o := range objs {
@@ -274,11 +386,10 @@ func (p *Proxier) SyncService(ctx context.Context, key string) error {
 		want, err = Translate(svc, slices, Scope{NodeName: p.cfg.NodeName, ProxyAll: p.cfg.ProxyAll,
 			HostIPs: hostIPs(p.cfg.Bridge)})
 		if err != nil {
-			return err
+			return nil, nil, err
 		}
 		hcPort, hcLocal = healthCheckPort(svc), localReady(slices, p.cfg.NodeName)
 	}
-	var hcErr error
 	if p.health != nil {
 		// A health check that cannot listen must not hold the datapath up:
 		// the Service is programmed anyway, and the error requeues it, so
@@ -287,13 +398,18 @@ func (p *Proxier) SyncService(ctx context.Context, key string) error {
 			p.log.Warn("health check node port not served", zap.String("service", key), zap.Error(hcErr))
 		}
 	}
-	return errors.Join(p.apply(ctx, key, want), hcErr)
+	return want, hcErr, nil
 }
 
 // apply installs want for the Service key and removes its other ports.
 func (p *Proxier) apply(ctx context.Context, key string, want []PortState) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	return p.applyBatch(ctx, map[string][]PortState{key: want})[key]
+}
+
+// applyLocked is apply one port at a time, each with its own bundles: the
+// way applyBatch retries a batch that failed, so that each Service gets
+// its own error. p.mu must be held.
+func (p *Proxier) applyLocked(ctx context.Context, key string, want []PortState) error {
 	have := p.installed[key]
 	if have == nil {
 		have = map[string]*portInstall{}
@@ -349,10 +465,11 @@ func (p *Proxier) installPort(ctx context.Context, pi *portInstall, ps PortState
 		g := groups[i]
 		wantGroups[g.ID] = true
 		_, known := pi.groups[g.ID]
-		if err := p.putGroup(ctx, g, known); err != nil {
+		if err := p.putGroup(ctx, g, known || p.existing[g.ID]); err != nil {
 			return err
 		}
 		pi.groups[g.ID] = g
+		delete(p.existing, g.ID)
 	}
 	if err := p.flows.Set(ctx, pipeline.ServiceOwner(pi.id), flows); err != nil {
 		return err

@@ -201,3 +201,44 @@ func benchmarkChange(b *testing.B, n int) {
 
 func BenchmarkServiceChangeAt1000Services(b *testing.B)  { benchmarkChange(b, 1000) }
 func BenchmarkServiceChangeAt10000Services(b *testing.B) { benchmarkChange(b, 10000) }
+
+// Installing n Services into a real OVS from nothing, as a cold start
+// does: one Service at a time (each with its own group bundle and flow
+// bundle, as before batching) and in batches of maxBatch Services.
+func benchmarkInstall(b *testing.B, n int) {
+	for _, mode := range []string{"one-by-one", "batched"} {
+		b.Run(mode, func(b *testing.B) {
+			o, sock := startOVS(b)
+			for b.Loop() {
+				b.StopTimer()
+				o.Run("ovs-ofctl", "-O", "OpenFlow13", "del-flows", sock)
+				o.Run("ovs-ofctl", "-O", "OpenFlow13", "del-groups", sock)
+				p := dialProxier(b, sock)
+				ctx := context.Background()
+				b.StartTimer()
+				start := time.Now()
+				if mode == "one-by-one" {
+					for i := 0; i < n; i++ {
+						if err := p.apply(ctx, fmt.Sprintf("ns/s%d", i), benchPort(i, 0)); err != nil {
+							b.Fatal(err)
+						}
+					}
+				} else {
+					for lo := 0; lo < n; lo += maxBatch {
+						wants := map[string][]PortState{}
+						for i := lo; i < min(n, lo+maxBatch); i++ {
+							wants[fmt.Sprintf("ns/s%d", i)] = benchPort(i, 0)
+						}
+						if errs := p.applyBatch(ctx, wants); len(errs) > 0 {
+							b.Fatal(errs)
+						}
+					}
+				}
+				b.ReportMetric(float64(time.Since(start).Milliseconds()), "install-ms")
+			}
+		})
+	}
+}
+
+func BenchmarkServiceInstall1000(b *testing.B)  { benchmarkInstall(b, 1000) }
+func BenchmarkServiceInstall10000(b *testing.B) { benchmarkInstall(b, 10000) }

@@ -96,6 +96,10 @@ type Scope struct {
 //     "short-circuit" does: a frontend of their own, key suffix "/node",
 //     which keeps their source too;
 //   - a frontend with no endpoint at all is rejected;
+//   - the only UDP port of a Service takes the IP fragments sent to its
+//     ClusterIPs (pipeline.ServicePort.FragmentVIPs); with several UDP
+//     ports a fragment names none of them, and large datagrams to such a
+//     Service need the kernel datapath;
 //   - sessionAffinity ClientIP sets AffinitySeconds (default 10800 s,
 //     capped at 65535, the width of OpenFlow's hard_timeout).
 //
@@ -127,6 +131,12 @@ func Translate(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, scope S
 	}
 	internalLocal := svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
 	externalLocal := svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
+	udpPorts := 0
+	for _, p := range svc.Spec.Ports {
+		if p.Protocol == corev1.ProtocolUDP {
+			udpPorts++
+		}
+	}
 	var out []PortState
 	for _, p := range svc.Spec.Ports {
 		proto, ok := protoNumber(p.Protocol)
@@ -141,6 +151,9 @@ func Translate(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, scope S
 		base := pipeline.ServicePort{Protocol: proto, AffinitySeconds: affinity}
 		in := base
 		in.VIPs, in.Port = append(append([]net.IP{}, vips...), external...), uint16(p.Port)
+		if p.Protocol == corev1.ProtocolUDP && udpPorts == 1 {
+			in.FragmentVIPs = vips
+		}
 		choose(&in, ready, serving, internalLocal)
 		out = append(out, PortState{Key: key, Port: in})
 		if !scope.ProxyAll {

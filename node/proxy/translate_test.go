@@ -248,3 +248,36 @@ func TestCanonicalKey(t *testing.T) {
 		t.Errorf("listed element %q does not match written %q", got.id(), want.id())
 	}
 }
+
+// The only UDP port of a Service takes the fragments sent to its
+// ClusterIPs (not to its externalIPs, which other Services may share);
+// with two UDP ports neither does, and TCP never does.
+func TestTranslateFragmentVIPs(t *testing.T) {
+	dns := corev1.ServicePort{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP}
+	web := corev1.ServicePort{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}
+	syslog := corev1.ServicePort{Name: "syslog", Port: 514, Protocol: corev1.ProtocolUDP}
+	frags := func(svc *corev1.Service) map[string]string {
+		got, err := Translate(svc, nil, Scope{NodeName: "n1", ProxyAll: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]string{}
+		for _, ps := range got {
+			var s []string
+			for _, ip := range ps.Port.FragmentVIPs {
+				s = append(s, ip.String())
+			}
+			m[ps.Key] = strings.Join(s, ",")
+		}
+		return m
+	}
+	one := service(dns, web)
+	one.Spec.ExternalIPs = []string{"198.18.100.1"}
+	got := frags(one)
+	if got["ns/web/dns/UDP"] != "10.96.0.10" || got["ns/web/http/TCP"] != "" || got["ns/web/dns/UDP/external"] != "" {
+		t.Errorf("one UDP port: fragment VIPs %v, want the ClusterIP on the UDP port's internal frontend only", got)
+	}
+	if got := frags(service(dns, syslog)); got["ns/web/dns/UDP"] != "" || got["ns/web/syslog/UDP"] != "" {
+		t.Errorf("two UDP ports: fragment VIPs %v, want none", got)
+	}
+}

@@ -92,12 +92,14 @@ type Config struct {
 	// Pod is taken to be isolated for neither direction, so it is called
 	// for a Pod only once the Pod needs isolating.
 	//
-	// The agent calls it from its reconciler, one call at a time, after the
-	// flows of the policies that changed the isolation are installed (a
-	// Pod is never isolated before its allow rules are in place) and
-	// before WaitRealized reports the Pod realized. An error is retried
-	// with backoff, and WaitRealized keeps failing for that Pod meanwhile.
-	// ctx is the reconciler's. It must not call back into the Agent.
+	// The agent calls it from its reconciler, concurrently for different
+	// Pods (never twice at once for one Pod; at most isolationWorkers at
+	// a time), after the flows of the policies that changed the isolation
+	// are installed (a Pod is never isolated before its allow rules are in
+	// place) and before WaitRealized reports the Pod realized. An error is
+	// retried with backoff, and WaitRealized keeps failing for that Pod
+	// meanwhile. ctx is the reconciler's. It must not call back into the
+	// Agent.
 	OnIsolation func(ctx context.Context, namespace, name string, ingress, egress bool) error
 	// AfterChange, when set, runs after every reconcile that installed
 	// flows, before WaitRealized callers are released (the daemon purges
@@ -125,6 +127,12 @@ type installed struct {
 	targets map[string]bool // "namespace/name" of the local target Pods
 	conj    []flows.ConjKey
 	iso     isolation // the directions the policy isolates its targets for
+	// For operators (View): the source generation, the cookie and
+	// conjunction IDs of the policy's flows, and their number.
+	generation int64
+	cookie     uint64
+	conjIDs    []uint32
+	flows      int
 }
 
 // Agent enforces the NetworkPolicies of one Node. Create it with New,
@@ -137,13 +145,16 @@ type Agent struct {
 
 	kick chan struct{}
 
-	mu       sync.Mutex
-	pods     map[string]flows.Pod // "namespace/name" → attached Pod
-	dirty    map[string]bool      // policy names to translate again
-	done     map[string]*installed
-	changed  chan struct{} // closed and replaced whenever done or PodRealization changes
-	informed bool          // informers are set up (the fields below are valid)
-	lastErr  error
+	mu    sync.Mutex
+	pods  map[string]flows.Pod // "namespace/name" → attached Pod
+	dirty map[string]bool      // policy names to translate again
+	// dirtySince is when each dirty policy first became dirty (the
+	// realization latency metric runs from there).
+	dirtySince map[string]time.Time
+	done       map[string]*installed
+	changed    chan struct{} // closed and replaced whenever done or PodRealization changes
+	informed   bool          // informers are set up (the fields below are valid)
+	lastErr    error
 
 	// Isolation state. gen numbers each attachment of a Pod (from
 	// attachSeq) so that a Pod detached and attached again starts from
@@ -166,7 +177,8 @@ type Agent struct {
 	// no policy is dirty (an OnIsolation call failed).
 	isoRetry bool
 
-	synced atomic.Bool
+	synced  atomic.Bool
+	metrics *metrics
 }
 
 // New returns an agent that reads the computed policy objects with cp and
@@ -180,17 +192,20 @@ func New(cp versioned.Interface, cfg Config, log *zap.Logger) *Agent {
 	}
 	return &Agent{
 		cp: cp, cfg: cfg, log: log.With(zap.String("node", cfg.NodeName)),
-		kick:    make(chan struct{}, 1),
-		pods:    map[string]flows.Pod{},
-		dirty:   map[string]bool{},
-		done:    map[string]*installed{},
-		changed: make(chan struct{}),
-		gen:     map[string]uint64{},
-		applied: map[string]appliedIsolation{},
-		pending: map[string]bool{},
-		state:   newFlowState(cfg.Flows),
-		conjIDs: flows.NewAllocator[flows.ConjKey](0),
-		cookies: flows.NewAllocator[string](1<<32 - 1),
+		kick:  make(chan struct{}, 1),
+		pods:  map[string]flows.Pod{},
+		dirty: map[string]bool{},
+		done:  map[string]*installed{},
+
+		dirtySince: map[string]time.Time{},
+		changed:    make(chan struct{}),
+		gen:        map[string]uint64{},
+		applied:    map[string]appliedIsolation{},
+		pending:    map[string]bool{},
+		state:      newFlowState(cfg.Flows),
+		conjIDs:    flows.NewAllocator[flows.ConjKey](0),
+		cookies:    flows.NewAllocator[string](1<<32 - 1),
+		metrics:    newMetrics(),
 	}
 }
 
@@ -230,7 +245,7 @@ func (a *Agent) PodAttached(p LocalPod) {
 	for n, d := range a.done {
 		if d.targets[key] {
 			delete(d.targets, key)
-			a.dirty[n] = true
+			a.markDirtyLocked(n)
 		}
 	}
 	a.markPodLocked(key)
@@ -250,7 +265,7 @@ func (a *Agent) PodDetached(namespace, name string) {
 	a.markPodLocked(key)
 	for n, d := range a.done {
 		if d.targets[key] {
-			a.dirty[n] = true
+			a.markDirtyLocked(n)
 		}
 	}
 	a.mu.Unlock()
@@ -282,7 +297,7 @@ func (a *Agent) markGroupLocked(idx string, obj any) {
 	nps, _ := a.npInf.GetIndexer().ByIndex(idx, g)
 	for _, o := range nps {
 		if np, ok := o.(*v1alpha1.NetworkPolicy); ok {
-			a.dirty[np.Name] = true
+			a.markDirtyLocked(np.Name)
 		}
 	}
 }
@@ -375,7 +390,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	_, e1 := npInf.AddEventHandler(mark(func(obj any) {
 		if m, err := meta(obj); err == nil {
-			a.dirty[m.GetName()] = true
+			a.markDirtyLocked(m.GetName())
 		}
 	}))
 	_, e2 := atgInf.AddEventHandler(mark(func(obj any) { a.markGroupLocked(idxATG, obj) }))
@@ -398,7 +413,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.log.Info("policy caches synced", zap.Int("policies", len(npInf.GetStore().ListKeys())))
 	a.mu.Lock()
 	for _, k := range npInf.GetStore().ListKeys() {
-		a.dirty[k] = true
+		a.markDirtyLocked(k)
 	}
 	a.mu.Unlock()
 
@@ -478,6 +493,11 @@ func (a *Agent) reconcile(ctx context.Context) error {
 	a.mu.Lock()
 	dirty := a.dirty
 	a.dirty = map[string]bool{}
+	since := make(map[string]time.Time, len(dirty))
+	for name := range dirty {
+		since[name] = a.dirtySince[name]
+		delete(a.dirtySince, name)
+	}
 	pods := make(map[string]flows.Pod, len(a.pods))
 	gens := make(map[string]uint64, len(a.pods))
 	for k, p := range a.pods {
@@ -504,13 +524,20 @@ func (a *Agent) reconcile(ctx context.Context) error {
 			a.log.Error("no cookie ID left for policy", zap.String("policy", name))
 			continue
 		}
-		tr := flows.Translate(np, pipeline.Cookie(a.cfg.Bridge.Round, pipeline.CategoryPolicy, uint64(id)), src, a.conjIDs)
+		cookie := pipeline.Cookie(a.cfg.Bridge.Round, pipeline.CategoryPolicy, uint64(id))
+		tr := flows.Translate(np, cookie, src, a.conjIDs)
 		for _, w := range tr.Warnings {
 			a.log.Warn("policy rule partly ignored", zap.String("policy", name), zap.String("reason", w))
 		}
 		want[name] = tr.Flows
 		inst := &installed{targets: map[string]bool{}, conj: tr.Conj, iso: isolation{ingress: tr.Ingress, egress: tr.Egress},
-			digest: realization.Policy{Name: np.Name, SpecHash: realization.SpecHash(np.Spec), AddressGroupSlices: map[string]int{}}}
+			digest:     realization.Policy{Name: np.Name, SpecHash: realization.SpecHash(np.Spec), AddressGroupSlices: map[string]int{}},
+			generation: np.Spec.Source.Generation, cookie: cookie, flows: len(tr.Flows)}
+		for _, k := range tr.Conj {
+			if id, ok := a.conjIDs.Lookup(k); ok {
+				inst.conjIDs = append(inst.conjIDs, id)
+			}
+		}
 		for _, t := range tr.Targets {
 			inst.targets[t.Key()] = true
 		}
@@ -523,10 +550,14 @@ func (a *Agent) reconcile(ctx context.Context) error {
 	}
 	ok, err := a.state.update(ctx, want)
 	a.mu.Lock()
+	var realized []time.Time
 	for name, inst := range next {
 		if !ok[name] {
-			a.dirty[name] = true
+			a.markDirtyAtLocked(name, since[name])
 			continue
+		}
+		if t := since[name]; !t.IsZero() {
+			realized = append(realized, t)
 		}
 		old := a.done[name]
 		if inst == nil {
@@ -539,7 +570,7 @@ func (a *Agent) reconcile(ctx context.Context) error {
 			for k := range inst.targets {
 				if a.gen[k] != gens[k] {
 					delete(inst.targets, k)
-					a.dirty[name] = true
+					a.markDirtyLocked(name)
 				}
 			}
 			a.done[name] = inst
@@ -577,6 +608,10 @@ func (a *Agent) reconcile(ctx context.Context) error {
 	}
 	a.notifyLocked()
 	a.mu.Unlock()
+	now := time.Now()
+	for _, t := range realized {
+		a.metrics.realization.Observe(now.Sub(t).Seconds())
+	}
 	if err := errors.Join(err, isoErr); err != nil {
 		return err
 	}
@@ -634,14 +669,32 @@ func (a *Agent) isolationChangesLocked() []isoChange {
 	return out
 }
 
-// applyIsolation calls OnIsolation for each change, without a.mu held, and
-// records the result for the attachments that are still current. A failure
-// leaves the Pod pending and makes the next reconcile try again.
+// isolationWorkers bounds the OnIsolation calls in flight: enough for a
+// burst of Pods to share the switch round trips of their flow changes.
+const isolationWorkers = 64
+
+// applyIsolation calls OnIsolation for each change, concurrently and
+// without a.mu held, and records the results for the attachments that are
+// still current. A failure leaves the Pod pending and makes the next
+// reconcile try again.
 func (a *Agent) applyIsolation(ctx context.Context, changes []isoChange) error {
 	a.isoRetry = false
+	results := make([]error, len(changes))
+	sem := make(chan struct{}, isolationWorkers)
+	var wg sync.WaitGroup
+	for i, c := range changes {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			results[i] = a.cfg.OnIsolation(ctx, c.namespace, c.name, c.iso.ingress, c.iso.egress)
+		}()
+	}
+	wg.Wait()
 	var errs []error
-	for _, c := range changes {
-		err := a.cfg.OnIsolation(ctx, c.namespace, c.name, c.iso.ingress, c.iso.egress)
+	for i, c := range changes {
+		err := results[i]
 		a.mu.Lock()
 		current := a.gen[c.key] == c.gen
 		switch {

@@ -2,13 +2,8 @@ package agent
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"reflect"
 	"regexp"
 	"sort"
@@ -17,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zaptest"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -28,76 +24,18 @@ import (
 	"github.com/seine-net/seine/policy/apis/controlplane/v1alpha1"
 	"github.com/seine-net/seine/policy/client/clientset/versioned"
 	"github.com/seine-net/seine/policy/realization"
-	"github.com/seine-net/seine/tests/sandbox/controlplane"
+	"github.com/seine-net/seine/tests/apienv"
 )
 
 const nodeName = "node-a"
 
-func k8sBinDir() string {
-	if d := os.Getenv("SEINE_K8S_BIN"); d != "" {
-		return d
-	}
-	return "/root/.cache/seine/k8s-v1.36.3/bin"
-}
-
 // startControlPlane starts a real API server in a fresh network namespace
-// with the controlplane.seine.io CRDs applied, torn down at cleanup.
+// with Seine's CRDs applied, torn down at cleanup.
 func startControlPlane(t *testing.T) versioned.Interface {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (network namespaces, OVS)")
-	}
-	if _, err := os.Stat(filepath.Join(k8sBinDir(), "kube-apiserver")); err != nil {
-		t.Skipf("Kubernetes binaries not found in %s: %v", k8sBinDir(), err)
-	}
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	ns := "seine-pa-" + hex.EncodeToString(b)
-	for _, args := range [][]string{{"netns", "add", ns}, {"-n", ns, "link", "set", "lo", "up"}, {"-n", ns, "addr", "add", "198.18.0.1/32", "dev", "lo"}} {
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %v: %v: %s", args, err, out)
-		}
-		if args[0] == "netns" {
-			t.Cleanup(func() { _ = exec.Command("ip", "netns", "delete", ns).Run() })
-		}
-	}
-	stateDir := filepath.Join(t.TempDir(), "cp")
-	t.Cleanup(func() {
-		if err := controlplane.Stop(stateDir); err != nil {
-			t.Errorf("stopping the control plane: %v", err)
-		}
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
-	defer cancel()
-	cp, err := controlplane.Start(ctx, controlplane.Config{StateDir: stateDir, BinDir: k8sBinDir(), NetNS: ns,
-		AdvertiseAddress: "198.18.0.1"}, zaptest.NewLogger(t).Named("cp"))
-	if err != nil {
-		t.Fatalf("starting the control plane: %v", err)
-	}
-	crds, _ := filepath.Glob("../../deploy/crds/*.yaml")
-	if len(crds) == 0 {
-		t.Fatal("no CRDs in deploy/crds")
-	}
-	if err := cp.Apply(ctx, crds...); err != nil {
-		t.Fatalf("applying the CRDs: %v", err)
-	}
-	rc, err := cp.RESTConfig()
+	cs, err := versioned.NewForConfig(apienv.Start(t, "../../deploy/crds"))
 	if err != nil {
 		t.Fatal(err)
-	}
-	cs, err := versioned.NewForConfig(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The CRDs serve once established: retry a list.
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(300 * time.Millisecond) {
-		_, err := cs.ControlplaneV1alpha1().NetworkPolicies().List(ctx, metav1.ListOptions{})
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("CRDs not served: %v", err)
-		}
 	}
 	return cs
 }
@@ -361,6 +299,37 @@ func TestAgentWithAPIServerAndOVS(t *testing.T) {
 	_, err = api.NetworkPolicies().Update(ctx, np, metav1.UpdateOptions{})
 	mustCreate(err)
 	eventually(t, "port update", func() bool { return n.verdict(t, n.podToPod("b", "a", 8080)) == "output:3" })
+	// What operators see: np-web installed for a, realized; np-hidden
+	// (not in the span) absent; realizations timed.
+	eventually(t, "np-web shown installed", func() bool {
+		for _, p := range ag.View().Policies {
+			if p.Object.Name == "np-web" {
+				return p.Installed && reflect.DeepEqual(p.Targets, []string{"default/a"}) && p.Flows > 0 && len(p.ConjIDs) > 0
+			}
+		}
+		return false
+	})
+	if err := ag.Realized(); err != nil {
+		t.Errorf("Realized: %v", err)
+	}
+	if rp := ag.RealizedPolicies(); len(rp) != 1 || rp["np-web"] != np.Spec.Source.Generation {
+		t.Errorf("RealizedPolicies = %v, want np-web only", rp)
+	}
+	reg := prometheus.NewRegistry()
+	if err := ag.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	mustCreate(err)
+	samples := uint64(0)
+	for _, mf := range mfs {
+		if mf.GetName() == "seine_policy_realization_duration_seconds" {
+			samples = mf.GetMetric()[0].GetHistogram().GetSampleCount()
+		}
+	}
+	if samples < 2 {
+		t.Errorf("%d realizations timed, want at least 2 (np-web created, then updated)", samples)
+	}
 	updated := n.policyDump(t)
 	gone, added := diff(base, updated)
 	if len(gone) != 1 || !strings.Contains(gone[0], "tp_dst=80") || len(added) != 1 || !strings.Contains(added[0], "tp_dst=8080") {

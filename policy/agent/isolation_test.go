@@ -5,15 +5,19 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"sort"
+	"sync"
 	"testing"
 
 	"go.uber.org/zap/zaptest"
 )
 
 // isoHarness drives the agent's isolation bookkeeping directly: installed
-// policies are set by hand, and OnIsolation records its calls.
+// policies are set by hand, and OnIsolation records its calls (which run
+// concurrently: round sorts them).
 type isoHarness struct {
 	a     *Agent
+	mu    sync.Mutex
 	calls []string
 	fail  map[string]bool
 	// during runs inside OnIsolation (e.g. to re-attach a Pod mid-call).
@@ -23,6 +27,8 @@ type isoHarness struct {
 func newIsoHarness(t *testing.T) *isoHarness {
 	h := &isoHarness{fail: map[string]bool{}}
 	h.a = New(nil, Config{NodeName: "n", OnIsolation: func(_ context.Context, ns, name string, in, eg bool) error {
+		h.mu.Lock()
+		defer h.mu.Unlock()
 		h.calls = append(h.calls, fmt.Sprintf("%s %v %v", name, in, eg))
 		if h.during != nil {
 			h.during(name)
@@ -63,6 +69,7 @@ func (h *isoHarness) round(t *testing.T) ([]string, error) {
 	changes := h.a.isolationChangesLocked()
 	h.a.mu.Unlock()
 	err := h.a.applyIsolation(context.Background(), changes)
+	sort.Strings(h.calls)
 	return h.calls, err
 }
 

@@ -2,17 +2,12 @@ package client_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"go.uber.org/zap/zaptest"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -22,7 +17,7 @@ import (
 	cpv1 "github.com/seine-net/seine/policy/apis/controlplane/v1alpha1"
 	"github.com/seine-net/seine/policy/client/clientset/versioned"
 	"github.com/seine-net/seine/policy/client/informers"
-	"github.com/seine-net/seine/tests/sandbox/controlplane"
+	"github.com/seine-net/seine/tests/apienv"
 )
 
 // Node names longer than a label name may be (63), as Node names can be.
@@ -31,13 +26,6 @@ const (
 	nodeB = "node-b-with-a-name-that-is-much-longer-than-sixty-three-characters.example.internal"
 )
 
-func k8sBinDir() string {
-	if d := os.Getenv("SEINE_K8S_BIN"); d != "" {
-		return d
-	}
-	return "/root/.cache/seine/k8s-v1.36.3/bin"
-}
-
 func run(t *testing.T, name string, args ...string) string {
 	t.Helper()
 	out, err := exec.Command(name, args...).CombinedOutput()
@@ -45,75 +33,6 @@ func run(t *testing.T, name string, args ...string) string {
 		t.Fatalf("%s %v: %v: %s", name, args, err, out)
 	}
 	return string(out)
-}
-
-// startControlPlane starts etcd and the Kubernetes control plane in a
-// throwaway network namespace, both removed at cleanup, and applies the
-// CRDs of deploy/crds. It returns the control plane and its netns name.
-func startControlPlane(t *testing.T, ctx context.Context) (*controlplane.ControlPlane, string) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (network namespaces)")
-	}
-	if _, err := os.Stat(filepath.Join(k8sBinDir(), "kube-apiserver")); err != nil {
-		t.Skipf("Kubernetes binaries not found in %s (make control-plane): %v", k8sBinDir(), err)
-	}
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	ns := "seine-crd-" + hex.EncodeToString(b)
-	run(t, "ip", "netns", "add", ns)
-	t.Cleanup(func() {
-		if out, err := exec.Command("ip", "netns", "delete", ns).CombinedOutput(); err != nil {
-			t.Errorf("ip netns delete %s: %v: %s", ns, err, out)
-		}
-	})
-	run(t, "ip", "-n", ns, "link", "set", "lo", "up")
-	run(t, "ip", "-n", ns, "addr", "add", "198.18.0.1/32", "dev", "lo")
-
-	stateDir := filepath.Join(t.TempDir(), "cp")
-	t.Cleanup(func() {
-		if err := controlplane.Stop(stateDir); err != nil {
-			t.Errorf("stop control plane: %v", err)
-		}
-	})
-	cp, err := controlplane.Start(ctx, controlplane.Config{
-		StateDir: stateDir, BinDir: k8sBinDir(), NetNS: ns, AdvertiseAddress: "198.18.0.1",
-	}, zaptest.NewLogger(t))
-	if err != nil {
-		t.Fatalf("start control plane: %v", err)
-	}
-	crds, err := filepath.Glob("../../deploy/crds/controlplane.seine.io_*.yaml")
-	if err != nil || len(crds) != 4 {
-		t.Fatalf("CRD manifests in deploy/crds: %v (%v), want 4", crds, err)
-	}
-	if err := cp.Apply(ctx, crds...); err != nil {
-		t.Fatalf("apply CRDs: %v", err)
-	}
-	return cp, ns
-}
-
-// waitServed waits until every resource of the group is served (the CRDs
-// are established).
-func waitServed(t *testing.T, ctx context.Context, cs versioned.Interface) {
-	t.Helper()
-	c := cs.ControlplaneV1alpha1()
-	lists := map[string]func() error{
-		"addressgroups":   func() error { _, err := c.AddressGroups().List(ctx, metav1.ListOptions{}); return err },
-		"appliedtogroups": func() error { _, err := c.AppliedToGroups().List(ctx, metav1.ListOptions{}); return err },
-		"networkpolicies": func() error { _, err := c.NetworkPolicies().List(ctx, metav1.ListOptions{}); return err },
-		"podrealizations": func() error { _, err := c.PodRealizations().List(ctx, metav1.ListOptions{}); return err },
-	}
-	for name, list := range lists {
-		var err error
-		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-			if err = list(); err == nil {
-				break
-			}
-		}
-		if err != nil {
-			t.Fatalf("%s not served after 20s: %v", name, err)
-		}
-	}
 }
 
 func spanLabels(nodes ...string) map[string]string {
@@ -128,16 +47,12 @@ func TestGeneratedClients(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	t0 := time.Now()
-	cp, ns := startControlPlane(t, ctx)
-	rc, err := cp.RESTConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
+	env := apienv.StartEnv(t, "../../deploy/crds")
+	cp, ns, rc := env.ControlPlane, env.NetNS, env.Config
 	cs, err := versioned.NewForConfig(rc)
 	if err != nil {
 		t.Fatalf("clientset: %v", err)
 	}
-	waitServed(t, ctx, cs)
 	t.Logf("control plane up and CRDs served after %v", time.Since(t0))
 	c := cs.ControlplaneV1alpha1()
 

@@ -44,8 +44,8 @@ func (m *Model) DesiredKeys() []Key {
 	var out []Key
 	for _, g := range m.groups {
 		if g.targetRefs > 0 {
-			for nodeName := range g.byNode.Keys() {
-				out = append(out, Key{KindAppliedToGroup, m.atgName(g, nodeName)})
+			for n := range g.byNode.Keys() {
+				out = append(out, Key{KindAppliedToGroup, atgName(g, n)})
 			}
 		}
 		if m.exported(g) {
@@ -81,7 +81,7 @@ func (m *Model) desiredAG(name string) (metav1.Object, bool) {
 	lbls := make(map[string]string, g.span.Len()+1)
 	lbls[v1alpha1.GroupLabel] = g.key
 	for n := range g.span.Keys() {
-		lbls[m.spanLabel(n)] = ""
+		lbls[n.label] = ""
 	}
 	return &v1alpha1.AddressGroup{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: lbls},
@@ -100,7 +100,7 @@ func (m *Model) desiredATG(name string) (metav1.Object, bool) {
 	if g == nil || n == nil || g.targetRefs == 0 {
 		return nil, false
 	}
-	list, _ := g.byNode.Get(n.name)
+	list, _ := g.byNode.Get(n)
 	if len(list) == 0 {
 		return nil, false
 	}
@@ -123,7 +123,7 @@ func (m *Model) desiredNP(name string) (metav1.Object, bool) {
 	lbls := make(map[string]string, p.tg.byNode.Len()+1)
 	lbls[v1alpha1.PolicyUIDLabel] = p.uid
 	for n := range p.tg.byNode.Keys() {
-		lbls[m.spanLabel(n)] = ""
+		lbls[n.label] = ""
 	}
 	return &v1alpha1.NetworkPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: lbls},

@@ -90,7 +90,16 @@ type Model struct {
 	// nsIdx indexes known namespaces by label pair.
 	nsIdx labelIndex[*namespace]
 
-	dirty map[dkey]struct{}
+	// dirty numbers the dirty objects 0, 1, ... in the order they were
+	// first marked.
+	dirty map[dkey]int32
+	// soloATGs counts the AppliedToGroups in dirty on their own entry.
+	soloATGs int
+	// epoch numbers the dirty sets: TakeDirty starts the next one. A
+	// node (group) stamped with the current epoch has its PodRealization
+	// (all its AppliedToGroups) in the dirty set already, so marking it
+	// again costs no map lookup.
+	epoch uint64
 
 	// digestMu guards digestCache, the only state Desired writes.
 	digestMu    sync.Mutex
@@ -112,7 +121,8 @@ func New(sliceSize int) *Model {
 		byObjName:   make(map[string]*policy),
 		nodes:       make(map[string]*node),
 		nodeByKey:   make(map[string]*node),
-		dirty:       make(map[dkey]struct{}),
+		dirty:       make(map[dkey]int32),
+		epoch:       1,
 		digestCache: make(map[string]string),
 		emptyDigest: realization.Digest(nil),
 	}
@@ -157,15 +167,18 @@ type node struct {
 	label string // SpanLabel(name)
 	known bool   // a Node object exists
 	pods  map[*pod]struct{}
+	// prMarked is the epoch in which its PodRealization was last marked.
+	prMarked uint64
 }
 
 type group struct {
-	id      uint64
-	key     string
-	sel     v1alpha1.GroupSelector
-	cluster bool
-	podM    *matcher
-	nsM     *matcher
+	id   uint64
+	key  string
+	sel  v1alpha1.GroupSelector
+	podM *matcher
+	// nsM is the namespace selector of a cluster-wide group, nil for a
+	// group of one namespace.
+	nsM *matcher
 
 	targetRefs, peerRefs int
 	// policies are the policies targeting this group.
@@ -176,14 +189,19 @@ type group struct {
 	// peerOf holds the target groups whose policies use this group as peer.
 	peerOf set[*group]
 	// span counts, per Node, the target groups in peerOf with members there.
-	span smallMap[string, int]
+	span smallMap[*node, int]
 
 	// byNode lists the members per Node (members without a Node are in
-	// no list), slices the members with IPs per AddressGroup slice.
-	byNode smallMap[string, []*pod]
+	// no list), slices the members with IPs per AddressGroup slice. A Node
+	// with members has active Pods, so the model keeps its node: the
+	// pointers stay valid while they are keys here or in span.
+	byNode smallMap[*node, []*pod]
 	slices [][]*pod
 	// ver changes whenever the digest input of its policies changes.
 	ver uint64
+	// atgsMarked is the epoch in which all its AppliedToGroups were last
+	// marked.
+	atgsMarked uint64
 }
 
 type policy struct {
@@ -198,8 +216,9 @@ type policy struct {
 
 // dkey is a dirty object named by the strings the model already holds, so
 // marking an object allocates nothing: AddressGroup {a: group key, i:
-// slice}, AppliedToGroup {a: group key, b: Node}, NetworkPolicy {a: object
-// name}, PodRealization {b: Node}.
+// slice}, AppliedToGroup {a: group key, b: NodeKey}, NetworkPolicy {a:
+// object name}, PodRealization {b: NodeKey}; or every AppliedToGroup of a
+// group {a: group key}.
 type dkey struct {
 	a, b string
 	i    int32
@@ -214,62 +233,141 @@ const (
 	dAppliedToGroup
 	dNetworkPolicy
 	dPodRealization
+	// dGroupATGs stands for the AppliedToGroups the group has when the
+	// dirty set is taken. Those it loses before are marked one by one
+	// (by removeFromNode and detach), as are those it gains.
+	dGroupATGs
 )
 
-func (m *Model) markATG(g *group, nodeName string) {
-	m.dirty[dkey{kind: dAppliedToGroup, a: g.key, b: nodeName}] = struct{}{}
-}
-func (m *Model) markNP(p *policy) { m.dirty[dkey{kind: dNetworkPolicy, a: p.objName}] = struct{}{} }
-func (m *Model) markPR(nodeName string) {
-	m.dirty[dkey{kind: dPodRealization, b: nodeName}] = struct{}{}
+func (m *Model) markATG(g *group, n *node) {
+	if m.mark(dkey{kind: dAppliedToGroup, a: g.key, b: n.key}) {
+		m.soloATGs++
+	}
 }
 
-// nodeKey returns NodeKey(nodeName), cached for the Nodes the model knows.
-func (m *Model) nodeKey(nodeName string) string {
-	if n := m.nodes[nodeName]; n != nil {
-		return n.key
+// markATGs marks every AppliedToGroup of target group g with one entry.
+func (m *Model) markATGs(g *group) {
+	if g.atgsMarked == m.epoch {
+		return
 	}
-	return v1alpha1.NodeKey(nodeName)
+	g.atgsMarked = m.epoch
+	m.mark(dkey{kind: dGroupATGs, a: g.key})
 }
 
-// spanLabel returns SpanLabel(nodeName), cached like nodeKey.
-func (m *Model) spanLabel(nodeName string) string {
-	if n := m.nodes[nodeName]; n != nil {
-		return n.label
+func (m *Model) markNP(p *policy) { m.mark(dkey{kind: dNetworkPolicy, a: p.objName}) }
+
+func (m *Model) markPR(n *node) {
+	if n.prMarked == m.epoch {
+		return
 	}
-	return v1alpha1.SpanLabel(nodeName)
+	n.prMarked = m.epoch
+	m.mark(dkey{kind: dPodRealization, b: n.key})
 }
 
 // TakeDirty returns the keys of every object that may have changed since
 // the last call (including objects that must now be deleted) and forgets
-// them. The order is unspecified.
+// them, in the order they were first marked. That order keeps together
+// the objects one change marks (the AppliedToGroups of a group a policy
+// starts using, ...), so building them in it reuses what the build of the
+// previous one read.
 func (m *Model) TakeDirty() []Key {
-	out := make([]Key, 0, len(m.dirty))
-	for k := range m.dirty {
-		var key Key
-		switch k.kind {
-		case dAddressGroup:
-			key = Key{KindAddressGroup, k.a + "-" + strconv.Itoa(int(k.i))}
-		case dAppliedToGroup:
-			key = Key{KindAppliedToGroup, k.a + "-" + m.nodeKey(k.b)}
-		case dNetworkPolicy:
-			key = Key{KindNetworkPolicy, k.a}
-		case dPodRealization:
-			key = Key{KindPodRealization, m.nodeKey(k.b)}
+	ents, n := m.dirtyEntries()
+	out := make([]Key, 0, n)
+	for _, e := range ents {
+		if e.k.kind == dGroupATGs {
+			out = m.appendGroupATGs(out, e.g)
+		} else {
+			out = append(out, e.k.key())
 		}
-		out = append(out, key)
 	}
-	if len(out) > 1024 {
+	if len(ents) > 1024 {
 		// clear keeps a map's memory: after a burst (a cold start marks
 		// every object), let the big table go.
-		m.dirty = make(map[dkey]struct{})
+		m.dirty = make(map[dkey]int32)
 	} else {
 		clear(m.dirty)
+	}
+	m.soloATGs = 0
+	m.epoch++
+	return out
+}
+
+// dirtyEntry is a dirty set entry being taken; g is the group of a
+// dGroupATGs entry, nil when it has no AppliedToGroups now.
+type dirtyEntry struct {
+	k dkey
+	g *group
+}
+
+// dirtyEntries returns the dirty set's entries in marking order and how
+// many keys they stand for.
+func (m *Model) dirtyEntries() ([]dirtyEntry, int) {
+	ents := make([]dirtyEntry, len(m.dirty))
+	n := 0
+	for k, seq := range m.dirty {
+		e := &ents[seq]
+		e.k = k
+		if k.kind != dGroupATGs {
+			n++
+		} else if e.g = m.atgGroup(k.a); e.g != nil {
+			n += e.g.byNode.Len()
+		}
+	}
+	return ents, n
+}
+
+// key returns the key of a dirty object (not of a dGroupATGs entry).
+func (k dkey) key() Key {
+	switch k.kind {
+	case dAddressGroup:
+		return Key{KindAddressGroup, k.a + "-" + strconv.Itoa(int(k.i))}
+	case dAppliedToGroup:
+		return Key{KindAppliedToGroup, k.a + "-" + k.b}
+	case dNetworkPolicy:
+		return Key{KindNetworkPolicy, k.a}
+	}
+	return Key{KindPodRealization, k.b}
+}
+
+// atgGroup returns the group a dGroupATGs entry names if it has
+// AppliedToGroups now, else nil.
+func (m *Model) atgGroup(key string) *group {
+	if g := m.groups[key]; g != nil && g.targetRefs > 0 {
+		return g
+	}
+	return nil
+}
+
+// appendGroupATGs appends the keys of the AppliedToGroups of g (none if
+// nil), except those the dirty set holds on their own entry, which lists
+// them.
+func (m *Model) appendGroupATGs(out []Key, g *group) []Key {
+	if g == nil {
+		return out
+	}
+	for n := range g.byNode.Keys() {
+		if m.soloATGs > 0 {
+			if _, ok := m.dirty[dkey{kind: dAppliedToGroup, a: g.key, b: n.key}]; ok {
+				continue
+			}
+		}
+		out = append(out, Key{KindAppliedToGroup, atgName(g, n)})
 	}
 	return out
 }
 
-// DirtyLen is the number of keys TakeDirty would return.
+// mark adds k to the dirty set, numbering it in marking order, and
+// reports whether it is new there.
+func (m *Model) mark(k dkey) bool {
+	if _, ok := m.dirty[k]; ok {
+		return false
+	}
+	m.dirty[k] = int32(len(m.dirty))
+	return true
+}
+
+// DirtyLen is the size of the dirty set, in which one entry may stand for
+// all AppliedToGroups of a group: TakeDirty returns no key when it is 0.
 func (m *Model) DirtyLen() int { return len(m.dirty) }
 
 func (m *Model) ns(name string) *namespace {
@@ -317,7 +415,7 @@ func (m *Model) UpsertNode(n *corev1.Node) {
 	nd := m.nodeFor(n.Name)
 	if !nd.known {
 		nd.known = true
-		m.markPR(nd.name)
+		m.markPR(nd)
 	}
 }
 
@@ -328,7 +426,7 @@ func (m *Model) DeleteNode(name string) {
 		return
 	}
 	nd.known = false
-	m.markPR(nd.name)
+	m.markPR(nd)
 	m.gcNode(nd)
 }
 
@@ -389,29 +487,53 @@ func (m *Model) relabelNamespace(n *namespace, l map[string]string) {
 
 // ---- Pods ----
 
+// PodInfo is what the model reads of a Pod. The policy controller's
+// informer keeps only this of each Pod, not the Pod itself.
+type PodInfo struct {
+	Namespace, Name, UID string
+	// Labels is the Pod's label map (shared, not copied).
+	Labels map[string]string
+	// NodeName is spec.nodeName.
+	NodeName string
+	// Active: not hostNetwork, and phase neither Succeeded nor Failed.
+	Active bool
+	// IPs are status.podIPs (or status.podIP).
+	IPs []string
+	// Ports are the named container ports, in container order.
+	Ports []v1alpha1.NamedPort
+}
+
+// PodInfoOf returns what the model reads of p.
+func PodInfoOf(p *corev1.Pod) PodInfo {
+	return PodInfo{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID), Labels: p.Labels,
+		NodeName: p.Spec.NodeName, IPs: podIPs(p), Ports: namedPorts(p),
+		Active: !p.Spec.HostNetwork && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed}
+}
+
 // UpsertPod records a Pod (its labels, spec.nodeName, status.podIPs,
-// named container ports, phase and hostNetwork) and updates the groups it
-// belongs to. Updates that change none of these are free. The model keeps
-// p.Labels without copying it: like an informer cache's objects, p must
-// not be mutated afterwards.
-func (m *Model) UpsertPod(p *corev1.Pod) {
+// named container ports, phase and hostNetwork): UpsertPodInfo of
+// PodInfoOf(p).
+func (m *Model) UpsertPod(p *corev1.Pod) { m.UpsertPodInfo(PodInfoOf(p)) }
+
+// UpsertPodInfo records a Pod and updates the groups it belongs to.
+// Updates that change nothing the model reads are free. The model keeps
+// p.Labels, p.IPs and p.Ports without copying them: like an informer
+// cache's objects, they must not be mutated afterwards.
+func (m *Model) UpsertPodInfo(p PodInfo) {
 	n := m.ns(p.Namespace)
 	pd := n.pods[p.Name]
-	if pd != nil && pd.uid != string(p.UID) {
+	if pd != nil && pd.uid != p.UID {
 		m.removePod(pd)
 		pd = nil
 	}
-	ips := podIPs(p)
-	ports := namedPorts(p)
-	active := !p.Spec.HostNetwork && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed
 	if pd == nil {
-		pd = &pod{ns: n, name: p.Name, uid: string(p.UID)}
+		pd = &pod{ns: n, name: p.Name, uid: p.UID}
 		n.pods[p.Name] = pd
-	} else if pd.active == active && pd.node == p.Spec.NodeName && slices.Equal(pd.ips, ips) &&
-		slices.Equal(pd.ports, ports) && mapsEqual(pd.labels, p.Labels) {
+	} else if pd.active == p.Active && pd.node == p.NodeName && slices.Equal(pd.ips, p.IPs) &&
+		slices.Equal(pd.ports, p.Ports) && mapsEqual(pd.labels, p.Labels) {
 		return
 	}
-	m.updatePod(pd, p.Labels, p.Spec.NodeName, ips, ports, active)
+	m.updatePod(pd, p.Labels, p.NodeName, p.IPs, p.Ports, p.Active)
 }
 
 // DeletePod forgets a Pod.
@@ -467,9 +589,9 @@ func (m *Model) updatePod(pd *pod, lbls map[string]string, nodeName string, ips 
 		if oldNode != "" {
 			on := m.nodes[oldNode]
 			delete(on.pods, pd)
-			m.markPR(on.name)
+			m.markPR(on)
 			for _, mb := range pd.groups {
-				m.removeFromNode(mb.g, pd, oldNode)
+				m.removeFromNode(mb.g, pd, on)
 			}
 			m.gcNode(on)
 		}
@@ -477,7 +599,7 @@ func (m *Model) updatePod(pd *pod, lbls map[string]string, nodeName string, ips 
 			nn := m.nodeFor(newNode)
 			nn.pods[pd] = struct{}{}
 			for _, mb := range pd.groups {
-				m.addToNode(mb.g, pd, newNode)
+				m.addToNode(mb.g, pd, nn)
 			}
 		}
 	}
@@ -488,16 +610,17 @@ func (m *Model) updatePod(pd *pod, lbls map[string]string, nodeName string, ips 
 		pd.ns.podIdx.move(pd, pd.labels, lbls)
 	}
 	pd.labels, pd.node, pd.ips, pd.ports, pd.active = lbls, nodeName, ips, ports, active
-	if newNode != "" {
-		m.markPR(newNode)
+	nn := m.podNode(pd)
+	if nn != nil {
+		m.markPR(nn)
 	}
 	// Kept groups: refresh contents.
 	if ipsChanged || portsChanged {
 		for i := range pd.groups {
 			mb := &pd.groups[i]
 			g := mb.g
-			if newNode != "" && g.targetRefs > 0 {
-				m.markATG(g, newNode)
+			if nn != nil && g.targetRefs > 0 {
+				m.markATG(g, nn)
 			}
 			switch {
 			case hadIPs && len(ips) == 0:
@@ -524,10 +647,10 @@ func (m *Model) join(pd *pod, g *group) {
 		s = m.assignSlice(g, pd)
 	}
 	pd.groups = append(pd.groups, membership{g: g, slice: s})
-	if pd.active && pd.node != "" {
-		m.addToNode(g, pd, pd.node)
+	if n := m.podNode(pd); n != nil {
+		m.addToNode(g, pd, n)
 		if g.targetRefs > 0 {
-			m.markPR(pd.node)
+			m.markPR(n)
 		}
 	}
 }
@@ -542,53 +665,61 @@ func (m *Model) leave(pd *pod, g *group) {
 	if mb.slice >= 0 {
 		m.releaseSlice(g, pd, mb.slice)
 	}
-	if pd.active && pd.node != "" {
-		m.removeFromNode(g, pd, pd.node)
+	if n := m.podNode(pd); n != nil {
+		m.removeFromNode(g, pd, n)
 		if g.targetRefs > 0 {
-			m.markPR(pd.node)
+			m.markPR(n)
 		}
 	}
 }
 
-func (m *Model) atgName(g *group, nodeName string) string { return g.key + "-" + m.nodeKey(nodeName) }
+// podNode returns the node of an active Pod with a Node, else nil.
+func (m *Model) podNode(pd *pod) *node {
+	if !pd.active || pd.node == "" {
+		return nil
+	}
+	return m.nodes[pd.node]
+}
+
+func atgName(g *group, n *node) string { return g.key + "-" + n.key }
 
 func agName(g *group, slice int) string { return g.key + "-" + strconv.Itoa(slice) }
 
 func npName(uid string) string { return "np-" + uid }
 
-func (m *Model) addToNode(g *group, pd *pod, nodeName string) {
-	list := g.byNode.Ptr(nodeName)
+func (m *Model) addToNode(g *group, pd *pod, n *node) {
+	list := g.byNode.Ptr(n)
 	*list = append(*list, pd)
-	n := len(*list)
+	first := len(*list) == 1
 	if g.targetRefs > 0 {
-		m.markATG(g, nodeName)
+		m.markATG(g, n)
 	}
-	if n == 1 {
-		m.groupNodeChanged(g, nodeName, +1)
+	if first {
+		m.groupNodeChanged(g, n, +1)
 	}
 }
 
-func (m *Model) removeFromNode(g *group, pd *pod, nodeName string) {
-	list, _ := g.byNode.Get(nodeName)
+func (m *Model) removeFromNode(g *group, pd *pod, n *node) {
+	list, _ := g.byNode.Get(n)
 	list, ok := removePod(list, pd)
 	if !ok {
 		return
 	}
 	if g.targetRefs > 0 {
-		m.markATG(g, nodeName)
+		m.markATG(g, n)
 	}
 	if len(list) > 0 {
-		g.byNode.Put(nodeName, list)
+		g.byNode.Put(n, list)
 	} else {
-		g.byNode.Delete(nodeName)
-		m.groupNodeChanged(g, nodeName, -1)
+		g.byNode.Delete(n)
+		m.groupNodeChanged(g, n, -1)
 	}
 }
 
 // groupNodeChanged handles a target group gaining (+1) or losing (-1) its
 // first/last member on a Node: the span of its policies and of the
 // AddressGroups they use changes.
-func (m *Model) groupNodeChanged(g *group, nodeName string, d int) {
+func (m *Model) groupNodeChanged(g *group, n *node, d int) {
 	if g.targetRefs == 0 {
 		return
 	}
@@ -596,18 +727,18 @@ func (m *Model) groupNodeChanged(g *group, nodeName string, d int) {
 		m.markNP(p)
 	}
 	for ag := range g.peerAGs.Keys() {
-		m.spanAdd(ag, nodeName, d)
+		m.spanAdd(ag, n, d)
 	}
 }
 
 // spanAdd adjusts the count of target groups giving ag a presence on node.
-func (m *Model) spanAdd(ag *group, nodeName string, d int) {
-	c, _ := ag.span.Get(nodeName)
+func (m *Model) spanAdd(ag *group, n *node, d int) {
+	c, _ := ag.span.Get(n)
 	c += d
 	if c <= 0 {
-		ag.span.Delete(nodeName)
+		ag.span.Delete(n)
 	} else {
-		ag.span.Put(nodeName, c)
+		ag.span.Put(n, c)
 	}
 	if (d > 0 && c == 1) || (d < 0 && c == 0) {
 		m.markAllSlices(ag)
@@ -618,13 +749,13 @@ func (m *Model) exported(ag *group) bool { return ag.peerRefs > 0 && ag.span.Len
 
 func (m *Model) markSlice(ag *group, s int) {
 	if m.exported(ag) {
-		m.dirty[dkey{kind: dAddressGroup, a: ag.key, i: int32(s)}] = struct{}{}
+		m.mark(dkey{kind: dAddressGroup, a: ag.key, i: int32(s)})
 	}
 }
 
 func (m *Model) markAllSlices(ag *group) {
 	for i := range ag.slices {
-		m.dirty[dkey{kind: dAddressGroup, a: ag.key, i: int32(i)}] = struct{}{}
+		m.mark(dkey{kind: dAddressGroup, a: ag.key, i: int32(i)})
 	}
 }
 
@@ -672,8 +803,8 @@ func (m *Model) sliceCountChanged(g *group) {
 // bumpDigest invalidates the digest of every Pod in target group tg.
 func (m *Model) bumpDigest(tg *group) {
 	tg.ver++
-	for nodeName := range tg.byNode.Keys() {
-		m.markPR(nodeName)
+	for n := range tg.byNode.Keys() {
+		m.markPR(n)
 	}
 }
 
@@ -715,9 +846,7 @@ func (m *Model) attach(p *policy, tgSel v1alpha1.GroupSelector, peerSels []keyed
 	p.tg = tg
 	tg.targetRefs++
 	if tg.targetRefs == 1 {
-		for nodeName := range tg.byNode.Keys() {
-			m.markATG(tg, nodeName)
-		}
+		m.markATGs(tg)
 	}
 	tg.policies.Add(p)
 	for _, ks := range peerSels {
@@ -731,8 +860,8 @@ func (m *Model) attach(p *policy, tgSel v1alpha1.GroupSelector, peerSels []keyed
 		*refs++
 		if *refs == 1 {
 			ag.peerOf.Add(tg)
-			for nodeName := range tg.byNode.Keys() {
-				m.spanAdd(ag, nodeName, +1)
+			for n := range tg.byNode.Keys() {
+				m.spanAdd(ag, n, +1)
 			}
 		}
 	}
@@ -753,8 +882,8 @@ func (m *Model) detach(p *policy) {
 		if *refs == 0 {
 			tg.peerAGs.Delete(ag)
 			ag.peerOf.Delete(tg)
-			for nodeName := range tg.byNode.Keys() {
-				m.spanAdd(ag, nodeName, -1)
+			for n := range tg.byNode.Keys() {
+				m.spanAdd(ag, n, -1)
 			}
 		}
 		ag.peerRefs--
@@ -765,8 +894,8 @@ func (m *Model) detach(p *policy) {
 	tg.policies.Delete(p)
 	tg.targetRefs--
 	if tg.targetRefs == 0 {
-		for nodeName := range tg.byNode.Keys() {
-			m.markATG(tg, nodeName)
+		for n := range tg.byNode.Keys() {
+			m.markATG(tg, n)
 		}
 	}
 	m.releaseGroup(tg)
@@ -797,7 +926,6 @@ func (m *Model) acquire(sel v1alpha1.GroupSelector, key string) *group {
 		populate(n)
 		return g
 	}
-	g.cluster = true
 	g.nsM = newMatcher(sel.NamespaceSelector)
 	m.clusterIdx.add(g, g.nsM)
 	forCandidates(m.namespaces, &m.nsIdx, g.nsM, func(n *namespace) {
@@ -866,7 +994,7 @@ func (m *Model) releaseGroup(g *group) {
 	leaveAll := func(n *namespace) {
 		forCandidates(n.pods, &n.podIdx, g.podM, func(pd *pod) { m.leave(pd, g) })
 	}
-	if g.cluster {
+	if g.nsM != nil {
 		for _, n := range m.namespaces {
 			if n.cluster.Has(g) {
 				leaveAll(n)
@@ -876,7 +1004,7 @@ func (m *Model) releaseGroup(g *group) {
 		leaveAll(m.namespaces[g.sel.Namespace])
 	}
 	delete(m.groups, g.key)
-	if !g.cluster {
+	if g.nsM == nil {
 		n := m.namespaces[g.sel.Namespace]
 		n.idx.remove(g, g.podM)
 		m.gcNamespace(n)

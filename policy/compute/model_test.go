@@ -422,6 +422,27 @@ func TestPodChangesTouchOnlyTheirObjects(t *testing.T) {
 	}
 }
 
+// TestTakeDirtyOrder checks TakeDirty returns each dirty key once, in the
+// order it was first marked.
+func TestTakeDirtyOrder(t *testing.T) {
+	m := New(0)
+	for _, n := range []string{"n2", "n0", "n1"} {
+		m.UpsertNode(mkNode(n))
+	}
+	m.DeleteNode("n0") // marks n0's PodRealization again
+	want := []Key{
+		{KindPodRealization, v1alpha1.NodeKey("n2")},
+		{KindPodRealization, v1alpha1.NodeKey("n0")},
+		{KindPodRealization, v1alpha1.NodeKey("n1")},
+	}
+	if got := m.TakeDirty(); !reflect.DeepEqual(got, want) {
+		t.Errorf("TakeDirty = %v, want %v", got, want)
+	}
+	if got := m.TakeDirty(); len(got) != 0 {
+		t.Errorf("second TakeDirty = %v, want none", got)
+	}
+}
+
 func TestPodRealizationDigest(t *testing.T) {
 	m := New(0)
 	m.UpsertNode(mkNode("n1"))
@@ -457,9 +478,9 @@ func TestPodRealizationDigest(t *testing.T) {
 }
 
 // TestIncrementalMatchesRebuild drives random events and checks, after
-// each, that (1) every object whose desired content changed is in the
-// dirty set and (2) the model equals one built from scratch from the final
-// state.
+// each or after a few, that (1) every object whose desired content changed
+// is in the dirty set, once, and (2) the model equals one built from
+// scratch from the final state.
 func TestIncrementalMatchesRebuild(t *testing.T) {
 	rng := rand.New(rand.NewSource(7))
 	m := New(3)
@@ -487,7 +508,8 @@ func TestIncrementalMatchesRebuild(t *testing.T) {
 		}
 	}
 	prev := snapshot(t, m)
-	for step := 0; step < 1500; step++ {
+	const steps = 1500
+	for step := 0; step < steps; step++ {
 		ns := fmt.Sprintf("ns%d", rng.Intn(3))
 		switch op := rng.Intn(10); {
 		case op < 4:
@@ -551,7 +573,14 @@ func TestIncrementalMatchesRebuild(t *testing.T) {
 				m.DeleteNamespace(ns)
 			}
 		}
-		dirty := keySet(m.TakeDirty())
+		if step < steps-1 && rng.Intn(3) == 0 {
+			continue // several events in one dirty set
+		}
+		keys := m.TakeDirty()
+		dirty := keySet(keys)
+		if len(dirty) != len(keys) {
+			t.Fatalf("step %d: TakeDirty returned a key twice: %v", step, keys)
+		}
 		cur := snapshot(t, m)
 		for k, v := range cur {
 			if prev[k] != v && !dirty[k] {

@@ -50,7 +50,8 @@ func PolicyTypes(spec *networkingv1.NetworkPolicySpec) []string {
 func computeSpec(np *networkingv1.NetworkPolicy) (v1alpha1.NetworkPolicySpec, v1alpha1.GroupSelector, []keyedSel) {
 	tgSel := NormalizeGroupSelector(v1alpha1.GroupSelector{Namespace: np.Namespace, PodSelector: &np.Spec.PodSelector})
 	spec := v1alpha1.NetworkPolicySpec{
-		Source:         v1alpha1.PolicyReference{Namespace: np.Namespace, Name: np.Name, UID: string(np.UID)},
+		Source: v1alpha1.PolicyReference{Namespace: np.Namespace, Name: np.Name, UID: string(np.UID),
+			Generation: np.Generation},
 		AppliedToGroup: groupKeyNorm(tgSel),
 		PolicyTypes:    PolicyTypes(&np.Spec),
 	}

@@ -116,6 +116,24 @@ type Controller struct {
 	// and the queue is empty (for tests and benchmarks).
 	mu      sync.Mutex
 	current *leading
+	// term is the state of the current (or last) term, for Status.
+	term atomic.Pointer[term]
+	// leaderTasks run during every term (AddLeaderTask).
+	leaderTasks []func(ctx context.Context)
+}
+
+// AddLeaderTask makes fn run, in its own goroutine, for every term this
+// instance leads, with the term's context (cancelled when the term ends;
+// the term ends only after fn returns). Call it before Run.
+func (c *Controller) AddLeaderTask(fn func(ctx context.Context)) {
+	c.leaderTasks = append(c.leaderTasks, fn)
+}
+
+// term is what Status reports of one leadership term.
+type term struct {
+	since       time.Time
+	initialSync time.Duration
+	last        *Round
 }
 
 // New returns a controller; it does nothing until Run.
@@ -179,7 +197,7 @@ func (c *Controller) Run(ctx context.Context) error {
 					c.leader.Store(true)
 					c.metrics.leader.Set(1)
 					c.log.Info("became policy controller leader")
-					if err := c.lead(lctx); err != nil && lctx.Err() == nil {
+					if err := c.lead(lctx, termStart(lctx, lock, c.cfg.Identity)); err != nil && lctx.Err() == nil {
 						c.log.Error("policy controller stopped", zap.Error(err))
 					}
 				},
@@ -210,4 +228,16 @@ func (c *Controller) Run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// termStart is when this instance's current term began: the Lease's
+// acquireTime when the Lease names it (a restarted instance that takes
+// back its own Lease continues the term; client-go keeps acquireTime
+// then), else now.
+func termStart(ctx context.Context, lock resourcelock.Interface, identity string) time.Time {
+	rec, _, err := lock.Get(ctx)
+	if err != nil || rec == nil || rec.HolderIdentity != identity || rec.AcquireTime.IsZero() {
+		return time.Now()
+	}
+	return rec.AcquireTime.Time
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/seine-net/seine/policy/apis/controlplane/v1alpha1"
 	cpinformers "github.com/seine-net/seine/policy/client/informers"
+	"github.com/seine-net/seine/policy/compute"
 	"github.com/seine-net/seine/policy/realization"
 )
 
@@ -187,6 +189,19 @@ func TestControllerAgainstAPIServer(t *testing.T) {
 	waitFor(t, 30*time.Second, "controller a leads", a.IsLeader)
 	waitIdle(t, a, 60*time.Second, 500*time.Millisecond)
 	s := snapshot(t, e)
+
+	// --- Status: the term, the counts, the initial round ---
+	st := a.Status()
+	if !st.Leading || time.Since(st.Since) > time.Minute || st.InitialSync <= 0 || st.LastRound == nil || st.LastRound.Objects == 0 {
+		t.Errorf("Status after the initial sync: %+v", st)
+	}
+	if st.Sources["pods"] != len(pods) || st.Sources["networkpolicies"] != 2 || st.Sources["nodes"] != len(nodes) ||
+		st.Computed[compute.KindNetworkPolicy] != 2 || st.Computed[compute.KindPodRealization] != len(nodes) {
+		t.Errorf("Status counts: sources %v, computed %v", st.Sources, st.Computed)
+	}
+	if n := testutil.CollectAndCount(reg, "seine_policy_controller_round_duration_seconds"); n != 1 {
+		t.Errorf("round histogram: %d series", n)
+	}
 
 	// --- computed objects ---
 	np := s.np(allowUID)

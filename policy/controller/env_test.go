@@ -2,13 +2,8 @@ package controller
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,15 +20,8 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/seine-net/seine/policy/client/clientset/versioned"
-	"github.com/seine-net/seine/tests/sandbox/controlplane"
+	"github.com/seine-net/seine/tests/apienv"
 )
-
-func k8sBinDir() string {
-	if d := os.Getenv("SEINE_K8S_BIN"); d != "" {
-		return d
-	}
-	return "/root/.cache/seine/k8s-v1.36.3/bin"
-}
 
 // env is a real control plane with the CRDs applied.
 type env struct {
@@ -50,74 +38,18 @@ type env struct {
 // removed at cleanup.
 func startEnv(tb testing.TB) *env {
 	tb.Helper()
-	if os.Geteuid() != 0 {
-		tb.Skip("needs root (network namespaces)")
-	}
-	if _, err := os.Stat(filepath.Join(k8sBinDir(), "kube-apiserver")); err != nil {
-		tb.Skipf("Kubernetes binaries not found in %s: %v", k8sBinDir(), err)
-	}
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	ns := "seine-pc-" + hex.EncodeToString(b)
-	run(tb, "ip", "netns", "add", ns)
-	tb.Cleanup(func() {
-		if out, err := exec.Command("ip", "netns", "delete", ns).CombinedOutput(); err != nil {
-			tb.Errorf("ip netns delete %s: %v: %s", ns, err, out)
-		}
-	})
-	run(tb, "ip", "-n", ns, "link", "set", "lo", "up")
-	run(tb, "ip", "-n", ns, "addr", "add", "198.18.0.1/32", "dev", "lo")
-	stateDir := filepath.Join(tb.TempDir(), "cp")
-	tb.Cleanup(func() {
-		if err := controlplane.Stop(stateDir); err != nil {
-			tb.Errorf("stop control plane: %v", err)
-		}
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	cpl, err := controlplane.Start(ctx, controlplane.Config{
-		StateDir: stateDir, BinDir: k8sBinDir(), NetNS: ns, AdvertiseAddress: "198.18.0.1",
-	}, zap.NewNop())
-	if err != nil {
-		tb.Fatalf("start control plane: %v", err)
-	}
-	crds, err := filepath.Glob("../../deploy/crds/controlplane.seine.io_*.yaml")
-	if err != nil || len(crds) != 4 {
-		tb.Fatalf("CRD manifests in deploy/crds: %v (%v), want 4", crds, err)
-	}
-	if err := cpl.Apply(ctx, crds...); err != nil {
-		tb.Fatalf("apply CRDs: %v", err)
-	}
-	rc, err := cpl.RESTConfig()
-	if err != nil {
-		tb.Fatal(err)
-	}
+	rc := apienv.Start(tb, "../../deploy/crds")
 	rc.QPS, rc.Burst = 2000, 4000
 	e := &env{rc: rc}
 	e.kube = kubernetes.NewForConfigOrDie(rc)
 	// The namespace of the controller's Lease, as the manifest creates it.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
 	if _, err := e.kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{
-		ObjectMeta: metav1.ObjectMeta{Name: DefaultLeaseNamespace}}, metav1.CreateOptions{}); err != nil {
+		ObjectMeta: metav1.ObjectMeta{Name: DefaultLeaseNamespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		tb.Fatalf("create namespace %s: %v", DefaultLeaseNamespace, err)
 	}
 	e.cp = versioned.NewForConfigOrDie(rc)
-	c := e.cp.ControlplaneV1alpha1()
-	for _, list := range []func() error{
-		func() error { _, err := c.AddressGroups().List(ctx, metav1.ListOptions{}); return err },
-		func() error { _, err := c.AppliedToGroups().List(ctx, metav1.ListOptions{}); return err },
-		func() error { _, err := c.NetworkPolicies().List(ctx, metav1.ListOptions{}); return err },
-		func() error { _, err := c.PodRealizations().List(ctx, metav1.ListOptions{}); return err },
-	} {
-		var err error
-		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-			if err = list(); err == nil {
-				break
-			}
-		}
-		if err != nil {
-			tb.Fatalf("CRD not served after 30s: %v", err)
-		}
-	}
 	return e
 }
 
@@ -129,13 +61,6 @@ func (e *env) countingCP(qps float32, burst int) versioned.Interface {
 	rc.QPS, rc.Burst = qps, burst
 	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &countingRT{rt: rt, n: &e.bytes} })
 	return versioned.NewForConfigOrDie(rc)
-}
-
-func run(tb testing.TB, name string, args ...string) {
-	tb.Helper()
-	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
-		tb.Fatalf("%s %v: %v: %s", name, args, err, out)
-	}
 }
 
 // createAll writes source objects in parallel: Nodes, Namespaces, Pods

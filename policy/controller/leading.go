@@ -44,6 +44,14 @@ type leading struct {
 	initialDone atomic.Bool
 
 	kinds map[compute.Kind]reconciler
+	// sources are the stores of the source informers, by kind.
+	sources map[string]cache.Store
+
+	// rmu guards the current round (see Round): when it started (zero
+	// while idle) and how many objects it reconciled.
+	rmu          sync.Mutex
+	roundStart   time.Time
+	roundObjects int
 }
 
 func (l *leading) idle() bool {
@@ -61,6 +69,11 @@ func (l *leading) depth() int {
 
 // enqueue schedules k for reconciliation after delay.
 func (l *leading) enqueue(k compute.Key, delay time.Duration) {
+	l.rmu.Lock()
+	if l.roundStart.IsZero() {
+		l.roundStart = time.Now()
+	}
+	l.rmu.Unlock()
 	l.smu.Lock()
 	l.scheduled[k] = struct{}{}
 	l.smu.Unlock()
@@ -74,42 +87,17 @@ func (l *leading) enqueue(k compute.Key, delay time.Duration) {
 // apply runs one model update and schedules the objects it dirtied.
 func (l *leading) apply(fn func(m *compute.Model)) {
 	l.mu.Lock()
+	start := time.Now()
 	fn(l.model)
 	var keys []compute.Key
 	if l.started && l.model.DirtyLen() > 0 {
 		keys = l.model.TakeDirty()
 	}
+	l.c.metrics.compute.Observe(time.Since(start).Seconds())
 	l.mu.Unlock()
 	for _, k := range keys {
 		l.enqueue(k, l.c.cfg.WriteDelay)
 	}
-}
-
-// stripPod keeps only what the model reads of a Pod, so the informer
-// cache of a large cluster stays small.
-func stripPod(obj any) (any, error) {
-	p, ok := obj.(*corev1.Pod)
-	if !ok {
-		return obj, nil
-	}
-	out := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name, UID: p.UID, Labels: p.Labels,
-			ResourceVersion: p.ResourceVersion},
-		Spec:   corev1.PodSpec{NodeName: p.Spec.NodeName, HostNetwork: p.Spec.HostNetwork},
-		Status: corev1.PodStatus{Phase: p.Status.Phase, PodIP: p.Status.PodIP, PodIPs: p.Status.PodIPs},
-	}
-	for _, ct := range p.Spec.Containers {
-		var named []corev1.ContainerPort
-		for _, port := range ct.Ports {
-			if port.Name != "" {
-				named = append(named, port)
-			}
-		}
-		if named != nil {
-			out.Spec.Containers = append(out.Spec.Containers, corev1.Container{Name: ct.Name, Ports: named})
-		}
-	}
-	return out, nil
 }
 
 // stripMeta drops managed fields and annotations of other source objects.
@@ -130,8 +118,8 @@ func deletedKey(obj any) (string, string) {
 	return ns, name
 }
 
-// lead runs the controller for one term, until ctx ends.
-func (c *Controller) lead(ctx context.Context) error {
+// lead runs the controller for one term, begun at since, until ctx ends.
+func (c *Controller) lead(ctx context.Context, since time.Time) error {
 	ctx, cancel := context.WithCancel(ctx)
 	l := &leading{
 		c:     c,
@@ -163,7 +151,7 @@ func (c *Controller) lead(ctx context.Context) error {
 	nsInf := kf.Core().V1().Namespaces().Informer()
 	npInf := kf.Networking().V1().NetworkPolicies().Informer()
 	nodeInf := kf.Core().V1().Nodes().Informer()
-	if err := podInf.SetTransform(stripPod); err != nil {
+	if err := podInf.SetTransform(compactPod); err != nil {
 		return fmt.Errorf("pod informer transform: %w", err)
 	}
 	for _, inf := range []cache.SharedIndexInformer{nsInf, npInf, nodeInf} {
@@ -176,8 +164,10 @@ func (c *Controller) lead(ctx context.Context) error {
 		upsert func(m *compute.Model, o any)
 		del    func(m *compute.Model, ns, name string)
 	}
+	l.sources = map[string]cache.Store{"pods": podInf.GetStore(), "namespaces": nsInf.GetStore(),
+		"networkpolicies": npInf.GetStore(), "nodes": nodeInf.GetStore()}
 	specs := []handlerSpec{
-		{podInf, func(m *compute.Model, o any) { m.UpsertPod(o.(*corev1.Pod)) },
+		{podInf, func(m *compute.Model, o any) { m.UpsertPodInfo(o.(*cachedPod).info) },
 			func(m *compute.Model, ns, name string) { m.DeletePod(ns, name) }},
 		{nsInf, func(m *compute.Model, o any) { m.UpsertNamespace(o.(*corev1.Namespace)) },
 			func(m *compute.Model, _, name string) { m.DeleteNamespace(name) }},
@@ -232,6 +222,17 @@ func (c *Controller) lead(ctx context.Context) error {
 	c.mu.Unlock()
 
 	start := time.Now()
+	c.term.Store(&term{since: since})
+	l.rmu.Lock()
+	l.roundStart = start // the initial sync is the term's first round
+	l.rmu.Unlock()
+	for _, task := range c.leaderTasks {
+		workers.Add(1)
+		go func() {
+			defer workers.Done()
+			task(ctx)
+		}()
+	}
 	kf.Start(ctx.Done())
 	cf.Start(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
@@ -352,6 +353,7 @@ func (l *leading) work(ctx context.Context) bool {
 	defer func() {
 		l.queue.Done(k)
 		l.inflight.Add(-1)
+		l.roundDone()
 	}()
 	r := l.kinds[k.Kind]
 	if r == nil {
@@ -453,4 +455,31 @@ func (l *leading) keepNow(k compute.Key) {
 	l.smu.Lock()
 	delete(l.deleteAt, k)
 	l.smu.Unlock()
+}
+
+// roundDone ends the current round if the controller is idle now.
+func (l *leading) roundDone() {
+	l.rmu.Lock()
+	defer l.rmu.Unlock()
+	if l.roundStart.IsZero() {
+		return
+	}
+	l.roundObjects++
+	if !l.idle() {
+		return
+	}
+	now := time.Now()
+	r := Round{FinishedAt: now, Duration: now.Sub(l.roundStart), Objects: l.roundObjects}
+	l.roundStart, l.roundObjects = time.Time{}, 0
+	l.c.metrics.round.Observe(r.Duration.Seconds())
+	cur := l.c.term.Load()
+	if cur == nil {
+		return
+	}
+	t := *cur
+	if t.initialSync == 0 {
+		t.initialSync = r.Duration
+	}
+	t.last = &r
+	l.c.term.Store(&t)
 }

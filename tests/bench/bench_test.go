@@ -6,12 +6,10 @@ package bench
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
-	"sync"
 	"testing"
 	"time"
 
@@ -73,61 +71,4 @@ func percentile(d []time.Duration, p float64) time.Duration {
 		idx = len(s) - 1
 	}
 	return s[idx]
-}
-
-// BenchmarkCNIAdd measures CNI ADD latency through the installed conflist
-// (seine, portmap, bandwidth) on one Node, for 50 Pods one after another
-// and 50 at once. Metrics: p50 and p99 in milliseconds.
-func BenchmarkCNIAdd(b *testing.B) {
-	c := up(b, "bcni", 1)
-	node := c.Nodes()[0].Name
-	cc, err := c.CNI(node, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx := context.Background()
-	const pods = 50
-	run := func(label string, concurrent bool) {
-		var mu sync.Mutex
-		var lat []time.Duration
-		var wg sync.WaitGroup
-		var firstErr error
-		add := func(i int) {
-			defer wg.Done()
-			rt := sandbox.RuntimeConf(fmt.Sprintf("%s%02d", label, i), netns(b, fmt.Sprintf("seine-bcni-%s%02d", label, i)))
-			start := time.Now()
-			_, err := cc.Add(ctx, rt)
-			d := time.Since(start)
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil && firstErr == nil {
-				firstErr = err
-			}
-			lat = append(lat, d)
-		}
-		rts := make([]int, pods)
-		for i := range rts {
-			wg.Add(1)
-			if concurrent {
-				go add(i)
-			} else {
-				add(i)
-			}
-		}
-		wg.Wait()
-		if firstErr != nil {
-			b.Fatalf("%s ADD: %v", label, firstErr)
-		}
-		b.ReportMetric(float64(percentile(lat, 0.5).Microseconds())/1000, label+"-p50-ms")
-		b.ReportMetric(float64(percentile(lat, 0.99).Microseconds())/1000, label+"-p99-ms")
-		for i := 0; i < pods; i++ {
-			if err := cc.Del(ctx, sandbox.RuntimeConf(fmt.Sprintf("%s%02d", label, i), "")); err != nil {
-				b.Fatal(err)
-			}
-		}
-	}
-	for i := 0; i < b.N; i++ {
-		run("serial", false)
-		run("parallel", true)
-	}
 }

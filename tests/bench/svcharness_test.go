@@ -61,10 +61,11 @@ type svcRef struct {
 func svcName(i int) string { return fmt.Sprintf("svc-%05d", i) }
 
 // endpointIP is endpoint j of synthetic Service i: addresses from
-// 10.244.64.0 upwards, above the podCIDRs a small sandbox allocates, so
-// nothing answers them (the benchmark only looks at the rules).
+// 10.244.64.0 to 10.244.249.255, above the podCIDRs a small sandbox
+// allocates, so nothing answers them (the benchmark only looks at the
+// rules); past 11,904 Services they repeat.
 func endpointIP(i, j int) string {
-	idx := i*svcEndpoints + j
+	idx := (i*svcEndpoints + j) % (186 * 256)
 	return fmt.Sprintf("10.244.%d.%d", 64+idx/256, idx%256)
 }
 
@@ -371,21 +372,37 @@ func (k *kubeProxy) deleteTables() {
 }
 
 // lastSync reads kubeproxy_sync_proxy_rules_last_timestamp_seconds for
-// IPv4: when the last successful nftables transaction finished.
+// IPv4: when the last successful nftables transaction finished (zero
+// before the first).
 func (k *kubeProxy) lastSync(ctx context.Context) (time.Time, error) {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+kubeProxyMetrics+"/metrics", nil)
-	resp, err := k.http.Do(req)
+	return scrapeTimestamp(ctx, k.http, "http://"+kubeProxyMetrics+"/metrics",
+		"kubeproxy_sync_proxy_rules_last_timestamp_seconds", `ip_family="IPv4"`)
+}
+
+// scrapeTimestamp reads the gauge name, a Unix time in seconds, from a
+// /metrics endpoint: the first series whose line contains label (any when
+// ""). It returns the zero time when there is none or it is 0. It scans the
+// text and stops at the series, rather than parsing the page, because the
+// benchmarks poll it every few milliseconds beside the proxy they time.
+func scrapeTimestamp(ctx context.Context, c *http.Client, url, name, label string) (time.Time, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return time.Time{}, err
+	}
+	resp, err := c.Do(req)
 	if err != nil {
 		return time.Time{}, err
 	}
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64*1024), 1024*1024)
-	const name = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
 	for sc.Scan() {
 		line := sc.Text()
-		if !strings.HasPrefix(line, name) || !strings.Contains(line, `ip_family="IPv4"`) {
+		if !strings.HasPrefix(line, name) || !strings.Contains(line, label) {
 			continue
+		}
+		if rest := line[len(name):]; rest == "" || (rest[0] != ' ' && rest[0] != '{') {
+			continue // another metric whose name starts with name
 		}
 		f := strings.Fields(line)
 		v, err := strconv.ParseFloat(f[len(f)-1], 64)
@@ -395,13 +412,9 @@ func (k *kubeProxy) lastSync(ctx context.Context) (time.Time, error) {
 		if v == 0 {
 			return time.Time{}, nil
 		}
-		sec := int64(v)
-		return time.Unix(sec, int64((v-float64(sec))*1e9)), nil
+		return time.Unix(0, int64(v*1e9)), nil
 	}
-	if err := sc.Err(); err != nil {
-		return time.Time{}, err
-	}
-	return time.Time{}, nil // no sync yet
+	return time.Time{}, sc.Err()
 }
 
 var serviceIPsElem = regexp.MustCompile(`(\d+\.\d+\.\d+\.\d+) \. tcp \. (\d+) : goto (service-[^\s,}]+)`)

@@ -123,6 +123,9 @@ func TestConformance(t *testing.T) {
 		filepath.Join(e2eBin, "e2e.test"), "--",
 		"--kubeconfig=" + c.InternalKubeconfig(), "--provider=skeleton", "--node-os-distro=debian",
 		"--dns-domain=cluster.local", "--dump-logs-on-failure=false",
+		// e2e.test counts the Nodes only in the first ginkgo process; the
+		// others would see -1 and skip every spec that needs two Nodes.
+		"--num-nodes=" + strconv.Itoa(len(c.Nodes())),
 	}
 	cmd := exec.Command("nsenter", args...)
 	cmd.Env = append(os.Environ(), "PATH="+nodeBin+":"+os.Getenv("PATH"))

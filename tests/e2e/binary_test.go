@@ -26,7 +26,7 @@ func TestBinaryIsStatic(t *testing.T) {
 		t.Fatalf("bin/seine needs shared libraries %v", libs)
 	}
 	bin := filepath.Dir(seineBin())
-	for name, want := range map[string]string{"seinectl": "seinectl ", "seine": "seine "} {
+	for name, want := range map[string]string{"seinectl": "seinectl: ", "seine": "seine "} {
 		out, err := exec.Command(filepath.Join(bin, name), "version").CombinedOutput()
 		if err != nil || !strings.HasPrefix(string(out), want) || !strings.Contains(string(out), "linux/amd64") {
 			t.Errorf("%s version: %q, %v", name, out, err)

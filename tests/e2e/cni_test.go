@@ -9,12 +9,15 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
+	types100 "github.com/containernetworking/cni/pkg/types/100"
 
+	"github.com/seine-net/seine/node/config"
 	"github.com/seine-net/seine/tests/sandbox"
 )
 
@@ -86,6 +89,14 @@ func countLines(s string) int {
 	return n
 }
 
+// requireSeineIPAM skips a test of seine's own attachments (its IPAM,
+// veths and conflist) in networkPolicyOnly mode, where the primary CNI
+// makes them (TestModePolicyOnly* test seine's part there).
+func requireSeineIPAM(t *testing.T) {
+	t.Helper()
+	requireMode(t, config.ModeEncap, config.ModeNoEncap, config.ModeHybrid)
+}
+
 // ipamAllocations is the allocation map of a Node's IPAM state file,
 // IP → owner, re-encoded as JSON ("{}" when there is none).
 func ipamAllocations(t *testing.T, c *sandbox.Cluster, n sandbox.Node) string {
@@ -112,6 +123,7 @@ func ipamAllocations(t *testing.T, c *sandbox.Cluster, n sandbox.Node) string {
 // veths, OVS ports, flows, IP allocations and nftables ruleset before and
 // after.
 func TestCNIAddDelCyclesLeakNothing(t *testing.T) {
+	requireSeineIPAM(t)
 	c := shared
 	n := c.Nodes()[2]
 	e := newCNIEnv(t, c, n, nil)
@@ -141,9 +153,75 @@ func TestCNIAddDelCyclesLeakNothing(t *testing.T) {
 	}
 }
 
+// TestCNIConcurrentAddsLeakNothing runs 200 ADDs at once through the
+// installed conflist, then 200 DELs at once: every ADD succeeds with its
+// own address, and afterwards the Node has no more veths, OVS ports,
+// flows, IP allocations or nftables rules than before.
+func TestCNIConcurrentAddsLeakNothing(t *testing.T) {
+	c := shared
+	n := c.Nodes()[2]
+	e := newCNIEnv(t, c, n, nil)
+	const pods = 200
+	rts := make([]*libcni.RuntimeConf, pods)
+	for i := range rts {
+		rts[i] = e.rt(fmt.Sprintf("conc%03d", i), newPodNS(t, fmt.Sprintf("seine-e2e-conc%03d", i)))
+	}
+	ctx := testCtx(t, 10*time.Minute)
+	before := snapshot(t, c, n)
+	errs := make([]error, pods)
+	ips := make([]string, pods)
+	var wg sync.WaitGroup
+	for i := range rts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := e.add(ctx, rts[i])
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			r, err := types100.NewResultFromResult(res)
+			if err != nil || len(r.IPs) != 1 {
+				errs[i] = fmt.Errorf("result %v: %v", res, err)
+				return
+			}
+			ips[i] = r.IPs[0].Address.IP.String()
+		}()
+	}
+	wg.Wait()
+	seen := map[string]int{}
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("ADD %d: %v", i, err)
+			continue
+		}
+		if j, dup := seen[ips[i]]; dup {
+			t.Errorf("ADDs %d and %d both got %s", j, i, ips[i])
+		}
+		seen[ips[i]] = i
+	}
+	if during := snapshot(t, c, n); during.IPs != before.IPs+len(seen) || during.Ports != before.Ports+len(seen) {
+		t.Errorf("with %d Pods attached: %+v, before %+v", len(seen), during, before)
+	}
+	for i := range rts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := e.del(ctx, rts[i]); err != nil {
+				t.Errorf("DEL %d: %v", i, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if after := snapshot(t, c, n); before != after {
+		t.Fatalf("after %d concurrent ADDs and DELs the Node changed: before %+v, after %+v", pods, before, after)
+	}
+}
+
 // TestCNIDelIsIdempotent: DEL of an unknown container, and DEL with the
 // netns already gone, succeed.
 func TestCNIDelIsIdempotent(t *testing.T) {
+	requireSeineIPAM(t)
 	c := shared
 	n := c.Nodes()[2]
 	e := newCNIEnv(t, c, n, nil)
@@ -185,6 +263,7 @@ func cniCode(err error) uint {
 }
 
 func TestCNIErrors(t *testing.T) {
+	requireSeineIPAM(t)
 	c := shared
 	n := c.Nodes()[2]
 	ctx := testCtx(t, 3*time.Minute)
@@ -260,6 +339,7 @@ func seineOnlyList(n sandbox.Node) []byte {
 // TestCNICheckAndGC: CHECK passes for a healthy attachment and fails once
 // its veth is gone; GC releases every attachment not listed as valid.
 func TestCNICheckAndGC(t *testing.T) {
+	requireSeineIPAM(t)
 	c := shared
 	n := c.Nodes()[1]
 	ctx := testCtx(t, 2*time.Minute)

@@ -64,14 +64,19 @@ func run(m *testing.M) int {
 	defer cancel()
 	log, _ := zap.NewDevelopment()
 	start := time.Now()
-	c, err := sandbox.Up(ctx, sandbox.Options{Name: sharedName, Nodes: 3, Log: log})
+	if err := readModeEnv(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	c, err := sandbox.Up(ctx, sandbox.Options{Name: sharedName, Nodes: 3, Mode: e2eMode, Subnets: e2eSubnets, Log: log})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "sandbox up: %v\n", err)
 		dumpLogs(sharedName)
 		_ = sandbox.Down(sharedName, "")
 		return 1
 	}
-	fmt.Fprintf(os.Stderr, "sandbox %s up with 3 Nodes in %s\n", sharedName, time.Since(start).Round(time.Millisecond))
+	fmt.Fprintf(os.Stderr, "sandbox %s up with 3 Nodes in %d transport subnet(s), mode %s, tables %s, in %s\n",
+		sharedName, e2eSubnets, e2eMode, map[bool]string{true: "full", false: "smoke"}[fullTables], time.Since(start).Round(time.Millisecond))
 	shared = c
 	code := m.Run()
 	if code != 0 {

@@ -20,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/seine-net/seine/tests/netpol"
 	"github.com/seine-net/seine/tests/sandbox"
@@ -272,12 +273,18 @@ func (e *netpolEnv) applyPolicies(ctx context.Context, want []*networkingv1.Netw
 		obj := p.DeepCopy()
 		got, err := api.Create(ctx, obj, metav1.CreateOptions{})
 		if apierrors.IsAlreadyExists(err) {
-			cur, gerr := api.Get(ctx, p.Name, metav1.GetOptions{})
-			if gerr != nil {
-				return nil, fmt.Errorf("get policy %s/%s: %w", p.Namespace, p.Name, gerr)
-			}
-			cur.Spec = *p.Spec.DeepCopy()
-			got, err = api.Update(ctx, cur, metav1.UpdateOptions{})
+			// Seine's controller annotates policies with their
+			// realization, so an update may race it: retry on conflict.
+			err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+				cur, gerr := api.Get(ctx, p.Name, metav1.GetOptions{})
+				if gerr != nil {
+					return gerr
+				}
+				cur.Spec = *p.Spec.DeepCopy()
+				var uerr error
+				got, uerr = api.Update(ctx, cur, metav1.UpdateOptions{})
+				return uerr
+			})
 		}
 		if err != nil {
 			return nil, fmt.Errorf("apply policy %s/%s: %w", p.Namespace, p.Name, err)
@@ -349,7 +356,8 @@ func (e *netpolEnv) socketProbe(ctx context.Context, from, to *netpol.Pod, pp ne
 }
 
 // traceTopology is what tracing needs of the datapath: each Pod's OVS
-// port and MAC, and each Node's tunnel port, gateway MAC and IP.
+// port and MAC, and each Node's tunnel port (0 without one), gateway port
+// and MAC.
 type traceTopology struct {
 	pods  map[netpol.PodID]tracePod
 	nodes map[string]traceNode
@@ -364,6 +372,7 @@ type tracePod struct {
 type traceNode struct {
 	node      sandbox.Node
 	tunOFPort int
+	gwOFPort  int
 	gwMAC     string
 }
 
@@ -381,7 +390,8 @@ func (e *netpolEnv) traceTopo() (*traceTopology, error) {
 			return strings.Trim(strings.TrimSpace(out), `"`), nil
 		}
 		for _, n := range e.c.Nodes() {
-			tun, err := get(n, "get", "Interface", "seine-tun0", "ofport")
+			tun, _ := get(n, "--if-exists", "get", "Interface", "seine-tun0", "ofport") // no tunnel: ""
+			gwPort, err := get(n, "get", "Interface", "seine-gw0", "ofport")
 			if err != nil {
 				e.traceErr = err
 				return
@@ -392,7 +402,8 @@ func (e *netpolEnv) traceTopo() (*traceTopology, error) {
 				return
 			}
 			tp, _ := strconv.Atoi(tun)
-			tt.nodes[n.Name] = traceNode{node: n, tunOFPort: tp, gwMAC: gw}
+			gp, _ := strconv.Atoi(gwPort)
+			tt.nodes[n.Name] = traceNode{node: n, tunOFPort: tp, gwOFPort: gp, gwMAC: gw}
 		}
 		for _, p := range e.base.Pods {
 			n, err := e.c.Node(p.Node)
@@ -437,7 +448,10 @@ const virtualMAC = "0e:5e:1e:00:00:01"
 // the source Node's pipeline from the source Pod's port (which, for a
 // destination on the same Node, also runs the destination's ingress
 // tables) and, for another Node, through the destination Node's pipeline
-// from the tunnel port. Self pairs are allowed (loopback in the Pod).
+// from the tunnel port, or from the gateway port when the source Node
+// routed the packet through the host instead (noEncap, hybrid peers in
+// the same subnet, networkPolicyOnly). Self pairs are allowed (loopback in
+// the Pod).
 func (e *netpolEnv) traceProbe(ctx context.Context, from, to *netpol.Pod, pp netpol.PortProto) (bool, error) {
 	if from.PodID == to.PodID {
 		return true, nil
@@ -457,10 +471,17 @@ func (e *netpolEnv) traceProbe(ctx context.Context, from, to *netpol.Pod, pp net
 		return ok, nil
 	}
 	dn := tt.nodes[dst.node.Name]
-	ok, out, err = netpol.TraceAllowed(ctx, dst.node.OVSRunDir, "br-int", netpol.TracePacket{
+	second := netpol.TracePacket{
 		InPort: dn.tunOFPort, TunSrc: src.node.IP, TunDst: dst.node.IP, Protocol: pp.Protocol,
 		DLSrc: tt.nodes[src.node.Name].gwMAC, DLDst: virtualMAC, TTL: 63,
-		NWSrc: from.IP.String(), NWDst: to.IP.String(), DstPort: int(pp.Port)})
+		NWSrc: from.IP.String(), NWDst: to.IP.String(), DstPort: int(pp.Port)}
+	if !strings.Contains(out, "->tun_dst") {
+		// Routed by the hosts: the destination's host hands it over
+		// through its gateway.
+		second.InPort, second.TunSrc, second.TunDst, second.DLSrc, second.DLDst, second.TTL =
+			dn.gwOFPort, "", "", dn.gwMAC, dst.mac, 62
+	}
+	ok, out, err = netpol.TraceAllowed(ctx, dst.node.OVSRunDir, "br-int", second)
 	if err != nil {
 		return false, fmt.Errorf("%w\n%s", err, out)
 	}

@@ -9,13 +9,18 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
+
+	"github.com/seine-net/seine/node/config"
 )
 
 // TestNodeDeletionRemovesPeerState adds a Node object (no real host behind
 // it: only its podCIDR and InternalIP matter to peers), waits until every
-// Node has its tunnel flow and host route, deletes it, and checks both are
-// gone everywhere.
+// Node has its flow and host route, deletes it, and checks both are gone
+// everywhere. The ghost's address is in the first transport subnet: the
+// Nodes there route to it directly in noEncap and hybrid, the others
+// through the tunnel (hybrid) or the underlay (noEncap: a flow, no route).
 func TestNodeDeletionRemovesPeerState(t *testing.T) {
+	requireMode(t, config.ModeEncap, config.ModeNoEncap, config.ModeHybrid) // no peer state in networkPolicyOnly
 	c := shared
 	ctx := testCtx(t, 2*time.Minute)
 	const ghostIP = "198.18.0.99"
@@ -44,15 +49,22 @@ func TestNodeDeletionRemovesPeerState(t *testing.T) {
 	present := func(want bool) func() error {
 		return func() error {
 			for _, n := range c.Nodes() {
+				direct := e2eMode.RoutesDirectly() && n.Subnet == 0
+				tunnel := e2eMode == config.ModeEncap || e2eMode == config.ModeHybrid && !direct
 				flows := ovs(t, n, "ovs-ofctl", "dump-flows", brInt(n))
-				hasFlow := strings.Contains(flows, "nw_dst="+podCIDR) && strings.Contains(flows, ghostIP+"->tun_dst")
+				hasFlow := strings.Contains(flows, "nw_dst="+podCIDR) && strings.Contains(flows, ghostIP+"->tun_dst") == tunnel
 				out, err := c.NodeExec(ctx, n.Name, "ip", "route", "show", podCIDR)
 				if err != nil {
 					return err
 				}
-				hasRoute := strings.Contains(string(out), "seine-gw0")
+				hasRoute := tunnel && strings.Contains(string(out), "seine-gw0") ||
+					direct && strings.Contains(string(out), "via "+ghostIP) ||
+					!tunnel && !direct && strings.TrimSpace(string(out)) == ""
+				if !want {
+					hasRoute = strings.TrimSpace(string(out)) != ""
+				}
 				if hasFlow != want || hasRoute != want {
-					return fmt.Errorf("on %s: tunnel flow %v, route %v, want %v\n%s", n.Name, hasFlow, hasRoute, want, out)
+					return fmt.Errorf("on %s: flow %v, route %v, want %v (tunnel %v, direct %v)\n%s", n.Name, hasFlow, hasRoute, want, tunnel, direct, out)
 				}
 			}
 			return nil

@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/seine-net/seine/node/config"
 	"github.com/seine-net/seine/tests/sandbox"
 	"github.com/seine-net/seine/tests/sandbox/echo"
 )
@@ -118,6 +119,7 @@ func TestPodToPod(t *testing.T) {
 // cross the tunnel: the tunnel port's counters on both Nodes grow by at
 // least the packets of the probes.
 func TestCrossNodeTrafficUsesTunnel(t *testing.T) {
+	requireMode(t, config.ModeEncap)
 	c := shared
 	pods := createPods(t, c, "tunnel", 0, 1)
 	n1, n2 := c.Nodes()[0], c.Nodes()[1]
@@ -186,7 +188,8 @@ func TestPodAndNodeTraffic(t *testing.T) {
 }
 
 // TestPodToExternalIsMasqueraded checks that the external host sees the
-// Node IP as the source of a Pod's connection.
+// Node IP as the source of a Pod's connection (the Pod IP where the Node
+// does not masquerade: see expectedSource).
 func TestPodToExternalIsMasqueraded(t *testing.T) {
 	c := shared
 	pods := createPods(t, c, "external", 1)
@@ -196,12 +199,12 @@ func TestPodToExternalIsMasqueraded(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Close)
-	nodeIP := c.Nodes()[1].IP
+	want := expectedSource(t, c, pods[0])
 	for _, proto := range []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP} {
 		r := probe(t, c, pods[0], extIP, 7070, proto)
 		expectConnected(t, r, "external", "Pod to external host over "+string(proto))
-		if host, _, _ := net.SplitHostPort(r.Client); host != nodeIP {
-			t.Errorf("external host saw the %s connection from %q, want the Node IP %s", proto, r.Client, nodeIP)
+		if host, _, _ := net.SplitHostPort(r.Client); host != want {
+			t.Errorf("external host saw the %s connection from %q, want %s", proto, r.Client, want)
 		}
 	}
 	// And Pod-to-Pod traffic keeps the Pod's address.
@@ -243,6 +246,9 @@ func TestPodDeletionReleasesEverything(t *testing.T) {
 		}
 		if out, err := c.NodeExec(ctx, n.Name, "ip", "link", "show", port); err == nil {
 			return fmt.Errorf("veth %s still present: %s", port, out)
+		}
+		if out, _ := c.NodeExec(ctx, n.Name, "ip", "route", "show", ip); strings.Contains(string(out), "seine-gw0") {
+			return fmt.Errorf("route to %s through the gateway still present", ip)
 		}
 		if alloc := ipamAllocations(t, c, n); strings.Contains(alloc, `"`+ip+`"`) {
 			return fmt.Errorf("IP %s still allocated", ip)

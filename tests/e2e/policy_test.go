@@ -82,6 +82,11 @@ func TestPolicyControllerFailover(t *testing.T) {
 	if holder == "" {
 		t.Fatal("no instance holds the controller Lease")
 	}
+	// The ControllerInfo names the leader (ops.seine.io), and follows the
+	// failover below.
+	if ci := checkControllerInfo(t, c); ci.Status.Leader != holder {
+		t.Fatalf("ControllerInfo names %s, the Lease %s", ci.Status.Leader, holder)
+	}
 	n, err := c.Node(holder)
 	if err != nil {
 		t.Fatal(err)
@@ -154,6 +159,9 @@ func TestPolicyControllerFailover(t *testing.T) {
 	}
 	d := probeUntil(t, c, src, target.ip, echo.TimedOut, 10*time.Second)
 	t.Logf("policy created after the failover enforced in %s", d.Round(time.Millisecond))
+	if ci := checkControllerInfo(t, c); ci.Status.Leader != newHolder {
+		t.Errorf("after the failover the ControllerInfo names %s, the Lease %s", ci.Status.Leader, newHolder)
+	}
 	_ = np.DeleteCollection(context.Background(), metav1.DeleteOptions{}, metav1.ListOptions{})
 }
 

@@ -369,7 +369,7 @@ func TestServiceIgnoresHeadlessEndpointSlices(t *testing.T) {
 			discoveryv1.LabelServiceName: svc.Name, discoveryv1.LabelManagedBy: "seine-e2e"}},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{server.ip}, Conditions: discoveryv1.EndpointConditions{Ready: ptrTo(true)}}},
-		Ports:       []discoveryv1.EndpointPort{{Name: ptrTo("http"), Port: ptrTo[int32](80), Protocol: ptrTo(corev1.ProtocolTCP)}},
+		Ports:       []discoveryv1.EndpointPort{{Name: ptrTo("http"), Port: ptrTo[int32](tcpPort), Protocol: ptrTo(corev1.ProtocolTCP)}},
 	}
 	slice, err := c.Client().DiscoveryV1().EndpointSlices(ns).Create(ctx, slice, metav1.CreateOptions{})
 	if err != nil {
@@ -391,4 +391,57 @@ func TestServiceIgnoresHeadlessEndpointSlices(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// A UDP datagram larger than the MTU crosses in IP fragments both ways
+// (the echo server pads its answer to the request's size): each one
+// reaches an endpoint through the ClusterIP, from a Pod on the endpoints'
+// Node, from a Pod on another Node and from a Node itself (host network),
+// the path of the upstream "should be able to handle large requests: udp"
+// conformance tests.
+func TestServiceLargeUDP(t *testing.T) {
+	c := shared
+	const size = 4000 // three fragments at a 1,450-byte MTU
+	eps := svcPods(t, c, "svc-bigudp", "bigudp", 1, 2)
+	clients := svcPods(t, c, "svc-bigudp", "bigudp-client", 0, 1)
+	svc := createService(t, c, "svc-bigudp", "big", "bigudp", nil)
+	vip := svc.Spec.ClusterIP
+	all := map[string]bool{}
+	for _, p := range eps {
+		all[p.name] = true
+	}
+	type source struct {
+		name  string
+		probe func(n int) echo.Result // a datagram of n bytes to vip:53
+	}
+	var from []source
+	for _, p := range clients {
+		from = append(from, source{"pod " + p.name, func(n int) echo.Result {
+			return c.ProbeDatagram(testCtx(t, 5*time.Second), p.ns, p.name, vip, 53, n, 2*time.Second)
+		}})
+	}
+	node := c.Nodes()[0]
+	from = append(from, source{"node " + node.Name, func(n int) echo.Result {
+		return c.ProbeDatagramFrom(testCtx(t, 5*time.Second), node.NetNS, vip, 53, n, 2*time.Second)
+	}})
+	for _, s := range from {
+		eventually(t, 20*time.Second, s.name+": small datagram answered", func() error {
+			if r := s.probe(6); r.Outcome != echo.Connected {
+				return fmt.Errorf("got %s (%v)", r, r.Err)
+			}
+			return nil
+		})
+		for i := 0; i < 10; i++ {
+			var r echo.Result
+			for try := 0; try < 3; try++ {
+				if r = s.probe(size); r.Outcome == echo.Connected {
+					break
+				}
+			}
+			if r.Outcome != echo.Connected || !all[r.Reply] || r.Bytes != size {
+				t.Fatalf("%s: %d-byte datagram %d to %s:53: %s, %d bytes (%v); want an answer of %d bytes from one of %s",
+					s.name, size, i, vip, r, r.Bytes, r.Err, size, names(eps))
+			}
+		}
+	}
 }

@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/seine-net/seine/node/config"
 	"github.com/seine-net/seine/tests/sandbox"
 )
 
@@ -158,20 +159,36 @@ func TestServiceProxyDisabled(t *testing.T) {
 		}
 		return nil
 	})
-	restart := func(set map[string]string) {
+	restart := func(set map[string]string, env ...string) {
 		t.Helper()
 		if err := c.StopSeine(node.Name); err != nil {
 			t.Fatal(err)
 		}
-		if err := c.StartSeine(testCtx(t, time.Minute), node.Name, set); err != nil {
+		if err := c.StartSeine(testCtx(t, time.Minute), node.Name, set, env...); err != nil {
 			t.Fatal(err)
 		}
 	}
 	t.Cleanup(func() {
 		_, _ = c.NodeExec(testCtx(t, 10*time.Second), node.Name, "nft", "delete", "table", "ip", "fake-kube-proxy")
-		restart(nil)
+		_ = c.StopSeine(node.Name)
+		if err := c.StartSeine(testCtx(t, time.Minute), node.Name, nil); err != nil {
+			t.Error(err)
+		}
 	})
-	restart(map[string]string{"proxy": "{enable: false}"})
+	var override []string
+	if e2eMode != config.ModeEncap {
+		// The other modes refuse to run without the proxy, naming the
+		// override.
+		if err := c.StopSeine(node.Name); err != nil {
+			t.Fatal(err)
+		}
+		err := c.StartSeine(testCtx(t, time.Minute), node.Name, map[string]string{"proxy": "{enable: false}"})
+		if err == nil || !strings.Contains(err.Error(), "proxy.enable") || !strings.Contains(err.Error(), config.AllowNoEncapWithoutProxyEnv) {
+			t.Fatalf("seine started in %s mode without the proxy, or its error names neither the key nor the override: %v", e2eMode, err)
+		}
+		override = []string{config.AllowNoEncapWithoutProxyEnv + "=true"}
+	}
+	restart(map[string]string{"proxy": "{enable: false}"}, override...)
 	eventually(t, 15*time.Second, "no Service state left on "+node.Name, func() error {
 		if out := ovs(t, node, "ovs-ofctl", "dump-flows", brInt(node), "table=40"); strings.Contains(out, vip) {
 			return fmt.Errorf("ServiceLB still has %s:\n%s", vip, out)

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -63,8 +64,10 @@ func TestServiceNodePort(t *testing.T) {
 			if keys(got) != all {
 				return fmt.Errorf("answered by %v, want each of %s", got, all)
 			}
-			if strings.HasPrefix(r.Client, extIP+":") || !strings.HasPrefix(r.Client, "10.244.") {
-				return fmt.Errorf("server saw client %s, want a Node's gateway address (SNAT)", r.Client)
+			// SNATed to a Node's gateway address, or (an endpoint the
+			// Node reaches through its host: routed peers) to a Node IP.
+			if host, _, _ := net.SplitHostPort(r.Client); host == extIP || !strings.HasPrefix(host, "10.244.") && !isNodeIP(c, host) {
+				return fmt.Errorf("server saw client %s, want a Node's gateway address or Node IP (SNAT)", r.Client)
 			}
 			return nil
 		})
@@ -94,6 +97,16 @@ func TestServiceNodePort(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// isNodeIP reports whether ip is a sandbox Node's address.
+func isNodeIP(c *sandbox.Cluster, ip string) bool {
+	for _, n := range c.Nodes() {
+		if n.IP == ip {
+			return true
+		}
+	}
+	return false
 }
 
 // externalTrafficPolicy Local: only Nodes with a local endpoint serve the

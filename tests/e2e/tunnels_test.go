@@ -11,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/seine-net/seine/node/config"
 	"github.com/seine-net/seine/tests/sandbox"
 )
 
@@ -24,6 +25,7 @@ import (
 // through OVS's tunnel port, the transport bridge and, with userspace
 // TSO, the segmentation port. It ends on geneve.
 func TestTunnelTypes(t *testing.T) {
+	requireMode(t, config.ModeEncap)
 	c := shared
 	pods := createPods(t, c, "tunnels", 0, 1, 2)
 	for _, typ := range []string{"vxlan", "gre", "geneve"} {
@@ -98,6 +100,7 @@ func TestTunnelTypes(t *testing.T) {
 // next hop it has not resolved yet; before seine filled the cache, the
 // first connection between two Nodes lost its SYN.
 func TestTunnelNeighborsFilledBeforeTraffic(t *testing.T) {
+	requireMode(t, config.ModeEncap)
 	c := shared
 	nodes := c.Nodes()
 	pods := createPods(t, c, "tnl-neigh", 0, 1, 2)

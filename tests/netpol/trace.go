@@ -2,13 +2,14 @@ package netpol
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os/exec"
 	"path/filepath"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/seine-net/seine/datapath/ovsctl"
 )
 
 // TracePacket is a synthetic packet for ofproto/trace: the first packet of
@@ -94,81 +95,9 @@ func TraceAllowed(ctx context.Context, ovsRunDir, bridge string, p TracePacket) 
 	return ok, string(out), err
 }
 
-// ParseTrace decides from ofproto/trace output whether the packet leaves
-// the bridge: the "Datapath actions:" of the last pipeline section (after
-// the last conntrack recirculation) must output it — to a port (a bare
-// datapath port number or output:N) or into a native tunnel (tnl_push).
-// "drop", or actions that only modify or commit the packet, mean it was
-// dropped. A trace whose OpenFlow pipeline outputs to the native tunnel but
-// whose datapath actions lack the tnl_push because the tunnel's neighbour
-// (ARP) entry was not resolved yet also counts as output: the verdict of
-// the pipeline is "send".
+// ParseTrace decides whether the traced packet leaves the bridge (see
+// ovsctl.ParseTrace).
 func ParseTrace(out string) (bool, error) {
-	last := out
-	if i := strings.LastIndex(out, "\n======"); i >= 0 {
-		// The last recirculation banner; the section after it is the last.
-		last = out[i:]
-	}
-	line := ""
-	for _, l := range strings.Split(last, "\n") {
-		if strings.HasPrefix(l, "Datapath actions:") {
-			line = strings.TrimSpace(strings.TrimPrefix(l, "Datapath actions:"))
-		}
-	}
-	if line == "" {
-		return false, errors.New("trace has no \"Datapath actions:\" line")
-	}
-	if line == "drop" {
-		return false, nil
-	}
-	for _, a := range splitTopLevel(line) {
-		switch {
-		case isDigits(a), strings.HasPrefix(a, "output:"), strings.HasPrefix(a, "tnl_push("):
-			return true, nil
-		case strings.HasPrefix(a, "clone(") && strings.HasSuffix(a, ")"):
-			inner, err := ParseTrace("Datapath actions: " + strings.TrimSuffix(strings.TrimPrefix(a, "clone("), ")"))
-			if err == nil && inner {
-				return true, nil
-			}
-		case strings.HasPrefix(a, "recirc("):
-			return false, fmt.Errorf("trace ends in an unfollowed recirculation: %s", line)
-		}
-	}
-	if strings.Contains(last, "-> output to native tunnel") && strings.Contains(last, "neighbor cache miss") {
-		return true, nil
-	}
-	return false, nil
-}
-
-// splitTopLevel splits a datapath action list at commas outside
-// parentheses.
-func splitTopLevel(s string) []string {
-	var out []string
-	depth, start := 0, 0
-	for i, r := range s {
-		switch r {
-		case '(':
-			depth++
-		case ')':
-			depth--
-		case ',':
-			if depth == 0 {
-				out = append(out, strings.TrimSpace(s[start:i]))
-				start = i + 1
-			}
-		}
-	}
-	return append(out, strings.TrimSpace(s[start:]))
-}
-
-func isDigits(s string) bool {
-	if s == "" {
-		return false
-	}
-	for _, r := range s {
-		if r < '0' || r > '9' {
-			return false
-		}
-	}
-	return true
+	t, err := ovsctl.ParseTrace(out)
+	return t.Output, err
 }

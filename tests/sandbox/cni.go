@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
@@ -23,14 +22,15 @@ type CNIClient struct {
 }
 
 // CNI returns a client for node using conflist, or the Node's installed
-// 10-seine.conflist when conflist is nil.
+// conflist when conflist is nil (10-seine.conflist; the primary's, seine
+// chained in, in networkPolicyOnly mode).
 func (c *Cluster) CNI(node string, conflist []byte) (*CNIClient, error) {
 	n, err := c.Node(node)
 	if err != nil {
 		return nil, err
 	}
 	if conflist == nil {
-		conflist, err = os.ReadFile(filepath.Join(n.CNIConfDir, "10-seine.conflist"))
+		conflist, err = os.ReadFile(c.InstalledConflist(n))
 		if err != nil {
 			return nil, fmt.Errorf("installed conflist of %s: %w", n.Name, err)
 		}

@@ -12,23 +12,28 @@ import (
 
 	"go.uber.org/zap"
 	"sigs.k8s.io/yaml"
+
+	"github.com/seine-net/seine/node/config"
 )
 
 // ovsSchema is where Debian's openvswitch-common installs the schema.
 const ovsSchema = "/usr/share/openvswitch/vswitch.ovsschema"
 
-// newNode lays out Node i's paths under the state directory. Paths stay
-// short: unix socket paths are limited to 107 bytes.
-func newNode(sandbox, stateDir string, i int) Node {
+// newNode lays out Node i's paths under the state directory, its address
+// in transport subnet s. Paths stay short: unix socket paths are limited
+// to 107 bytes.
+func newNode(sandbox, stateDir string, i, s int) Node {
 	dir := filepath.Join(stateDir, fmt.Sprintf("n%d", i))
 	return Node{
 		Name:           fmt.Sprintf("%s-node-%d", sandbox, i),
 		Index:          i,
 		NetNS:          nodeNS(sandbox, i),
-		IP:             nodeIP(i),
+		IP:             nodeIP(s, i),
+		Subnet:         s,
 		Dir:            dir,
 		OVSRunDir:      filepath.Join(dir, "ovs"),
 		CNISocket:      filepath.Join(dir, "cni.sock"),
+		APISocket:      filepath.Join(dir, "api.sock"),
 		CNIBinDir:      filepath.Join(dir, "cni", "bin"),
 		CNIConfDir:     filepath.Join(dir, "cni", "net.d"),
 		ConfigPath:     filepath.Join(dir, "seine.yaml"),
@@ -46,12 +51,14 @@ func (c *Cluster) prepareNode(ctx context.Context, n *Node) error {
 			return fmt.Errorf("create %s: %w", d, err)
 		}
 	}
-	if c.st.CNIMode == CNIModeSeine {
+	if c.st.CNIMode == CNIModeSeine && c.Mode() != config.ModeNetworkPolicyOnly {
 		c.log.Info("installing seine CNI plugin", zap.String("node", n.Name))
 		if _, err := run(ctx, nil, c.st.SeineBinary, "install-cni", "--cni-bin-dir", n.CNIBinDir,
 			"--cni-conf-dir", n.CNIConfDir, "--cni-socket", n.CNISocket, "--plugin-dir", n.CNIBinDir, "--plugin-dir", "/usr/lib/cni"); err != nil {
 			return fmt.Errorf("install CNI: %w", err)
 		}
+	}
+	if c.st.CNIMode == CNIModeSeine {
 		c.log.Info("starting Open vSwitch", zap.String("node", n.Name))
 		if err := startOVS(ctx, n); err != nil {
 			return err
@@ -115,27 +122,42 @@ func (c *Cluster) startKubelet(n *Node) error {
 // plugin (gateway on cni0) with host-local IPAM over the Node's podCIDR
 // (state kept in the Node's directory), then portmap.
 func writeBridgeConf(n *Node, podCIDR string) error {
+	b, err := hostLocalConflist("sandbox-bridge", map[string]any{
+		"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+	}, podCIDR, *n)
+	if err != nil {
+		return err
+	}
+	return writeConflist(filepath.Join(n.CNIConfDir, "10-sandbox-bridge.conflist"), b)
+}
+
+// hostLocalConflist is a conflist of Debian's plugins: primary with
+// host-local IPAM over podCIDR (state in the Node's directory, a default
+// route via the gateway), then portmap.
+func hostLocalConflist(name string, primary map[string]any, podCIDR string, n Node) ([]byte, error) {
+	primary["ipam"] = map[string]any{
+		"type":    "host-local",
+		"ranges":  []any{[]any{map[string]any{"subnet": podCIDR}}},
+		"routes":  []any{map[string]any{"dst": "0.0.0.0/0"}},
+		"dataDir": filepath.Join(n.Dir, "ipam"),
+	}
 	conf := map[string]any{
 		"cniVersion": "1.0.0",
-		"name":       "sandbox-bridge",
+		"name":       name,
 		"plugins": []any{
-			map[string]any{
-				"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
-				"ipam": map[string]any{
-					"type":    "host-local",
-					"ranges":  []any{[]any{map[string]any{"subnet": podCIDR}}},
-					"routes":  []any{map[string]any{"dst": "0.0.0.0/0"}},
-					"dataDir": filepath.Join(n.Dir, "ipam"),
-				},
-			},
+			primary,
 			map[string]any{"type": "portmap", "capabilities": map[string]any{"portMappings": true}},
 		},
 	}
 	b, err := json.MarshalIndent(conf, "", "  ")
 	if err != nil {
-		return fmt.Errorf("encode bridge conflist: %w", err)
+		return nil, fmt.Errorf("encode conflist %s: %w", name, err)
 	}
-	p := filepath.Join(n.CNIConfDir, "10-sandbox-bridge.conflist")
+	return append(b, '\n'), nil
+}
+
+// writeConflist replaces the file at p with b atomically.
+func writeConflist(p string, b []byte) error {
 	if err := os.WriteFile(p+".tmp", b, 0o644); err != nil {
 		return fmt.Errorf("write %s: %w", p, err)
 	}
@@ -158,8 +180,13 @@ func (c *Cluster) seineConfig(n *Node, set map[string]string) ([]byte, error) {
 		"clusterCIDR":        ClusterCIDR,
 		"serviceCIDR":        ServiceCIDR,
 		"cniSocket":          n.CNISocket,
+		"apiSocket":          n.APISocket,
 		"dataDir":            filepath.Join(n.Dir, "seine"),
 		"logLevel":           "info",
+		"trafficEncapMode":   string(c.Mode()),
+	}
+	if c.Mode() == config.ModeNetworkPolicyOnly {
+		cfg["primaryCNIConflist"] = primaryConflist(n)
 	}
 	for _, m := range []map[string]string{c.st.Set, set} {
 		for k, v := range m {
@@ -177,9 +204,9 @@ func (c *Cluster) seineConfig(n *Node, set map[string]string) ([]byte, error) {
 	return b, nil
 }
 
-// startSeine writes n's configuration and starts `seine node`, then waits
-// for its CNI socket.
-func (c *Cluster) startSeine(ctx context.Context, n *Node, set map[string]string) error {
+// startSeine writes n's configuration and starts `seine node` (with env
+// added to its environment), then waits for its CNI socket.
+func (c *Cluster) startSeine(ctx context.Context, n *Node, set map[string]string, env ...string) error {
 	if c.st.CNIMode != CNIModeSeine {
 		return fmt.Errorf("sandbox %s runs CNI mode %q, not seine", c.st.Name, c.st.CNIMode)
 	}
@@ -196,13 +223,13 @@ func (c *Cluster) startSeine(ctx context.Context, n *Node, set map[string]string
 	}
 	_ = os.Remove(n.CNISocket) // a stale socket must not count as ready
 	c.log.Info("starting seine", zap.String("node", n.Name), zap.String("config", n.ConfigPath))
-	pid, err := startDetached(n.NetNS, enterIPNetNS, n.LogPath, pidPath, nil, c.st.SeineBinary, "node", "--config", n.ConfigPath)
+	pid, err := startDetached(n.NetNS, enterIPNetNS, n.LogPath, pidPath, env, c.st.SeineBinary, "node", "--config", n.ConfigPath)
 	if err != nil {
 		return fmt.Errorf("seine: %w", err)
 	}
 	err = waitFor(ctx, 60*time.Second, 200*time.Millisecond, "seine CNI socket "+n.CNISocket, func(context.Context) (bool, error) {
 		if !alive(pid) {
-			return false, errors.New("seine exited; log:\n" + tail(n.LogPath, 30))
+			return false, backoffStop{errors.New("seine exited; log:\n" + tail(n.LogPath, 30))}
 		}
 		_, err := os.Stat(n.CNISocket)
 		return err == nil, nil
@@ -227,14 +254,15 @@ func (c *Cluster) StopSeine(node string) error {
 }
 
 // StartSeine starts the seine daemon of node again, with set (key → YAML
-// scalar) merged over the sandbox's configuration, and waits for its CNI
-// socket. It fails if the daemon is running.
-func (c *Cluster) StartSeine(ctx context.Context, node string, set map[string]string) error {
+// scalar) merged over the sandbox's configuration and env ("KEY=value")
+// added to its environment, and waits for its CNI socket. It fails if the
+// daemon is running.
+func (c *Cluster) StartSeine(ctx context.Context, node string, set map[string]string, env ...string) error {
 	n, err := c.Node(node)
 	if err != nil {
 		return err
 	}
-	if err := c.startSeine(ctx, &n, set); err != nil {
+	if err := c.startSeine(ctx, &n, set, env...); err != nil {
 		return fmt.Errorf("start seine on %s: %w", n.Name, err)
 	}
 	return nil

@@ -269,6 +269,22 @@ func (c *Cluster) ProbeFrom(ctx context.Context, netnsName, host string, port in
 	return echo.Probe(ctx, netnsPath(netnsName), host, port, proto, timeout)
 }
 
+// ProbeDatagram sends one UDP datagram of size bytes from a Pod to
+// host:port and waits for the echo server's answer of the same size
+// (echo.ProbeDatagram).
+func (c *Cluster) ProbeDatagram(ctx context.Context, namespace, pod, host string, port, size int, timeout time.Duration) ProbeResult {
+	ns, err := c.podNetNS(namespace, pod)
+	if err != nil {
+		return ProbeResult{Outcome: TimedOut, Err: err}
+	}
+	return c.ProbeDatagramFrom(ctx, ns, host, port, size, timeout)
+}
+
+// ProbeDatagramFrom is ProbeDatagram from any namespace by name.
+func (c *Cluster) ProbeDatagramFrom(ctx context.Context, netnsName, host string, port, size int, timeout time.Duration) ProbeResult {
+	return echo.ProbeDatagram(ctx, netnsPath(netnsName), host, port, size, timeout)
+}
+
 // Serve starts echo servers answering reply+"\n" on ports inside the
 // named namespace (e.g. the external host's) in this process; close the
 // result to stop them.

@@ -2,15 +2,17 @@
 // from real parts, each started as in production, for Seine's end-to-end
 // tests, `make sandbox` and the `sandbox` CLI:
 //
-//   - an underlay network namespace "seine-<name>-underlay" with a Linux
-//     bridge and a router (198.18.0.254/24, plus 198.19.0.254/16 towards
-//     the external host);
+//   - an underlay network namespace "seine-<name>-underlay" with one Linux
+//     bridge per transport subnet s (br<s>, 198.18.s.0/24; one subnet
+//     unless Options.Subnets says more) and a router between them
+//     (198.18.s.254, plus 198.19.0.254/16 towards the external host);
 //   - the control plane (package controlplane) in "seine-<name>-cp" at
 //     198.18.0.1;
-//   - Nodes "<name>-node-<i>" in "seine-<name>-node-<i>" at 198.18.0.(10+i),
-//     each with its own ovsdb-server and ovs-vswitchd, the seine daemon and a
-//     minimal kubelet (package kubelet) that runs Pods as network namespaces
-//     with echo servers;
+//   - Nodes "<name>-node-<i>" in "seine-<name>-node-<i>" at 198.18.s.(10+i),
+//     split over the subnets in order, each with its own ovsdb-server and
+//     ovs-vswitchd, the seine daemon (in the traffic mode Options.Mode)
+//     and a minimal kubelet (package kubelet) that runs Pods as network
+//     namespaces with echo servers;
 //   - an external host "seine-<name>-ext" at 198.19.0.10/16 standing for the
 //     Internet (no route to the Pod range);
 //   - optionally a host veth "seine-<name>" (198.18.255.1/30 ↔ 198.18.255.2)
@@ -39,6 +41,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/seine-net/seine/deploy"
+	"github.com/seine-net/seine/node/config"
 	"github.com/seine-net/seine/tests/sandbox/controlplane"
 	"github.com/seine-net/seine/tests/sandbox/kubelet"
 )
@@ -88,6 +91,13 @@ type Options struct {
 	HostLink bool
 	// CNIMode is CNIModeSeine (default) or CNIModeBridge.
 	CNIMode string
+	// Mode is seine's traffic mode (trafficEncapMode; default encap). In
+	// networkPolicyOnly mode the Nodes' primary CNI is Debian's ptp with
+	// host-local IPAM, seine chained after it (see modes.go).
+	Mode config.TrafficEncapMode
+	// Subnets is the number of transport subnets the Nodes are split over
+	// (1..8, at most Nodes); default 1.
+	Subnets int
 	// Kubelet makes the Nodes real: the kubelet and containerd of `make
 	// node-tools` in a mount namespace of each Node's own, and Seine
 	// installed only by `kubectl apply` of its manifest (its image
@@ -113,12 +123,17 @@ type Node struct {
 	NetNS string `json:"netns"`
 	// IP is the Node's underlay address (InternalIP).
 	IP string `json:"ip"`
+	// Subnet is the index of the Node's transport subnet (0-based).
+	Subnet int `json:"subnet"`
 	// Dir is the Node's state directory.
 	Dir string `json:"dir"`
 	// OVSRunDir holds db.sock, the OVS control sockets and <bridge>.mgmt.
 	OVSRunDir string `json:"ovsRunDir"`
 	// CNISocket is the seine daemon's CNI socket.
 	CNISocket string `json:"cniSocket"`
+	// APISocket is the seine daemon's local API socket (seinectl
+	// --socket).
+	APISocket string `json:"apiSocket"`
 	// CNIBinDir and CNIConfDir are the Node's CNI directories.
 	CNIBinDir  string `json:"cniBinDir"`
 	CNIConfDir string `json:"cniConfDir"`
@@ -134,6 +149,8 @@ type state struct {
 	Name          string            `json:"name"`
 	StateDir      string            `json:"stateDir"`
 	CNIMode       string            `json:"cniMode"`
+	Mode          string            `json:"mode,omitempty"`
+	Subnets       int               `json:"subnets,omitempty"`
 	HostLink      bool              `json:"hostLink"`
 	SeineBinary   string            `json:"seineBinary,omitempty"`
 	SandboxBinary string            `json:"sandboxBinary"`
@@ -220,6 +237,9 @@ func (o *Options) defaults() error {
 	}
 	if o.CNIMode != CNIModeSeine && o.CNIMode != CNIModeBridge {
 		return fmt.Errorf("CNI mode %q: want %q or %q", o.CNIMode, CNIModeSeine, CNIModeBridge)
+	}
+	if err := o.modeDefaults(); err != nil {
+		return err
 	}
 	if o.K8sBinDir == "" {
 		o.K8sBinDir = os.Getenv("SEINE_K8S_BIN")
@@ -316,7 +336,7 @@ func Up(ctx context.Context, o Options) (_ *Cluster, err error) {
 		return nil, fmt.Errorf("sandbox up: %w", err)
 	}
 	c := &Cluster{log: log, st: state{
-		Name: o.Name, StateDir: dir, CNIMode: o.CNIMode, HostLink: o.HostLink,
+		Name: o.Name, StateDir: dir, CNIMode: o.CNIMode, Mode: string(o.Mode), Subnets: o.Subnets, HostLink: o.HostLink,
 		SeineBinary: o.SeineBinary, SandboxBinary: o.SandboxBinary, Set: o.Set,
 		Kubelet: o.Kubelet, NodeBinDir: o.NodeBinDir, ImageArchive: o.ImageArchive,
 		Manifest:           filepath.Join(dir, "seine.yaml"),
@@ -336,14 +356,14 @@ func Up(ctx context.Context, o Options) (_ *Cluster, err error) {
 		}
 	}()
 	for i := 1; i <= o.Nodes; i++ {
-		c.st.Nodes = append(c.st.Nodes, newNode(o.Name, dir, i))
+		c.st.Nodes = append(c.st.Nodes, newNode(o.Name, dir, i, subnetOf(i, o.Nodes, o.Subnets)))
 	}
 	if err := c.save(); err != nil {
 		return nil, fmt.Errorf("sandbox up: %w", err)
 	}
 
-	log.Info("building network", zap.Int("nodes", o.Nodes))
-	if err := buildTopology(ctx, o.Name, o.Nodes, o.HostLink); err != nil {
+	log.Info("building network", zap.Int("nodes", o.Nodes), zap.Int("subnets", o.Subnets), zap.String("mode", string(o.Mode)))
+	if err := buildTopology(ctx, o.Name, o.Nodes, o.Subnets, o.HostLink); err != nil {
 		return nil, fmt.Errorf("sandbox up: %w", err)
 	}
 
@@ -410,6 +430,9 @@ func Up(ctx context.Context, o Options) (_ *Cluster, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("sandbox up: %w", err)
 	}
+	if err := c.routePodCIDRs(ctx, cidrs); err != nil {
+		return nil, fmt.Errorf("sandbox up: %w", err)
+	}
 	for i := range c.st.Nodes {
 		n := &c.st.Nodes[i]
 		if o.CNIMode == CNIModeBridge {
@@ -417,6 +440,11 @@ func Up(ctx context.Context, o Options) (_ *Cluster, err error) {
 				return nil, fmt.Errorf("sandbox up: node %s: %w", n.Name, err)
 			}
 			continue
+		}
+		if c.Mode() == config.ModeNetworkPolicyOnly {
+			if err := c.installChained(ctx, n, cidrs[n.Name]); err != nil {
+				return nil, fmt.Errorf("sandbox up: node %s: %w", n.Name, err)
+			}
 		}
 		if err := c.startSeine(ctx, n, nil); err != nil {
 			return nil, fmt.Errorf("sandbox up: node %s: %w", n.Name, err)
@@ -505,6 +533,17 @@ func (c *Cluster) StateDir() string { return c.st.StateDir }
 
 // CNIMode is CNIModeSeine or CNIModeBridge.
 func (c *Cluster) CNIMode() string { return c.st.CNIMode }
+
+// Mode is the traffic mode the sandbox's seine daemons were started in.
+func (c *Cluster) Mode() config.TrafficEncapMode {
+	if c.st.Mode == "" {
+		return config.ModeEncap
+	}
+	return config.TrafficEncapMode(c.st.Mode)
+}
+
+// Subnets is the number of transport subnets.
+func (c *Cluster) Subnets() int { return max(c.st.Subnets, 1) }
 
 // Kubeconfig is the path of <state>/kubeconfig: with the host link its
 // server is https://198.18.255.2:6443 (usable from the host), otherwise

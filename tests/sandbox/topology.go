@@ -16,16 +16,15 @@ import (
 // Addresses of the sandbox network (all from 198.18.0.0/15, RFC 2544's
 // benchmarking range, which no real network routes).
 const (
-	underlayRouterCIDR = "198.18.0.254/24"
-	underlayRouter     = "198.18.0.254"
-	controlPlaneIP     = "198.18.0.1"
-	extRouterCIDR      = "198.19.0.254/16"
-	extRouter          = "198.19.0.254"
-	externalIP         = "198.19.0.10"
-	externalPrefix     = 16
-	hostLinkHostCIDR   = "198.18.255.1/30"
-	hostLinkCPIP       = "198.18.255.2"
-	hostLinkCPCIDR     = "198.18.255.2/30"
+	underlayRouter   = "198.18.0.254"
+	controlPlaneIP   = "198.18.0.1"
+	extRouterCIDR    = "198.19.0.254/16"
+	extRouter        = "198.19.0.254"
+	externalIP       = "198.19.0.10"
+	externalPrefix   = 16
+	hostLinkHostCIDR = "198.18.255.1/30"
+	hostLinkCPIP     = "198.18.255.2"
+	hostLinkCPCIDR   = "198.18.255.2/30"
 	// ClusterCIDR is the Pod address range Nodes' podCIDRs are cut from.
 	ClusterCIDR = "10.244.0.0/16"
 	// ServiceCIDR is the ClusterIP range.
@@ -47,8 +46,21 @@ func nodeNS(sandbox string, i int) string {
 // hostLinkName is the host side of the optional host link, "seine-<name>".
 func hostLinkName(sandbox string) string { return "seine-" + sandbox }
 
-// nodeIP is the underlay address of Node i (1-based): 198.18.0.(10+i).
-func nodeIP(i int) string { return fmt.Sprintf("198.18.0.%d", 10+i) }
+// nodeIP is the underlay address of Node i (1-based) in transport subnet
+// s (0-based): 198.18.s.(10+i).
+func nodeIP(s, i int) string { return fmt.Sprintf("198.18.%d.%d", s, 10+i) }
+
+// subnetRouter is the router's address in transport subnet s,
+// 198.18.s.254 (s = 0 is underlayRouter).
+func subnetRouter(s int) string { return fmt.Sprintf("198.18.%d.254", s) }
+
+// subnetBridge is the underlay bridge of transport subnet s.
+func subnetBridge(s int) string { return fmt.Sprintf("br%d", s) }
+
+// subnetOf splits Nodes 1..nodes over subnets transport subnets in
+// contiguous runs (3 Nodes over 2: Nodes 1 and 2 in subnet 0, Node 3 in
+// subnet 1).
+func subnetOf(i, nodes, subnets int) int { return (i - 1) * subnets / nodes }
 
 // ownNetNS matches every namespace name a sandbox creates, and nothing of
 // a sandbox with another name.
@@ -118,12 +130,12 @@ func (b *builder) addNS(name string) {
 	b.ip("-n", name, "link", "set", "lo", "up")
 }
 
-// attach creates a veth from the underlay bridge to eth0 in ns with addr
-// (CIDR) and a default route via gw; port is the underlay-side name.
-func (b *builder) attach(sandbox, port, ns, addr, gw string) {
+// attach creates a veth from the underlay bridge br to eth0 in ns with
+// addr (CIDR) and a default route via gw; port is the underlay-side name.
+func (b *builder) attach(sandbox, br, port, ns, addr, gw string) {
 	u := underlayNS(sandbox)
 	b.ip("-n", u, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns)
-	b.ip("-n", u, "link", "set", port, "master", "br0", "up")
+	b.ip("-n", u, "link", "set", port, "master", br, "up")
 	b.wire(u, port, false)
 	b.wire(ns, "eth0", true)
 	b.ip("-n", ns, "addr", "add", addr, "dev", "eth0")
@@ -131,25 +143,29 @@ func (b *builder) attach(sandbox, port, ns, addr, gw string) {
 	b.ip("-n", ns, "route", "add", "default", "via", gw)
 }
 
-// buildTopology creates the underlay, control-plane, external-host and
-// Node namespaces and, when hostLink, the host veth.
-func buildTopology(ctx context.Context, sandbox string, nodes int, hostLink bool) error {
+// buildTopology creates the underlay (one bridge per transport subnet, the
+// namespace routing between them), control-plane, external-host and Node
+// namespaces and, when hostLink, the host veth.
+func buildTopology(ctx context.Context, sandbox string, nodes, subnets int, hostLink bool) error {
 	b := &builder{ctx: ctx}
 	u := underlayNS(sandbox)
 	b.addNS(u)
-	b.ip("-n", u, "link", "add", "br0", "type", "bridge")
-	b.ip("-n", u, "link", "set", "br0", "up")
-	b.ip("-n", u, "addr", "add", underlayRouterCIDR, "dev", "br0")
+	for s := 0; s < subnets; s++ {
+		b.ip("-n", u, "link", "add", subnetBridge(s), "type", "bridge")
+		b.ip("-n", u, "link", "set", subnetBridge(s), "up")
+		b.ip("-n", u, "addr", "add", subnetRouter(s)+"/24", "dev", subnetBridge(s))
+	}
 	b.sysctl(u, "net.ipv4.ip_forward=1")
 
 	cp := cpNS(sandbox)
 	b.addNS(cp)
-	b.attach(sandbox, "cp", cp, controlPlaneIP+"/24", underlayRouter)
+	b.attach(sandbox, subnetBridge(0), "cp", cp, controlPlaneIP+"/24", underlayRouter)
 
 	for i := 1; i <= nodes; i++ {
 		n := nodeNS(sandbox, i)
+		s := subnetOf(i, nodes, subnets)
 		b.addNS(n)
-		b.attach(sandbox, fmt.Sprintf("n%d", i), n, nodeIP(i)+"/24", underlayRouter)
+		b.attach(sandbox, subnetBridge(s), fmt.Sprintf("n%d", i), n, nodeIP(s, i)+"/24", subnetRouter(s))
 		b.sysctl(n, "net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=2", "net.ipv4.conf.default.rp_filter=2")
 	}
 

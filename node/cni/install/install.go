@@ -129,6 +129,24 @@ func Install(o Options) error {
 	return nil
 }
 
+// InstallBinary copies the seine binary (o.Binary, default
+// os.Executable()) to o.BinDir/seine (default /opt/cni/bin), as Install
+// does, without writing a conflist: for chaining into a primary CNI's
+// conflist (Chain).
+func InstallBinary(o Options) error {
+	if o.BinDir == "" {
+		o.BinDir = DefaultOptions().BinDir
+	}
+	if o.Binary == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("finding the seine binary: %w", err)
+		}
+		o.Binary = exe
+	}
+	return installBinary(o.Binary, filepath.Join(o.BinDir, PluginType))
+}
+
 type pluginConf struct {
 	Type         string          `json:"type"`
 	SocketPath   string          `json:"socketPath,omitempty"`

@@ -8,10 +8,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
-	"net"
-	"os"
-	"path/filepath"
 	"strconv"
 	"time"
 
@@ -21,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/seine-net/seine/node/cni/cnipb"
+	"github.com/seine-net/seine/node/unixsock"
 )
 
 // DefaultShutdownGrace is how long Serve waits for in-flight requests after
@@ -37,6 +34,7 @@ type Server struct {
 	grace   time.Duration
 
 	duration *prometheus.HistogramVec
+	errors   *prometheus.CounterVec
 }
 
 // Option configures a Server.
@@ -45,10 +43,19 @@ type Option func(*Server)
 // WithRegistry registers the server's metrics on reg:
 // seine_cni_request_duration_seconds, a histogram labelled by command (ADD,
 // DEL, CHECK, STATUS, GC) and result ("success", or the CNI error code as a
-// decimal string). Without this option the metrics are collected but not
-// exported.
+// decimal string), and seine_cni_errors_total, a counter of failed requests
+// labelled by command and code. Without this option the metrics are
+// collected but not exported.
 func WithRegistry(reg *prometheus.Registry) Option {
 	return func(s *Server) {
+		if err := reg.Register(s.errors); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if errors.As(err, &are) {
+				if existing, ok := are.ExistingCollector.(*prometheus.CounterVec); ok {
+					s.errors = existing
+				}
+			}
+		}
 		if err := reg.Register(s.duration); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if errors.As(err, &are) {
@@ -83,6 +90,10 @@ func New(backend Backend, log *zap.Logger, opts ...Option) *Server {
 			Help:    "Time the daemon took to serve one CNI request, by command and result (success or CNI error code).",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120},
 		}, []string{"command", "result"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "seine_cni_errors_total",
+			Help: "CNI requests that failed, by command and CNI error code.",
+		}, []string{"command", "code"}),
 	}
 	for _, o := range opts {
 		o(s)
@@ -97,7 +108,7 @@ func New(backend Backend, log *zap.Logger, opts ...Option) *Server {
 // server still answers on it, or if the path is not a socket), and sets the
 // socket's mode to 0600 so that only root can connect.
 func (s *Server) Serve(ctx context.Context, socketPath string) error {
-	lis, err := listenUnix(ctx, socketPath)
+	lis, err := unixsock.Listen(ctx, socketPath, "CNI socket")
 	if err != nil {
 		return err
 	}
@@ -128,40 +139,6 @@ func (s *Server) Serve(ctx context.Context, socketPath string) error {
 	<-errc
 	s.log.Info("cni server stopped", zap.String("socket", socketPath))
 	return nil
-}
-
-// listenUnix prepares socketPath and listens on it with mode 0600.
-func listenUnix(ctx context.Context, socketPath string) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(socketPath), 0o750); err != nil {
-		return nil, fmt.Errorf("creating CNI socket directory: %w", err)
-	}
-	if fi, err := os.Lstat(socketPath); err == nil {
-		if fi.Mode().Type() != fs.ModeSocket {
-			return nil, fmt.Errorf("CNI socket path %s exists and is not a socket (mode %s)", socketPath, fi.Mode())
-		}
-		d := net.Dialer{Timeout: time.Second}
-		if c, err := d.DialContext(ctx, "unix", socketPath); err == nil {
-			c.Close()
-			return nil, fmt.Errorf("CNI socket %s is in use by another running server", socketPath)
-		}
-		if err := os.Remove(socketPath); err != nil {
-			return nil, fmt.Errorf("removing stale CNI socket: %w", err)
-		}
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("checking CNI socket path: %w", err)
-	}
-	var lc net.ListenConfig
-	lis, err := lc.Listen(ctx, "unix", socketPath)
-	if err != nil {
-		return nil, fmt.Errorf("listening on CNI socket: %w", err)
-	}
-	// The parent directory (0750) already keeps other users out during the
-	// moment between bind and chmod.
-	if err := os.Chmod(socketPath, 0o600); err != nil {
-		lis.Close()
-		return nil, fmt.Errorf("restricting CNI socket mode: %w", err)
-	}
-	return lis, nil
 }
 
 // CmdAdd implements cnipb.CNIServer.
@@ -207,6 +184,7 @@ func (s *Server) handle(ctx context.Context, cmd string, in *cnipb.CmdRequest) *
 	result := "success"
 	if cerr != nil {
 		result = strconv.FormatUint(uint64(cerr.Code), 10)
+		s.errors.WithLabelValues(cmd, result).Inc()
 	}
 	s.duration.WithLabelValues(cmd, result).Observe(elapsed.Seconds())
 

@@ -237,8 +237,13 @@ func TestValidationErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	found, series := false, 0
+	found, series, errCount := false, 0, 0.0
 	for _, mf := range m {
+		if mf.GetName() == "seine_cni_errors_total" {
+			for _, metric := range mf.GetMetric() {
+				errCount += metric.GetCounter().GetValue()
+			}
+		}
 		if mf.GetName() != "seine_cni_request_duration_seconds" {
 			continue
 		}
@@ -258,6 +263,9 @@ func TestValidationErrors(t *testing.T) {
 	}
 	if !found {
 		t.Errorf("no ADD/6 histogram sample with count 1 in %v", m)
+	}
+	if errCount < 4 {
+		t.Errorf("seine_cni_errors_total sums to %v, want at least 4", errCount)
 	}
 }
 

@@ -30,10 +30,23 @@ const NodeCount = 100
 type builder struct {
 	w    Workload
 	npod int
+	// podSink, when set, receives each Pod instead of Workload.Pods.
+	podSink func(*corev1.Pod)
 }
 
-func newBuilder(name string) *builder {
+// Option changes how a workload is built.
+type Option func(*builder)
+
+// PodsTo hands each Pod to sink as it is made instead of keeping it in
+// Workload.Pods, so that a benchmark holds only the form its consumer
+// keeps (the policy controller's informer keeps a compact one).
+func PodsTo(sink func(*corev1.Pod)) Option { return func(b *builder) { b.podSink = sink } }
+
+func newBuilder(name string, opts []Option) *builder {
 	b := &builder{w: Workload{Name: name}}
+	for _, o := range opts {
+		o(b)
+	}
 	for i := 0; i < NodeCount; i++ {
 		b.w.Nodes = append(b.w.Nodes, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("node-%03d", i)}})
 	}
@@ -48,14 +61,19 @@ func (b *builder) ns(name string) {
 func (b *builder) pod(ns, name string, lbls map[string]string) {
 	i := b.npod
 	b.npod++
-	b.w.Pods = append(b.w.Pods, &corev1.Pod{
+	p := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID(fmt.Sprintf("pod-%d", i)), Labels: lbls},
 		Spec: corev1.PodSpec{
 			NodeName:   b.w.Nodes[i%NodeCount].Name,
 			Containers: []corev1.Container{{Name: "c", Image: "none", Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}}}},
 		},
 		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIPs: []corev1.PodIP{{IP: fmt.Sprintf("10.%d.%d.%d", 64+i>>16&63, i>>8&255, i&255)}}},
-	})
+	}
+	if b.podSink != nil {
+		b.podSink(p)
+		return
+	}
+	b.w.Pods = append(b.w.Pods, p)
 }
 
 func (b *builder) policy(ns, name string, target, from *metav1.LabelSelector, types_ ...networkingv1.PolicyType) {
@@ -79,8 +97,8 @@ func match(k, v string) *metav1.LabelSelector {
 // SmallNamespaces is workload 1: n namespaces (25,000 at full size), each
 // with a default-deny policy, a policy for app=a allowing app=b, one for
 // app=b allowing app=a, and 4 Pods (2 a, 2 b).
-func SmallNamespaces(n int) Workload {
-	b := newBuilder("small-namespaces")
+func SmallNamespaces(n int, opts ...Option) Workload {
+	b := newBuilder("small-namespaces", opts)
 	for i := 0; i < n; i++ {
 		ns := fmt.Sprintf("ns-%d", i)
 		b.ns(ns)
@@ -98,8 +116,8 @@ func SmallNamespaces(n int) Workload {
 // default-deny policy and perNS policies (100), policy j selecting the
 // Pods labelled l=j and allowing them among themselves, with podsPerLabel
 // (10) Pods per label.
-func LabelledPolicies(nsCount, perNS, podsPerLabel int) Workload {
-	b := newBuilder("labelled-policies")
+func LabelledPolicies(nsCount, perNS, podsPerLabel int, opts ...Option) Workload {
+	b := newBuilder("labelled-policies", opts)
 	for i := 0; i < nsCount; i++ {
 		ns := fmt.Sprintf("ns-%d", i)
 		b.ns(ns)
@@ -118,8 +136,8 @@ func LabelledPolicies(nsCount, perNS, podsPerLabel int) Workload {
 // SharedGroup is workload 3: one namespace with pods Pods (10,000) and
 // policies policies (10,000) that all select every Pod as targets and as
 // peers.
-func SharedGroup(pods, policies int) Workload {
-	b := newBuilder("shared-group")
+func SharedGroup(pods, policies int, opts ...Option) Workload {
+	b := newBuilder("shared-group", opts)
 	b.ns("shared")
 	for i := 0; i < pods; i++ {
 		b.pod("shared", fmt.Sprintf("pod-%d", i), map[string]string{"app": "web"})
@@ -133,8 +151,8 @@ func SharedGroup(pods, policies int) Workload {
 
 // PolicyPerPod is workload 4: one namespace with n Pods (10,000) and one
 // policy per Pod selecting it and allowing the next Pod.
-func PolicyPerPod(n int) Workload {
-	b := newBuilder("policy-per-pod")
+func PolicyPerPod(n int, opts ...Option) Workload {
+	b := newBuilder("policy-per-pod", opts)
 	b.ns("per-pod")
 	for i := 0; i < n; i++ {
 		b.pod("per-pod", fmt.Sprintf("pod-%d", i), map[string]string{"pod": fmt.Sprintf("p%d", i)})
@@ -149,7 +167,7 @@ func PolicyPerPod(n int) Workload {
 // holds hundreds of MB of objects, so only the one in use should exist).
 type Spec struct {
 	Name  string
-	Build func() Workload
+	Build func(opts ...Option) Workload
 }
 
 // All returns workloads 1–4 with every count divided by scale (1 = full
@@ -160,9 +178,9 @@ func All(scale int) []Spec {
 		scale = 1
 	}
 	return []Spec{
-		{"small-namespaces", func() Workload { return SmallNamespaces(25000 / scale) }},
-		{"labelled-policies", func() Workload { return LabelledPolicies(max(100/scale, 1), 100, 10) }},
-		{"shared-group", func() Workload { return SharedGroup(10000/scale, 10000/scale) }},
-		{"policy-per-pod", func() Workload { return PolicyPerPod(10000 / scale) }},
+		{"small-namespaces", func(o ...Option) Workload { return SmallNamespaces(25000/scale, o...) }},
+		{"labelled-policies", func(o ...Option) Workload { return LabelledPolicies(max(100/scale, 1), 100, 10, o...) }},
+		{"shared-group", func(o ...Option) Workload { return SharedGroup(10000/scale, 10000/scale, o...) }},
+		{"policy-per-pod", func(o ...Option) Workload { return PolicyPerPod(10000/scale, o...) }},
 	}
 }

@@ -2,7 +2,7 @@
 // cluster on one machine, built from network namespaces, a real control
 // plane, per-Node Open vSwitch and seine daemons and a minimal kubelet.
 //
-//	sandbox up --nodes 3 [--name sbx] [--set tunnelType=vxlan] [--host-link]
+//	sandbox up --nodes 3 [--name sbx] [--mode encap|noEncap|hybrid|networkPolicyOnly] [--subnets N] [--set tunnelType=vxlan] [--host-link]
 //	sandbox status | kubeconfig | down
 //	sandbox pod create NS/NAME [--node N] [--labels a=b] [--port http:80/TCP]
 //	sandbox pod delete NS/NAME
@@ -21,6 +21,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"sort"
 	"strings"
 	"syscall"
@@ -32,6 +33,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/seine-net/seine/node/config"
 	"github.com/seine-net/seine/tests/sandbox"
 	"github.com/seine-net/seine/tests/sandbox/echo"
 	"github.com/seine-net/seine/tests/sandbox/kubelet"
@@ -61,7 +63,7 @@ func main() {
 func commands() []*cli.Command {
 	return []*cli.Command{
 		upCommand(), downCommand(), statusCommand(), kubeconfigCommand(),
-		podCommand(), execCommand(), nodeExecCommand(), probeCommand(), extCommand(),
+		podCommand(), execCommand(), nodeExecCommand(), ctlCommand(), probeCommand(), extCommand(),
 		demoCommand(), kubeletCommand(), nodeInitCommand(), serveCommand(),
 	}
 }
@@ -258,6 +260,8 @@ func upCommand() *cli.Command {
 			&cli.StringSliceFlag{Name: "set", Usage: "seine daemon config override key=value (value is YAML), repeatable"},
 			&cli.BoolFlag{Name: "host-link", Value: true, Usage: "veth to the host and a host kubeconfig (--host-link=false to skip)"},
 			&cli.StringFlag{Name: "cni", Value: sandbox.CNIModeSeine, Usage: "CNI: seine, or bridge (Debian plugins, to test the sandbox itself)"},
+			&cli.StringFlag{Name: "mode", Value: string(config.ModeEncap), Usage: "seine's traffic mode: encap, noEncap, hybrid or networkPolicyOnly (ptp as the primary CNI, seine chained)"},
+			&cli.IntFlag{Name: "subnets", Value: 1, Usage: "transport subnets the Nodes are split over, joined by the underlay router"},
 			&cli.BoolFlag{Name: "kubelet", Usage: "real Nodes: kubelet and containerd (`make node-tools`), seine installed by `kubectl apply` of its manifest and image (`make image`)"},
 			&cli.StringFlag{Name: "seine", EnvVars: []string{"SEINE_BIN"}, Usage: "seine binary (default: next to this executable)"},
 			&cli.StringFlag{Name: "k8s-bin", EnvVars: []string{"SEINE_K8S_BIN"}, Usage: "control-plane binaries directory"},
@@ -272,12 +276,14 @@ func upCommand() *cli.Command {
 			cl, err := sandbox.Up(ctx, sandbox.Options{
 				Name: c.String("name"), Nodes: c.Int("nodes"), Set: set, StateRoot: c.String("state-root"),
 				HostLink: c.Bool("host-link"), CNIMode: c.String("cni"), SeineBinary: c.String("seine"),
+				Mode: config.TrafficEncapMode(c.String("mode")), Subnets: c.Int("subnets"),
 				K8sBinDir: c.String("k8s-bin"), Kubelet: c.Bool("kubelet"), Log: newLogger(c),
 			})
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(os.Stderr, "sandbox %s is up with %d nodes; kubeconfig: %s\n", cl.Name(), len(cl.Nodes()), cl.Kubeconfig())
+			fmt.Fprintf(os.Stderr, "sandbox %s is up with %d nodes in %d subnet(s), mode %s; kubeconfig: %s\n",
+				cl.Name(), len(cl.Nodes()), cl.Subnets(), cl.Mode(), cl.Kubeconfig())
 			return nil
 		},
 	}
@@ -343,7 +349,8 @@ func statusCommand() *cli.Command {
 			}
 			ctx, cancel := context.WithTimeout(c.Context, 10*time.Second)
 			defer cancel()
-			fmt.Printf("sandbox %s (cni %s), state %s\n", cl.Name(), cl.CNIMode(), cl.StateDir())
+			fmt.Printf("sandbox %s (cni %s, mode %s, %d transport subnet(s)), state %s\n",
+				cl.Name(), cl.CNIMode(), cl.Mode(), cl.Subnets(), cl.StateDir())
 			if cl.RealNodes() {
 				fmt.Printf("real Nodes (kubelet, containerd); seine installed by kubectl apply -f %s\n", cl.Manifest())
 			}
@@ -353,7 +360,7 @@ func statusCommand() *cli.Command {
 			fmt.Printf("external host: %s in %s\n", extIP, extNS)
 			apiOK := true
 			w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "NODE\tIP\tNETNS\tPODCIDR\tREADY\tPROCESSES")
+			fmt.Fprintln(w, "NODE\tIP\tNETNS\tPODCIDR\tREADY\tMODE\tPROCESSES")
 			for _, n := range cl.Nodes() {
 				cidr, ready := "?", "?"
 				if apiOK {
@@ -370,11 +377,28 @@ func statusCommand() *cli.Command {
 						}
 					}
 				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", n.Name, n.IP, n.NetNS, cidr, ready, liveness(cl.NodeProcesses(n)))
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.Name, n.IP, n.NetNS, cidr, ready,
+					daemonMode(ctx, cl, n), liveness(cl.NodeProcesses(n)))
 			}
 			return w.Flush()
 		},
 	}
+}
+
+// daemonMode is the traffic mode the Node's seine daemon reports, with
+// "noSNAT" when it does not masquerade, or "-" when it cannot be asked.
+func daemonMode(ctx context.Context, cl *sandbox.Cluster, n sandbox.Node) string {
+	if cl.CNIMode() != sandbox.CNIModeSeine {
+		return "-"
+	}
+	mode, snat, err := cl.DaemonMode(ctx, n.Name)
+	if err != nil {
+		return "-"
+	}
+	if !snat {
+		mode += ",noSNAT"
+	}
+	return mode
 }
 
 // parsePortFlag parses "[name:]port[/PROTO]".
@@ -528,15 +552,50 @@ func nodeExecCommand() *cli.Command {
 			if c.NArg() < 2 {
 				return cli.Exit("usage: sandbox node-exec NODE -- CMD...", 2)
 			}
-			cl, err := load(c)
-			if err != nil {
-				return err
-			}
-			n, err := cl.Node(c.Args().First())
+			_, n, err := loadNode(c)
 			if err != nil {
 				return err
 			}
 			return execInNetNS(n.NetNS, c.Args().Slice()[1:])
+		},
+	}
+}
+
+// loadNode loads the sandbox and the Node named by the first argument.
+func loadNode(c *cli.Context) (*sandbox.Cluster, sandbox.Node, error) {
+	cl, err := load(c)
+	if err != nil {
+		return nil, sandbox.Node{}, err
+	}
+	n, err := cl.Node(c.Args().First())
+	return cl, n, err
+}
+
+func ctlCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "ctl",
+		Usage:     "run seinectl on a Node (its API socket, the sandbox's kubeconfig)",
+		ArgsUsage: "NODE -- SEINECTL-ARGS...",
+		Flags:     sandboxFlags(),
+		Action: func(c *cli.Context) error {
+			if c.NArg() < 1 {
+				return cli.Exit("usage: sandbox ctl NODE -- SEINECTL-ARGS...", 2)
+			}
+			cl, n, err := loadNode(c)
+			if err != nil {
+				return err
+			}
+			seine, err := os.Executable()
+			if err != nil {
+				return err
+			}
+			args := c.Args().Slice()[1:]
+			if len(args) > 0 && args[0] == "--" {
+				args = args[1:]
+			}
+			argv := append([]string{filepath.Join(filepath.Dir(seine), "seinectl"), "--socket", n.APISocket,
+				"--kubeconfig", cl.InternalKubeconfig()}, args...)
+			return execInNetNS(n.NetNS, argv)
 		},
 	}
 }

@@ -272,6 +272,74 @@ func TestServiceClusterIP(t *testing.T) {
 	}
 }
 
+// TestNodePortToHostNetworkEndpoints: a NodePort Service whose endpoints
+// run on the Nodes' host network answers on every Node, from the external
+// host and from a Pod, with each endpoint (the one on the same Node as the
+// NodePort the client used, and the one on the other Node); and each Node
+// itself reaches both through the ClusterIP.
+func TestNodePortToHostNetworkEndpoints(t *testing.T) {
+	createNamespace(t, "hostnet")
+	labels := map[string]string{"app": "hostnet"}
+	ctx := testCtx(t, 3*time.Minute)
+	for _, n := range cluster.Nodes() {
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "hn-" + n.Name, Labels: labels},
+			Spec: corev1.PodSpec{NodeName: n.Name, HostNetwork: true, TerminationGracePeriodSeconds: ptr(int64(1)),
+				Containers: []corev1.Container{{Name: "agnhost", Image: agnhost, ImagePullPolicy: corev1.PullNever,
+					Args: []string{"netexec", "--http-port=18083", "--udp-port=-1"}}}},
+		}
+		if _, err := cluster.Client().CoreV1().Pods("hostnet").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitPods(t, ctx, "hostnet", labels, 2)
+	client := deployAgnhost(t, "hostnet", "client", 1, map[string]string{"app": "client"}, "pause")[0]
+	svc, err := cluster.Client().CoreV1().Services("hostnet").Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "hn"},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort, Selector: labels, Ports: []corev1.ServicePort{{
+			Port: 80, TargetPort: intstr.FromInt32(18083), Protocol: corev1.ProtocolTCP}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	np := svc.Spec.Ports[0].NodePort
+	for _, n := range cluster.Nodes() {
+		url := fmt.Sprintf("http://%s:%d/hostname", n.IP, np)
+		for _, from := range []string{"external host", "Pod " + client.Name} {
+			seen := map[string]bool{}
+			err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+				var out string
+				var err error
+				if from == "external host" {
+					var b []byte
+					b, err = cluster.ExternalExec(ctx, "curl", "-s", "-m", "2", url)
+					out = string(b)
+				} else {
+					out, err = cluster.Kubectl(ctx, "exec", "-n", "hostnet", client.Name, "--", "curl", "-s", "-m", "2", url)
+				}
+				if err == nil {
+					seen[strings.TrimSpace(out)] = true
+				}
+				return len(seen) == 2, nil
+			})
+			if err != nil {
+				t.Errorf("%s to %s: answered by %v, want both Nodes' host-network endpoints", from, url, seen)
+			}
+		}
+		seen := map[string]bool{}
+		url = "http://" + svc.Spec.ClusterIP + "/hostname"
+		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+			if out, err := cluster.NodeExec(ctx, n.Name, "curl", "-s", "-m", "2", url); err == nil {
+				seen[strings.TrimSpace(string(out))] = true
+			}
+			return len(seen) == 2, nil
+		})
+		if err != nil {
+			t.Errorf("%s itself to %s: answered by %v, want both Nodes' host-network endpoints", n.Name, url, seen)
+		}
+	}
+}
+
 // TestNetworkPolicyEnforced: a policy admits only the client role; lifting
 // it admits everyone again.
 func TestNetworkPolicyEnforced(t *testing.T) {

@@ -133,13 +133,13 @@ func (s *Servers) start(p Port, line []byte, log *zap.Logger) error {
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			buf := make([]byte, 2048)
+			buf := make([]byte, maxDatagram)
 			for {
-				_, from, err := pc.ReadFrom(buf)
+				n, from, err := pc.ReadFrom(buf)
 				if err != nil {
 					return
 				}
-				_, _ = pc.WriteTo(withClient(line, from), from)
+				_, _ = pc.WriteTo(padTo(withClient(line, from), n), from)
 			}
 		}()
 	case corev1.ProtocolSCTP:
@@ -159,6 +159,26 @@ func (s *Servers) start(p Port, line []byte, log *zap.Logger) error {
 // address the server saw the connection come from (after any NAT).
 func withClient(line []byte, from net.Addr) []byte {
 	return append(append([]byte(nil), line...), []byte("client "+from.String()+"\n")...)
+}
+
+// maxDatagram is the largest UDP payload over IPv4 (RFC 768 length,
+// minus the IPv4 and UDP headers).
+const maxDatagram = 65507
+
+// padTo extends a UDP reply to the size n of the datagram it answers (a
+// third line of dots), so that a large probe is answered as large: both
+// directions then cross the path in IP fragments. Small probes get the
+// reply as it is.
+func padTo(reply []byte, n int) []byte {
+	if n <= len(reply)+1 {
+		return reply
+	}
+	pad := make([]byte, n-len(reply))
+	for i := range pad {
+		pad[i] = '.'
+	}
+	pad[len(pad)-1] = '\n'
+	return append(reply, pad...)
 }
 
 func (s *Servers) add(c func() error) {
@@ -205,6 +225,8 @@ type Result struct {
 	// Err is the underlying error for Refused and TimedOut (and for setup
 	// failures, which are reported as TimedOut with Err set).
 	Err error
+	// Bytes is the size of a UDP answer in bytes.
+	Bytes int
 }
 
 // String renders the result as the CLI prints it: "connected <reply>",
@@ -221,13 +243,32 @@ func (r Result) String() string {
 // line and classifies the outcome. For UDP it sends one datagram ("probe")
 // and waits for the answer; an ICMP port unreachable surfaces as Refused.
 func Probe(ctx context.Context, netnsPath, host string, port int, proto corev1.Protocol, timeout time.Duration) Result {
+	return probeIn(ctx, netnsPath, host, port, proto, 0, timeout)
+}
+
+// ProbeDatagram is Probe over UDP with a datagram of size bytes (the
+// "probe" line and padding; 6..65507), which an echo server answers with
+// as many bytes (Result.Bytes). Datagrams above the path MTU travel in IP
+// fragments both ways.
+func ProbeDatagram(ctx context.Context, netnsPath, host string, port, size int, timeout time.Duration) Result {
+	if size < len(probeLine) || size > maxDatagram {
+		return Result{Outcome: TimedOut, Err: fmt.Errorf("probe: datagram size %d outside %d..%d", size, len(probeLine), maxDatagram)}
+	}
+	return probeIn(ctx, netnsPath, host, port, corev1.ProtocolUDP, size, timeout)
+}
+
+// probeLine starts every UDP probe.
+const probeLine = "probe\n"
+
+// probeIn runs probeHere inside the network namespace at netnsPath.
+func probeIn(ctx context.Context, netnsPath, host string, port int, proto corev1.Protocol, size int, timeout time.Duration) Result {
 	if timeout <= 0 {
 		timeout = 2 * time.Second
 	}
 	var res Result
 	var nsErr error
 	inNS(netnsPath, func() error {
-		res = probeHere(ctx, host, port, proto, timeout)
+		res = probeHere(ctx, host, port, proto, size, timeout)
 		return nil
 	}, &nsErr)
 	if nsErr != nil {
@@ -236,7 +277,9 @@ func Probe(ctx context.Context, netnsPath, host string, port int, proto corev1.P
 	return res
 }
 
-func probeHere(ctx context.Context, host string, port int, proto corev1.Protocol, timeout time.Duration) Result {
+// probeHere probes from the current namespace; size is the UDP datagram's
+// size (0: just the probe line).
+func probeHere(ctx context.Context, host string, port int, proto corev1.Protocol, size int, timeout time.Duration) Result {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	deadline, _ := ctx.Deadline()
@@ -258,9 +301,26 @@ func probeHere(ctx context.Context, host string, port int, proto corev1.Protocol
 	defer c.Close()
 	_ = c.SetDeadline(deadline)
 	if network == "udp" {
-		if _, err := c.Write([]byte("probe\n")); err != nil {
+		msg := make([]byte, max(size, len(probeLine)))
+		copy(msg, probeLine)
+		for i := len(probeLine); i < len(msg); i++ {
+			msg[i] = 'x'
+		}
+		if _, err := c.Write(msg); err != nil {
 			return classify(err)
 		}
+		// One read takes the whole answer: a datagram.
+		buf := make([]byte, maxDatagram)
+		n, err := c.Read(buf)
+		if err != nil {
+			return classify(err)
+		}
+		lines := strings.SplitN(string(buf[:n]), "\n", 3)
+		res := Result{Outcome: Connected, Reply: strings.TrimRight(lines[0], "\r"), Bytes: n}
+		if len(lines) > 1 && strings.HasPrefix(lines[1], "client ") {
+			res.Client = strings.TrimSpace(strings.TrimPrefix(lines[1], "client "))
+		}
+		return res
 	}
 	r := bufio.NewReader(c)
 	line, err := r.ReadString('\n')

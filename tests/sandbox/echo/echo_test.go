@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -66,6 +67,16 @@ func TestServeAndProbe(t *testing.T) {
 		if r.Outcome != tc.want || (tc.want == Connected && r.Reply != "pod-x") {
 			t.Errorf("probe %d/%s: %+v; want %s", tc.port, tc.proto, r, tc.want)
 		}
+	}
+	// A large datagram is answered as large; a small one as it is.
+	if r := ProbeDatagram(ctx, path, "127.0.0.1", 7000, 9000, time.Second); r.Outcome != Connected || r.Reply != "pod-x" || r.Bytes != 9000 || r.Client == "" {
+		t.Errorf("9,000-byte datagram: %+v; want the reply, the client and 9,000 bytes", r)
+	}
+	if r := ProbeDatagram(ctx, path, "127.0.0.1", 7000, 6, time.Second); r.Outcome != Connected || r.Bytes >= 100 {
+		t.Errorf("6-byte datagram: %+v; want a short reply", r)
+	}
+	if r := ProbeDatagram(ctx, path, "127.0.0.1", 7000, 70000, time.Second); r.Err == nil || !strings.Contains(r.Err.Error(), "size") {
+		t.Errorf("70,000-byte datagram: %+v; want a size error", r)
 	}
 	// The servers live in the namespace, not here.
 	if r := Probe(ctx, "", "127.0.0.1", 7000, corev1.ProtocolTCP, time.Second); r.Outcome == Connected {

@@ -191,6 +191,12 @@ type PolicyReference struct {
 	Namespace string `json:"namespace"`
 	Name      string `json:"name"`
 	UID       string `json:"uid"`
+	// Generation is the source's metadata.generation this object was
+	// computed from; agents report the generation they realized
+	// (ops.seine.io AgentInfo), and the controller sums the reports into
+	// the source's realization annotations.
+	// +optional
+	Generation int64 `json:"generation,omitempty"`
 }
 
 // NetworkPolicy is the computed form of one networking.k8s.io/v1

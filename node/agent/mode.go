@@ -1,0 +1,110 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vishvananda/netlink"
+	"go.uber.org/zap"
+	"sigs.k8s.io/knftables"
+
+	"github.com/seine-net/seine/datapath/ovsdb"
+	"github.com/seine-net/seine/node/config"
+	"github.com/seine-net/seine/node/noderoute"
+	"github.com/seine-net/seine/tunnel"
+)
+
+// What each traffic mode sets up on the Node, beside what every mode has
+// (bridge, gateway, pipeline, Pods, NetworkPolicy, Service proxy), and
+// what a restart in another mode removes:
+//
+//	             tunnel port  transport bridge¹  gateway IP  IPAM  SNAT  peer routes
+//	encap        yes          yes                yes         yes   yes   via the tunnel
+//	hybrid       yes          yes                yes         yes   opt.  direct or tunnel
+//	noEncap      no           no                 yes         yes   opt.  direct or underlay
+//	policy only  no           no                 no          no    no    none (the primary's)
+//
+// ¹ with the netdev datapath only (tunnel.AttachNetdev).
+
+// setupTransport finds the transport interface and, with the netdev
+// datapath, hands it to the transport bridge when the mode tunnels through
+// OVS's userspace tunnel port (kind tunnel.KindOVSPort), or takes it back
+// from a bridge an earlier run left when it does not: without a tunnel, or
+// with a kernel tunnel device, the interface stays the kernel's.
+func setupTransport(ctx context.Context, cfg config.Config, kind tunnel.Kind, ovs *ovsdb.Client, nodeIP net.IP, log *zap.Logger) (tunnel.Transport, error) {
+	if cfg.OVSDatapathType != config.DatapathNetdev {
+		return tunnel.FindTransport(cfg.TransportInterface, nodeIP)
+	}
+	if cfg.TrafficEncapMode.UsesTunnel() && kind == tunnel.KindOVSPort {
+		return setupNetdevTransport(ctx, cfg, ovs, nodeIP, log)
+	}
+	nft, err := knftables.New(knftables.NetDevFamily, tunnel.TransportTable)
+	if err != nil {
+		return tunnel.Transport{}, fmt.Errorf("nftables: %w", err)
+	}
+	if err := tunnel.DetachNetdev(ctx, ovs, nft, cfg.TransportBridge, log); err != nil {
+		return tunnel.Transport{}, err
+	}
+	return tunnel.FindTransport(cfg.TransportInterface, nodeIP)
+}
+
+// podMTU is the MTU of Pod interfaces and the gateway: the configured
+// one, or the transport's, less the tunnel overhead when the mode tunnels
+// (hybrid too: some peers are reached through the tunnel).
+func podMTU(cfg config.Config, transport tunnel.Transport) (int, error) {
+	if cfg.MTU != 0 {
+		return cfg.MTU, nil
+	}
+	if !cfg.TrafficEncapMode.UsesTunnel() {
+		return transport.MTU, nil
+	}
+	overhead, err := tunnel.Overhead(cfg.TunnelType)
+	if err != nil {
+		return 0, err
+	}
+	return transport.MTU - overhead, nil
+}
+
+// clearGatewayAddresses removes every IPv4 address from the gateway: in
+// networkPolicyOnly mode it has none (the Pods' addresses and gateway are
+// the primary CNI's), so one an earlier run gave it must go.
+func clearGatewayAddresses(name string) error {
+	link, err := netlink.LinkByName(name)
+	if err != nil {
+		return fmt.Errorf("gateway interface %s: %w", name, err)
+	}
+	addrs, err := netlink.AddrList(link, netlink.FAMILY_V4)
+	if err != nil {
+		return fmt.Errorf("addresses of %s: %w", name, err)
+	}
+	for _, a := range addrs {
+		if err := netlink.AddrDel(link, &a); err != nil {
+			return fmt.Errorf("removing %s from %s: %w", a.IPNet, name, err)
+		}
+	}
+	return nil
+}
+
+// registerModeMetrics exports the traffic mode in effect and the peers by
+// route, so that operators (and seinectl) can read them:
+//
+//	seine_traffic_mode_info{mode="hybrid",snat="true"} 1
+//	seine_peer_node_routes{route="direct"} 1
+func registerModeMetrics(reg *prometheus.Registry, cfg config.Config, routes *noderoute.Controller) {
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "seine_traffic_mode_info",
+		Help: "The traffic mode in effect (trafficEncapMode) and whether seine masquerades Pod traffic leaving the cluster; always 1.",
+		ConstLabels: prometheus.Labels{"mode": string(cfg.TrafficEncapMode),
+			"snat": strconv.FormatBool(cfg.SNATEnabled())},
+	}, func() float64 { return 1 }))
+	for _, r := range noderoute.Routes() {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "seine_peer_node_routes",
+			Help:        "Peer Nodes by how their podCIDR is reached: tunnel, direct (host route via the peer's Node IP), underlay (the network routes it), none (networkPolicyOnly).",
+			ConstLabels: prometheus.Labels{"route": r.String()},
+		}, func() float64 { return float64(routes.PeerRoutes()[r]) }))
+	}
+}

@@ -1,0 +1,263 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.uber.org/zap"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/seine-net/seine/datapath/flowsync"
+	of "github.com/seine-net/seine/datapath/openflow"
+	"github.com/seine-net/seine/datapath/ovsctl"
+	"github.com/seine-net/seine/datapath/ovsdb"
+	"github.com/seine-net/seine/datapath/pipeline"
+	opsclient "github.com/seine-net/seine/node/client/clientset/versioned"
+	"github.com/seine-net/seine/node/config"
+	"github.com/seine-net/seine/node/health"
+	"github.com/seine-net/seine/node/info"
+	"github.com/seine-net/seine/node/inspect"
+	"github.com/seine-net/seine/node/localapi"
+	"github.com/seine-net/seine/node/noderoute"
+	"github.com/seine-net/seine/node/podnet"
+	"github.com/seine-net/seine/node/traceflow"
+	"github.com/seine-net/seine/node/version"
+	policyagent "github.com/seine-net/seine/policy/agent"
+	"github.com/seine-net/seine/policy/client/clientset/versioned"
+	policycontroller "github.com/seine-net/seine/policy/controller"
+)
+
+// TrafficModeEncap is the traffic mode this daemon runs: Pod traffic
+// between Nodes crosses tunnels.
+const TrafficModeEncap = "encap"
+
+// Option adjusts Run.
+type Option func(*options)
+
+type options struct {
+	level  zap.AtomicLevel
+	recent io.WriterTo
+}
+
+// WithLogLevel gives Run the logger's level, which seinectl log-level
+// changes.
+func WithLogLevel(l zap.AtomicLevel) Option { return func(o *options) { o.level = l } }
+
+// WithRecentLogs gives Run the daemon's recent log output, for support
+// bundles.
+func WithRecentLogs(w io.WriterTo) Option { return func(o *options) { o.recent = w } }
+
+// operations is what operators see of the daemon: probes and metrics over
+// HTTP, the local API, the AgentInfo, Traceflow and the leader's
+// ControllerInfo and realization annotations. Run builds it in steps as
+// the components it reads come up.
+type operations struct {
+	cfg     config.Config
+	opts    options
+	log     *zap.Logger
+	reg     *prometheus.Registry
+	probes  health.Probes
+	ops     opsclient.Interface
+	started time.Time
+
+	pipelineGate, podsGate, cniGate *health.Gate
+}
+
+// newOperations starts what needs nothing but the configuration: the
+// probes (every readiness check failing until its step is done) and the
+// metrics registry.
+func newOperations(cfg config.Config, rc *rest.Config, reg *prometheus.Registry, log *zap.Logger, opts []Option) (*operations, error) {
+	o := &operations{cfg: cfg, log: log, reg: reg, started: time.Now(),
+		pipelineGate: health.NewGate("the pipeline of this run is not installed yet"),
+		podsGate:     health.NewGate("the Pods attached before this start are not restored yet"),
+		cniGate:      health.NewGate("the CNI server is not serving yet")}
+	o.opts.level = zap.NewAtomicLevel()
+	for _, fn := range opts {
+		fn(&o.opts)
+	}
+	orc := rest.CopyConfig(rc)
+	orc.UserAgent = "seine-node"
+	ops, err := opsclient.NewForConfig(orc)
+	if err != nil {
+		return nil, err
+	}
+	o.ops = ops
+	o.probes.Live.Add("ping", func() error { return nil })
+	o.probes.Ready.Add(health.CheckOVSConnected, func() error { return fmt.Errorf("not connected to OVS yet") })
+	o.probes.Ready.Add(health.CheckPipeline, o.pipelineGate.Check)
+	o.probes.Ready.Add(health.CheckPodsRestored, o.podsGate.Check)
+	o.probes.Ready.Add(health.CheckPoliciesRealized, func() error { return fmt.Errorf("the policy agent has not started yet") })
+	o.probes.Ready.Add(health.CheckCNIServing, o.cniGate.Check)
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "seine_build_info", Help: "Always 1; the version label names the build.",
+			ConstLabels: prometheus.Labels{"version": version.Version()}}, func() float64 { return 1 }))
+	return o, nil
+}
+
+// startProbes serves /metrics, /healthz and /readyz on metricsAddress
+// until ctx ends, unless disabled. An empty host means the Node's IP:
+// nodeIP, else $NODE_IP (the DaemonSet passes status.hostIP), else the
+// address is not known yet and it reports false (call again once the Node
+// is). Started (or disabled) reports true.
+func (o *operations) startProbes(ctx context.Context, nodeIP net.IP, errc chan<- error) (bool, error) {
+	if nodeIP == nil {
+		nodeIP = net.ParseIP(os.Getenv("NODE_IP"))
+	}
+	if o.cfg.MetricsAddress == "" {
+		return true, nil
+	}
+	if host, _, err := net.SplitHostPort(o.cfg.MetricsAddress); err == nil && host == "" && nodeIP == nil {
+		return false, nil
+	}
+	addr, err := health.ResolveAddress(o.cfg.MetricsAddress, nodeIP)
+	if err != nil {
+		return false, err
+	}
+	o.log.Info("serving metrics and probes", zap.String("address", addr))
+	go func() { errc <- health.Serve(ctx, addr, o.probes.Handler(o.reg)) }()
+	return true, nil
+}
+
+// datapath are the components the later steps read.
+type datapath struct {
+	bridge  pipeline.Bridge
+	ovs     *ovsdb.Client
+	ofc     *of.Client
+	appctl  *ovsctl.Client
+	flows   *flowsync.Syncer
+	pods    *podnet.Backend
+	policy  *policyagent.Agent
+	routes  *noderoute.Controller
+	factory informers.SharedInformerFactory
+	kube    kubernetes.Interface
+	nodeUID types.UID
+}
+
+// datapathUp registers the datapath's checks and metrics.
+func (o *operations) datapathUp(d *datapath) error {
+	o.probes.Ready.Add(health.CheckOVSConnected, func() error { return inspect.OVSConnected(d.ovs, d.ofc) })
+	if d.policy != nil {
+		o.probes.Ready.Add(health.CheckPoliciesRealized, d.policy.Realized)
+		if err := d.policy.Register(o.reg); err != nil {
+			return err
+		}
+	} else {
+		o.probes.Ready.Add(health.CheckPoliciesRealized, func() error { return nil })
+	}
+	if err := d.flows.Register(o.reg); err != nil {
+		return err
+	}
+	gauge := func(name, help string, fn func() float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, fn)
+	}
+	for _, c := range []prometheus.Collector{
+		gauge("seine_flows", "OpenFlow entries Seine keeps installed on the integration bridge.", func() float64 { return float64(d.flows.Count()) }),
+		gauge("seine_peer_nodes", "Peer Nodes connected through the tunnel.", func() float64 { return float64(len(d.routes.Peers())) }),
+		gauge("seine_local_pods", "Pods attached to this Node's bridge.", func() float64 { return float64(len(d.pods.Attachments())) }),
+		gauge("seine_ovs_connected", "1 while the OVSDB and OpenFlow connections are up.", func() float64 {
+			if d.ovs.Connected() && d.ofc.Connected() {
+				return 1
+			}
+			return 0
+		}),
+		&tableFlows{flows: d.flows},
+	} {
+		if err := o.reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// tableFlows exports seine_table_flows{table}: the flow entries Seine
+// keeps in each table, named as the pipeline names them.
+type tableFlows struct{ flows *flowsync.Syncer }
+
+var tableFlowsDesc = prometheus.NewDesc("seine_table_flows", "OpenFlow entries Seine keeps installed, by pipeline table.", []string{"table"}, nil)
+
+func (t *tableFlows) Describe(ch chan<- *prometheus.Desc) { ch <- tableFlowsDesc }
+
+func (t *tableFlows) Collect(ch chan<- prometheus.Metric) {
+	counts := t.flows.CountByTable()
+	for _, ti := range pipeline.Tables() {
+		ch <- prometheus.MustNewConstMetric(tableFlowsDesc, prometheus.GaugeValue, float64(counts[uint8(ti.Table)]), ti.Name)
+	}
+}
+
+// inspector builds the inspector over the datapath.
+func (o *operations) inspector(d *datapath) *inspect.Inspector {
+	return inspect.New(inspect.Deps{
+		Config: o.cfg, Bridge: d.bridge, StartTime: o.started, TrafficMode: TrafficModeEncap,
+		OVSDB: d.ovs, OpenFlow: d.ofc, Appctl: d.appctl, Flows: d.flows, Pods: d.pods, Policy: d.policy,
+		Peers:    func() int { return len(d.routes.Peers()) },
+		NodeByIP: nodeByIP(d.factory),
+		PodIP:    podIP(d.kube),
+		Probes:   &o.probes, Registry: o.reg, Logs: o.opts.recent,
+	})
+}
+
+// run starts, once the datapath is ready, the local API, the AgentInfo
+// writer and Traceflow; each returns into errc when it stops.
+func (o *operations) run(ctx context.Context, d *datapath, errc chan<- error) {
+	in := o.inspector(d)
+	api := localapi.NewServer(in, o.opts.level, o.probes.Handler(nil), o.log.Named("localapi"))
+	go func() { errc <- api.Serve(ctx, o.cfg.APISocket) }()
+	go func() {
+		errc <- info.RunAgent(ctx, o.ops, info.AgentConfig{NodeName: o.cfg.NodeName, NodeUID: d.nodeUID,
+			Status: in.AgentInfo}, o.log.Named("agentinfo"))
+	}()
+	tf := traceflow.New(o.ops, traceflow.Config{NodeName: o.cfg.NodeName, NodeIP: d.bridge.NodeIP, Bridge: d.bridge,
+		Pods: d.pods, Switch: d.ofc, Describe: in.DescribeOutput, NodeByIP: nodeByIP(d.factory), PodIP: podIP(d.kube)},
+		o.log.Named("traceflow"))
+	go func() { errc <- tf.Run(ctx) }()
+}
+
+// leaderTasks gives the policy controller the leader's ControllerInfo,
+// AgentInfo clean-up and realization annotations.
+func (o *operations) leaderTasks(pc *policycontroller.Controller, kube kubernetes.Interface, cp versioned.Interface) {
+	l := info.NewLeader(kube, cp, o.ops, info.LeaderConfig{Identity: o.cfg.NodeName, Name: o.cfg.LeaderElection.Name,
+		Status: pc.Status}, o.log.Named("leader-info"))
+	for _, t := range l.Tasks() {
+		pc.AddLeaderTask(t)
+	}
+}
+
+func nodeByIP(f informers.SharedInformerFactory) func(net.IP) string {
+	lister := f.Core().V1().Nodes().Lister()
+	return func(ip net.IP) string {
+		nodes, err := lister.List(labels.Everything())
+		if err != nil {
+			return ""
+		}
+		for _, n := range nodes {
+			if nip := noderoute.InternalIP(n); nip != nil && nip.Equal(ip) {
+				return n.Name
+			}
+		}
+		return ""
+	}
+}
+
+func podIP(kube kubernetes.Interface) func(ctx context.Context, namespace, name string) (string, error) {
+	return func(ctx context.Context, namespace, name string) (string, error) {
+		p, err := kube.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return "", err
+		}
+		if p.Status.PodIP == "" || p.Spec.HostNetwork {
+			return "", fmt.Errorf("pod %s/%s has no Pod IP (phase %s)", namespace, name, p.Status.Phase)
+		}
+		return p.Status.PodIP, nil
+	}
+}

@@ -1,0 +1,51 @@
+package ctl
+
+import (
+	"context"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/seine-net/seine/node/localapi"
+	"github.com/seine-net/seine/node/version"
+)
+
+// versions is what `seinectl version` reports.
+type versions struct {
+	Client string            `json:"client"`
+	Daemon *localapi.Version `json:"daemon,omitempty"`
+	// DaemonError says why the daemon did not answer.
+	DaemonError string `json:"daemonError,omitempty"`
+}
+
+func versionCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "version",
+		Usage: "print the versions of seinectl, the local daemon and its Open vSwitch",
+		Flags: []cli.Flag{outputFlag()},
+		Action: func(c *cli.Context) error {
+			v := versions{Client: version.String()}
+			ctx, cancel := context.WithTimeout(c.Context, 10*time.Second)
+			defer cancel()
+			var d localapi.Version
+			if err := local(c).Get(ctx, "/v1/version", nil, &d); err != nil {
+				v.DaemonError = err.Error()
+			} else {
+				v.Daemon = &d
+			}
+			if o := c.String("output"); o == "json" || o == "yaml" {
+				return print(c, v, nil)
+			}
+			w := c.App.Writer
+			fmtLine := func(k, v string) { _, _ = w.Write([]byte(k + v + "\n")) }
+			fmtLine("seinectl: ", v.Client)
+			if v.Daemon == nil {
+				fmtLine("daemon:   ", "unreachable: "+v.DaemonError)
+				return nil
+			}
+			fmtLine("daemon:   ", v.Daemon.Daemon+" on Node "+v.Daemon.Node)
+			fmtLine("ovs:      ", v.Daemon.OVS+" ("+v.Daemon.Datapath+" datapath)")
+			return nil
+		},
+	}
+}

@@ -1,0 +1,259 @@
+package info
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	opsv1alpha1 "github.com/seine-net/seine/node/apis/ops/v1alpha1"
+	opsclient "github.com/seine-net/seine/node/client/clientset/versioned"
+	cpv1alpha1 "github.com/seine-net/seine/policy/apis/controlplane/v1alpha1"
+	cpclient "github.com/seine-net/seine/policy/client/clientset/versioned"
+	"github.com/seine-net/seine/policy/compute"
+	policycontroller "github.com/seine-net/seine/policy/controller"
+	"github.com/seine-net/seine/tests/apienv"
+)
+
+func eventually(t *testing.T, what string, cond func() error) {
+	t.Helper()
+	eventuallyFor(t, 30*time.Second, what, cond)
+}
+
+func eventuallyFor(t *testing.T, d time.Duration, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %v", what, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+type clients struct {
+	kube kubernetes.Interface
+	cp   cpclient.Interface
+	ops  opsclient.Interface
+}
+
+func start(t *testing.T) (*clients, context.Context) {
+	rc := apienv.Start(t, "../../deploy/crds")
+	c := &clients{kube: kubernetes.NewForConfigOrDie(rc), cp: cpclient.NewForConfigOrDie(rc), ops: opsclient.NewForConfigOrDie(rc)}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	t.Cleanup(cancel)
+	return c, ctx
+}
+
+func createNode(t *testing.T, ctx context.Context, c *clients, name string) *corev1.Node {
+	n, err := c.kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// The daemon's AgentInfo appears at once, owned by its Node, follows a
+// change of a figure within the check period, keeps a condition's
+// transition time while it holds, and beats every Heartbeat.
+func TestAgentInfoWriter(t *testing.T) {
+	c, ctx := start(t)
+	node := createNode(t, ctx, c, "n1")
+	var pods atomic.Int32
+	pods.Store(3)
+	started := metav1.Now() // nanoseconds: the API server keeps seconds
+	status := func(context.Context) (opsv1alpha1.AgentInfoStatus, error) {
+		return opsv1alpha1.AgentInfoStatus{Version: "v-test", PodCount: pods.Load(), LastHeartbeatTime: metav1.Now(), StartTime: started,
+			Conditions: []metav1.Condition{{Type: opsv1alpha1.AgentReady, Status: metav1.ConditionTrue, Reason: "Ready"}}}, nil
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- RunAgent(runCtx, c.ops, AgentConfig{NodeName: "n1", NodeUID: node.UID, Status: status,
+			Heartbeat: 3 * time.Second, Check: 100 * time.Millisecond}, zaptest.NewLogger(t))
+	}()
+	t.Cleanup(func() { stop(); <-done })
+	get := func() (*opsv1alpha1.AgentInfo, error) {
+		return c.ops.OpsV1alpha1().AgentInfos().Get(ctx, "n1", metav1.GetOptions{})
+	}
+	var first *opsv1alpha1.AgentInfo
+	eventually(t, "AgentInfo written", func() error {
+		ai, err := get()
+		if err != nil {
+			return err
+		}
+		if ai.Status.PodCount != 3 || len(ai.OwnerReferences) != 1 || ai.OwnerReferences[0].UID != node.UID {
+			return fmt.Errorf("status %+v owners %+v", ai.Status, ai.OwnerReferences)
+		}
+		if meta.FindStatusCondition(ai.Status.Conditions, opsv1alpha1.AgentAPIConnected) == nil {
+			return fmt.Errorf("no APIConnected condition: %+v", ai.Status.Conditions)
+		}
+		first = ai
+		return nil
+	})
+	pods.Store(4)
+	var changed *opsv1alpha1.AgentInfo
+	eventually(t, "pod count change written", func() error {
+		ai, err := get()
+		if err != nil {
+			return err
+		}
+		if ai.Status.PodCount != 4 {
+			return fmt.Errorf("podCount %d", ai.Status.PodCount)
+		}
+		changed = ai
+		return nil
+	})
+	// Nothing changes now: 15 checks later, nothing was written (the
+	// heartbeat is 3 s away).
+	time.Sleep(1500 * time.Millisecond)
+	if ai, err := get(); err != nil || ai.ResourceVersion != changed.ResourceVersion {
+		t.Errorf("AgentInfo rewritten without a change (resourceVersion %s, then %s; %v)", changed.ResourceVersion, ai.ResourceVersion, err)
+	}
+	eventually(t, "heartbeat", func() error {
+		ai, err := get()
+		if err != nil {
+			return err
+		}
+		if !ai.Status.LastHeartbeatTime.After(first.Status.LastHeartbeatTime.Time) {
+			return fmt.Errorf("heartbeat %v not after %v", ai.Status.LastHeartbeatTime, first.Status.LastHeartbeatTime)
+		}
+		was := meta.FindStatusCondition(first.Status.Conditions, opsv1alpha1.AgentReady).LastTransitionTime
+		if now := meta.FindStatusCondition(ai.Status.Conditions, opsv1alpha1.AgentReady).LastTransitionTime; !now.Equal(&was) {
+			return fmt.Errorf("Ready's transition time moved from %v to %v while it held", was, now)
+		}
+		return nil
+	})
+	// The Node goes: the garbage collector removes its AgentInfo (the
+	// owner reference).
+	stop()
+	<-done
+	done <- nil // for the cleanup
+	if err := c.kube.CoreV1().Nodes().Delete(ctx, "n1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The collector builds its graph of owners first, which takes a
+	// while on a fresh control plane.
+	eventuallyFor(t, 2*time.Minute, "AgentInfo collected with its Node", func() error {
+		if _, err := get(); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there (%v)", err)
+		}
+		return nil
+	})
+}
+
+// The leader writes the ControllerInfo, deletes AgentInfos without a
+// Node, and annotates NetworkPolicies with the Nodes of their span that
+// realized their generation.
+func TestLeaderTasks(t *testing.T) {
+	c, ctx := start(t)
+	for _, n := range []string{"n1", "n2"} {
+		createNode(t, ctx, c, n)
+	}
+	since := time.Now().Add(-time.Minute) // nanoseconds: the API server keeps seconds
+	finished := time.Now()
+	status := func() policycontroller.Status {
+		return policycontroller.Status{Leading: true, Since: since, Sources: map[string]int{"pods": 7, "nodes": 2},
+			Computed: map[compute.Kind]int{compute.KindNetworkPolicy: 1}, InitialSync: 1500 * time.Millisecond,
+			LastRound: &policycontroller.Round{FinishedAt: finished, Duration: 40 * time.Millisecond, Objects: 3}}
+	}
+	np, err := c.kube.NetworkingV1().NetworkPolicies("default").Create(ctx, &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "web"}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := "np-" + string(np.UID)
+	_, err = c.cp.ControlplaneV1alpha1().NetworkPolicies().Create(ctx, &cpv1alpha1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{
+		Name: name, Labels: map[string]string{cpv1alpha1.SpanLabel("n1"): "", cpv1alpha1.SpanLabel("n2"): ""}},
+		Spec: cpv1alpha1.NetworkPolicySpec{Source: cpv1alpha1.PolicyReference{Namespace: "default", Name: "web", UID: string(np.UID),
+			Generation: np.Generation}, AppliedToGroup: "g", PolicyTypes: []string{"Ingress"}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent := func(node string, realized map[string]int64) {
+		t.Helper()
+		ai := &opsv1alpha1.AgentInfo{ObjectMeta: metav1.ObjectMeta{Name: node}, Status: opsv1alpha1.AgentInfoStatus{RealizedPolicies: realized}}
+		cur, err := c.ops.OpsV1alpha1().AgentInfos().Get(ctx, node, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			_, err = c.ops.OpsV1alpha1().AgentInfos().Create(ctx, ai, metav1.CreateOptions{})
+		} else if err == nil {
+			ai.ResourceVersion = cur.ResourceVersion
+			_, err = c.ops.OpsV1alpha1().AgentInfos().Update(ctx, ai, metav1.UpdateOptions{})
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	agent("n1", map[string]int64{name: np.Generation})
+	agent("n2", map[string]int64{name: np.Generation - 1})
+	agent("ghost", nil)
+
+	l := NewLeader(c.kube, c.cp, c.ops, LeaderConfig{Identity: "n1", Name: "seine-controller", Status: status,
+		Check: 100 * time.Millisecond, Debounce: 50 * time.Millisecond}, zaptest.NewLogger(t))
+	runCtx, stop := context.WithCancel(ctx)
+	for _, task := range l.Tasks() {
+		go task(runCtx)
+	}
+	t.Cleanup(stop)
+
+	eventually(t, "ControllerInfo", func() error {
+		ci, err := c.ops.OpsV1alpha1().ControllerInfos().Get(ctx, "seine-controller", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		s := ci.Status
+		if s.Leader != "n1" || !s.LeaderSince.Time.Equal(since.Truncate(time.Second)) || s.Sources.Pods != 7 || s.Computed.NetworkPolicies != 1 ||
+			s.LastComputation == nil || s.LastComputation.Objects != 3 || s.InitialSyncDuration.Duration != 1500*time.Millisecond {
+			return fmt.Errorf("status %+v", s)
+		}
+		return nil
+	})
+	// Nothing changes: 10 checks later, nothing was written.
+	ci, err := c.ops.OpsV1alpha1().ControllerInfos().Get(ctx, "seine-controller", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	if again, err := c.ops.OpsV1alpha1().ControllerInfos().Get(ctx, "seine-controller", metav1.GetOptions{}); err != nil ||
+		again.ResourceVersion != ci.ResourceVersion {
+		t.Errorf("ControllerInfo rewritten without a change (%v)", err)
+	}
+	eventually(t, "ghost AgentInfo deleted", func() error {
+		if _, err := c.ops.OpsV1alpha1().AgentInfos().Get(ctx, "ghost", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there (%v)", err)
+		}
+		return nil
+	})
+	annotated := func(want string) func() error {
+		return func() error {
+			cur, err := c.kube.NetworkingV1().NetworkPolicies("default").Get(ctx, "web", metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if got := cur.Annotations[AnnotationRealizedNodes]; got != want ||
+				cur.Annotations[AnnotationRealizedGeneration] != fmt.Sprint(cur.Generation) {
+				return fmt.Errorf("annotations %v, want %s of generation %d", cur.Annotations, want, cur.Generation)
+			}
+			return nil
+		}
+	}
+	eventually(t, "realization 1/2", annotated("1/2"))
+	agent("n2", map[string]int64{name: np.Generation})
+	eventually(t, "realization 2/2", annotated("2/2"))
+	if _, err := c.ops.OpsV1alpha1().AgentInfos().Get(ctx, "n1", metav1.GetOptions{}); err != nil {
+		t.Errorf("the AgentInfo of an existing Node was touched: %v", err)
+	}
+}

@@ -1,0 +1,108 @@
+package localapi
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	cpv1alpha1 "github.com/seine-net/seine/policy/apis/controlplane/v1alpha1"
+)
+
+type stubBackend struct{ lastQuery FlowQuery }
+
+func (stubBackend) Version(context.Context) (Version, error) {
+	return Version{Node: "n1", Daemon: "v1", OVS: "3.1.0", Datapath: "netdev"}, nil
+}
+func (stubBackend) AgentInfo(context.Context) (AgentInfo, error) { return AgentInfo{PodCount: 2}, nil }
+func (stubBackend) PodInterfaces() []PodInterface {
+	return []PodInterface{{Namespace: "a", Name: "b", OFPort: 5}}
+}
+func (stubBackend) NetworkPolicies() []AgentPolicy { return nil }
+func (stubBackend) AppliedToGroups() []*cpv1alpha1.AppliedToGroup {
+	return nil
+}
+func (stubBackend) AddressGroups() []*cpv1alpha1.AddressGroup { return nil }
+func (b *stubBackend) Flows(_ context.Context, q FlowQuery) ([]Flow, error) {
+	b.lastQuery = q
+	if q.Table == "Nowhere" {
+		return nil, BadRequest("no table %q", q.Table)
+	}
+	return []Flow{{Table: "Output", State: FlowInstalled}}, nil
+}
+func (stubBackend) TracePacket(_ context.Context, r TraceRequest) (TraceResult, error) {
+	return TraceResult{}, NotFound("pod %s is not attached", r.Source)
+}
+func (stubBackend) SupportBundle(_ context.Context, w io.Writer) error {
+	_, err := w.Write([]byte("archive"))
+	return err
+}
+
+// The client and server agree on every route, errors keep their message,
+// and the socket is root-only.
+func TestServerAndClient(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "run", "api.sock")
+	level := zap.NewAtomicLevelAt(zap.InfoLevel)
+	b := &stubBackend{}
+	srv := NewServer(b, level, nil, zaptest.NewLogger(t))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, sock) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	cl := NewClient(sock)
+	var v Version
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if err := cl.Get(ctx, "/v1/version", nil, &v); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+	}
+	if v.OVS != "3.1.0" {
+		t.Fatalf("version %+v", v)
+	}
+	if fi, err := os.Stat(sock); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("socket mode %v (%v)", fi.Mode(), err)
+	}
+	var flows []Flow
+	if err := cl.Get(ctx, "/v1/ovsflows", map[string][]string{"pod": {"a/b"}, "table": {"Output"}}, &flows); err != nil || len(flows) != 1 {
+		t.Fatalf("flows %v %v", flows, err)
+	}
+	if b.lastQuery != (FlowQuery{Pod: "a/b", Table: "Output"}) {
+		t.Errorf("query %+v", b.lastQuery)
+	}
+	if err := cl.Get(ctx, "/v1/ovsflows", map[string][]string{"table": {"Nowhere"}}, &flows); err == nil || err.Error() != `no table "Nowhere"` {
+		t.Errorf("bad table: %v", err)
+	}
+	var res TraceResult
+	if err := cl.Post(ctx, "/v1/trace-packet", TraceRequest{Source: "x/y"}, &res); err == nil || !strings.Contains(err.Error(), "x/y is not attached") {
+		t.Errorf("trace: %v", err)
+	}
+	var l LogLevel
+	if err := cl.Put(ctx, "/v1/loglevel", LogLevel{Level: "debug"}, &l); err != nil || l.Level != "debug" || level.Level() != zap.DebugLevel {
+		t.Errorf("set debug: %v %+v level %v", err, l, level.Level())
+	}
+	if err := cl.Put(ctx, "/v1/loglevel", LogLevel{Level: "fatal"}, &l); err == nil || level.Level() != zap.DebugLevel {
+		t.Errorf("fatal accepted: %v", err)
+	}
+	var buf bytes.Buffer
+	if err := cl.Stream(ctx, "/v1/supportbundle", &buf); err != nil || buf.String() != "archive" {
+		t.Errorf("bundle %q %v", buf.String(), err)
+	}
+	if err := NewClient(filepath.Join(t.TempDir(), "none.sock")).Get(ctx, "/v1/version", nil, &v); err == nil ||
+		!strings.Contains(err.Error(), "cannot reach the seine daemon") {
+		t.Errorf("no daemon: %v", err)
+	}
+}

@@ -1,0 +1,134 @@
+package podnet
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/containernetworking/plugins/pkg/testutils"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/seine-net/seine/datapath/flowsync"
+	of "github.com/seine-net/seine/datapath/openflow"
+	"github.com/seine-net/seine/datapath/ovsdb"
+	"github.com/seine-net/seine/datapath/ovstest"
+	"github.com/seine-net/seine/datapath/pipeline"
+	"github.com/seine-net/seine/ipam"
+	cniserver "github.com/seine-net/seine/node/cni/server"
+)
+
+// harness is a Backend on a real switch (private ovsdb-server and
+// ovs-vswitchd, userspace datapath, bridge br-int), with a fresh IPAM
+// directory: what the daemon runs, minus the API server.
+type harness struct {
+	t     testing.TB
+	ovs   *ovstest.OVS
+	db    *ovsdb.Client
+	flows *flowsync.Syncer
+	ipam  *ipam.Allocator
+	be    *Backend
+	reg   *prometheus.Registry
+	// prefix starts every container ID of this harness.
+	prefix string
+	mu     sync.Mutex
+	ids    []string // container IDs requested
+}
+
+func newHarness(t testing.TB, ctx context.Context, log *zap.Logger) *harness {
+	t.Helper()
+	o := ovstest.Start(t)
+	o.Run("ovs-vsctl", "add-br", "br-int", "--", "set", "bridge", "br-int", "datapath_type=netdev", "fail_mode=secure")
+	db, err := ovsdb.Dial(ctx, o.DBSocket(), log.Named("ovsdb"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	ofc, err := of.Dial(ctx, o.MgmtSocket("br-int"), log.Named("of"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ofc.Close() })
+	_, podCIDR, _ := net.ParseCIDR("10.244.0.0/22")
+	alloc, _, err := ipam.Open(t.TempDir(), podCIDR)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gwMAC, _ := net.ParseMAC("0a:00:00:00:00:01")
+	reg := prometheus.NewRegistry()
+	syncer := flowsync.New(ofc)
+	be := New(Config{BridgeName: "br-int", MTU: 1450, DisableTxChecksum: true, Metrics: reg,
+		Bridge: pipeline.Bridge{Round: 1, GatewayPort: 2, GatewayMAC: gwMAC,
+			GatewayIP: net.ParseIP("10.244.0.1"), PodCIDR: podCIDR}}, alloc, db, syncer, log.Named("podnet"))
+	be.MarkReady()
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return &harness{t: t, ovs: o, db: db, flows: syncer, ipam: alloc, be: be, reg: reg, prefix: "c" + hex.EncodeToString(b)}
+}
+
+// netns creates a Pod network namespace, removed at cleanup.
+func (h *harness) netns() ns.NetNS {
+	h.t.Helper()
+	n, err := testutils.NewNS()
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.t.Cleanup(func() {
+		_ = n.Close()
+		_ = testutils.UnmountNS(n)
+	})
+	return n
+}
+
+// request is the ADD (or DEL) of container i in netns path.
+func (h *harness) request(i int, netns string) *cniserver.Request {
+	id := fmt.Sprintf("%s-%04d", h.prefix, i)
+	h.mu.Lock()
+	h.ids = append(h.ids, id)
+	h.mu.Unlock()
+	return &cniserver.Request{Command: cniserver.CmdAdd, ContainerID: id,
+		Netns: netns, IfName: "eth0", NetConf: &cniserver.NetConf{}}
+}
+
+// leftovers lists what the harness's Pods left behind: IP allocations,
+// OVS ports, desired flows beyond the base count and flows of the Pod
+// cookie category on the switch, host veths.
+func (h *harness) leftovers(ctx context.Context) []string {
+	h.t.Helper()
+	var out []string
+	for _, a := range h.ipam.List() {
+		out = append(out, "IP "+a.IP.String()+" of "+a.Owner.ContainerID)
+	}
+	ports, err := h.db.ListPorts(ctx, "br-int")
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	for _, p := range ports {
+		if p.Name != "br-int" {
+			out = append(out, "OVS port "+p.Name)
+		}
+	}
+	if n := h.flows.Count(); n != 0 {
+		out = append(out, fmt.Sprintf("%d desired flows", n))
+	}
+	dump := h.ovs.Run("ovs-ofctl", "-O", "OpenFlow13", "--no-stats", "dump-flows", h.ovs.MgmtSocket("br-int"),
+		fmt.Sprintf("cookie=%#x/%#x", uint64(pipeline.CategoryPod)<<pipeline.CookieCategoryShift, pipeline.CookieCategoryMask))
+	for _, l := range strings.Split(strings.TrimSpace(dump), "\n") {
+		if strings.Contains(l, "cookie=") {
+			out = append(out, "flow "+strings.TrimSpace(l))
+		}
+	}
+	for _, id := range h.ids {
+		if _, err := os.Stat("/sys/class/net/" + HostVethName(id, "eth0")); err == nil {
+			out = append(out, "veth "+HostVethName(id, "eth0")+" of "+id)
+		}
+	}
+	return out
+}
