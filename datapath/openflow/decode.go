@@ -117,6 +117,9 @@ func decodeField(f fieldID, v, mask []byte, m *Match) {
 		}
 	case key == fieldID{class: classBasic, field: oxmEthSrc.field} && width == 6:
 		m.EthSrc = net.HardwareAddr(cloneBytes(v))
+		if mask != nil {
+			m.EthSrcMask = net.HardwareAddr(cloneBytes(mask))
+		}
 	case key == fieldID{class: classBasic, field: oxmEthType.field} && width == 2:
 		m.EthType = u16(v)
 	case key == fieldID{class: classBasic, field: oxmARPOp.field} && width == 2:

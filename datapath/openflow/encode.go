@@ -159,7 +159,13 @@ func encodeMatch(m *Match) (*of13.Match, error) {
 		if err != nil {
 			return nil, err
 		}
-		add(oxmEthSrc.tlv(b, nil))
+		var mask []byte
+		if m.EthSrcMask != nil {
+			if mask, err = mac(m.EthSrcMask, "eth_src mask"); err != nil {
+				return nil, err
+			}
+		}
+		add(oxmEthSrc.tlv(b, mask))
 	}
 	if m.EthType != 0 {
 		add(oxmEthType.tlv(be16(m.EthType), nil))

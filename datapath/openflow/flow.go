@@ -94,7 +94,9 @@ type Match struct {
 	EthType uint16 // 0x0800 IPv4, 0x0806 ARP
 	EthSrc  net.HardwareAddr
 	EthDst  net.HardwareAddr
-	// EthDstMask, when set, matches only the bits of EthDst set in it.
+	// EthSrcMask and EthDstMask, when set, match only the bits of EthSrc
+	// and EthDst set in them.
+	EthSrcMask net.HardwareAddr
 	EthDstMask net.HardwareAddr
 
 	ARPOp  uint16 // 1 request, 2 reply
