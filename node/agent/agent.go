@@ -57,11 +57,17 @@ const (
 	extIDRound = "seine.io/round"
 )
 
-// OpenFlow port numbers requested for the tunnel and gateway ports, so that
-// flows name the same ports on every Node.
+// OpenFlow port numbers requested for the tunnel, gateway and segmentation
+// ports, so that flows name the same ports on every Node and across
+// restarts that make a port anew (the segmentation pair follows the MTU,
+// which changes with the traffic mode). The segmentation ports' numbers
+// sit far above those OVS gives Pods, so an upgraded Node's Pods cannot
+// hold them.
 const (
-	TunnelOFPort  int32 = 1
-	GatewayOFPort int32 = 2
+	TunnelOFPort     int32 = 1
+	GatewayOFPort    int32 = 2
+	SegmentOutOFPort int32 = 65001
+	SegmentInOFPort  int32 = 65002
 )
 
 // Run runs the daemon until ctx ends.

@@ -162,10 +162,11 @@ func tunnelEgress(ctx context.Context, cfg config.Config, kind tunnel.Kind, tso 
 		return err
 	}
 	for _, end := range []struct {
-		name string
-		port *uint32
-	}{{seg.Out, &b.SegmentOut}, {seg.In, &b.SegmentIn}} {
-		p, err := ovs.EnsurePort(ctx, cfg.BridgeName, ovsdb.PortSpec{Name: end.name,
+		name    string
+		request int32
+		port    *uint32
+	}{{seg.Out, SegmentOutOFPort, &b.SegmentOut}, {seg.In, SegmentInOFPort, &b.SegmentIn}} {
+		p, err := ovs.EnsurePort(ctx, cfg.BridgeName, ovsdb.PortSpec{Name: end.name, OFPortRequest: end.request,
 			ExternalIDs: map[string]string{"seine.io/role": "segmentation"}})
 		if err != nil {
 			return fmt.Errorf("segmentation port: %w", err)
