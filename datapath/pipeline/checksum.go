@@ -74,6 +74,12 @@ func savedFields(proto uint8) []struct {
 	}
 }
 
+// notFragment matches nw_frag=no. IP fragments never take the detour: the
+// kernel that fragmented a datagram computed its checksum in full (no
+// offload spans fragments), which OVS's NAT updates correctly, and a later
+// fragment has no transport ports to save or restore.
+var notFragment = &of.FragMatch{Value: 0, Mask: of.FragAny}
+
 // natDetourFlows returns the flows of the NAT checksum detour: saving
 // headers, sending NATed packets that leave the Node through the
 // segmentation port, and taking them back.
@@ -97,7 +103,7 @@ func natDetourFlows(b Bridge) []of.Flow {
 			restore = append(restore, regMove(sf.reg, sf.field, sf.ofs, false))
 		}
 		fs = append(fs, of.Flow{Table: uint8(SaveHeaders), Priority: PrioHigh, Cookie: ck,
-			Match: of.Match{EthType: EthTypeIPv4, IPProto: proto}, Actions: append(save, goTo(Conntrack))})
+			Match: of.Match{EthType: EthTypeIPv4, IPProto: proto, Frag: notFragment}, Actions: append(save, goTo(Conntrack))})
 		restore = append(restore,
 			of.SetEthDst{MAC: natDetourMAC},
 			of.MoveRange{Src: of.FieldInPort, Dst: of.FieldEthDst, NBits: 16},
@@ -106,7 +112,7 @@ func natDetourFlows(b Bridge) []of.Flow {
 			Mask: OutputResolved.Mask() | NATApplied.Mask() | NATChecksumDone.Mask()}
 		for _, port := range leaving {
 			fs = append(fs, of.Flow{Table: uint8(Output), Priority: PrioHigh + 20, Cookie: ck,
-				Match: of.Match{EthType: EthTypeIPv4, IPProto: proto,
+				Match: of.Match{EthType: EthTypeIPv4, IPProto: proto, Frag: notFragment,
 					// A Traceflow packet is small and fully checksummed, and its
 					// registers must survive: no detour.
 					Regs: []of.RegMatch{ready, TargetOFPort.Match(port), TraceActive.Match(0)}},

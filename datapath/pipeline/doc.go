@@ -11,7 +11,7 @@ var tableDocs = map[Table]string{
 	Classifier:      "`in_port` → `PktSource`; `seine-seg1`: back from the NAT detour (`in_port` from the destination MAC, `NATChecksumDone`, the whole pipeline again) or → TunnelOutput",
 	SpoofGuard:      "a Pod port may only send from its own IP and MAC (IP and ARP)",
 	ARPResponder:    "answers ARP for peer gateways; forwards other ARP to the port owning the target IP",
-	SaveHeaders:     "(userspace TSO) TCP/UDP: saves addresses, ports, source MAC and TTL into `Saved*` for the NAT checksum detour",
+	SaveHeaders:     "(userspace TSO) unfragmented TCP/UDP: saves addresses, ports, source MAC and TTL into `Saved*` for the NAT checksum detour",
 	Conntrack:       "`ct(zone=65520, nat, table=31)`",
 	ConntrackState:  "drops `ct_state=+inv+trk`",
 	ServiceLB:       "new connections to a Service VIP:port (IP fragments: by the ClusterIP of a Service with one UDP port) → its select group (or the affinity table)",

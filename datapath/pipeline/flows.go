@@ -116,6 +116,15 @@ func PeerMAC(nodeIP net.IP) net.HardwareAddr {
 	return net.HardwareAddr{0x0e, 0x5f, ip[0], ip[1], ip[2], ip[3]}
 }
 
+// PeerNodeIP is PeerMAC's inverse: the Node IP a peer MAC names, nil for
+// any other address.
+func PeerNodeIP(mac net.HardwareAddr) net.IP {
+	if len(mac) != 6 || mac[0] != 0x0e || mac[1] != 0x5f {
+		return nil
+	}
+	return net.IPv4(mac[2], mac[3], mac[4], mac[5]).To4()
+}
+
 // Pod is a local Pod attached to the bridge.
 type Pod struct {
 	OFPort uint32
