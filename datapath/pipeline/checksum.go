@@ -121,11 +121,18 @@ func natDetourFlows(b Bridge) []of.Flow {
 	}
 	// Connections NATed earlier: conntrack's ct(nat) in the Conntrack
 	// table applied their NAT.
-	for _, nat := range []uint32{of.CtSNAT, of.CtDNAT} {
-		fs = append(fs, of.Flow{Table: uint8(ConntrackState), Priority: PrioNormal, Cookie: ck,
-			Match:   of.Match{EthType: EthTypeIPv4, CtState: &of.CtStateMatch{Set: of.CtTrk | nat}},
+	// A DNATed one was sent to a Service endpoint: EndpointSelected, which
+	// the host SNAT flows need to send a packet from the gateway back out
+	// of it, is set again for the packet's second pass after the detour
+	// (ServiceLB no longer sees the VIP), and for a retransmitted first
+	// packet. It comes first, as a packet can be both.
+	fs = append(fs,
+		of.Flow{Table: uint8(ConntrackState), Priority: PrioNormal + 1, Cookie: ck,
+			Match:   of.Match{EthType: EthTypeIPv4, CtState: &of.CtStateMatch{Set: of.CtTrk | of.CtDNAT}},
+			Actions: []of.Action{NATApplied.Load(1), EndpointSelected.Load(1), goTo(ConntrackState.next())}},
+		of.Flow{Table: uint8(ConntrackState), Priority: PrioNormal, Cookie: ck,
+			Match:   of.Match{EthType: EthTypeIPv4, CtState: &of.CtStateMatch{Set: of.CtTrk | of.CtSNAT}},
 			Actions: []of.Action{NATApplied.Load(1), goTo(ConntrackState.next())}})
-	}
 	fs = append(fs, of.Flow{Table: uint8(Classifier), Priority: PrioHigh + 10, Cookie: ck,
 		Match: of.Match{InPort: b.SegmentIn, EthDst: natDetourMAC, EthDstMask: natDetourMask},
 		Actions: []of.Action{
