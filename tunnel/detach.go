@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 	"sigs.k8s.io/knftables"
 
+	"github.com/seine-net/seine/datapath/offload"
 	"github.com/seine-net/seine/datapath/ovsdb"
 )
 
@@ -19,10 +20,12 @@ type BridgeRemover interface {
 }
 
 // DetachNetdev undoes AttachNetdev before the userspace datapath goes away
-// (the openvswitch container stops): the Node's IPv4 addresses and routes
+// (the openvswitch container stops), or when the Node's tunnel no longer
+// goes through OVS's userspace tunnelling (a kernel VXLAN device sends
+// from the transport device itself, tunnel.Choose): the Node's IPv4 addresses and routes
 // move from the bridge's internal interface back to the transport device,
-// the nftables ingress drop on the device is removed, and the bridge is
-// deleted, so the kernel owns the device again.
+// the nftables ingress drop on the device is removed, GRO is turned back
+// on, and the bridge is deleted, so the kernel owns the device again.
 //
 // Without it the Node would lose its own address with ovs-vswitchd: the
 // bridge's tap keeps the address but nothing forwards for it, and the
@@ -52,6 +55,10 @@ func DetachNetdev(ctx context.Context, pm BridgeRemover, nft knftables.Interface
 		default:
 			if err := netlink.LinkSetUp(dev); err != nil {
 				errs = append(errs, fmt.Errorf("bringing up %s: %w", device, err))
+			}
+			// GRO back on, as a NIC's driver has it (AttachNetdev turned it off).
+			if err := offload.SetGRO(device, true); err != nil {
+				errs = append(errs, err)
 			}
 			if err := moveAddresses(br, dev, log); err != nil {
 				errs = append(errs, err)

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 	"sigs.k8s.io/knftables"
 
+	"github.com/seine-net/seine/datapath/offload"
 	"github.com/seine-net/seine/datapath/ovsdb"
 )
 
@@ -61,7 +62,9 @@ func ResolveNetdevTransport(ctx context.Context, pm PortManager, bridge string, 
 //  3. an nftables netdev-family ingress chain drops everything the kernel
 //     itself would receive on the device: OVS reads the device through
 //     AF_PACKET, which sees packets before that hook, so only the kernel's
-//     duplicate copy is discarded.
+//     duplicate copy is discarded;
+//  4. GRO is turned off on the device, so OVS reads frames as they arrived
+//     (see below).
 //
 // It is idempotent. It returns the transport as seen afterwards (the
 // bridge's interface, with the moved addresses).
@@ -106,6 +109,15 @@ func AttachNetdev(ctx context.Context, pm PortManager, nft knftables.Interface, 
 		return Transport{}, fmt.Errorf("bringing up %s: %w", bridge, err)
 	}
 	if err := dropKernelIngress(ctx, nft, device); err != nil {
+		return Transport{}, err
+	}
+	// OVS reads the device through AF_PACKET after GRO: OVS 3.1 with
+	// userspace TSO passes GRO-aggregated frames on to the bridge's own
+	// interface in a form the host's forwarding then mostly drops
+	// (measured: NodePort traffic from outside fell from tens of Mbit/s to
+	// hundreds of kbit/s), so the transport bridge gets frames as they
+	// arrived.
+	if err := offload.SetGRO(device, false); err != nil {
 		return Transport{}, err
 	}
 	if err := moveAddresses(dev, br, log); err != nil {

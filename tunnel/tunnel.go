@@ -98,3 +98,41 @@ func FindTransport(name string, nodeIP net.IP) (Transport, error) {
 		Addrs: addrs,
 	}, nil
 }
+
+// Kind is how a Node builds its tunnel.
+type Kind int
+
+const (
+	// KindOVSPort is OVS's flow-based tunnel port. With the kernel
+	// datapath the openvswitch module encapsulates; with the userspace
+	// datapath ovs-vswitchd does, and sends through the transport bridge
+	// (AttachNetdev).
+	KindOVSPort Kind = iota
+	// KindKernelDevice is a kernel VXLAN device attached to the bridge as
+	// an ordinary port (KernelVXLAN): the kernel encapsulates and segments,
+	// and the transport interface stays the kernel's.
+	KindKernelDevice
+)
+
+// String names the kind as logs and docs do.
+func (k Kind) String() string {
+	if k == KindKernelDevice {
+		return "kernel-device"
+	}
+	return "ovs-port"
+}
+
+// Choose picks the tunnel's kind for a datapath and tunnel type: with the
+// userspace datapath, VXLAN goes through a kernel VXLAN device, which
+// encapsulates segmentation-offloaded packets and leaves the outer packets
+// to the kernel's own stack and GRO; every other case uses OVS's tunnel
+// port. Geneve and GRE stay on OVS's port with the userspace datapath
+// because a kernel Geneve or GRETAP device carries one fixed remote end
+// (no forwarding database to pick a peer per packet) and the kernel may
+// lack their modules.
+func Choose(userspaceDatapath bool, tunnelType string) Kind {
+	if userspaceDatapath && tunnelType == VXLAN {
+		return KindKernelDevice
+	}
+	return KindOVSPort
+}

@@ -389,6 +389,7 @@ func Key(f of.Flow) string {
 	}
 	mac("eth_src", m.EthSrc)
 	mac("eth_dst", m.EthDst)
+	mac("eth_dst_mask", m.EthDstMask)
 	if m.ARPOp != 0 {
 		fmt.Fprintf(&b, ",arp_op=%d", m.ARPOp)
 	}

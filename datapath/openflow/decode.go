@@ -112,8 +112,14 @@ func decodeField(f fieldID, v, mask []byte, m *Match) {
 		m.InPort = u32(v)
 	case key == fieldID{class: classBasic, field: oxmEthDst.field} && width == 6:
 		m.EthDst = net.HardwareAddr(cloneBytes(v))
+		if mask != nil {
+			m.EthDstMask = net.HardwareAddr(cloneBytes(mask))
+		}
 	case key == fieldID{class: classBasic, field: oxmEthSrc.field} && width == 6:
 		m.EthSrc = net.HardwareAddr(cloneBytes(v))
+		if mask != nil {
+			m.EthSrcMask = net.HardwareAddr(cloneBytes(mask))
+		}
 	case key == fieldID{class: classBasic, field: oxmEthType.field} && width == 2:
 		m.EthType = u16(v)
 	case key == fieldID{class: classBasic, field: oxmARPOp.field} && width == 2:

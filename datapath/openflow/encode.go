@@ -65,6 +65,12 @@ var (
 	nxmOfARPTPA = fieldID{classNXM0, 17, 4}
 	nxmNxARPSHA = fieldID{classNXM1, 17, 6}
 	nxmNxARPTHA = fieldID{classNXM1, 18, 6}
+	nxmOfInPort = fieldID{classNXM0, 0, 2}
+	nxmOfTCPSrc = fieldID{classNXM0, 9, 2}
+	nxmOfTCPDst = fieldID{classNXM0, 10, 2}
+	nxmOfUDPSrc = fieldID{classNXM0, 11, 2}
+	nxmOfUDPDst = fieldID{classNXM0, 12, 2}
+	nxmNxIPTTL  = fieldID{classNXM1, 29, 1}
 )
 
 // nxmReg is NXM_NX_REGn (n in 0..15).
@@ -140,14 +146,26 @@ func encodeMatch(m *Match) (*of13.Match, error) {
 		if err != nil {
 			return nil, err
 		}
-		add(oxmEthDst.tlv(b, nil))
+		var mask []byte
+		if m.EthDstMask != nil {
+			if mask, err = mac(m.EthDstMask, "eth_dst mask"); err != nil {
+				return nil, err
+			}
+		}
+		add(oxmEthDst.tlv(b, mask))
 	}
 	if m.EthSrc != nil {
 		b, err := mac(m.EthSrc, "eth_src")
 		if err != nil {
 			return nil, err
 		}
-		add(oxmEthSrc.tlv(b, nil))
+		var mask []byte
+		if m.EthSrcMask != nil {
+			if mask, err = mac(m.EthSrcMask, "eth_src mask"); err != nil {
+				return nil, err
+			}
+		}
+		add(oxmEthSrc.tlv(b, mask))
 	}
 	if m.EthType != 0 {
 		add(oxmEthType.tlv(be16(m.EthType), nil))
@@ -404,6 +422,18 @@ func moveField(f Field) (fieldID, bool) {
 		return nxmOfIPSrc, true
 	case FieldIPDst:
 		return nxmOfIPDst, true
+	case FieldInPort:
+		return nxmOfInPort, true
+	case FieldIPTTL:
+		return nxmNxIPTTL, true
+	case FieldTCPSrc:
+		return nxmOfTCPSrc, true
+	case FieldTCPDst:
+		return nxmOfTCPDst, true
+	case FieldUDPSrc:
+		return nxmOfUDPSrc, true
+	case FieldUDPDst:
+		return nxmOfUDPDst, true
 	case FieldTunID:
 		return nxmTunID, true
 	}

@@ -94,6 +94,10 @@ type Match struct {
 	EthType uint16 // 0x0800 IPv4, 0x0806 ARP
 	EthSrc  net.HardwareAddr
 	EthDst  net.HardwareAddr
+	// EthSrcMask and EthDstMask, when set, match only the bits of EthSrc
+	// and EthDst set in them.
+	EthSrcMask net.HardwareAddr
+	EthDstMask net.HardwareAddr
 
 	ARPOp  uint16 // 1 request, 2 reply
 	ARPSPA net.IP
@@ -186,6 +190,12 @@ const (
 	FieldARPTPA Field = "arp_tpa"
 	FieldIPSrc  Field = "ip_src"
 	FieldIPDst  Field = "ip_dst"
+	FieldInPort Field = "in_port" // 16 bits, writable (NXM_OF_IN_PORT)
+	FieldIPTTL  Field = "nw_ttl"
+	FieldTCPSrc Field = "tcp_src" // a move needs the flow to match TCP (ovs-ofctl checks prerequisites)
+	FieldTCPDst Field = "tcp_dst"
+	FieldUDPSrc Field = "udp_src"
+	FieldUDPDst Field = "udp_dst"
 	FieldTunID  Field = "tun_id"
 )
 
@@ -199,7 +209,7 @@ type Move struct{ Src, Dst Field }
 
 // MoveRange copies NBits bits starting at bit SrcOfs of Src to the bits
 // starting at DstOfs of Dst (ovs-actions(7) "move:reg3[0..15]->tun_id[0..15]").
-// Src and Dst are registers (FieldReg) or FieldTunID.
+// Src and Dst are any fields Move accepts.
 type MoveRange struct {
 	Src, Dst       Field
 	SrcOfs, DstOfs uint16

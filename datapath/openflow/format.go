@@ -2,6 +2,7 @@ package openflow
 
 import (
 	"fmt"
+	"net"
 	"strings"
 )
 
@@ -14,11 +15,18 @@ func (m Match) String() string {
 	if m.InPort != 0 {
 		add("in_port=%s", portName(m.InPort))
 	}
+	macMatch := func(name string, v, mask net.HardwareAddr) {
+		if mask != nil {
+			add("%s=%s/%s", name, v, mask)
+		} else {
+			add("%s=%s", name, v)
+		}
+	}
 	if m.EthSrc != nil {
-		add("dl_src=%s", m.EthSrc)
+		macMatch("dl_src", m.EthSrc, m.EthSrcMask)
 	}
 	if m.EthDst != nil {
-		add("dl_dst=%s", m.EthDst)
+		macMatch("dl_dst", m.EthDst, m.EthDstMask)
 	}
 	switch m.EthType {
 	case 0:

@@ -51,6 +51,10 @@ type Config struct {
 	Schema string
 	// Datapath is DatapathSystem or DatapathNetdev.
 	Datapath string
+	// UserspaceTSO, with DatapathNetdev, starts ovs-vswitchd with
+	// other_config:userspace-tso-enable=true (read only at its start;
+	// see datapath/offload).
+	UserspaceTSO bool
 	// MaxRestarts is how many times a child may be restarted within
 	// RestartWindow before Run gives up and returns an error (so the
 	// container restarts and the failure shows). Default 5 in 5 minutes.
@@ -133,6 +137,12 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	// hold back the transport bridge that carries the Node's own address.
 	if existed && cfg.Datapath == DatapathSystem {
 		if err := s.vsctl(ctx, "--no-wait", "set", "Open_vSwitch", ".", "other_config:flow-restore-wait=true"); err != nil {
+			return err
+		}
+	}
+	if cfg.Datapath == DatapathNetdev {
+		if err := s.vsctl(ctx, "--no-wait", "set", "Open_vSwitch", ".",
+			fmt.Sprintf("other_config:userspace-tso-enable=%t", cfg.UserspaceTSO)); err != nil {
 			return err
 		}
 	}

@@ -37,7 +37,8 @@ func TestRunSupervisesAndStops(t *testing.T) {
 	}
 	netnstest.Run(t, func() {
 		dir := t.TempDir()
-		cfg := Config{RunDir: filepath.Join(dir, "run"), DBFile: filepath.Join(dir, "db", "conf.db"), Datapath: DatapathNetdev}
+		cfg := Config{RunDir: filepath.Join(dir, "run"), DBFile: filepath.Join(dir, "db", "conf.db"), Datapath: DatapathNetdev,
+			UserspaceTSO: true}
 		if err := Health(context.Background(), cfg.RunDir); err == nil || !strings.Contains(err.Error(), "ovsdb-server") {
 			t.Fatalf("health before start: %v", err)
 		}
@@ -65,6 +66,11 @@ func TestRunSupervisesAndStops(t *testing.T) {
 						t.Errorf("ovs-vsctl %v: %v: %s", args, err, out)
 					}
 					return strings.TrimSpace(string(out))
+				}
+				// ovs-vswitchd started with userspace TSO (the key is set
+				// before it starts).
+				if got := vsctl("get", "Open_vSwitch", ".", "other_config:userspace-tso-enable"); got != `"true"` {
+					t.Errorf("round %d: userspace-tso-enable = %s", round, got)
 				}
 				if round == 1 {
 					vsctl("add-br", "br-sup", "--", "set", "Bridge", "br-sup", "datapath_type=netdev")

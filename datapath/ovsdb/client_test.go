@@ -560,6 +560,34 @@ func TestConcurrentEnsurePort(t *testing.T) {
 	}
 }
 
+// TestSystemOtherConfig: other_config of the Open_vSwitch row is merged
+// (other keys kept), read back from the cache, and a key set by another
+// client shows up.
+func TestSystemOtherConfig(t *testing.T) {
+	o, c := setup(t)
+	ctx := testCtx(t)
+	vsctl(o, "set", "Open_vSwitch", ".", "other_config:keep=1")
+	if err := c.SetSystemOtherConfig(ctx, map[string]string{"userspace-tso-enable": "true"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := vsctl(o, "get", "Open_vSwitch", ".", "other_config:userspace-tso-enable"); got != `"true"` {
+		t.Errorf("ovs-vsctl sees userspace-tso-enable = %s", got)
+	}
+	err := c.waitUntil(ctx, "other_config in the cache", func() (bool, error) {
+		oc, err := c.SystemOtherConfig(ctx)
+		return oc["userspace-tso-enable"] == "true" && oc["keep"] == "1", err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SetSystemOtherConfig(ctx, map[string]string{"userspace-tso-enable": "false"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := vsctl(o, "get", "Open_vSwitch", ".", "other_config:keep"); got != `"1"` {
+		t.Errorf("other key lost: keep = %s", got)
+	}
+}
+
 // TestClearFlowRestoreWait removes the key and keeps the rest of
 // other_config; a second call finds nothing to do.
 func TestClearFlowRestoreWait(t *testing.T) {

@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"fmt"
 	"net"
 
 	of "github.com/seine-net/seine/datapath/openflow"
@@ -21,9 +22,9 @@ const (
 )
 
 // VirtualMAC is the one MAC address under which every peer Node's gateway
-// is answered by the ARP responder, and the destination MAC of tunnelled
-// packets. It is locally administered and unicast (IEEE 802, bit 1 of the
-// first octet set, bit 0 clear).
+// is answered by the ARP responder (tunnelled packets carry the peer's
+// PeerMAC instead). It is locally administered and unicast (IEEE 802, bit 1
+// of the first octet set, bit 0 clear).
 var virtualMAC = [6]byte{0x0e, 0x5e, 0x1e, 0x00, 0x00, 0x01}
 
 // VirtualMAC returns a copy of the virtual MAC.
@@ -45,9 +46,18 @@ type Bridge struct {
 	// NodeIP is this Node's InternalIP; Pod traffic from peers to it
 	// arrives through the tunnel and is handed to the host.
 	NodeIP net.IP
-	// TunnelPort is the ofport of the flow-based tunnel; 0 when the Node
-	// does not encapsulate (no tunnel port).
+	// TunnelPort is the ofport of the tunnel: packets from peer Nodes
+	// arrive on it and packets to them leave through it, as Tunnel says;
+	// 0 when the Node does not encapsulate (no tunnel port).
 	TunnelPort uint32
+	// Tunnel says how a packet for a peer Node is handed to TunnelPort.
+	Tunnel TunnelEgress
+	// SegmentOut and SegmentIn are the ofports of the two ends of the
+	// segmentation veth pair (userspace datapath with userspace TSO; 0
+	// without): packets for the tunnel pass through it with
+	// TunnelSegmented, and NATed packets leaving the Node always
+	// (NATChecksumDetour).
+	SegmentOut, SegmentIn uint32
 	// PolicyOnly: the bridge sits between a routed primary CNI's Pods and
 	// the host (trafficEncapMode networkPolicyOnly). It answers every ARP
 	// request with VirtualMAC, routes by destination IP to local Pods
@@ -55,6 +65,64 @@ type Bridge struct {
 	// sends everything else to the gateway, so packets arrive as they
 	// would without the bridge.
 	PolicyOnly bool
+}
+
+// TunnelEgress is how the bridge hands a packet to a peer Node. Every
+// variant first addresses the packet to the peer's PeerMAC (L3Forwarding),
+// so L2Forwarding, and TunnelOutput after a segmentation detour, can tell
+// the peers apart.
+type TunnelEgress uint8
+
+const (
+	// TunnelByTunDst: TunnelPort is OVS's flow-based tunnel port
+	// (remote_ip=flow) and the packet's tun_dst names the peer's Node IP.
+	TunnelByTunDst TunnelEgress = iota
+	// TunnelByMAC: TunnelPort is a kernel tunnel device (VXLAN) attached
+	// as an ordinary port; the device's forwarding database maps each
+	// PeerMAC to the peer's Node IP, and the kernel encapsulates, then
+	// segments and checksums large (TSO) packets itself.
+	TunnelByMAC
+	// TunnelSegmented: as TunnelByTunDst, but the packet first leaves
+	// through SegmentOut, a veth end without checksum or segmentation
+	// offload, so the kernel segments it and completes its checksums; the
+	// segments come back on SegmentIn and TunnelOutput sends them to the
+	// tunnel. OVS before 3.3 drops offloaded packets at a userspace tunnel
+	// port ("Tunneling packets with HW offload flags is not supported").
+	TunnelSegmented
+)
+
+// String names the variant as docs and logs do.
+func (e TunnelEgress) String() string {
+	switch e {
+	case TunnelByTunDst:
+		return "tun_dst"
+	case TunnelByMAC:
+		return "peer-mac"
+	case TunnelSegmented:
+		return "segmented"
+	}
+	return fmt.Sprintf("TunnelEgress(%d)", uint8(e))
+}
+
+// PeerMAC is the inner destination MAC of packets for the peer Node with
+// the given IPv4 Node IP: 0e:5f followed by the address's four bytes
+// (locally administered, unicast), so every peer has its own and a kernel
+// tunnel device's forwarding database can map it to the peer.
+func PeerMAC(nodeIP net.IP) net.HardwareAddr {
+	ip := nodeIP.To4()
+	if ip == nil {
+		return nil
+	}
+	return net.HardwareAddr{0x0e, 0x5f, ip[0], ip[1], ip[2], ip[3]}
+}
+
+// PeerNodeIP is PeerMAC's inverse: the Node IP a peer MAC names, nil for
+// any other address.
+func PeerNodeIP(mac net.HardwareAddr) net.IP {
+	if len(mac) != 6 || mac[0] != 0x0e || mac[1] != 0x5f {
+		return nil
+	}
+	return net.IPv4(mac[2], mac[3], mac[4], mac[5]).To4()
 }
 
 // Pod is a local Pod attached to the bridge.
@@ -103,11 +171,15 @@ func BaseFlows(b Bridge) []of.Flow {
 	// Classifier.
 	add(Classifier, PrioHigh, of.Match{InPort: b.GatewayPort}, PktSource.Load(FromGateway), goTo(SpoofGuard))
 	if b.TunnelPort != 0 {
-		add(Classifier, PrioHigh, of.Match{InPort: b.TunnelPort}, PktSource.Load(FromTunnel), goTo(Conntrack))
+		add(Classifier, PrioHigh, of.Match{InPort: b.TunnelPort}, PktSource.Load(FromTunnel), goTo(SaveHeaders))
+	}
+	if b.Tunnel == TunnelSegmented && b.SegmentIn != 0 {
+		// Segments of a packet that already went through the pipeline.
+		add(Classifier, PrioHigh, of.Match{InPort: b.SegmentIn}, goTo(TunnelOutput))
 	}
 	// SpoofGuard: the host is trusted.
 	add(SpoofGuard, PrioHigh, of.Match{EthType: EthTypeARP, Regs: []of.RegMatch{PktSource.Match(FromGateway)}}, goTo(ARPResponder))
-	add(SpoofGuard, PrioHigh, of.Match{EthType: EthTypeIPv4, Regs: []of.RegMatch{PktSource.Match(FromGateway)}}, goTo(Conntrack))
+	add(SpoofGuard, PrioHigh, of.Match{EthType: EthTypeIPv4, Regs: []of.RegMatch{PktSource.Match(FromGateway)}}, goTo(SaveHeaders))
 	// ARP for the gateway goes to the gateway, whose kernel answers.
 	if b.GatewayIP != nil {
 		add(ARPResponder, PrioNormal, of.Match{EthType: EthTypeARP, ARPTPA: b.GatewayIP}, of.Output{Port: b.GatewayPort})
@@ -138,10 +210,6 @@ func BaseFlows(b Bridge) []of.Flow {
 	// L2Forwarding to the gateway and the tunnel.
 	add(L2Forwarding, PrioHigh, of.Match{EthDst: b.GatewayMAC},
 		TargetOFPort.Load(b.GatewayPort), OutputResolved.Load(1), goTo(L2Forwarding.next()))
-	if b.TunnelPort != 0 {
-		add(L2Forwarding, PrioHigh, of.Match{EthDst: VirtualMAC()},
-			TargetOFPort.Load(b.TunnelPort), OutputResolved.Load(1), goTo(L2Forwarding.next()))
-	}
 	// Commit new connections, then output. Connections the host started
 	// (or forwarded: kube-proxy's DNAT, NodePort) are marked so that their
 	// replies go back through the gateway even when addressed to a Pod:
@@ -156,7 +224,7 @@ func BaseFlows(b Bridge) []of.Flow {
 		of.SetEthSrc{MAC: b.GatewayMAC}, of.SetEthDst{MAC: b.GatewayMAC}, goTo(L2Forwarding))
 	add(Output, PrioHigh, of.Match{Regs: []of.RegMatch{OutputResolved.Match(1)}},
 		of.OutputReg{Reg: TargetOFPort.Reg(), Ofs: TargetOFPort.Ofs(), NBits: TargetOFPort.NBits()})
-	return fs
+	return append(fs, natDetourFlows(b)...)
 }
 
 // PodFlows returns the flows of one local Pod: classification of its port,
@@ -185,7 +253,7 @@ func PodFlows(b Bridge, p Pod) []of.Flow {
 			Actions: []of.Action{goTo(ARPResponder)}},
 		{Table: uint8(SpoofGuard), Priority: PrioHigh, Cookie: ck,
 			Match:   of.Match{InPort: p.OFPort, EthType: EthTypeIPv4, EthSrc: p.MAC, IPSrc: host(ip)},
-			Actions: []of.Action{goTo(Conntrack)}},
+			Actions: []of.Action{goTo(SaveHeaders)}},
 		{Table: uint8(L3Forwarding), Priority: PrioHigh, Cookie: ck,
 			Match:   of.Match{EthType: EthTypeIPv4, IPDst: host(ip)},
 			Actions: []of.Action{of.SetEthSrc{MAC: b.GatewayMAC}, of.SetEthDst{MAC: p.MAC}, goTo(L2Forwarding)}},
@@ -206,7 +274,10 @@ func PodFlows(b Bridge, p Pod) []of.Flow {
 
 // PeerNodeFlows returns the flows that reach a peer Node's podCIDR through
 // the tunnel, and the ARP answer for its gateway (the host route to the
-// peer's podCIDR points at that gateway IP).
+// peer's podCIDR points at that gateway IP). L3Forwarding addresses the
+// packet to the peer's PeerMAC; L2Forwarding hands it to the tunnel as
+// b.Tunnel says (with TunnelSegmented, TunnelOutput takes it from the
+// segmentation port to the tunnel).
 //
 // Local Pods reach the peer Node's own IP through the tunnel too: the
 // peer's host replies through its gateway and the tunnel (its route to our
@@ -214,27 +285,50 @@ func PodFlows(b Bridge, p Pod) []of.Flow {
 // tracking sees whole connections.
 func PeerNodeFlows(b Bridge, n PeerNode) []of.Flow {
 	ck := Cookie(b.Round, CategoryNode, n.ID)
-	vmac := VirtualMAC()
-	toTunnel := func() []of.Action {
-		return []of.Action{
-			of.SetEthSrc{MAC: b.GatewayMAC},
-			of.SetEthDst{MAC: vmac},
-			of.SetTunDst{IP: n.NodeIP.To4()},
-			of.DecTTL{},
-			goTo(L2Forwarding),
-		}
+	peerMAC := PeerMAC(n.NodeIP)
+	toPeer := []of.Action{
+		of.SetEthSrc{MAC: b.GatewayMAC},
+		of.SetEthDst{MAC: peerMAC},
+		of.DecTTL{},
+		goTo(L2Forwarding),
 	}
-	return []of.Flow{
+	var deliver []of.Action
+	switch b.Tunnel {
+	case TunnelByMAC:
+		deliver = []of.Action{TargetOFPort.Load(b.TunnelPort)}
+	case TunnelSegmented:
+		deliver = []of.Action{TargetOFPort.Load(b.SegmentOut)}
+	default:
+		deliver = []of.Action{of.SetTunDst{IP: n.NodeIP.To4()}, TargetOFPort.Load(b.TunnelPort)}
+	}
+	deliver = append(deliver, OutputResolved.Load(1), goTo(L2Forwarding.next()))
+	flows := []of.Flow{
 		{Table: uint8(ARPResponder), Priority: PrioHigh, Cookie: ck,
 			Match:   of.Match{EthType: EthTypeARP, ARPOp: 1, ARPTPA: n.GatewayIP.To4()},
 			Actions: arpReply(n.GatewayIP.To4())},
 		{Table: uint8(L3Forwarding), Priority: PrioHigh, Cookie: ck,
 			Match:   of.Match{EthType: EthTypeIPv4, IPDst: n.PodCIDR},
-			Actions: toTunnel()},
+			Actions: toPeer},
 		{Table: uint8(L3Forwarding), Priority: PrioHigh, Cookie: ck,
 			Match:   of.Match{EthType: EthTypeIPv4, IPDst: host(n.NodeIP), Regs: []of.RegMatch{PktSource.Match(FromPod)}},
-			Actions: toTunnel()},
+			Actions: toPeer},
+		{Table: uint8(L2Forwarding), Priority: PrioHigh, Cookie: ck,
+			Match: of.Match{EthDst: peerMAC}, Actions: deliver},
 	}
+	if b.Tunnel == TunnelSegmented {
+		flows = append(flows,
+			of.Flow{Table: uint8(TunnelOutput), Priority: PrioHigh, Cookie: ck,
+				Match:   of.Match{EthDst: peerMAC},
+				Actions: []of.Action{of.SetTunDst{IP: n.NodeIP.To4()}, of.Output{Port: b.TunnelPort}}},
+			// A Traceflow packet is small and must keep its registers
+			// (TraceTag becomes the tunnel key in Output): it goes to the
+			// tunnel directly, without the segmentation detour.
+			of.Flow{Table: uint8(L2Forwarding), Priority: PrioHigh + 1, Cookie: ck,
+				Match: of.Match{EthDst: peerMAC, Regs: []of.RegMatch{TraceActive.Match(1)}},
+				Actions: []of.Action{of.SetTunDst{IP: n.NodeIP.To4()}, TargetOFPort.Load(b.TunnelPort),
+					OutputResolved.Load(1), goTo(L2Forwarding.next())}})
+	}
+	return flows
 }
 
 // arpReply turns an ARP request into the reply "ip is at VirtualMAC" and

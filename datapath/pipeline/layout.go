@@ -25,6 +25,7 @@ const (
 	Classifier      Table = 0   // in_port → packet source (reg0 PktSource)
 	SpoofGuard      Table = 10  // Pods may only send from their own IP and MAC
 	ARPResponder    Table = 20  // answers ARP for peer gateways, forwards other ARP to its target
+	SaveHeaders     Table = 25  // (NAT checksum detour) saves the fields NAT may rewrite, into Saved* registers
 	Conntrack       Table = 30  // ct(): track IP packets in the Seine zone
 	ConntrackState  Table = 31  // drop ct_state=+inv
 	ServiceLB       Table = 40  // new connections to a Service VIP: mark the Service port, look up affinity
@@ -38,6 +39,7 @@ const (
 	IngressDefault  Table = 100 // default deny for Pods isolated for ingress
 	ConntrackCommit Table = 110 // ct(commit) new connections
 	Output          Table = 120 // output:reg1
+	TunnelOutput    Table = 130 // segmented packets back from the segmentation port: tun_dst by peer MAC, to the tunnel
 )
 
 // Miss is what a table does with a packet that matches none of its flows.
@@ -61,6 +63,7 @@ func Tables() []TableInfo {
 		{Classifier, "Classifier", MissDrop},
 		{SpoofGuard, "SpoofGuard", MissDrop},
 		{ARPResponder, "ARPResponder", MissDrop},
+		{SaveHeaders, "SaveHeaders", MissNext},
 		{Conntrack, "Conntrack", MissNext},
 		{ConntrackState, "ConntrackState", MissNext},
 		{ServiceLB, "ServiceLB", MissNext},
@@ -74,6 +77,7 @@ func Tables() []TableInfo {
 		{IngressDefault, "IngressDefault", MissNext},
 		{ConntrackCommit, "ConntrackCommit", MissNext},
 		{Output, "Output", MissDrop},
+		{TunnelOutput, "TunnelOutput", MissDrop},
 	}
 }
 
@@ -163,6 +167,25 @@ const (
 	// from that Pod, and EgressDefault drops it unless an EgressRule flow
 	// allowed it first.
 	EgressIsolated RegField = 0<<16 | 25<<8 | 1
+	// NATApplied (reg0[20]) is set when conntrack NATed the packet in
+	// this pass: by the ConntrackState flows for connections NATed before,
+	// by the EndpointDNAT commit for a new one.
+	NATApplied RegField = 0<<16 | 20<<8 | 1
+	// NATChecksumDone (reg0[19]) marks a packet that came back from the
+	// NAT checksum detour (see NATChecksumDetour): it is not sent there
+	// again.
+	NATChecksumDone RegField = 0<<16 | 19<<8 | 1
+	// SavedIPSrc, SavedIPDst, SavedL4Src, SavedL4Dst, SavedEthSrcLow
+	// (eth_src[0..31]), SavedEthSrcHigh (eth_src[32..47]) and SavedTTL
+	// hold a TCP or UDP packet's fields as it entered the pipeline, before
+	// conntrack could NAT them (SaveHeaders; only with the detour).
+	SavedIPSrc      RegField = 7<<16 | 0<<8 | 32
+	SavedIPDst      RegField = 8<<16 | 0<<8 | 32
+	SavedL4Dst      RegField = 9<<16 | 0<<8 | 16
+	SavedL4Src      RegField = 9<<16 | 16<<8 | 16
+	SavedEthSrcLow  RegField = 10<<16 | 0<<8 | 32
+	SavedEthSrcHigh RegField = 11<<16 | 0<<8 | 16
+	SavedTTL        RegField = 11<<16 | 16<<8 | 8
 	// ServicePortID (reg5[0..31]) identifies the Service port a new
 	// connection is addressed to (see ServiceLB).
 	ServicePortID RegField = 5<<16 | 0<<8 | 32

@@ -68,26 +68,23 @@ func TestPolicyBaseFlows(t *testing.T) {
 	}
 }
 
-func TestIsolationBitsDoNotOverlap(t *testing.T) {
-	fields := map[string]pipeline.RegField{
-		"PktSource": pipeline.PktSource, "OutputResolved": pipeline.OutputResolved,
-		"EndpointSelected": pipeline.EndpointSelected, "HairpinOut": pipeline.HairpinOut,
-		"IngressIsolated": pipeline.IngressIsolated, "EgressIsolated": pipeline.EgressIsolated,
-	}
-	used := map[uint32]string{}
-	for name, f := range fields {
-		if f.Reg() != 0 {
-			t.Fatalf("%s is not in reg0", name)
-		}
+// No two register fields of the layout share a bit.
+func TestRegisterFieldsDoNotOverlap(t *testing.T) {
+	used := map[[2]uint32]string{} // (register, bit) → field
+	for _, r := range pipeline.Registers() {
 		for bit := uint32(0); bit < 32; bit++ {
-			if f.Mask()&(1<<bit) == 0 {
+			if r.Field.Mask()&(1<<bit) == 0 {
 				continue
 			}
-			if other, ok := used[bit]; ok {
-				t.Errorf("reg0 bit %d used by %s and %s", bit, name, other)
+			k := [2]uint32{uint32(r.Field.Reg()), bit}
+			if other, ok := used[k]; ok {
+				t.Errorf("reg%d bit %d used by %s and %s", k[0], bit, r.Name, other)
 			}
-			used[bit] = name
+			used[k] = r.Name
 		}
+	}
+	if len(used) == 0 {
+		t.Fatal("no register fields")
 	}
 	if pipeline.IngressIsolated.String() != "reg0[24]" || pipeline.EgressIsolated.String() != "reg0[25]" {
 		t.Errorf("isolation bits at %s and %s", pipeline.IngressIsolated, pipeline.EgressIsolated)

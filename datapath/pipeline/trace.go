@@ -1,6 +1,8 @@
 package pipeline
 
 import (
+	"net"
+
 	of "github.com/seine-net/seine/datapath/openflow"
 )
 
@@ -22,6 +24,10 @@ import (
 //     TunnelKeyTraced|tag (the key is otherwise always 0); a peer's
 //     Classifier turns such a packet back into a marked one (TraceActive,
 //     TraceTag from the key) before anything else, so it reports it too.
+//     Through a kernel VXLAN device (TunnelByMAC) the key is the device's,
+//     so the mark travels in the inner source MAC instead: TraceMAC with
+//     the tag in its last two bytes (the peer reads nothing else from
+//     that address).
 //
 // Registers are not datapath fields, so the observation flows add nothing
 // to the datapath's cached flows (unmarked packets cost one more
@@ -32,6 +38,13 @@ import (
 // key's bits 0..15 carry TraceTag. VXLAN and Geneve keys have 24 bits,
 // GRE keys 32.
 const TunnelKeyTraced uint64 = 1 << 23
+
+// TraceMAC is the inner source MAC of a traced packet sent through a
+// kernel tunnel device (TunnelByMAC), with the tag in bytes 4 and 5:
+// locally administered, and never a Pod's or a gateway's.
+var TraceMAC = net.HardwareAddr{0x0e, 0x5e, 0x7a, 0xce, 0, 0}
+
+var traceMACMask = net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0, 0}
 
 // PrioTraceObserve is the priority of the observation flows; the tunnel
 // marker flow is one below, every other flow of the pipeline far below.
@@ -57,6 +70,24 @@ func TraceFlows(b Bridge) []of.Flow {
 		return fs
 	}
 	ofs, n := uint16(TraceTag.Ofs()), uint16(TraceTag.NBits())
+	if b.Tunnel == TunnelByMAC {
+		return append(fs,
+			of.Flow{Table: uint8(Classifier), Priority: PrioTraceObserve - 1, Cookie: ck,
+				Match: of.Match{InPort: b.TunnelPort, EthSrc: TraceMAC, EthSrcMask: traceMACMask,
+					Regs: []of.RegMatch{TraceActive.Match(0)}},
+				Actions: []of.Action{
+					of.MoveRange{Src: of.FieldEthSrc, Dst: of.FieldReg(TraceTag.Reg()), SrcOfs: 0, DstOfs: ofs, NBits: n},
+					TraceActive.Load(1),
+					of.Resubmit{Table: uint8(Classifier)},
+				}},
+			of.Flow{Table: uint8(Output), Priority: PrioHigh + 1, Cookie: ck,
+				Match: of.Match{Regs: []of.RegMatch{OutputResolved.Match(1), TargetOFPort.Match(b.TunnelPort), TraceActive.Match(1)}},
+				Actions: []of.Action{
+					of.SetEthSrc{MAC: TraceMAC},
+					of.MoveRange{Src: of.FieldReg(TraceTag.Reg()), Dst: of.FieldEthSrc, SrcOfs: ofs, DstOfs: 0, NBits: n},
+					of.OutputReg{Reg: TargetOFPort.Reg(), Ofs: TargetOFPort.Ofs(), NBits: TargetOFPort.NBits()},
+				}})
+	}
 	fs = append(fs,
 		of.Flow{Table: uint8(Classifier), Priority: PrioTraceObserve - 1, Cookie: ck,
 			Match: of.Match{InPort: b.TunnelPort, TunID: &of.Masked64{Value: TunnelKeyTraced, Mask: TunnelKeyTraced},

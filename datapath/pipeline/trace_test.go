@@ -38,7 +38,9 @@ type traceBridge struct {
 	omgr *ovstest.OVS
 }
 
-func newTraceBridge(t *testing.T, isolateP2 bool) *traceBridge {
+// egress picks the tunnel egress; TunnelSegmented adds the segmentation
+// ports (ofports 5 and 6).
+func newTraceBridge(t *testing.T, isolateP2 bool, egress ...pipeline.TunnelEgress) *traceBridge {
 	o := ovstest.Start(t)
 	o.Run("ovs-vsctl", "add-br", "br-int", "--", "set", "bridge", "br-int", "datapath_type=netdev",
 		"fail_mode=secure", "protocols=OpenFlow10,OpenFlow13,OpenFlow15")
@@ -47,6 +49,15 @@ func newTraceBridge(t *testing.T, isolateP2 bool) *traceBridge {
 	o.Run("ovs-vsctl", "add-port", "br-int", "gw0", "--", "set", "interface", "gw0", "type=internal", "ofport_request=2")
 	o.Run("ovs-vsctl", "add-port", "br-int", "p1", "--", "set", "interface", "p1", "type=internal", "ofport_request=3")
 	o.Run("ovs-vsctl", "add-port", "br-int", "p2", "--", "set", "interface", "p2", "type=internal", "ofport_request=4")
+	var eg pipeline.TunnelEgress
+	if len(egress) > 0 {
+		eg = egress[0]
+	}
+	seg := eg == pipeline.TunnelSegmented
+	if seg {
+		o.Run("ovs-vsctl", "add-port", "br-int", "seg0", "--", "set", "interface", "seg0", "type=internal", "ofport_request=5")
+		o.Run("ovs-vsctl", "add-port", "br-int", "seg1", "--", "set", "interface", "seg1", "type=internal", "ofport_request=6")
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	c, err := of.Dial(ctx, o.MgmtSocket("br-int"), zaptest.NewLogger(t))
@@ -58,6 +69,10 @@ func newTraceBridge(t *testing.T, isolateP2 bool) *traceBridge {
 	c.SubscribePacketIns(func(pi of.PacketIn) { tb.ins <- pi })
 	tb.br = pipeline.Bridge{Round: 1, GatewayPort: 2, GatewayMAC: mustMAC("0a:00:00:00:00:01"), GatewayIP: net.ParseIP("10.244.1.1"),
 		PodCIDR: mustCIDR("10.244.1.0/24"), NodeIP: net.ParseIP("198.18.0.11"), TunnelPort: 1}
+	tb.br.Tunnel = eg
+	if seg {
+		tb.br.SegmentOut, tb.br.SegmentIn = 5, 6
+	}
 	tb.p1 = pipeline.Pod{OFPort: 3, IP: net.ParseIP("10.244.1.5"), MAC: mustMAC("0a:00:00:00:01:05")}
 	tb.p2 = pipeline.Pod{OFPort: 4, IP: net.ParseIP("10.244.1.6"), MAC: mustMAC("0a:00:00:00:01:06"), IngressIsolated: isolateP2}
 	peer := pipeline.PeerNode{ID: 9, PodCIDR: mustCIDR("10.244.2.0/24"), NodeIP: net.ParseIP("198.18.0.12"), GatewayIP: net.ParseIP("10.244.2.1")}
@@ -131,7 +146,7 @@ func TestTraceFlowsObserveEveryTable(t *testing.T) {
 	tb := newTraceBridge(t, false)
 	tb.inject(t, 7, tb.p2.IP, tb.br.GatewayMAC)
 	pis := tb.collect(t)
-	want := []string{"Classifier", "SpoofGuard", "Conntrack", "ConntrackState", "ServiceLB", "SessionAffinity", "EndpointDNAT",
+	want := []string{"Classifier", "SpoofGuard", "SaveHeaders", "Conntrack", "ConntrackState", "ServiceLB", "SessionAffinity", "EndpointDNAT",
 		"EgressRule", "EgressDefault", "L3Forwarding", "L2Forwarding", "IngressRule", "IngressDefault", "ConntrackCommit", "Output"}
 	if got := tableNames(pis); !slices.Equal(got, want) {
 		t.Fatalf("tables reported:\n got %v\nwant %v", got, want)
@@ -186,6 +201,86 @@ func TestTraceFlowsObserveEveryTable(t *testing.T) {
 	}
 	if pis := tb.collect(t); len(pis) != 0 {
 		t.Fatalf("an unmarked packet was reported by %v", tableNames(pis))
+	}
+}
+
+// With segmented tunnel egress (userspace TSO), a traced packet for a peer
+// skips the segmentation detour, which would lose its registers: it
+// leaves through the tunnel with its tag, while an unmarked one takes the
+// detour.
+func TestTraceFlowsSkipTheSegmentationDetour(t *testing.T) {
+	tb := newTraceBridge(t, false, pipeline.TunnelSegmented)
+	tb.inject(t, 11, net.ParseIP("10.244.2.7"), tb.br.GatewayMAC)
+	pis := tb.collect(t)
+	if len(pis) == 0 {
+		t.Fatal("no reports")
+	}
+	last := pis[len(pis)-1]
+	if pipeline.Table(last.Table) != pipeline.Output || regValue(last.Metadata, pipeline.TargetOFPort) != tb.br.TunnelPort ||
+		last.Metadata.TunDst == nil || !last.Metadata.TunDst.Equal(net.ParseIP("198.18.0.12")) {
+		t.Fatalf("last report table %s metadata %s: want Output to the tunnel, tun_dst 198.18.0.12", pipeline.Table(last.Table), last.Metadata)
+	}
+	frame, err := packet.Build(packet.Probe{SrcMAC: tb.p1.MAC, DstMAC: tb.br.GatewayMAC, SrcIP: tb.p1.IP,
+		DstIP: net.ParseIP("10.244.2.7"), Protocol: packet.ProtoTCP, SrcPort: 40100, DstPort: 80, ID: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := tb.c.PacketOut(ctx, tb.p1.OFPort, []of.Action{of.Resubmit{Table: uint8(pipeline.Classifier)}}, frame); err != nil {
+		t.Fatal(err)
+	}
+	// The unmarked packet's output is the L2Forwarding peer flow that
+	// targets seine-seg0.
+	dump := tb.omgr.Run("ovs-ofctl", "-O", "OpenFlow13", "dump-flows", tb.omgr.MgmtSocket("br-int"), "table=80")
+	var toSeg, traced bool
+	for _, l := range strings.Split(dump, "\n") {
+		if strings.Contains(l, "n_packets=1,") && strings.Contains(l, "load:0x5->NXM_NX_REG1[]") {
+			toSeg = true
+		}
+		if strings.Contains(l, "n_packets=1,") && strings.Contains(l, "load:0x1->NXM_NX_REG1[]") && strings.Contains(l, "reg3=0x10000/0x10000") {
+			traced = true
+		}
+	}
+	if !toSeg || !traced {
+		t.Fatalf("want one packet through the segmentation port's flow and one through the traced packets' flow:\n%s", dump)
+	}
+}
+
+// Through a kernel tunnel device (TunnelByMAC) the tag travels in the
+// inner source MAC: a traced packet leaves with TraceMAC|tag, and one
+// arriving with it is traced from the peer's Classifier on.
+func TestTraceFlowsThroughAKernelTunnel(t *testing.T) {
+	tb := newTraceBridge(t, false, pipeline.TunnelByMAC)
+	tb.inject(t, 12, net.ParseIP("10.244.2.7"), tb.br.GatewayMAC)
+	pis := tb.collect(t)
+	if len(pis) == 0 {
+		t.Fatal("no reports")
+	}
+	last := pis[len(pis)-1]
+	if pipeline.Table(last.Table) != pipeline.Output || regValue(last.Metadata, pipeline.TargetOFPort) != tb.br.TunnelPort {
+		t.Fatalf("last report table %s metadata %s: want Output to the tunnel", pipeline.Table(last.Table), last.Metadata)
+	}
+	dump := tb.omgr.Run("ovs-ofctl", "-O", "OpenFlow13", "dump-flows", tb.omgr.MgmtSocket("br-int"), "table=120")
+	if !strings.Contains(dump, "n_packets=1,") || !strings.Contains(dump, "move:NXM_NX_REG3[0..15]->NXM_OF_ETH_SRC[0..15]") {
+		t.Fatalf("the tunnel marker flow did not send the packet:\n%s", dump)
+	}
+	frame, err := packet.Build(packet.Probe{SrcMAC: net.HardwareAddr{0x0e, 0x5e, 0x7a, 0xce, 0, 0x42}, DstMAC: pipeline.PeerMAC(tb.br.NodeIP),
+		SrcIP: net.ParseIP("10.244.2.7"), DstIP: tb.p1.IP, Protocol: packet.ProtoICMP, ID: 3, TTL: 63})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := tb.c.PacketOut(ctx, tb.br.TunnelPort, []of.Action{of.Resubmit{Table: uint8(pipeline.Classifier)}}, frame); err != nil {
+		t.Fatal(err)
+	}
+	pis = tb.collect(t)
+	if len(pis) == 0 || pipeline.Table(pis[0].Table) != pipeline.Classifier || regValue(pis[0].Metadata, pipeline.TraceTag) != 0x42 {
+		t.Fatalf("reports of a traced tunnel packet: %v", tableNames(pis))
+	}
+	if last := pis[len(pis)-1]; regValue(last.Metadata, pipeline.TargetOFPort) != tb.p1.OFPort {
+		t.Fatalf("a traced tunnel packet ended in %s (%s), want output to port %d", pipeline.Table(last.Table), last.Metadata, tb.p1.OFPort)
 	}
 }
 

@@ -33,6 +33,7 @@ import (
 	"sigs.k8s.io/knftables"
 
 	"github.com/seine-net/seine/datapath/flowsync"
+	"github.com/seine-net/seine/datapath/offload"
 	of "github.com/seine-net/seine/datapath/openflow"
 	"github.com/seine-net/seine/datapath/ovsctl"
 	"github.com/seine-net/seine/datapath/ovsdb"
@@ -56,11 +57,17 @@ const (
 	extIDRound = "seine.io/round"
 )
 
-// OpenFlow port numbers requested for the tunnel and gateway ports, so that
-// flows name the same ports on every Node.
+// OpenFlow port numbers requested for the tunnel, gateway and segmentation
+// ports, so that flows name the same ports on every Node and across
+// restarts that make a port anew (the segmentation pair follows the MTU,
+// which changes with the traffic mode). The segmentation ports' numbers
+// sit far above those OVS gives Pods, so an upgraded Node's Pods cannot
+// hold them.
 const (
-	TunnelOFPort  int32 = 1
-	GatewayOFPort int32 = 2
+	TunnelOFPort     int32 = 1
+	GatewayOFPort    int32 = 2
+	SegmentOutOFPort int32 = 65001
+	SegmentInOFPort  int32 = 65002
 )
 
 // Run runs the daemon until ctx ends.
@@ -119,7 +126,13 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 	defer ovs.Close()
 
 	// Transport and MTU.
-	transport, err := setupTransport(ctx, cfg, ovs, nodeIP, log)
+	if userspaceDatapath(cfg) {
+		if err := setUserspaceTSO(ctx, cfg, ovs, log); err != nil {
+			return err
+		}
+	}
+	tunnelKind := tunnel.Choose(userspaceDatapath(cfg), cfg.TunnelType)
+	transport, err := setupTransport(ctx, cfg, tunnelKind, ovs, nodeIP, log)
 	if err != nil {
 		return err
 	}
@@ -149,7 +162,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 	}); err != nil {
 		return fmt.Errorf("bridge %s: %w", cfg.BridgeName, err)
 	}
-	tunPort, err := ensureTunnelPort(ctx, cfg, ovs)
+	tunPort, kernelTunnel, err := tunnelPort(ctx, cfg, tunnelKind, ovs, nodeIP, mtu)
 	if err != nil {
 		return err
 	}
@@ -172,6 +185,16 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 	if err := setSysctls(cfg.GatewayName); err != nil {
 		return err
 	}
+	// Userspace TSO is in effect only if ovs-vswitchd started with it.
+	tso := false
+	if userspaceDatapath(cfg) {
+		if tso, err = offload.UserspaceTSOActive(cfg.GatewayName); err != nil {
+			return err
+		}
+		if cfg.UserspaceTSOEnabled() && !tso {
+			log.Warn("ovs-vswitchd runs without userspace TSO: Pods get checksum offload off and traffic crosses the bridge one MTU-sized packet at a time until ovs-vswitchd restarts")
+		}
+	}
 
 	// OpenFlow and the pipeline.
 	var syncer *flowsync.Syncer
@@ -179,7 +202,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 	ofc, err := of.Dial(ctx, cfg.BridgeMgmtSocket(), log.Named("openflow"),
 		of.WithOnReconnect(func(ctx context.Context) error {
 			log.Warn("OpenFlow connection re-established; replaying all groups and flows")
-			if cfg.OVSDatapathType == config.DatapathNetdev && cfg.TrafficEncapMode.UsesTunnel() {
+			if cfg.OVSDatapathType == config.DatapathNetdev && cfg.TrafficEncapMode.UsesTunnel() && tunnelKind == tunnel.KindOVSPort {
 				if _, err := attachNetdevTransport(ctx, cfg, ovs, nodeIP, log); err != nil {
 					return fmt.Errorf("attaching the transport again: %w", err)
 				}
@@ -205,6 +228,13 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 		NodeIP:      nodeIP,
 		TunnelPort:  tunPort,
 		PolicyOnly:  !ownsPods,
+	}
+	if err := tunnelEgress(ctx, cfg, tunnelKind, tso, ovs, mtu, &bridge); err != nil {
+		return err
+	}
+	if cfg.TrafficEncapMode.UsesTunnel() {
+		log.Info("tunnel", zap.String("kind", tunnelKind.String()), zap.Stringer("egress", bridge.Tunnel),
+			zap.Bool("userspace_tso", tso))
 	}
 	baseFlows := append(pipeline.BaseFlows(bridge), pipeline.TraceFlows(bridge)...)
 	if cfg.PolicyEnabled() {
@@ -273,7 +303,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 		BridgeName:        cfg.BridgeName,
 		Bridge:            bridge,
 		MTU:               mtu,
-		DisableTxChecksum: cfg.OVSDatapathType == config.DatapathNetdev,
+		DisableTxChecksum: userspaceDatapath(cfg) && !tso,
 		Policy:            policyHook(policyAgent),
 		Chained:           !ownsPods,
 		Gateway:           cfg.GatewayName,
@@ -305,7 +335,8 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 	} else if err := masq.Cleanup(ctx); err != nil {
 		return err
 	}
-	if cfg.OVSDatapathType == config.DatapathNetdev && cfg.TrafficEncapMode.UsesTunnel() {
+	rcfg.Tunnel = peerTunnel(kernelTunnel)
+	if cfg.OVSDatapathType == config.DatapathNetdev && cfg.TrafficEncapMode.UsesTunnel() && tunnelKind == tunnel.KindOVSPort {
 		rcfg.Neighbors = &tunnel.Neighbors{Bridge: cfg.TransportBridge, Appctl: ovsctl.New(cfg.OVSRunDir)}
 	}
 	routes, err := noderoute.New(factory.Core().V1().Nodes(), rcfg, log.Named("noderoute"))

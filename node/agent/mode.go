@@ -30,13 +30,15 @@ import (
 // ¹ with the netdev datapath only (tunnel.AttachNetdev).
 
 // setupTransport finds the transport interface and, with the netdev
-// datapath, hands it to the transport bridge when the mode tunnels, or
-// takes it back from a bridge an earlier run left when it does not.
-func setupTransport(ctx context.Context, cfg config.Config, ovs *ovsdb.Client, nodeIP net.IP, log *zap.Logger) (tunnel.Transport, error) {
+// datapath, hands it to the transport bridge when the mode tunnels through
+// OVS's userspace tunnel port (kind tunnel.KindOVSPort), or takes it back
+// from a bridge an earlier run left when it does not: without a tunnel, or
+// with a kernel tunnel device, the interface stays the kernel's.
+func setupTransport(ctx context.Context, cfg config.Config, kind tunnel.Kind, ovs *ovsdb.Client, nodeIP net.IP, log *zap.Logger) (tunnel.Transport, error) {
 	if cfg.OVSDatapathType != config.DatapathNetdev {
 		return tunnel.FindTransport(cfg.TransportInterface, nodeIP)
 	}
-	if cfg.TrafficEncapMode.UsesTunnel() {
+	if cfg.TrafficEncapMode.UsesTunnel() && kind == tunnel.KindOVSPort {
 		return setupNetdevTransport(ctx, cfg, ovs, nodeIP, log)
 	}
 	nft, err := knftables.New(knftables.NetDevFamily, tunnel.TransportTable)
@@ -64,29 +66,6 @@ func podMTU(cfg config.Config, transport tunnel.Transport) (int, error) {
 		return 0, err
 	}
 	return transport.MTU - overhead, nil
-}
-
-// ensureTunnelPort creates the tunnel port when the mode tunnels and
-// removes one an earlier run left when it does not; it returns the
-// port's ofport, 0 without one.
-func ensureTunnelPort(ctx context.Context, cfg config.Config, ovs *ovsdb.Client) (uint32, error) {
-	if !cfg.TrafficEncapMode.UsesTunnel() {
-		if err := ovs.DeletePort(ctx, cfg.BridgeName, cfg.TunnelName); err != nil {
-			return 0, fmt.Errorf("removing tunnel port %s: %w", cfg.TunnelName, err)
-		}
-		return 0, nil
-	}
-	opts, err := tunnel.PortOptions(cfg.TunnelType)
-	if err != nil {
-		return 0, err
-	}
-	p, err := ovs.EnsurePort(ctx, cfg.BridgeName, ovsdb.PortSpec{
-		Name: cfg.TunnelName, Type: cfg.TunnelType, Options: opts, OFPortRequest: TunnelOFPort,
-	})
-	if err != nil {
-		return 0, fmt.Errorf("tunnel port: %w", err)
-	}
-	return uint32(p.OFPort), nil
 }
 
 // clearGatewayAddresses removes every IPv4 address from the gateway: in

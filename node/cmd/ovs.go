@@ -102,5 +102,7 @@ func ovsConfig(cfg config.Config) ovsdaemon.Config {
 		RunDir:   cfg.OVSRunDir,
 		DBFile:   filepath.Join(cfg.DataDir, "ovsdb", "conf.db"),
 		Datapath: cfg.OVSDatapathType,
+		// The daemon reads the key at start only: set it before.
+		UserspaceTSO: cfg.UserspaceTSOEnabled(),
 	}
 }

@@ -68,6 +68,11 @@ type Config struct {
 	// over TransportInterface and its addresses so that OVS's userspace
 	// tunnels can reach peers. Default br-phy. Unused with "system".
 	TransportBridge string `json:"transportBridge,omitempty"`
+	// UserspaceTSO, with the netdev datapath, sets ovs-vswitchd's
+	// other_config:userspace-tso-enable, so TCP segments up to 64 KiB cross
+	// the bridge whole and Pods keep their checksum offload. Default true.
+	// ovs-vswitchd reads it at start only. Unused with "system".
+	UserspaceTSO *bool `json:"userspaceTSO,omitempty"`
 
 	// ClusterCIDR is the cluster's Pod CIDR; traffic from Pods to anything
 	// outside it (and outside the Node IPs) is masqueraded. Default
@@ -209,6 +214,7 @@ func Default() Config {
 		TunnelName:       "seine-tun0",
 		TunnelType:       TunnelGeneve,
 		TransportBridge:  "br-phy",
+		UserspaceTSO:     &t,
 		ClusterCIDR:      "10.244.0.0/16",
 		ServiceCIDR:      "10.96.0.0/16",
 		TrafficEncapMode: ModeEncap,
@@ -383,6 +389,10 @@ func (c Config) Validate() error {
 	c.validateMode(bad)
 	return errors.Join(errs...)
 }
+
+// UserspaceTSOEnabled reports whether the netdev datapath should run with
+// userspace TSO.
+func (c Config) UserspaceTSOEnabled() bool { return c.UserspaceTSO == nil || *c.UserspaceTSO }
 
 // SNATEnabled reports whether seine masquerades Pod traffic leaving the
 // cluster: not with noSNAT, and never in networkPolicyOnly mode, where the

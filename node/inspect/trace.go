@@ -18,6 +18,7 @@ var (
 	finalFlowLine = regexp.MustCompile(`(?m)^Final flow: (.*)$`)
 	reg1Field     = regexp.MustCompile(`\breg1=0x([0-9a-f]+)`)
 	tunDstField   = regexp.MustCompile(`\btun_dst=([0-9.]+)`)
+	dlDstField    = regexp.MustCompile(`\bdl_dst=([0-9a-f:]{17})`)
 )
 
 // protoKeywords are the ovs-ofctl(8) shorthands that set the protocol.
@@ -117,19 +118,30 @@ func (in *Inspector) verdict(output bool, last pipeline.Table, final string) (st
 	if m := tunDstField.FindStringSubmatch(final); m != nil {
 		tunDst = net.ParseIP(m[1])
 	}
-	return in.DescribeOutput(last, port, tunDst)
+	var dstMAC net.HardwareAddr
+	if m := dlDstField.FindStringSubmatch(final); m != nil {
+		dstMAC, _ = net.ParseMAC(m[1])
+	}
+	return in.DescribeOutput(last, port, tunDst, dstMAC)
 }
 
 // DescribeOutput names where a packet output from table last to port (the
-// TargetOFPort register; tunDst the tunnel destination, if any) went: the
-// ops.seine.io outcome (Delivered, Forwarded, ToHost) and a detail naming
-// the Pod or the next Node.
-func (in *Inspector) DescribeOutput(last pipeline.Table, port uint32, tunDst net.IP) (string, string) {
+// TargetOFPort register; tunDst the tunnel destination, if any; dstMAC its
+// destination MAC) went: the ops.seine.io outcome (Delivered, Forwarded,
+// ToHost) and a detail naming the Pod or the next Node. A packet for the
+// tunnel without tun_dst (a kernel VXLAN device, or the segmentation port
+// on its way to the tunnel) names its peer by its destination MAC
+// (pipeline.PeerMAC).
+func (in *Inspector) DescribeOutput(last pipeline.Table, port uint32, tunDst net.IP, dstMAC net.HardwareAddr) (string, string) {
 	b := in.d.Bridge
+	toTunnel := b.TunnelPort != 0 && (port == b.TunnelPort || (b.Tunnel == pipeline.TunnelSegmented && port == b.SegmentOut))
+	if toTunnel && tunDst == nil {
+		tunDst = pipeline.PeerNodeIP(dstMAC)
+	}
 	switch {
 	case last != pipeline.Output:
 		return opsv1alpha1.TraceToHost, fmt.Sprintf("output by table %s", last)
-	case port == b.TunnelPort && b.TunnelPort != 0:
+	case toTunnel:
 		node := ""
 		if in.d.NodeByIP != nil && tunDst != nil {
 			node = in.d.NodeByIP(tunDst)

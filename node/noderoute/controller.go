@@ -56,6 +56,18 @@ type NeighborCache interface {
 	Ensure(ctx context.Context, peer net.IP) error
 }
 
+// PeerTunnel keeps the per-peer state of a tunnel device that picks the
+// remote end itself (tunnel.KernelVXLAN: a forwarding entry per peer).
+// AddPeer runs before the peer's flows are installed, so no packet reaches
+// the device before it knows the peer.
+type PeerTunnel interface {
+	AddPeer(nodeIP net.IP) error
+	RemovePeer(nodeIP net.IP) error
+	// Peers lists the Node IPs the device knows, so entries of peers
+	// removed while the daemon was down can be found.
+	Peers() ([]net.IP, error)
+}
+
 // neighborRefresh is how often every peer's tunnel neighbor entry is
 // refreshed: well inside OVS's default 15-minute aging of idle entries.
 const neighborRefresh = time.Minute
@@ -97,6 +109,9 @@ type Config struct {
 	// Neighbors, when set (userspace datapath), is told about every
 	// tunnelled peer.
 	Neighbors NeighborCache
+	// Tunnel, when set, is told about every peer before its flows and
+	// after their removal.
+	Tunnel PeerTunnel
 }
 
 type peer struct {
@@ -200,6 +215,9 @@ func (c *Controller) Run(ctx context.Context) error {
 		}); err == nil {
 			if err := c.removeStaleRoutes(); err != nil {
 				c.log.Warn("removing stale routes", zap.Error(err))
+			}
+			if err := c.removeStaleTunnelPeers(); err != nil {
+				c.log.Warn("removing stale tunnel peers", zap.Error(err))
 			}
 		}
 	}()
@@ -324,6 +342,12 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 	old, had := c.peers[name]
 	c.mu.Unlock()
 	gw := FirstIP(podCIDR)
+	if c.cfg.Tunnel != nil && route == RouteTunnel {
+		// The tunnel knows the peer before any flow sends to it.
+		if err := c.cfg.Tunnel.AddPeer(nodeIP); err != nil {
+			return err
+		}
+	}
 	pn := pipeline.PeerNode{ID: peerID(name), PodCIDR: podCIDR, NodeIP: nodeIP, GatewayIP: gw}
 	var flows []of.Flow
 	switch route {
@@ -334,6 +358,11 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 	}
 	if err := c.cfg.Flows.Set(ctx, owner(name), flows); err != nil {
 		return err
+	}
+	if had && c.cfg.Tunnel != nil && old.route == RouteTunnel && (route != RouteTunnel || !old.nodeIP.Equal(nodeIP)) {
+		if err := c.cfg.Tunnel.RemovePeer(old.nodeIP); err != nil {
+			return err
+		}
 	}
 	if had && (old.podCIDR.String() != podCIDR.String() || old.route != route) {
 		if err := c.deleteRoute(old.podCIDR); err != nil {
@@ -421,6 +450,11 @@ func (c *Controller) removePeer(ctx context.Context, name string) error {
 	if had {
 		if err := c.deleteRoute(old.podCIDR); err != nil {
 			return err
+		}
+		if c.cfg.Tunnel != nil && old.route == RouteTunnel {
+			if err := c.cfg.Tunnel.RemovePeer(old.nodeIP); err != nil {
+				return err
+			}
 		}
 		c.log.Info("peer Node removed", zap.String("node", name), zap.String("pod_cidr", old.podCIDR.String()))
 	}
@@ -521,6 +555,36 @@ func (c *Controller) removeStaleRoutes() error {
 			return err
 		}
 		c.log.Info("removed stale route", zap.String("dst", r.Dst.String()), zap.Stringer("via", r.Gw))
+	}
+	return nil
+}
+
+// removeStaleTunnelPeers removes the tunnel device's entries of Node IPs
+// that are no peer's.
+func (c *Controller) removeStaleTunnelPeers() error {
+	if c.cfg.Tunnel == nil {
+		return nil
+	}
+	ips, err := c.cfg.Tunnel.Peers()
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	want := map[string]bool{}
+	for _, p := range c.peers {
+		if p.route == RouteTunnel {
+			want[p.nodeIP.String()] = true
+		}
+	}
+	c.mu.Unlock()
+	for _, ip := range ips {
+		if want[ip.String()] {
+			continue
+		}
+		if err := c.cfg.Tunnel.RemovePeer(ip); err != nil {
+			return err
+		}
+		c.log.Info("removed stale tunnel peer", zap.String("node_ip", ip.String()))
 	}
 	return nil
 }

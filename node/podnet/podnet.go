@@ -29,6 +29,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"go.uber.org/zap"
 
+	"github.com/seine-net/seine/datapath/offload"
 	of "github.com/seine-net/seine/datapath/openflow"
 	"github.com/seine-net/seine/datapath/ovsdb"
 	"github.com/seine-net/seine/datapath/pipeline"
@@ -86,10 +87,12 @@ type Config struct {
 	BridgeName string
 	Bridge     pipeline.Bridge // gateway, podCIDR, round
 	MTU        int             // Pod interface MTU
-	// DisableTxChecksum turns off transmit checksum offload on both veth
-	// ends. The userspace datapath reads Pod packets through AF_PACKET and
-	// forwards them without completing partial checksums, so the receiver
-	// would drop them.
+	// DisableTxChecksum turns off transmit checksum (and so segmentation)
+	// offload on both veth ends. Set with the userspace datapath when
+	// ovs-vswitchd runs without userspace TSO: it then reads Pod packets
+	// through AF_PACKET without the virtio-net header that marks a partial
+	// checksum, and forwards them uncompleted, so the receiver would drop
+	// them (see datapath/offload).
 	DisableTxChecksum bool
 	// Policy, when set, is told about Pods, and an ADD returns only once
 	// the Pod's NetworkPolicies are enforced.
@@ -339,7 +342,7 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 			return fmt.Errorf("default route via %s: %w", br.GatewayIP, err)
 		}
 		if b.cfg.DisableTxChecksum {
-			return disableTxChecksum(req.IfName)
+			return offload.DisableTx(req.IfName)
 		}
 		return nil
 	})
@@ -354,7 +357,7 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 		return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "configuring the Pod interface: %w", err)
 	}
 	if b.cfg.DisableTxChecksum {
-		if err := disableTxChecksum(hostName); err != nil {
+		if err := offload.DisableTx(hostName); err != nil {
 			return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "%w", err)
 		}
 	}

@@ -72,7 +72,7 @@ type Config struct {
 	Switch Switch
 	// Describe names where a packet output by table last to port went
 	// (node/inspect.Inspector.DescribeOutput).
-	Describe func(last pipeline.Table, port uint32, tunDst net.IP) (action, detail string)
+	Describe func(last pipeline.Table, port uint32, tunDst net.IP, dstMAC net.HardwareAddr) (action, detail string)
 	// NodeByIP names the Node with the given InternalIP.
 	NodeByIP func(ip net.IP) string
 	// PodIP returns a Pod's IP.
@@ -436,9 +436,17 @@ func (c *Controller) finish(ctx context.Context, k key) {
 	case last == pipeline.Output && reg(m, pipeline.OutputResolved) == 1 && reg(m, pipeline.HairpinOut) == 1:
 		hop.Action, hop.Detail = opsv1alpha1.TraceDelivered, "back to the source Pod through a Service (hairpin)"
 	case last == pipeline.Output && reg(m, pipeline.OutputResolved) == 1:
-		hop.Action, hop.Detail = c.cfg.Describe(last, reg(m, pipeline.TargetOFPort), m.TunDst)
-		if hop.Action == opsv1alpha1.TraceForwarded && m.TunDst != nil && c.cfg.NodeByIP != nil {
-			hop.NextNode = c.cfg.NodeByIP(m.TunDst)
+		var dstMAC net.HardwareAddr
+		if len(o.last.Data) >= 6 {
+			dstMAC = net.HardwareAddr(o.last.Data[:6])
+		}
+		hop.Action, hop.Detail = c.cfg.Describe(last, reg(m, pipeline.TargetOFPort), m.TunDst, dstMAC)
+		next := m.TunDst
+		if next == nil {
+			next = pipeline.PeerNodeIP(dstMAC) // a kernel VXLAN device: no tun_dst
+		}
+		if hop.Action == opsv1alpha1.TraceForwarded && next != nil && c.cfg.NodeByIP != nil {
+			hop.NextNode = c.cfg.NodeByIP(next)
 		}
 	case last == pipeline.ServiceLB:
 		hop.Action, hop.Detail = opsv1alpha1.TraceToHost, pipeline.DropReason(last)

@@ -6,7 +6,6 @@ package bench
 
 import (
 	"context"
-	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -72,96 +71,4 @@ func percentile(d []time.Duration, p float64) time.Duration {
 		idx = len(s) - 1
 	}
 	return s[idx]
-}
-
-// iperf3 runs a 5-second TCP test from the client netns to the server's
-// address and returns the received throughput in Gbit/s.
-func iperf3(b *testing.B, serverNS, clientNS, serverIP string) float64 {
-	b.Helper()
-	srv := exec.Command("ip", "netns", "exec", serverNS, "iperf3", "-s", "-1", "-p", "5201")
-	if err := srv.Start(); err != nil {
-		b.Fatal(err)
-	}
-	defer func() { _ = srv.Process.Kill(); _ = srv.Wait() }()
-	var out []byte
-	var err error
-	for try := 0; try < 20; try++ {
-		time.Sleep(200 * time.Millisecond)
-		out, err = exec.Command("ip", "netns", "exec", clientNS, "iperf3", "-c", serverIP, "-p", "5201", "-t", "5", "-J").Output()
-		if err == nil {
-			break
-		}
-	}
-	if err != nil {
-		b.Fatalf("iperf3 %s -> %s: %v\n%s", clientNS, serverIP, err, out)
-	}
-	var r struct {
-		End struct {
-			SumReceived struct {
-				BitsPerSecond float64 `json:"bits_per_second"`
-			} `json:"sum_received"`
-		} `json:"end"`
-	}
-	if err := json.Unmarshal(out, &r); err != nil {
-		b.Fatal(err)
-	}
-	return r.End.SumReceived.BitsPerSecond / 1e9
-}
-
-// vethBaseline measures iperf3 between two namespaces joined by a plain
-// veth pair: the ceiling for this machine in this run.
-func vethBaseline(b *testing.B) float64 {
-	b.Helper()
-	a, z := "seine-bperf-a", "seine-bperf-b"
-	netns(b, a)
-	netns(b, z)
-	cmds := [][]string{
-		{"ip", "-n", a, "link", "add", "va", "type", "veth", "peer", "name", "vb", "netns", z},
-		{"ip", "-n", a, "addr", "add", "198.18.100.1/24", "dev", "va"},
-		{"ip", "-n", z, "addr", "add", "198.18.100.2/24", "dev", "vb"},
-		{"ip", "-n", a, "link", "set", "va", "up"},
-		{"ip", "-n", z, "link", "set", "vb", "up"},
-		{"ip", "-n", a, "link", "set", "lo", "up"},
-		{"ip", "-n", z, "link", "set", "lo", "up"},
-	}
-	for _, c := range cmds {
-		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
-			b.Fatalf("%v: %v: %s", c, err, out)
-		}
-	}
-	return iperf3(b, z, a, "198.18.100.2")
-}
-
-// BenchmarkPodThroughput measures Pod-to-Pod TCP throughput on one Node and
-// across Nodes, each as a ratio to a plain veth pair measured in the same
-// run.
-func BenchmarkPodThroughput(b *testing.B) {
-	c := up(b, "bperf", 2)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	nodes := c.Nodes()
-	mk := func(name, node string) (netnsName, ip string) {
-		p, err := c.CreatePod(ctx, sandbox.PodSpec{Namespace: "perf", Name: name, Node: node})
-		if err != nil {
-			b.Fatal(err)
-		}
-		st, err := c.PodState("perf", name)
-		if err != nil {
-			b.Fatal(err)
-		}
-		return st.NetNS, p.Status.PodIP
-	}
-	srvNS, srvIP := mk("server", nodes[0].Name)
-	localNS, _ := mk("local", nodes[0].Name)
-	remoteNS, _ := mk("remote", nodes[1].Name)
-	for i := 0; i < b.N; i++ {
-		base := vethBaseline(b)
-		same := iperf3(b, srvNS, localNS, srvIP)
-		cross := iperf3(b, srvNS, remoteNS, srvIP)
-		b.ReportMetric(base, "veth-Gbps")
-		b.ReportMetric(same, "same-node-Gbps")
-		b.ReportMetric(cross, "cross-node-Gbps")
-		b.ReportMetric(same/base, "same-node-ratio")
-		b.ReportMetric(cross/base, "cross-node-ratio")
-	}
 }

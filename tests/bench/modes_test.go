@@ -110,7 +110,7 @@ func BenchmarkModeThroughput(b *testing.B) {
 		for round := 0; round < 3; round++ {
 			for _, k := range order {
 				p := paths[k]
-				got[k] = append(got[k], iperf3(b, p.srvNS, p.cliNS, p.srvIP))
+				got[k] = append(got[k], iperf3Run(b, p.srvNS, p.cliNS, p.srvIP, 1))
 			}
 		}
 		med := map[string]float64{}

@@ -3,6 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -14,8 +16,14 @@ import (
 )
 
 // TestTunnelTypes restarts seine on every Node with each tunnel type and
-// checks cross-Node Pod traffic over it; Pods created before the restart
-// keep working (their flows are restored from OVSDB). It ends on geneve.
+// checks cross-Node Pod traffic over it, small and large (8 MiB: with
+// userspace TSO, 64 KiB segments reach the tunnel); Pods created before
+// the restart keep working (their flows are restored from OVSDB). Each
+// switch also moves the Node between the two tunnel kinds of the
+// userspace datapath (tunnel.Choose): VXLAN goes through a kernel VXLAN
+// device and the transport interface stays the kernel's; Geneve and GRE
+// through OVS's tunnel port, the transport bridge and, with userspace
+// TSO, the segmentation port. It ends on geneve.
 func TestTunnelTypes(t *testing.T) {
 	requireMode(t, config.ModeEncap)
 	c := shared
@@ -41,12 +49,31 @@ func TestTunnelTypes(t *testing.T) {
 			})
 			wantMTU := map[string]string{"geneve": "1450", "vxlan": "1450", "gre": "1458"}[typ]
 			for _, n := range c.Nodes() {
-				if got := strings.TrimSpace(ovs(t, n, "ovs-vsctl", "get", "Interface", "seine-tun0", "type")); got != typ {
-					t.Fatalf("tunnel port type on %s is %s, want %s", n.Name, got, typ)
-				}
+				checkTunnelKind(t, c, n, typ)
 				out, err := c.NodeExec(ctx, n.Name, "cat", "/sys/class/net/seine-gw0/mtu")
 				if err != nil || strings.TrimSpace(string(out)) != wantMTU {
 					t.Errorf("gateway MTU on %s with %s: %q (%v), want %s", n.Name, typ, out, err, wantMTU)
+				}
+			}
+			// Bulk between Pods created with this tunnel type's MTU: with
+			// userspace TSO, OVS 3.1 re-segments at the MTU of the port a
+			// packet leaves through, so a Pod of a smaller MTU (made under
+			// another tunnel type) would get segments larger than it takes
+			// (docs/configuration.md).
+			fresh := createPods(t, c, "tunnels-"+typ, 0, 1, 2)
+			l, err := c.ListenIn(fresh[0].ns, fresh[0].name, ":"+strconv.Itoa(bulkPort))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			go bulkReceiver(l)
+			for _, from := range fresh[1:] {
+				conn, err := c.DialFrom(ctx, from.ns, from.name, net.JoinHostPort(fresh[0].ip, strconv.Itoa(bulkPort)))
+				if err != nil {
+					t.Fatalf("connecting from %s over %s: %v", from.node, typ, err)
+				}
+				if err := sendBulk(conn); err != nil {
+					t.Errorf("%d bytes from %s over %s: %v", bulkSize, from.node, typ, err)
 				}
 			}
 			tx0 := tunnelStat(t, c.Nodes()[0], "tx_packets")
@@ -82,16 +109,29 @@ func TestTunnelNeighborsFilledBeforeTraffic(t *testing.T) {
 	if err := c.StopSeine(n0.Name); err != nil {
 		t.Fatal(err)
 	}
-	ovs(t, n0, "ovs-appctl", "tnl/neigh/flush")
-	if out, err := c.NodeExec(ctx, n0.Name, "ip", "neigh", "flush", "dev", "br-phy"); err != nil {
-		t.Fatalf("flushing the kernel's neighbors: %v: %s", err, out)
-	}
-	if out := ovs(t, n0, "ovs-appctl", "tnl/neigh/show"); strings.Contains(out, nodes[1].IP) || strings.Contains(out, nodes[2].IP) {
-		t.Fatalf("cache not empty after the flush:\n%s", out)
-	}
+	restarted := false
+	t.Cleanup(func() {
+		if !restarted { // the Pods' deletion needs the daemon
+			_ = c.StartSeine(context.Background(), n0.Name, nil)
+		}
+	})
+	// OVS also learns neighbours from the ARP packets crossing br-phy, and
+	// peers that restarted just before (an earlier test) may still be
+	// resolving this Node: flush until the cache stays empty.
+	eventually(t, 15*time.Second, "an empty tunnel neighbor cache on "+n0.Name, func() error {
+		ovs(t, n0, "ovs-appctl", "tnl/neigh/flush")
+		if out, err := c.NodeExec(ctx, n0.Name, "ip", "neigh", "flush", "dev", "br-phy"); err != nil {
+			return fmt.Errorf("flushing the kernel's neighbors: %v: %s", err, out)
+		}
+		if out := ovs(t, n0, "ovs-appctl", "tnl/neigh/show"); strings.Contains(out, nodes[1].IP) || strings.Contains(out, nodes[2].IP) {
+			return fmt.Errorf("cache not empty after the flush:\n%s", out)
+		}
+		return nil
+	})
 	if err := c.StartSeine(ctx, n0.Name, nil); err != nil {
 		t.Fatal(err)
 	}
+	restarted = true
 	eventually(t, 10*time.Second, "peers in the tunnel neighbor cache of "+n0.Name, func() error {
 		out := ovs(t, n0, "ovs-appctl", "tnl/neigh/show")
 		for _, peer := range nodes[1:] {
@@ -135,4 +175,49 @@ func linkMAC(t *testing.T, c *sandbox.Cluster, node, dev string) string {
 		t.Fatalf("MAC of %s on %s: %v: %s", dev, node, err, out)
 	}
 	return strings.TrimSpace(string(out))
+}
+
+// checkTunnelKind checks how Node n carries the tunnel type typ with the
+// userspace datapath: VXLAN as a kernel VXLAN device attached as an
+// ordinary port, with a forwarding entry per peer and no transport bridge
+// (the Node IP stays on eth0); Geneve and GRE as OVS's tunnel port through
+// the transport bridge, with the segmentation veth pair on the
+// integration bridge (the sandbox runs ovs-vswitchd with userspace TSO;
+// the pair exists with VXLAN too, for the NAT checksum detour).
+func checkTunnelKind(t *testing.T, c *sandbox.Cluster, n sandbox.Node, typ string) {
+	t.Helper()
+	ctx := testCtx(t, 10*time.Second)
+	got := strings.TrimSpace(ovs(t, n, "ovs-vsctl", "get", "Interface", "seine-tun0", "type"))
+	ports := ovs(t, n, "ovs-vsctl", "list-ports", "br-int")
+	_, phyErr := tryOVS(n, "ovs-vsctl", "br-exists", "br-phy")
+	addrs, err := c.NodeExec(ctx, n.Name, "ip", "-4", "-o", "addr", "show", "dev", "eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	onEth0 := strings.Contains(string(addrs), n.IP+"/")
+	if typ == "vxlan" {
+		dev, err := c.NodeExec(ctx, n.Name, "ip", "-d", "link", "show", "seine-tun0")
+		if got != `""` || err != nil || !strings.Contains(string(dev), "vxlan id 0 ") {
+			t.Fatalf("%s: seine-tun0 has OVS type %s and is %q (%v), want a kernel VXLAN device as a system port", n.Name, got, dev, err)
+		}
+		fdb, _ := c.NodeExec(ctx, n.Name, "bridge", "fdb", "show", "dev", "seine-tun0")
+		for _, peer := range c.Nodes() {
+			if peer.Name != n.Name && !strings.Contains(string(fdb), "dst "+peer.IP+" ") {
+				t.Errorf("%s: no forwarding entry for peer %s:\n%s", n.Name, peer.IP, fdb)
+			}
+		}
+		if phyErr == nil || !onEth0 {
+			t.Errorf("%s with vxlan: br-phy exists %v, Node IP on eth0 %v, ports %q", n.Name, phyErr == nil, onEth0, ports)
+		}
+		return
+	}
+	if got != typ {
+		t.Fatalf("tunnel port type on %s is %s, want %s", n.Name, got, typ)
+	}
+	if phyErr != nil || onEth0 || !strings.Contains(ports, "seine-seg0") || !strings.Contains(ports, "seine-seg1") {
+		t.Errorf("%s with %s: br-phy exists %v, Node IP on eth0 %v, br-int ports %q", n.Name, typ, phyErr == nil, onEth0, ports)
+	}
+	if _, err := c.NodeExec(ctx, n.Name, "ip", "link", "show", "seine-tun0"); err == nil {
+		t.Errorf("%s with %s: a kernel device seine-tun0 is left", n.Name, typ)
+	}
 }

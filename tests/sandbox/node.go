@@ -69,6 +69,9 @@ func (c *Cluster) prepareNode(ctx context.Context, n *Node) error {
 
 // startOVS starts the Node's ovsdb-server and ovs-vswitchd (userspace
 // datapath) inside its namespace with every runtime file in OVSRunDir.
+// ovs-vswitchd starts with userspace TSO on (seine's default for the
+// netdev datapath, which the daemon only reads at start), as a Node's
+// Open vSwitch does once seine has written the setting.
 func startOVS(ctx context.Context, n *Node) error {
 	d := n.OVSRunDir
 	env := []string{"OVS_RUNDIR=" + d, "OVS_DBDIR=" + d, "OVS_LOGDIR=" + d}
@@ -80,7 +83,8 @@ func startOVS(ctx context.Context, n *Node) error {
 			"--unixctl=" + filepath.Join(d, "ovsdb-server.ctl"),
 			"--pidfile=" + filepath.Join(d, "ovsdb-server.pid"),
 			"--log-file=" + filepath.Join(d, "ovsdb-server.log"), "--detach"},
-		{"ovs-vsctl", "--db=unix:" + sock, "--no-wait", "init"},
+		{"ovs-vsctl", "--db=unix:" + sock, "--no-wait", "init", "--",
+			"set", "Open_vSwitch", ".", "other_config:userspace-tso-enable=true"},
 		{"ip", "netns", "exec", n.NetNS, "ovs-vswitchd", "unix:" + sock,
 			"--unixctl=" + filepath.Join(d, "ovs-vswitchd.ctl"),
 			"--pidfile=" + filepath.Join(d, "ovs-vswitchd.pid"),

@@ -103,16 +103,26 @@ func (b *builder) sysctl(ns string, kv ...string) {
 	}
 }
 
-// wire turns off transmit checksum and segmentation offload on a veth end,
-// so that what it sends is complete on the wire, as a physical NIC's frames
-// are. Without it the kernel hands partially checksummed frames across the
-// veth, which OVS's userspace datapath (reading through AF_PACKET) would
-// forward unfixed.
-func (b *builder) wire(ns, dev string) {
+// wire makes a veth end behave like a physical NIC without offloads: it
+// turns off transmit checksum and segmentation offload, so what it sends is
+// complete on the wire (MTU-sized frames with their checksums; the kernel
+// segments in software before it). On a host's end (host) it also turns
+// on GRO, which every NIC driver does (NAPI), so received frames of one
+// flow are aggregated before the stack, a kernel VXLAN device and OVS see
+// them; the underlay's ends stand for switch ports and do not aggregate.
+// Without the first, the kernel would hand partially checksummed frames
+// across the veth, which OVS's userspace datapath without userspace TSO
+// (reading through AF_PACKET) would forward unfixed; without the second,
+// a veth hands each frame up on its own, which no real Node's NIC does.
+func (b *builder) wire(ns, dev string, host bool) {
 	if b.err != nil {
 		return
 	}
-	_, b.err = run(b.ctx, nil, "ip", "netns", "exec", ns, "ethtool", "-K", dev, "tx", "off", "tso", "off", "gso", "off")
+	args := []string{"ip", "netns", "exec", ns, "ethtool", "-K", dev, "tx", "off", "tso", "off", "gso", "off"}
+	if host {
+		args = append(args, "gro", "on")
+	}
+	_, b.err = run(b.ctx, nil, args...)
 }
 
 func (b *builder) addNS(name string) {
@@ -126,8 +136,8 @@ func (b *builder) attach(sandbox, br, port, ns, addr, gw string) {
 	u := underlayNS(sandbox)
 	b.ip("-n", u, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns)
 	b.ip("-n", u, "link", "set", port, "master", br, "up")
-	b.wire(u, port)
-	b.wire(ns, "eth0")
+	b.wire(u, port, false)
+	b.wire(ns, "eth0", true)
 	b.ip("-n", ns, "addr", "add", addr, "dev", "eth0")
 	b.ip("-n", ns, "link", "set", "eth0", "up")
 	b.ip("-n", ns, "route", "add", "default", "via", gw)
@@ -164,8 +174,8 @@ func buildTopology(ctx context.Context, sandbox string, nodes, subnets int, host
 	b.ip("-n", u, "link", "add", "ext", "type", "veth", "peer", "name", "eth0", "netns", ext)
 	b.ip("-n", u, "addr", "add", extRouterCIDR, "dev", "ext")
 	b.ip("-n", u, "link", "set", "ext", "up")
-	b.wire(u, "ext")
-	b.wire(ext, "eth0")
+	b.wire(u, "ext", false)
+	b.wire(ext, "eth0", true)
 	b.ip("-n", ext, "addr", "add", fmt.Sprintf("%s/%d", externalIP, externalPrefix), "dev", "eth0")
 	b.ip("-n", ext, "link", "set", "eth0", "up")
 	b.ip("-n", ext, "route", "add", "default", "via", extRouter)

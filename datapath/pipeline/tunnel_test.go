@@ -1,0 +1,193 @@
+package pipeline_test
+
+import (
+	"context"
+	"net"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+
+	of "github.com/seine-net/seine/datapath/openflow"
+	"github.com/seine-net/seine/datapath/ovstest"
+	"github.com/seine-net/seine/datapath/pipeline"
+)
+
+func TestPeerMAC(t *testing.T) {
+	if got := pipeline.PeerMAC(net.ParseIP("198.18.0.12")).String(); got != "0e:5f:c6:12:00:0c" {
+		t.Fatalf("PeerMAC(198.18.0.12) = %s", got)
+	}
+	m := pipeline.PeerMAC(net.ParseIP("10.0.0.1"))
+	if m[0]&1 != 0 || m[0]&2 == 0 {
+		t.Fatalf("PeerMAC %s is not a locally administered unicast address", m)
+	}
+	if m.String() == pipeline.VirtualMAC().String() {
+		t.Fatal("PeerMAC equals the virtual MAC")
+	}
+	if pipeline.PeerMAC(net.ParseIP("fd00::1")) != nil {
+		t.Fatal("PeerMAC of an IPv6 address")
+	}
+}
+
+// TestTunnelEgress installs the pipeline with each TunnelEgress on a real
+// OVS bridge and traces a Pod's packet to a peer Node's podCIDR: it leaves
+// for the peer's PeerMAC through the tunnel port (with tun_dst unless the
+// kernel device picks the remote), or through the segmentation port, from
+// whose other end TunnelOutput sends it to the tunnel with tun_dst.
+func TestTunnelEgress(t *testing.T) {
+	for _, egress := range []pipeline.TunnelEgress{pipeline.TunnelByTunDst, pipeline.TunnelByMAC, pipeline.TunnelSegmented} {
+		t.Run(egress.String(), func(t *testing.T) {
+			o := ovstest.Start(t)
+			o.Run("ovs-vsctl", "add-br", "br-int", "--", "set", "bridge", "br-int", "datapath_type=netdev",
+				"fail_mode=secure", "protocols=OpenFlow10,OpenFlow13,OpenFlow15")
+			tunType := "type=geneve"
+			if egress == pipeline.TunnelByMAC {
+				tunType = "type=internal" // stands for the kernel VXLAN device: an ordinary port
+			}
+			o.Run("ovs-vsctl", "add-port", "br-int", "tun0", "--", "set", "interface", "tun0", tunType,
+				"options:remote_ip=flow", "options:key=flow", "ofport_request=1")
+			for name, port := range map[string]string{"gw0": "2", "p1": "3", "seg0": "5", "seg1": "6"} {
+				o.Run("ovs-vsctl", "add-port", "br-int", name, "--", "set", "interface", name, "type=internal", "ofport_request="+port)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			c, err := of.Dial(ctx, o.MgmtSocket("br-int"), zaptest.NewLogger(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			br := pipeline.Bridge{Round: 1, GatewayPort: 2, GatewayMAC: mustMAC("0a:00:00:00:00:01"),
+				GatewayIP: net.ParseIP("10.244.1.1"), PodCIDR: mustCIDR("10.244.1.0/24"),
+				NodeIP: net.ParseIP("198.18.0.11"), TunnelPort: 1, Tunnel: egress}
+			if egress == pipeline.TunnelSegmented {
+				br.SegmentOut, br.SegmentIn = 5, 6
+			}
+			pod := pipeline.Pod{OFPort: 3, IP: net.ParseIP("10.244.1.5"), MAC: mustMAC("0a:00:00:00:01:05")}
+			peer := pipeline.PeerNode{ID: 9, PodCIDR: mustCIDR("10.244.2.0/24"), NodeIP: net.ParseIP("198.18.0.12"),
+				GatewayIP: net.ParseIP("10.244.2.1")}
+			var mods []of.FlowMod
+			for _, fs := range [][]of.Flow{pipeline.BaseFlows(br), pipeline.PodFlows(br, pod), pipeline.PeerNodeFlows(br, peer)} {
+				for _, f := range fs {
+					mods = append(mods, of.FlowMod{Op: of.OpAdd, Flow: f})
+				}
+			}
+			if err := c.Apply(ctx, mods); err != nil {
+				t.Fatal(err)
+			}
+			last := func(s string) string {
+				lines := strings.Split(strings.TrimSpace(s), "\n")
+				return lines[len(lines)-1]
+			}
+			out := o.Run("ovs-appctl", "ofproto/trace", "br-int",
+				"in_port=3,dl_src=0a:00:00:00:01:05,dl_dst=0a:00:00:00:00:01,ip,nw_ttl=64,nw_src=10.244.1.5,nw_dst=10.244.2.7")
+			outputs := func(trace, port string) bool {
+				return regexp.MustCompile(`(output:|output port is )` + port + `\b`).MatchString(trace)
+			}
+			if !strings.Contains(out, "set_field:0e:5f:c6:12:00:0c->eth_dst") {
+				t.Errorf("not addressed to the peer's PeerMAC:\n%s", out)
+			}
+			tunDst := strings.Contains(out, "198.18.0.12->tun_dst")
+			switch egress {
+			case pipeline.TunnelByTunDst:
+				if !outputs(out, "1") || !tunDst {
+					t.Errorf("want output to the tunnel port 1 with tun_dst 198.18.0.12:\n%s", out)
+				}
+			case pipeline.TunnelByMAC:
+				if !outputs(out, "1") || tunDst {
+					t.Errorf("want output to port 1 without tunnel metadata:\n%s", out)
+				}
+			case pipeline.TunnelSegmented:
+				if !outputs(out, "5") || outputs(out, "1") || tunDst {
+					t.Errorf("want output to the segmentation port 5 only:\n%s", out)
+				}
+				back := o.Run("ovs-appctl", "ofproto/trace", "br-int",
+					"in_port=6,dl_src=0a:00:00:00:00:01,dl_dst=0e:5f:c6:12:00:0c,ip,nw_ttl=63,nw_src=10.244.1.5,nw_dst=10.244.2.7")
+				if !strings.Contains(back, "198.18.0.12->tun_dst") || !outputs(back, "1") {
+					t.Errorf("segments back on port 6 must go to the tunnel with tun_dst:\n%s", back)
+				}
+				other := o.Run("ovs-appctl", "ofproto/trace", "br-int",
+					"in_port=6,dl_src=0a:00:00:00:00:01,dl_dst=0a:00:00:00:01:05,ip,nw_ttl=63,nw_src=10.244.1.5,nw_dst=10.244.1.7")
+				if !strings.HasSuffix(last(other), "drop") {
+					t.Errorf("a packet on the segmentation port not for a peer must be dropped:\n%s", other)
+				}
+			}
+		})
+	}
+}
+
+// TestNATChecksumDetour traces TCP packets on a bridge with the
+// segmentation pair: a packet conntrack NATed (--ct-next ...,dnat) that
+// leaves for a peer Node or the gateway goes to the segmentation port with
+// its saved fields put back; one that was not NATed, or that goes to a
+// local Pod, is not detoured; and a packet back from the detour re-enters
+// the pipeline as coming from the port named in its destination MAC.
+func TestNATChecksumDetour(t *testing.T) {
+	o := ovstest.Start(t)
+	o.Run("ovs-vsctl", "add-br", "br-int", "--", "set", "bridge", "br-int", "datapath_type=netdev",
+		"fail_mode=secure", "protocols=OpenFlow10,OpenFlow13,OpenFlow15")
+	for name, port := range map[string]string{"tun0": "1", "gw0": "2", "p1": "3", "p2": "4", "seg0": "5", "seg1": "6"} {
+		o.Run("ovs-vsctl", "add-port", "br-int", name, "--", "set", "interface", name, "type=internal", "ofport_request="+port)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := of.Dial(ctx, o.MgmtSocket("br-int"), zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	br := pipeline.Bridge{Round: 1, GatewayPort: 2, GatewayMAC: mustMAC("0a:00:00:00:00:01"),
+		GatewayIP: net.ParseIP("10.244.1.1"), PodCIDR: mustCIDR("10.244.1.0/24"),
+		NodeIP: net.ParseIP("198.18.0.11"), TunnelPort: 1, Tunnel: pipeline.TunnelByMAC, SegmentOut: 5, SegmentIn: 6}
+	if !br.NATChecksumDetour() {
+		t.Fatal("a bridge with a segmentation pair must detour NATed packets")
+	}
+	p1 := pipeline.Pod{OFPort: 3, IP: net.ParseIP("10.244.1.5"), MAC: mustMAC("0a:00:00:00:01:05")}
+	p2 := pipeline.Pod{OFPort: 4, IP: net.ParseIP("10.244.1.6"), MAC: mustMAC("0a:00:00:00:01:06")}
+	peer := pipeline.PeerNode{ID: 9, PodCIDR: mustCIDR("10.244.2.0/24"), NodeIP: net.ParseIP("198.18.0.12"),
+		GatewayIP: net.ParseIP("10.244.2.1")}
+	var mods []of.FlowMod
+	for _, fs := range [][]of.Flow{pipeline.BaseFlows(br), pipeline.PodFlows(br, p1), pipeline.PodFlows(br, p2),
+		pipeline.PeerNodeFlows(br, peer)} {
+		for _, f := range fs {
+			mods = append(mods, of.FlowMod{Op: of.OpAdd, Flow: f})
+		}
+	}
+	if err := c.Apply(ctx, mods); err != nil {
+		t.Fatal(err)
+	}
+	outputs := func(trace, port string) bool {
+		return regexp.MustCompile(`(output:|output port is )` + port + `\b`).MatchString(trace)
+	}
+	trace := func(flow, ct string) string {
+		return o.Run("ovs-appctl", "ofproto/trace", "br-int", flow, "--ct-next", ct)
+	}
+	fromPod := "in_port=3,dl_src=0a:00:00:00:01:05,dl_dst=0a:00:00:00:00:01,tcp,nw_ttl=64,nw_src=10.244.1.5,tp_src=40000,tp_dst=80,nw_dst="
+	cases := []struct {
+		name, flow, ct, port string
+		detour               bool
+	}{
+		{"NATed, to a peer Node", fromPod + "10.244.2.7", "trk,est,dnat", "5", true},
+		{"NATed, to the host", fromPod + "198.19.0.10", "trk,est,dnat", "5", true},
+		{"not NATed, to a peer Node", fromPod + "10.244.2.7", "trk,est", "1", false},
+		{"NATed, to a local Pod", fromPod + "10.244.1.6", "trk,est,snat", "4", false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			out := trace(tc.flow, tc.ct)
+			if !outputs(out, tc.port) {
+				t.Fatalf("want output to port %s:\n%s", tc.port, out)
+			}
+			restored := strings.Contains(out, "move:NXM_NX_REG7[]->NXM_OF_IP_SRC[]")
+			if restored != tc.detour {
+				t.Fatalf("saved fields put back: %v, want %v:\n%s", restored, tc.detour, out)
+			}
+		})
+	}
+	back := trace("in_port=6,dl_src=0a:00:00:00:01:05,dl_dst=0e:5f:ff:ff:00:03,tcp,nw_ttl=64,nw_src=10.244.1.5,nw_dst=10.244.2.7,tp_src=40000,tp_dst=80",
+		"trk,est,dnat")
+	if !strings.Contains(back, "in_port=3, priority 190") || !outputs(back, "1") || strings.Contains(back, "output:5") {
+		t.Fatalf("back from the detour: want the pipeline again as from port 3, out to the tunnel without a second detour:\n%s", back)
+	}
+}

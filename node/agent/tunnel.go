@@ -1,0 +1,186 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+
+	"github.com/vishvananda/netlink"
+	"go.uber.org/zap"
+	"sigs.k8s.io/knftables"
+
+	"github.com/seine-net/seine/datapath/offload"
+	"github.com/seine-net/seine/datapath/ovsdb"
+	"github.com/seine-net/seine/datapath/pipeline"
+	"github.com/seine-net/seine/node/config"
+	"github.com/seine-net/seine/node/noderoute"
+	"github.com/seine-net/seine/tunnel"
+)
+
+// nftTunnelTable is the nftables table (netdev family) whose ingress drop
+// keeps the kernel VXLAN device's packets OVS's alone (tunnel.KernelVXLAN).
+const nftTunnelTable = "seine-tunnel"
+
+// userspaceDatapath reports whether cfg runs OVS's netdev datapath.
+func userspaceDatapath(cfg config.Config) bool { return cfg.OVSDatapathType == config.DatapathNetdev }
+
+// setUserspaceTSO records the desired userspace TSO setting in OVSDB (read
+// by ovs-vswitchd at its next start).
+func setUserspaceTSO(ctx context.Context, cfg config.Config, ovs *ovsdb.Client, log *zap.Logger) error {
+	want := strconv.FormatBool(cfg.UserspaceTSOEnabled())
+	oc, err := ovs.SystemOtherConfig(ctx)
+	if err != nil {
+		return err
+	}
+	if oc[offload.OtherConfigUserspaceTSO] == want {
+		return nil
+	}
+	if err := ovs.SetSystemOtherConfig(ctx, map[string]string{offload.OtherConfigUserspaceTSO: want}); err != nil {
+		return fmt.Errorf("setting other_config:%s: %w", offload.OtherConfigUserspaceTSO, err)
+	}
+	log.Info("userspace TSO setting written; ovs-vswitchd applies it when it next starts",
+		zap.String(offload.OtherConfigUserspaceTSO, want))
+	return nil
+}
+
+// tunnelPort creates the tunnel port on the integration bridge when the
+// mode tunnels: OVS's flow-based tunnel port, or a kernel VXLAN device
+// attached as an ordinary port. Switching kinds keeps the port's name and
+// ofport; a kernel device left by the other kind is deleted once the OVS
+// port replaced it. When the mode does not tunnel, it removes both and
+// returns ofport 0. The kernel device, when it is the port, is returned
+// for the route controller (its peers).
+func tunnelPort(ctx context.Context, cfg config.Config, kind tunnel.Kind, ovs *ovsdb.Client, nodeIP net.IP, mtu int) (uint32, *tunnel.KernelVXLAN, error) {
+	kernel := tunnel.KernelVXLAN{Name: cfg.TunnelName}
+	var nft knftables.Interface
+	if userspaceDatapath(cfg) {
+		var err error
+		if nft, err = knftables.New(knftables.NetDevFamily, nftTunnelTable); err != nil {
+			return 0, nil, fmt.Errorf("nftables: %w", err)
+		}
+	}
+	if !cfg.TrafficEncapMode.UsesTunnel() {
+		if err := ovs.DeletePort(ctx, cfg.BridgeName, cfg.TunnelName); err != nil {
+			return 0, nil, fmt.Errorf("removing tunnel port %s: %w", cfg.TunnelName, err)
+		}
+		if nft != nil {
+			if err := kernel.Remove(ctx, nft); err != nil {
+				return 0, nil, err
+			}
+		}
+		return 0, nil, nil
+	}
+	// A port changing kind is removed and added again: ovs-vswitchd 3.1
+	// changes an interface's type in place, but keeps state of the old
+	// netdev (its sends to a kernel VXLAN device that replaced a userspace
+	// GRE port of the same name failed with EMSGSIZE).
+	wantType := cfg.TunnelType
+	if kind == tunnel.KindKernelDevice {
+		wantType = ovsdb.TypeSystem
+	}
+	if old, err := ovs.GetPort(ctx, cfg.TunnelName); err != nil {
+		return 0, nil, err
+	} else if old != nil && old.Type != wantType {
+		if err := ovs.DeletePort(ctx, cfg.BridgeName, cfg.TunnelName); err != nil {
+			return 0, nil, fmt.Errorf("replacing tunnel port: %w", err)
+		}
+	}
+	if kind == tunnel.KindKernelDevice {
+		if err := kernel.Ensure(ctx, nft, nodeIP, mtu); err != nil {
+			return 0, nil, err
+		}
+		p, err := ovs.EnsurePort(ctx, cfg.BridgeName, ovsdb.PortSpec{
+			Name: cfg.TunnelName, Type: ovsdb.TypeSystem, Options: map[string]string{}, OFPortRequest: TunnelOFPort,
+		})
+		if err != nil {
+			return 0, nil, fmt.Errorf("tunnel port: %w", err)
+		}
+		return uint32(p.OFPort), &kernel, nil
+	}
+	opts, err := tunnel.PortOptions(cfg.TunnelType)
+	if err != nil {
+		return 0, nil, err
+	}
+	p, err := ovs.EnsurePort(ctx, cfg.BridgeName, ovsdb.PortSpec{
+		Name: cfg.TunnelName, Type: cfg.TunnelType, Options: opts, OFPortRequest: TunnelOFPort,
+	})
+	if err != nil {
+		return 0, nil, fmt.Errorf("tunnel port: %w", err)
+	}
+	if nft != nil {
+		if err := kernel.Remove(ctx, nft); err != nil {
+			return 0, nil, err
+		}
+	}
+	return uint32(p.OFPort), nil, nil
+}
+
+// tunnelEgress decides how packets reach the tunnel port, and sets up or
+// removes the segmentation veth pair: with userspace TSO it exists for the
+// NAT checksum detour (pipeline.NATChecksumDetour) and, with an OVS
+// userspace tunnel port, for TunnelSegmented. It fills b's Tunnel and
+// Segment fields.
+func tunnelEgress(ctx context.Context, cfg config.Config, kind tunnel.Kind, tso bool, ovs *ovsdb.Client, mtu int, b *pipeline.Bridge) error {
+	seg := tunnel.DefaultSegmentPair
+	switch {
+	case kind == tunnel.KindKernelDevice:
+		b.Tunnel = pipeline.TunnelByMAC
+	case userspaceDatapath(cfg) && tso:
+		b.Tunnel = pipeline.TunnelSegmented
+	default:
+		b.Tunnel = pipeline.TunnelByTunDst
+	}
+	if !userspaceDatapath(cfg) || !tso {
+		if !userspaceDatapath(cfg) {
+			return nil
+		}
+		var errs []error
+		for _, name := range []string{seg.Out, seg.In} {
+			errs = append(errs, ovs.DeletePort(ctx, cfg.BridgeName, name))
+		}
+		errs = append(errs, seg.Remove())
+		if err := errors.Join(errs...); err != nil {
+			return fmt.Errorf("removing the segmentation ports: %w", err)
+		}
+		return nil
+	}
+	// A pair of another MTU (another tunnel type before) is made anew, for
+	// the same reason as a tunnel port that changes kind (tunnelPort).
+	if l, err := netlink.LinkByName(seg.Out); err == nil && l.Attrs().MTU != mtu {
+		for _, name := range []string{seg.Out, seg.In} {
+			if err := ovs.DeletePort(ctx, cfg.BridgeName, name); err != nil {
+				return fmt.Errorf("replacing the segmentation ports: %w", err)
+			}
+		}
+		if err := seg.Remove(); err != nil {
+			return err
+		}
+	}
+	if err := seg.Ensure(mtu); err != nil {
+		return err
+	}
+	for _, end := range []struct {
+		name    string
+		request int32
+		port    *uint32
+	}{{seg.Out, SegmentOutOFPort, &b.SegmentOut}, {seg.In, SegmentInOFPort, &b.SegmentIn}} {
+		p, err := ovs.EnsurePort(ctx, cfg.BridgeName, ovsdb.PortSpec{Name: end.name, OFPortRequest: end.request,
+			ExternalIDs: map[string]string{"seine.io/role": "segmentation"}})
+		if err != nil {
+			return fmt.Errorf("segmentation port: %w", err)
+		}
+		*end.port = uint32(p.OFPort)
+	}
+	return nil
+}
+
+// peerTunnel adapts a kernel tunnel device to the route controller (nil
+// interface when there is none).
+func peerTunnel(k *tunnel.KernelVXLAN) noderoute.PeerTunnel {
+	if k == nil {
+		return nil
+	}
+	return k
+}

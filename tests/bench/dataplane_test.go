@@ -1,0 +1,558 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/seine-net/seine/tests/sandbox"
+	"github.com/seine-net/seine/tests/sandbox/echo"
+)
+
+// The data-plane benchmark (issue: the data plane at the speed of its
+// datapath). Every path is measured the same way, between two network
+// namespaces, dpRepeats times (medians reported): TCP throughput with
+// iperf3 (one stream, and dpStreams streams, dpSeconds each) and
+// request/response latency with tcprr (tests/cmd/tcprr: 64-byte ping-pong
+// over one connection, half a round trip, p50 and p99).
+const (
+	// dpRepeats is how often each path is measured; the figures are the
+	// medians (the machine is shared and noisy).
+	dpRepeats = 3
+	dpSeconds = 4
+	dpStreams = 4
+	// dpRRSeconds is how long tcprr measures.
+	dpRRSeconds = 3
+	// dpPolicies is the number of NetworkPolicies of the "with policies"
+	// paths.
+	dpPolicies = 1000
+)
+
+// dpResult is one path's figures.
+type dpResult struct {
+	Gbps, GbpsMany float64 // one stream, dpStreams streams
+	P50, P99       float64 // µs, half a round trip
+	// Datapath counters of the Seine paths, from the server's Node during
+	// the one-stream run (dpif-netdev/pmd-stats-show, dpctl/dump-flows).
+	Megaflows       int
+	SubtablesPerHit float64
+}
+
+// BenchmarkDataplane measures, in one run: a veth pair; a bare OVS netdev
+// bridge (one NORMAL flow, AF_PACKET ports) in Seine's old configuration
+// (no userspace TSO, transmit checksum offload off on the veths) and in
+// its fastest (userspace TSO, offloads on); two bare bridges in two
+// namespaces joined by a kernel VXLAN device on each, with userspace TSO
+// (the fastest two-bridge topology); and Seine on a 2-Node sandbox: Pod to
+// Pod on one Node and across Nodes (Geneve, the default, then VXLAN), the
+// same through a Service's ClusterIP, and the same with 1,000
+// NetworkPolicies selecting the server Pod. Metrics per path: <path>-Gbps
+// (one stream), <path>-Gbps-P4, <path>-p50-us and <path>-p99-us, and the
+// ratios the issue's targets name.
+func BenchmarkDataplane(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("needs root")
+	}
+	rr := buildTCPRR(b)
+	res := map[string]dpResult{}
+	report := func(path string, r dpResult) {
+		res[path] = r
+		b.ReportMetric(r.Gbps, path+"-Gbps")
+		b.ReportMetric(r.GbpsMany, path+"-Gbps-P"+strconv.Itoa(dpStreams))
+		b.ReportMetric(r.P50, path+"-p50-us")
+		b.ReportMetric(r.P99, path+"-p99-us")
+		if r.Megaflows > 0 {
+			b.ReportMetric(float64(r.Megaflows), path+"-megaflows")
+			b.ReportMetric(r.SubtablesPerHit, path+"-subtables/hit")
+		}
+		b.Logf("%-22s %6.2f Gbit/s  %6.2f Gbit/s (%d streams)  p50 %6.1f µs  p99 %6.1f µs  megaflows %d  subtables/hit %.2f",
+			path, r.Gbps, r.GbpsMany, dpStreams, r.P50, r.P99, r.Megaflows, r.SubtablesPerHit)
+	}
+	for i := 0; i < b.N; i++ {
+		if os.Getenv("SEINE_BENCH_ONLY_BARE2") != "" {
+			report("bare2-vxlan", twoBridgesPath(b, rr))
+			continue
+		}
+		// The sandbox first: its control plane, kubelets and daemons run
+		// (mostly idle) during every measurement, the bare ones included,
+		// so all paths share the same background on this 2-core machine.
+		c := up(b, "bdp", 2)
+		nodes := c.Nodes()
+		// Bare topologies, each torn down before the next.
+		report("veth", vethPath(b, rr))
+		report("bare-old", bareBridgePath(b, rr, false))
+		report("bare-fast", bareBridgePath(b, rr, true))
+		report("bare2-vxlan", twoBridgesPath(b, rr))
+
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+		mk := func(name, node, role string) (netnsName, ip string) {
+			p, err := c.CreatePod(ctx, sandbox.PodSpec{Namespace: "perf", Name: name, Node: node,
+				Labels: map[string]string{"role": role}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			st, err := c.PodState("perf", name)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return st.NetNS, p.Status.PodIP
+		}
+		srvNS, srvIP := mk("server", nodes[0].Name, "server")
+		localNS, _ := mk("local", nodes[0].Name, "client")
+		remoteNS, _ := mk("remote", nodes[1].Name, "client")
+		vip := createPerfService(ctx, b, c)
+		srvNode := nodes[0]
+		seine := func(client, dst string) dpResult {
+			return measurePath(b, rr, srvNS, client, dst, &srvNode)
+		}
+		report("seine-same", seine(localNS, srvIP))
+		report("seine-cross-geneve", seine(remoteNS, srvIP))
+		report("seine-svc-same", seine(localNS, vip))
+
+		// VXLAN: the kernel device path.
+		for _, n := range nodes {
+			if err := c.StopSeine(n.Name); err != nil {
+				b.Fatal(err)
+			}
+			if err := c.StartSeine(ctx, n.Name, map[string]string{"tunnelType": "vxlan"}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		waitReachable(ctx, b, c, remoteNS, srvIP)
+		report("seine-cross-vxlan", seine(remoteNS, srvIP))
+		report("seine-svc-cross-vxlan", seine(remoteNS, vip))
+
+		createPerfPolicies(ctx, b, c, srvNode)
+		report("seine-same-1000np", seine(localNS, srvIP))
+		report("seine-cross-vxlan-1000np", seine(remoteNS, srvIP))
+		cancel()
+
+		fast := res["bare-fast"]
+		ratio := func(name string, v float64) { b.ReportMetric(v, name) }
+		ratio("same/bare-fast-Gbps", res["seine-same"].Gbps/fast.Gbps)
+		ratio("same/bare-fast-p50", res["seine-same"].P50/fast.P50)
+		ratio("cross-vxlan/bare2-Gbps", res["seine-cross-vxlan"].Gbps/res["bare2-vxlan"].Gbps)
+		ratio("cross-geneve/bare2-Gbps", res["seine-cross-geneve"].Gbps/res["bare2-vxlan"].Gbps)
+		ratio("1000np-same-Gbps-cost", 1-res["seine-same-1000np"].Gbps/res["seine-same"].Gbps)
+		ratio("1000np-cross-Gbps-cost", 1-res["seine-cross-vxlan-1000np"].Gbps/res["seine-cross-vxlan"].Gbps)
+		ratio("1000np-same-p50-cost", res["seine-same-1000np"].P50/res["seine-same"].P50-1)
+	}
+}
+
+// buildTCPRR builds tests/cmd/tcprr into a temporary directory.
+func buildTCPRR(b *testing.B) string {
+	b.Helper()
+	out := filepath.Join(b.TempDir(), "tcprr")
+	cmd := exec.Command("go", "build", "-o", out, "./tests/cmd/tcprr")
+	cmd.Dir = repoRoot()
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if o, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("building tcprr: %v\n%s", err, o)
+	}
+	return out
+}
+
+// sh runs a command and fails the benchmark on error.
+func sh(b *testing.B, argv ...string) string {
+	b.Helper()
+	out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()
+	if err != nil {
+		b.Fatalf("%s: %v\n%s", strings.Join(argv, " "), err, out)
+	}
+	return string(out)
+}
+
+// measurePath measures one path from clientNS to dst (a server in
+// serverNS). With node set, it also reads the datapath counters of that
+// Node's ovs-vswitchd over the one-stream run.
+func measurePath(b *testing.B, rr, serverNS, clientNS, dst string, node *sandbox.Node) dpResult {
+	b.Helper()
+	var r dpResult
+	var one, many, p50, p99 []float64
+	for i := 0; i < dpRepeats; i++ {
+		if node != nil && i == 0 {
+			appctl(b, *node, "dpif-netdev/pmd-stats-clear")
+		}
+		one = append(one, iperf3Run(b, serverNS, clientNS, dst, 1))
+		if node != nil && i == 0 {
+			r.SubtablesPerHit = subtablesPerHit(appctl(b, *node, "dpif-netdev/pmd-stats-show"))
+			r.Megaflows = strings.Count(appctl(b, *node, "dpctl/dump-flows"), "\n")
+		}
+		many = append(many, iperf3Run(b, serverNS, clientNS, dst, dpStreams))
+		a, z := tcprrRun(b, rr, serverNS, clientNS, dst)
+		p50, p99 = append(p50, a), append(p99, z)
+	}
+	r.Gbps, r.GbpsMany, r.P50, r.P99 = median(one), median(many), median(p50), median(p99)
+	return r
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+func appctl(b *testing.B, n sandbox.Node, args ...string) string {
+	b.Helper()
+	return sh(b, append([]string{"ovs-appctl", "-t", filepath.Join(n.OVSRunDir, "ovs-vswitchd.ctl")}, args...)...)
+}
+
+var subtablesRE = regexp.MustCompile(`avg\. subtable lookups per megaflow hit: ([0-9.]+)`)
+
+func subtablesPerHit(stats string) float64 {
+	m := subtablesRE.FindStringSubmatch(stats)
+	if m == nil {
+		return 0
+	}
+	v, _ := strconv.ParseFloat(m[1], 64)
+	return v
+}
+
+// iperf3Run runs iperf3 for dpSeconds with the given number of parallel
+// streams and returns the received throughput in Gbit/s.
+func iperf3Run(b *testing.B, serverNS, clientNS, dst string, streams int) float64 {
+	b.Helper()
+	srv := exec.Command("ip", "netns", "exec", serverNS, "iperf3", "-s", "-1", "-p", "5201")
+	if err := srv.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = srv.Process.Kill(); _ = srv.Wait() }()
+	var out []byte
+	var err error
+	for try := 0; try < 20; try++ {
+		time.Sleep(200 * time.Millisecond)
+		out, err = exec.Command("ip", "netns", "exec", clientNS, "iperf3", "-c", dst, "-p", "5201",
+			"-t", strconv.Itoa(dpSeconds), "-P", strconv.Itoa(streams), "-J").Output()
+		if err == nil {
+			break
+		}
+	}
+	if err != nil {
+		b.Fatalf("iperf3 %s -> %s: %v\n%s", clientNS, dst, err, out)
+	}
+	var r struct {
+		End struct {
+			SumReceived struct {
+				BitsPerSecond float64 `json:"bits_per_second"`
+			} `json:"sum_received"`
+		} `json:"end"`
+	}
+	if err := json.Unmarshal(out, &r); err != nil {
+		b.Fatal(err)
+	}
+	return r.End.SumReceived.BitsPerSecond / 1e9
+}
+
+// tcprrRun runs tcprr for dpRRSeconds and returns p50 and p99 in µs.
+func tcprrRun(b *testing.B, rr, serverNS, clientNS, dst string) (p50, p99 float64) {
+	b.Helper()
+	srv := exec.Command("ip", "netns", "exec", serverNS, rr, "-listen", "0.0.0.0:5301", "-once")
+	if err := srv.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = srv.Process.Kill(); _ = srv.Wait() }()
+	var out bytes.Buffer
+	var err error
+	for try := 0; try < 20; try++ {
+		time.Sleep(200 * time.Millisecond)
+		out.Reset()
+		cmd := exec.Command("ip", "netns", "exec", clientNS, rr, "-connect", dst+":5301",
+			"-duration", strconv.Itoa(dpRRSeconds)+"s")
+		cmd.Stdout = &out
+		if err = cmd.Run(); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		b.Fatalf("tcprr %s -> %s: %v", clientNS, dst, err)
+	}
+	var r struct {
+		P50 float64 `json:"p50us"`
+		P99 float64 `json:"p99us"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+		b.Fatalf("tcprr output %q: %v", out.String(), err)
+	}
+	return r.P50, r.P99
+}
+
+// vethPath is a veth pair between two namespaces.
+func vethPath(b *testing.B, rr string) dpResult {
+	b.Helper()
+	a, z := "seine-bdp-a", "seine-bdp-b"
+	netns(b, a)
+	netns(b, z)
+	for _, c := range [][]string{
+		{"ip", "-n", a, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", z},
+		{"ip", "-n", a, "addr", "add", "198.18.100.1/24", "dev", "eth0"},
+		{"ip", "-n", z, "addr", "add", "198.18.100.2/24", "dev", "eth0"},
+		{"ip", "-n", a, "link", "set", "eth0", "up"},
+		{"ip", "-n", z, "link", "set", "eth0", "up"},
+		{"ip", "-n", a, "link", "set", "lo", "up"},
+		{"ip", "-n", z, "link", "set", "lo", "up"},
+	} {
+		sh(b, c...)
+	}
+	r := measurePath(b, rr, z, a, "198.18.100.2", nil)
+	delNetns(a, z)
+	return r
+}
+
+func delNetns(names ...string) {
+	for _, n := range names {
+		_ = exec.Command("ip", "netns", "del", n).Run()
+	}
+}
+
+// bareOVS starts ovsdb-server and ovs-vswitchd (userspace datapath) in
+// netns with their files in a fresh directory, userspace TSO as given; the
+// daemons are stopped by stop (and by b.Cleanup).
+type bareOVS struct {
+	dir string
+}
+
+func startBareOVS(b *testing.B, netnsName string, tso bool) *bareOVS {
+	b.Helper()
+	dir, err := os.MkdirTemp("", "seine-bdp-ovs-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	o := &bareOVS{dir: dir}
+	b.Cleanup(o.stop)
+	db, sock := filepath.Join(dir, "conf.db"), filepath.Join(dir, "db.sock")
+	// Every runtime file, the bridges' OpenFlow sockets included, in dir.
+	env := append(os.Environ(), "OVS_RUNDIR="+dir, "OVS_DBDIR="+dir, "OVS_LOGDIR="+dir)
+	for _, argv := range [][]string{
+		{"ovsdb-tool", "create", db, "/usr/share/openvswitch/vswitch.ovsschema"},
+		{"ip", "netns", "exec", netnsName, "ovsdb-server", db, "--remote=punix:" + sock,
+			"--unixctl=" + filepath.Join(dir, "ovsdb-server.ctl"), "--pidfile=" + filepath.Join(dir, "ovsdb-server.pid"),
+			"--log-file=" + filepath.Join(dir, "ovsdb-server.log"), "--detach"},
+		{"ovs-vsctl", "--db=unix:" + sock, "--no-wait", "init", "--", "set", "Open_vSwitch", ".",
+			"other_config:userspace-tso-enable=" + strconv.FormatBool(tso)},
+		{"ip", "netns", "exec", netnsName, "ovs-vswitchd", "unix:" + sock,
+			"--unixctl=" + filepath.Join(dir, "ovs-vswitchd.ctl"), "--pidfile=" + filepath.Join(dir, "ovs-vswitchd.pid"),
+			"--log-file=" + filepath.Join(dir, "ovs-vswitchd.log"), "--disable-system", "--detach"},
+	} {
+		cmd := exec.Command(argv[0], argv[1:]...)
+		cmd.Env = env
+		if out, err := cmd.CombinedOutput(); err != nil {
+			b.Fatalf("%s: %v\n%s", strings.Join(argv, " "), err, out)
+		}
+	}
+	return o
+}
+
+func (o *bareOVS) vsctl(b *testing.B, args ...string) {
+	b.Helper()
+	sh(b, append([]string{"ovs-vsctl", "--db=unix:" + filepath.Join(o.dir, "db.sock"), "--timeout=10"}, args...)...)
+}
+
+func (o *bareOVS) ofctl(b *testing.B, args ...string) {
+	b.Helper()
+	sh(b, append([]string{"ovs-ofctl", "-O", "OpenFlow13"}, args...)...)
+}
+
+// mgmt returns the bridge's OpenFlow socket once ovs-vswitchd created it.
+func (o *bareOVS) mgmt(b *testing.B, bridge string) string {
+	b.Helper()
+	p := filepath.Join(o.dir, bridge+".mgmt")
+	for i := 0; i < 100; i++ {
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	b.Fatalf("%s did not appear; ovs-vswitchd.log:\n%s", p, tailFile(filepath.Join(o.dir, "ovs-vswitchd.log"), 20))
+	return ""
+}
+
+func (o *bareOVS) stop() {
+	for _, d := range []string{"ovs-vswitchd", "ovsdb-server"} {
+		if pid, err := os.ReadFile(filepath.Join(o.dir, d+".pid")); err == nil {
+			_ = exec.Command("kill", strings.TrimSpace(string(pid))).Run()
+		}
+	}
+	time.Sleep(300 * time.Millisecond)
+	_ = os.RemoveAll(o.dir)
+}
+
+// bareBridgePath is one netdev bridge with one NORMAL flow between two
+// namespaces. fast: userspace TSO and the veths' offloads left on; else
+// Seine's old configuration: no userspace TSO, transmit checksum offload
+// off on both ends of each veth (as podnet did).
+func bareBridgePath(b *testing.B, rr string, fast bool) dpResult {
+	b.Helper()
+	sw, c1, c2 := "seine-bdp-sw", "seine-bdp-c1", "seine-bdp-c2"
+	for _, n := range []string{sw, c1, c2} {
+		netns(b, n)
+		sh(b, "ip", "-n", n, "link", "set", "lo", "up")
+	}
+	o := startBareOVS(b, sw, fast)
+	o.vsctl(b, "add-br", "br0", "--", "set", "bridge", "br0", "datapath_type=netdev")
+	for i, c := range []string{c1, c2} {
+		p := fmt.Sprintf("p%d", i+1)
+		sh(b, "ip", "-n", sw, "link", "add", p, "type", "veth", "peer", "name", "eth0", "netns", c)
+		sh(b, "ip", "-n", c, "addr", "add", fmt.Sprintf("198.18.101.%d/24", i+1), "dev", "eth0")
+		if !fast {
+			sh(b, "ip", "netns", "exec", sw, "ethtool", "-K", p, "tx", "off")
+			sh(b, "ip", "netns", "exec", c, "ethtool", "-K", "eth0", "tx", "off")
+		}
+		sh(b, "ip", "-n", sw, "link", "set", p, "up")
+		sh(b, "ip", "-n", c, "link", "set", "eth0", "up")
+		o.vsctl(b, "add-port", "br0", p)
+	}
+	r := measurePath(b, rr, c2, c1, "198.18.101.2", nil)
+	o.stop()
+	delNetns(sw, c1, c2)
+	return r
+}
+
+// twoBridgesPath joins two netdev bridges (userspace TSO, in two "Node"
+// namespaces linked by a veth configured as the sandbox's underlay: no
+// transmit offloads, GRO on) with a kernel VXLAN device on each, attached as an ordinary
+// port; each bridge forwards between its "Pod" veth and the VXLAN device
+// with two flows, and the VXLAN device's forwarding entry names the other
+// Node.
+func twoBridgesPath(b *testing.B, rr string) dpResult {
+	b.Helper()
+	n := []string{"seine-bdp-n1", "seine-bdp-n2"}
+	p := []string{"seine-bdp-p1", "seine-bdp-p2"}
+	for _, x := range append(append([]string{}, n...), p...) {
+		netns(b, x)
+		sh(b, "ip", "-n", x, "link", "set", "lo", "up")
+	}
+	sh(b, "ip", "-n", n[0], "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", n[1])
+	remoteMAC := func(i int) string { return fmt.Sprintf("0e:5f:c6:12:66:%02x", i+1) }
+	for i := range n {
+		sh(b, "ip", "netns", "exec", n[i], "ethtool", "-K", "eth0", "tx", "off", "tso", "off", "gso", "off", "gro", "on")
+		sh(b, "ip", "-n", n[i], "addr", "add", fmt.Sprintf("198.18.102.%d/24", i+1), "dev", "eth0")
+		sh(b, "ip", "-n", n[i], "link", "set", "eth0", "up")
+	}
+	for i := range n {
+		peer := 1 - i
+		o := startBareOVS(b, n[i], true)
+		o.vsctl(b, "add-br", "br0", "--", "set", "bridge", "br0", "datapath_type=netdev", "fail_mode=secure")
+		sh(b, "ip", "-n", n[i], "link", "add", "vp", "type", "veth", "peer", "name", "eth0", "netns", p[i])
+		sh(b, "ip", "-n", p[i], "addr", "add", fmt.Sprintf("198.18.103.%d/24", i+1), "dev", "eth0")
+		sh(b, "ip", "-n", p[i], "link", "set", "eth0", "up", "mtu", "1450")
+		sh(b, "ip", "-n", p[i], "neigh", "replace", fmt.Sprintf("198.18.103.%d", peer+1), "lladdr", remoteMAC(peer), "dev", "eth0")
+		sh(b, "ip", "-n", n[i], "link", "set", "vp", "up")
+		sh(b, "ip", "-n", n[i], "link", "add", "vx0", "type", "vxlan", "id", "0", "dstport", "4789",
+			"local", fmt.Sprintf("198.18.102.%d", i+1), "nolearning")
+		sh(b, "ip", "-n", n[i], "link", "set", "vx0", "up", "mtu", "1450")
+		sh(b, "ip", "netns", "exec", n[i], "bridge", "fdb", "append", remoteMAC(peer), "dev", "vx0",
+			"dst", fmt.Sprintf("198.18.102.%d", peer+1))
+		o.vsctl(b, "add-port", "br0", "vx0", "--", "set", "interface", "vx0", "ofport_request=1")
+		o.vsctl(b, "add-port", "br0", "vp", "--", "set", "interface", "vp", "ofport_request=2")
+		podMAC := strings.TrimSpace(sh(b, "ip", "netns", "exec", p[i], "cat", "/sys/class/net/eth0/address"))
+		o.ofctl(b, "add-flow", o.mgmt(b, "br0"), "in_port=2,actions=output:1")
+		o.ofctl(b, "add-flow", o.mgmt(b, "br0"), "in_port=1,actions=mod_dl_dst:"+podMAC+",output:2")
+	}
+	r := measurePath(b, rr, p[1], p[0], "198.18.103.2", nil)
+	delNetns(append(n, p...)...)
+	return r
+}
+
+// createPerfService creates Service perf/server (ports 5201 and 5301 to
+// the server Pod) and returns its ClusterIP once Seine forwards to it.
+func createPerfService(ctx context.Context, b *testing.B, c *sandbox.Cluster) string {
+	b.Helper()
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "server"}, Spec: corev1.ServiceSpec{
+		Selector: map[string]string{"role": "server"},
+		Ports: []corev1.ServicePort{
+			{Name: "iperf", Port: 5201, TargetPort: intstr.FromInt32(5201), Protocol: corev1.ProtocolTCP},
+			{Name: "rr", Port: 5301, TargetPort: intstr.FromInt32(5301), Protocol: corev1.ProtocolTCP},
+		}}}
+	s, err := c.Client().CoreV1().Services("perf").Create(ctx, svc, metav1.CreateOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return s.Spec.ClusterIP
+}
+
+// waitReachable waits until a TCP connection from clientNS to dst's
+// iperf3 port is answered (refused counts: the path works).
+func waitReachable(ctx context.Context, b *testing.B, c *sandbox.Cluster, clientNS, dst string) {
+	b.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		r := c.ProbeFrom(ctx, clientNS, dst, 5201, corev1.ProtocolTCP, 500*time.Millisecond)
+		if r.Outcome == echo.Connected || r.Outcome == echo.Refused {
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	b.Fatalf("%s not reachable from %s", dst, clientNS)
+}
+
+// createPerfPolicies creates dpPolicies NetworkPolicies in namespace perf
+// selecting the server Pod: dpPolicies-1 allow ingress from one ipBlock
+// address on one port each (addresses no Pod has), one allows the client
+// Pods on the measured ports. It returns once the server's Node has
+// installed them (its flow count stopped growing).
+func createPerfPolicies(ctx context.Context, b *testing.B, c *sandbox.Cluster, node sandbox.Node) {
+	b.Helper()
+	nps := c.Client().NetworkingV1().NetworkPolicies("perf")
+	server := metav1.LabelSelector{MatchLabels: map[string]string{"role": "server"}}
+	tcp := corev1.ProtocolTCP
+	port := func(p int) networkingv1.NetworkPolicyPort {
+		v := intstr.FromInt32(int32(p))
+		return networkingv1.NetworkPolicyPort{Protocol: &tcp, Port: &v}
+	}
+	for i := 0; i < dpPolicies-1; i++ {
+		np := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("np-%04d", i)},
+			Spec: networkingv1.NetworkPolicySpec{PodSelector: server,
+				Ingress: []networkingv1.NetworkPolicyIngressRule{{
+					From: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{
+						CIDR: fmt.Sprintf("10.244.%d.%d/32", 200+i/256, i%256)}}},
+					Ports: []networkingv1.NetworkPolicyPort{port(6000 + i%500)},
+				}}}}
+		if err := retryAPI(ctx, func() error { _, err := nps.Create(ctx, np, metav1.CreateOptions{}); return err }); err != nil {
+			b.Fatal(err)
+		}
+	}
+	allow := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "allow-clients"},
+		Spec: networkingv1.NetworkPolicySpec{PodSelector: server,
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{
+				From: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{
+					MatchLabels: map[string]string{"role": "client"}}}},
+				Ports: []networkingv1.NetworkPolicyPort{port(5201), port(5301)},
+			}}}}
+	if _, err := nps.Create(ctx, allow, metav1.CreateOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	sof := newSeineOF(node)
+	last, stable := -1, 0
+	for stable < 5 {
+		time.Sleep(time.Second)
+		n, err := sof.count("")
+		if err != nil {
+			b.Fatal(err)
+		}
+		if n == last {
+			stable++
+		} else {
+			stable = 0
+		}
+		last = n
+		if ctx.Err() != nil {
+			b.Fatal(ctx.Err())
+		}
+	}
+	b.Logf("%d NetworkPolicies installed: %d flows on %s", dpPolicies, last, node.Name)
+}
