@@ -27,7 +27,14 @@ import (
 //	noEncap      no           no                 yes         yes   opt.  direct or underlay
 //	policy only  no           no                 no          no    no    none (the primary's)
 //
-// ¹ with the netdev datapath only (tunnel.AttachNetdev).
+// ¹ with the netdev datapath only (tunnel.AttachNetdev), and only for
+// OVS's userspace tunnel port: a kernel VXLAN device (tunnel.Choose) leaves
+// the transport interface to the kernel.
+//
+// With the netdev datapath and userspace TSO, every mode also has the
+// segmentation pair (tunnelEgress): the tunnelling modes send tunnel-bound
+// packets through it (OVS's userspace tunnel port), and all modes send
+// NATed packets that leave the Node through it.
 
 // setupTransport finds the transport interface and, with the netdev
 // datapath, hands it to the transport bridge when the mode tunnels through
