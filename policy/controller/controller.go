@@ -4,7 +4,8 @@
 // controlplane.seine.io objects with package compute, and writes to the API
 // server only the differences between what it computes and what is stored.
 //
-// Write order: a created or updated object is written after a short
+// Write order: a change that finds the controller idle is written at once;
+// while it is busy, a created or updated object is written after a short
 // coalescing delay (Config.WriteDelay, so a burst of Pod changes becomes one
 // write per object); an object that is no longer desired is deleted only
 // after Config.DeleteDelay more, so a policy's new AddressGroups and
@@ -64,8 +65,9 @@ type Config struct {
 	SliceSize int
 	// Registry, when set, receives the controller's metrics.
 	Registry *prometheus.Registry
-	// WriteDelay coalesces changes of one object into one write; default
-	// 30 ms.
+	// WriteDelay coalesces changes of one object into one write while the
+	// controller is busy (a change that finds it idle is written at once);
+	// default 30 ms.
 	WriteDelay time.Duration
 	// DeleteDelay is how much longer than WriteDelay a deletion waits;
 	// default 200 ms.

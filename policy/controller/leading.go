@@ -84,7 +84,10 @@ func (l *leading) enqueue(k compute.Key, delay time.Duration) {
 	}
 }
 
-// apply runs one model update and schedules the objects it dirtied.
+// apply runs one model update and schedules the objects it dirtied: at once
+// when the controller was idle (a lone change is written without waiting),
+// else after WriteDelay, so that the changes of a burst coalesce into one
+// write per object (the queue holds a key once).
 func (l *leading) apply(fn func(m *compute.Model)) {
 	l.mu.Lock()
 	start := time.Now()
@@ -95,8 +98,15 @@ func (l *leading) apply(fn func(m *compute.Model)) {
 	}
 	l.c.metrics.compute.Observe(time.Since(start).Seconds())
 	l.mu.Unlock()
+	if len(keys) == 0 {
+		return
+	}
+	delay := l.c.cfg.WriteDelay
+	if l.idle() {
+		delay = 0
+	}
 	for _, k := range keys {
-		l.enqueue(k, l.c.cfg.WriteDelay)
+		l.enqueue(k, delay)
 	}
 }
 
