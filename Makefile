@@ -72,14 +72,17 @@ $(K8S_BIN)/.built-$(K8S_VERSION): tests/tools/go.mod tests/tools/go.sum tests/to
 ## $(RUNC_VERSION), and the images Pods and the e2e suite run (pause 3.10.2 from
 ## the kubelet's pause.c, agnhost 2.63.0, CoreDNS 1.15.0 for cluster DNS, and the e2e suite's
 ## busybox, glibc-dns-testing and nginx from Debian's packages), as archives `ctr images import` reads.
-node-tools: $(NODE_BIN)/.built
+node-tools: $(NODE_BIN)/.built-v2
 
 K8S_SRC = $(shell cd tests/tools && $(GO) list -m -f '{{.Dir}}' k8s.io/kubernetes)
 # busybox (Debian's) at /bin/busybox with a link per applet but those named in
 # $(1): a shell and the usual tools. Its shell runs its own applets before PATH, so images
 # that carry real tools (nc, nslookup) get dash as /bin/sh instead.
-BUSYBOX_APPLETS := $(shell /bin/busybox --list 2>/dev/null)
+# Expanded when a recipe runs, after `deps` installed busybox: on a fresh machine it is
+# not there yet when make reads this file (images built then had no applet but busybox).
+BUSYBOX_APPLETS = $(shell /bin/busybox --list 2>/dev/null)
 busybox = --file /bin/busybox:/bin/busybox $(foreach a,$(filter-out busybox $(1),$(BUSYBOX_APPLETS)),--link busybox:/bin/$(a))
+check-busybox = @test -n "$(BUSYBOX_APPLETS)" || { echo "/bin/busybox --list names no applets: is busybox installed?"; exit 1; }
 # What the e2e suite's test images run in their shells.
 # (busybox is linked statically with glibc, whose name service then crashes without glibc's
 # own libraries: its wget and others that resolve names give way to Debian's.)
@@ -88,9 +91,12 @@ E2E_SHELL = $(call busybox,sh ash nc nslookup wget) --file /bin/dash:/bin/sh --f
   --file /usr/bin/dig:/usr/bin/dig --file /usr/bin/nslookup:/usr/bin/nslookup --file /usr/bin/host:/usr/bin/host \
   --file /usr/bin/getent:/usr/bin/getent
 
-$(NODE_BIN)/.built: tests/tools/go.mod tests/tools/go.sum tests/tools/tools.go tests/tools/containerd/go.mod \
+# The stamp's -v2: node tools built before busybox's applets were read at recipe time
+# may hold images without them; a new stamp rebuilds those once.
+$(NODE_BIN)/.built-v2: tests/tools/go.mod tests/tools/go.sum tests/tools/tools.go tests/tools/containerd/go.mod \
 		tests/tools/containerd/go.sum tests/tools/coredns/go.mod tests/tools/coredns/main.go tests/tools/images/nginx.conf \
 		deploy/image/main.go | deps
+	$(check-busybox)
 	@mkdir -p $(NODE_BIN)/images
 	cd tests/tools && CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(K8S_LDFLAGS)' -o $(NODE_BIN)/ \
 	  k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kubectl k8s.io/kubernetes/test/images/agnhost
@@ -145,6 +151,7 @@ conformance: deps control-plane node-tools e2e-tools build image
 OVS_TOOLS := /usr/sbin/ovsdb-server /usr/sbin/ovs-vswitchd /usr/bin/ovs-vsctl /usr/bin/ovs-ofctl /usr/bin/ovs-appctl \
              /usr/bin/ovs-dpctl /usr/bin/ovsdb-tool /usr/bin/ovsdb-client
 image: build deps
+	$(check-busybox)
 	@echo "building $(IMAGE) into $(IMAGE_ARCHIVE)"
 	@cd deploy/image && $(GO) run . --tag $(IMAGE) --out $(IMAGE_ARCHIVE) \
 	  --file $(BIN)/seine:/usr/local/bin/seine --link seine:/usr/local/bin/seine-cni --link seine:/usr/local/bin/seinectl \
