@@ -56,7 +56,8 @@ type dpResult struct {
 // BenchmarkDataplane measures, in one run: a veth pair; a bare OVS netdev
 // bridge (one NORMAL flow, AF_PACKET ports) in Seine's old configuration
 // (no userspace TSO, transmit checksum offload off on the veths) and in
-// its fastest (userspace TSO, offloads on); two bare bridges in two
+// its fastest (userspace TSO, offloads on), and the fastest again with as
+// many ports as Seine's server Node polls; two bare bridges in two
 // namespaces joined by a kernel VXLAN device on each, with userspace TSO
 // (the fastest two-bridge topology); and Seine on a 2-Node sandbox: Pod to
 // Pod on one Node and across Nodes (Geneve, the default, then VXLAN), the
@@ -93,12 +94,6 @@ func BenchmarkDataplane(b *testing.B) {
 		// so all paths share the same background on this 2-core machine.
 		c := up(b, "bdp", 2)
 		nodes := c.Nodes()
-		// Bare topologies, each torn down before the next.
-		report("veth", vethPath(b, rr))
-		report("bare-old", bareBridgePath(b, rr, false))
-		report("bare-fast", bareBridgePath(b, rr, true))
-		report("bare2-vxlan", twoBridgesPath(b, rr))
-
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 		mk := func(name, node, role string) (netnsName, ip string) {
 			p, err := c.CreatePod(ctx, sandbox.PodSpec{Namespace: "perf", Name: name, Node: node,
@@ -117,6 +112,20 @@ func BenchmarkDataplane(b *testing.B) {
 		remoteNS, _ := mk("remote", nodes[1].Name, "client")
 		vip := createPerfService(ctx, b, c)
 		srvNode := nodes[0]
+		// Bare topologies, each torn down before the next. The main thread
+		// of a userspace ovs-vswitchd reads every AF_PACKET and tap port of
+		// every bridge in each iteration of its loop (OVS 3.1 dpif-netdev,
+		// non-PMD ports), so the number of ports alone costs throughput:
+		// bare-fast-ports has as many as the server's Node, idle but one
+		// pair.
+		report("veth", vethPath(b, rr))
+		report("bare-old", bareBridgePath(b, rr, bareBridge{}))
+		report("bare-fast", bareBridgePath(b, rr, bareBridge{Fast: true}))
+		polled := polledPorts(b, srvNode)
+		b.ReportMetric(float64(polled), "seine-node-polled-ports")
+		report("bare-fast-ports", bareBridgePath(b, rr, bareBridge{Fast: true, IdlePorts: polled - 2}))
+		report("bare2-vxlan", twoBridgesPath(b, rr))
+
 		seine := func(client, dst string) dpResult {
 			return measurePath(b, rr, srvNS, client, dst, &srvNode)
 		}
@@ -145,6 +154,7 @@ func BenchmarkDataplane(b *testing.B) {
 		fast := res["bare-fast"]
 		ratio := func(name string, v float64) { b.ReportMetric(v, name) }
 		ratio("same/bare-fast-Gbps", res["seine-same"].Gbps/fast.Gbps)
+		ratio("same/bare-fast-ports-Gbps", res["seine-same"].Gbps/res["bare-fast-ports"].Gbps)
 		ratio("same/bare-fast-p50", res["seine-same"].P50/fast.P50)
 		ratio("cross-vxlan/bare2-Gbps", res["seine-cross-vxlan"].Gbps/res["bare2-vxlan"].Gbps)
 		ratio("cross-geneve/bare2-Gbps", res["seine-cross-geneve"].Gbps/res["bare2-vxlan"].Gbps)
@@ -391,35 +401,168 @@ func (o *bareOVS) stop() {
 	_ = os.RemoveAll(o.dir)
 }
 
-// bareBridgePath is one netdev bridge with one NORMAL flow between two
-// namespaces. fast: userspace TSO and the veths' offloads left on; else
-// Seine's old configuration: no userspace TSO, transmit checksum offload
-// off on both ends of each veth (as podnet did).
-func bareBridgePath(b *testing.B, rr string, fast bool) dpResult {
+// polledPorts counts the interfaces that the Node's ovs-vswitchd reads in
+// its main loop: every interface of every bridge but OVS's own tunnel
+// ports (virtual, fed by the other ports) and patch ports.
+func polledPorts(b *testing.B, n sandbox.Node) int {
+	b.Helper()
+	out := sh(b, "ovs-vsctl", "--db=unix:"+filepath.Join(n.OVSRunDir, "db.sock"), "--timeout=10",
+		"--format=csv", "--no-headings", "--columns=type", "list", "Interface")
+	count := 0
+	for _, typ := range strings.Fields(out) {
+		switch strings.Trim(typ, `"`) {
+		case "geneve", "vxlan", "gre", "stt", "patch":
+		default:
+			count++
+		}
+	}
+	return count
+}
+
+// bareBridge configures bareBridgePath.
+type bareBridge struct {
+	// Fast: userspace TSO and the veths' offloads left on; else Seine's
+	// old configuration: no userspace TSO, transmit checksum offload off on
+	// both ends of each veth (as podnet did).
+	Fast bool
+	// IdlePorts more ports (veth ends whose peers are up but silent) join
+	// the bridge.
+	IdlePorts int
+	// MTU of the two veth pairs; 0 keeps the kernel's 1500.
+	MTU int
+	// Flows replace the bridge's NORMAL flow (ovs-ofctl add-flow syntax,
+	// OpenFlow 1.5). The two measured ports are ofports 1 and 2; their
+	// namespaces' addresses are 198.18.101.1 and .2 with MACs
+	// 0e:00:00:00:00:01 and :02.
+	Flows []string
+}
+
+// bareBridgePath is one netdev bridge between two namespaces, with one
+// NORMAL flow unless cfg says otherwise.
+func bareBridgePath(b *testing.B, rr string, cfg bareBridge) dpResult {
 	b.Helper()
 	sw, c1, c2 := "seine-bdp-sw", "seine-bdp-c1", "seine-bdp-c2"
 	for _, n := range []string{sw, c1, c2} {
 		netns(b, n)
 		sh(b, "ip", "-n", n, "link", "set", "lo", "up")
 	}
-	o := startBareOVS(b, sw, fast)
-	o.vsctl(b, "add-br", "br0", "--", "set", "bridge", "br0", "datapath_type=netdev")
+	o := startBareOVS(b, sw, cfg.Fast)
+	o.vsctl(b, "add-br", "br0", "--", "set", "bridge", "br0", "datapath_type=netdev",
+		"protocols=OpenFlow10,OpenFlow13,OpenFlow15")
 	for i, c := range []string{c1, c2} {
 		p := fmt.Sprintf("p%d", i+1)
 		sh(b, "ip", "-n", sw, "link", "add", p, "type", "veth", "peer", "name", "eth0", "netns", c)
 		sh(b, "ip", "-n", c, "addr", "add", fmt.Sprintf("198.18.101.%d/24", i+1), "dev", "eth0")
-		if !fast {
+		sh(b, "ip", "-n", c, "link", "set", "eth0", "address", fmt.Sprintf("0e:00:00:00:00:%02x", i+1))
+		sh(b, "ip", "-n", c, "neigh", "replace", fmt.Sprintf("198.18.101.%d", 2-i), "lladdr",
+			fmt.Sprintf("0e:00:00:00:00:%02x", 2-i), "dev", "eth0")
+		if !cfg.Fast {
 			sh(b, "ip", "netns", "exec", sw, "ethtool", "-K", p, "tx", "off")
 			sh(b, "ip", "netns", "exec", c, "ethtool", "-K", "eth0", "tx", "off")
 		}
+		if cfg.MTU != 0 {
+			sh(b, "ip", "-n", sw, "link", "set", p, "mtu", strconv.Itoa(cfg.MTU))
+			sh(b, "ip", "-n", c, "link", "set", "eth0", "mtu", strconv.Itoa(cfg.MTU))
+		}
 		sh(b, "ip", "-n", sw, "link", "set", p, "up")
 		sh(b, "ip", "-n", c, "link", "set", "eth0", "up")
+		o.vsctl(b, "add-port", "br0", p, "--", "set", "interface", p, fmt.Sprintf("ofport_request=%d", i+1))
+	}
+	for i := range cfg.IdlePorts {
+		p := fmt.Sprintf("idle%d", i)
+		sh(b, "ip", "-n", sw, "link", "add", p, "type", "veth", "peer", "name", p+"-peer")
+		sh(b, "ip", "-n", sw, "link", "set", p, "up")
+		sh(b, "ip", "-n", sw, "link", "set", p+"-peer", "up")
 		o.vsctl(b, "add-port", "br0", p)
+	}
+	if cfg.Flows != nil {
+		mgmt := o.mgmt(b, "br0")
+		sh(b, "ovs-ofctl", "-O", "OpenFlow15", "del-flows", mgmt)
+		for _, f := range cfg.Flows {
+			sh(b, "ovs-ofctl", "-O", "OpenFlow15", "add-flow", mgmt, f)
+		}
 	}
 	r := measurePath(b, rr, c2, c1, "198.18.101.2", nil)
 	o.stop()
 	delNetns(sw, c1, c2)
 	return r
+}
+
+// seineLikeFlows walks a packet between ports 1 and 2 through a pipeline
+// of Seine's shape (tables as in pipeline.Tables): classification, spoof
+// guard, the NAT checksum detour's header save, conntrack with NAT and a
+// recirculation, a dozen tables passed by their miss flows, L3 and L2
+// forwarding into registers, commit of new connections, output:reg1.
+func seineLikeFlows() []string {
+	fs := []string{"table=0,priority=0,arp,actions=NORMAL"}
+	for i := 1; i <= 2; i++ {
+		fs = append(fs,
+			fmt.Sprintf("table=0,priority=190,in_port=%d,actions=load:3->NXM_NX_REG0[0..3],goto_table:10", i),
+			fmt.Sprintf("table=10,priority=200,ip,in_port=%d,dl_src=0e:00:00:00:00:%02x,nw_src=198.18.101.%d,actions=goto_table:25", i, i, i),
+			fmt.Sprintf("table=70,priority=200,ip,nw_dst=198.18.101.%d,actions=mod_dl_src:0e:00:00:00:00:ff,mod_dl_dst:0e:00:00:00:00:%02x,goto_table:80", i, i),
+			fmt.Sprintf("table=80,priority=200,dl_dst=0e:00:00:00:00:%02x,actions=load:%d->NXM_NX_REG1[],load:1->NXM_NX_REG0[16],goto_table:90", i, i))
+	}
+	return append(fs,
+		"table=25,priority=200,tcp,nw_frag=no,actions=move:NXM_OF_IP_SRC[]->NXM_NX_REG7[],move:NXM_OF_IP_DST[]->NXM_NX_REG8[],"+
+			"move:NXM_OF_TCP_SRC[]->NXM_NX_REG9[16..31],move:NXM_OF_TCP_DST[]->NXM_NX_REG9[0..15],"+
+			"move:NXM_OF_ETH_SRC[0..31]->NXM_NX_REG10[],move:NXM_OF_ETH_SRC[32..47]->NXM_NX_REG11[0..15],"+
+			"move:NXM_NX_IP_TTL[]->NXM_NX_REG11[16..23],goto_table:30",
+		"table=25,priority=0,actions=goto_table:30",
+		"table=30,priority=200,ip,actions=ct(zone=65520,nat,table=31)",
+		"table=31,priority=200,ct_state=+inv+trk,ip,actions=drop",
+		"table=31,priority=0,actions=goto_table:40",
+		"table=40,priority=0,actions=goto_table:41",
+		"table=41,priority=0,actions=goto_table:42",
+		"table=42,priority=0,actions=goto_table:50",
+		"table=50,priority=0,actions=goto_table:60",
+		"table=60,priority=0,actions=goto_table:70",
+		"table=90,priority=0,actions=goto_table:100",
+		"table=100,priority=0,actions=goto_table:110",
+		"table=110,priority=200,ct_state=+new+trk,ip,actions=ct(commit,zone=65520),goto_table:120",
+		"table=110,priority=0,actions=goto_table:120",
+		"table=120,priority=200,reg0=0x10000/0x10000,actions=output:NXM_NX_REG1[]")
+}
+
+// BenchmarkBridgeCost prices, one at a time, what sets a Seine Node's
+// userspace bridge apart from the fastest bare bridge (one NORMAL flow,
+// userspace TSO, two ports): a pipeline of Seine's shape, the Pods' MTU
+// under a tunnel (1450), and idle ports, which the main thread of
+// ovs-vswitchd reads in every iteration of its loop (OVS 3.1's dpif-netdev
+// polls non-PMD ports, AF_PACKET and tap, in turn). All in one run, after
+// the bare bridge as baseline. Metrics per variant V: V-Gbps (one
+// stream), V-Gbps-P4, V-p50-us, V-p99-us, and V/bare-Gbps.
+func BenchmarkBridgeCost(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("needs root")
+	}
+	rr := buildTCPRR(b)
+	variants := []struct {
+		name string
+		cfg  bareBridge
+	}{
+		{"bare", bareBridge{Fast: true}},
+		{"pipeline", bareBridge{Fast: true, Flows: seineLikeFlows()}},
+		{"mtu1450", bareBridge{Fast: true, MTU: 1450}},
+		{"idle8", bareBridge{Fast: true, IdlePorts: 8}},
+		{"idle32", bareBridge{Fast: true, IdlePorts: 32}},
+		{"pipeline-mtu1450-idle8", bareBridge{Fast: true, Flows: seineLikeFlows(), MTU: 1450, IdlePorts: 8}},
+	}
+	for range b.N {
+		var base float64
+		for _, v := range variants {
+			r := bareBridgePath(b, rr, v.cfg)
+			if v.name == "bare" {
+				base = r.Gbps
+			}
+			b.ReportMetric(r.Gbps, v.name+"-Gbps")
+			b.ReportMetric(r.GbpsMany, v.name+"-Gbps-P"+strconv.Itoa(dpStreams))
+			b.ReportMetric(r.P50, v.name+"-p50-us")
+			b.ReportMetric(r.P99, v.name+"-p99-us")
+			b.ReportMetric(r.Gbps/base, v.name+"/bare-Gbps")
+			b.Logf("%-24s %6.2f Gbit/s  %6.2f Gbit/s (%d streams)  p50 %6.1f µs  p99 %6.1f µs  %.2f of bare",
+				v.name, r.Gbps, r.GbpsMany, dpStreams, r.P50, r.P99, r.Gbps/base)
+		}
+	}
 }
 
 // twoBridgesPath joins two netdev bridges (userspace TSO, in two "Node"
