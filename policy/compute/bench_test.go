@@ -224,20 +224,24 @@ func BenchmarkIncrementalCompute(b *testing.B) {
 		kind  string
 		apply func(i int)
 	}{
+		// Each change is a new object, as an informer delivers it: the
+		// model may keep what it was given.
 		{"pod", func(i int) {
-			pod.Labels = labels[i%2]
-			m.UpsertPod(pod)
+			p := pod.DeepCopy()
+			p.Labels = labels[i%2]
+			m.UpsertPod(p)
 		}},
 		{"namespace", func(i int) {
-			ns.Labels = map[string]string{"kubernetes.io/metadata.name": ns.Name}
+			n := ns.DeepCopy()
 			if i%2 == 0 {
-				ns.Labels["team"] = "blue"
+				n.Labels["team"] = "blue"
 			}
-			m.UpsertNamespace(ns)
+			m.UpsertNamespace(n)
 		}},
 		{"policy", func(i int) {
-			np.Spec.Ingress[0].From[0].PodSelector = &metav1.LabelSelector{MatchLabels: labels[(i+1)%2]}
-			m.UpsertNetworkPolicy(np)
+			p := np.DeepCopy()
+			p.Spec.Ingress[0].From[0].PodSelector = &metav1.LabelSelector{MatchLabels: labels[(i+1)%2]}
+			m.UpsertNetworkPolicy(p)
 		}},
 	}
 	for b.Loop() {
