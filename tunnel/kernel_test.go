@@ -11,6 +11,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"go.uber.org/zap/zaptest"
+	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
 
 	"github.com/seine-net/seine/datapath/ovsdb"
@@ -145,12 +146,14 @@ func TestKernelVXLAN(t *testing.T) {
 	})
 }
 
-// TestSegmentPair checks the segmentation veth pair: the sending end has
-// no transmit checksum or segmentation offload, the receiving end keeps
-// its defaults, both are up with the MTU given, and Ensure is idempotent.
+// TestSegmentPair checks the segmentation veth pair: the port has no
+// transmit checksum or segmentation offload, the hairpin end keeps its
+// defaults, both are up with the MTU given, a frame sent out of the port
+// comes back in on it (the hairpin), and Ensure is idempotent (one
+// hairpin filter after two).
 func TestSegmentPair(t *testing.T) {
 	netnstest.Run(t, func() {
-		s := SegmentPair{Out: "ts0", In: "ts1"}
+		s := SegmentPair{Port: "ts0", Hairpin: "ts1"}
 		for i := 0; i < 2; i++ {
 			if err := s.Ensure(1450); err != nil {
 				t.Fatal(err)
@@ -178,6 +181,17 @@ func TestSegmentPair(t *testing.T) {
 		if f := feats("ts1"); !strings.Contains(f, "tx-checksumming: on") {
 			t.Fatalf("ts1 lost its offloads:\n%s", f)
 		}
+		hairpin, err := netlink.LinkByName("ts1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		filters, err := netlink.FilterList(hairpin, netlink.HANDLE_MIN_INGRESS)
+		if err != nil || len(filters) != 1 {
+			t.Fatalf("ts1's ingress filters after two Ensure: %d (%v), want 1", len(filters), err)
+		}
+		if got := hairpinEcho(t, "ts0"); !got {
+			t.Fatal("a frame sent out of ts0 did not come back in on it")
+		}
 		if err := s.Remove(); err != nil {
 			t.Fatal(err)
 		}
@@ -188,6 +202,51 @@ func TestSegmentPair(t *testing.T) {
 			t.Fatalf("second Remove: %v", err)
 		}
 	})
+}
+
+// hairpinEcho sends one Ethernet frame (the local experimental EtherType
+// 0x88b5) out of dev through an AF_PACKET socket and reports whether the
+// socket then receives it as incoming on dev (as OVS's socket would).
+func hairpinEcho(t *testing.T, dev string) bool {
+	t.Helper()
+	l, err := netlink.LinkByName(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ethType = 0x88b5
+	proto := int(ethType>>8 | (ethType&0xff)<<8) // network byte order
+	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, proto)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	addr := &unix.SockaddrLinklayer{Protocol: uint16(proto), Ifindex: l.Attrs().Index}
+	if err := unix.Bind(fd, addr); err != nil {
+		t.Fatal(err)
+	}
+	tv := unix.NsecToTimeval(int64(2 * time.Second))
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		t.Fatal(err)
+	}
+	frame := make([]byte, 64)
+	copy(frame, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}) // broadcast
+	copy(frame[6:], l.Attrs().HardwareAddr)
+	frame[12], frame[13] = ethType>>8, ethType&0xff
+	copy(frame[14:], "seine hairpin")
+	if err := unix.Sendto(fd, frame, 0, addr); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 2048)
+	for {
+		n, from, err := unix.Recvfrom(fd, buf, 0)
+		if err != nil {
+			return false // timeout
+		}
+		ll, ok := from.(*unix.SockaddrLinklayer)
+		if ok && ll.Pkttype != unix.PACKET_OUTGOING && n >= 27 && string(buf[14:27]) == "seine hairpin" {
+			return true
+		}
+	}
 }
 
 // TestDetachNetdevForKernelTunnel attaches a transport interface to a

@@ -24,7 +24,7 @@ import (
 // with its original partial checksum), writes its in_port into the low 16
 // bits of eth_dst (NATDetourMAC), and sends it through the segmentation
 // veth pair, whose sending end lets the kernel complete the checksum (and
-// segment). The packet comes back on SegmentIn; the Classifier puts back
+// segment). The packet comes back on that port; the Classifier puts back
 // its in_port, sets NATChecksumDone and runs it through the whole pipeline
 // again, where conntrack NATs it with a complete checksum, which OVS
 // updates correctly.
@@ -36,8 +36,8 @@ var natDetourMAC = net.HardwareAddr{0x0e, 0x5f, 0xff, 0xff, 0x00, 0x00}
 var natDetourMask = net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0x00, 0x00}
 
 // NATChecksumDetour reports whether the bridge sends NATed packets through
-// the segmentation port before they leave (a segmentation pair exists).
-func (b Bridge) NATChecksumDetour() bool { return b.SegmentOut != 0 && b.SegmentIn != 0 }
+// the segmentation port before they leave (the bridge has one).
+func (b Bridge) NATChecksumDetour() bool { return b.SegmentPort != 0 }
 
 // regMove copies a register field into bits [ofs, ofs+width) of a header
 // field, or the reverse (toReg).
@@ -94,7 +94,7 @@ func natDetourFlows(b Bridge) []of.Flow {
 		leaving = append(leaving, b.TunnelPort)
 	}
 	if b.Tunnel == TunnelSegmented {
-		leaving = append(leaving, b.SegmentOut)
+		leaving = append(leaving, b.SegmentPort)
 	}
 	for _, proto := range []uint8{6, 17} {
 		var save, restore []of.Action
@@ -107,7 +107,7 @@ func natDetourFlows(b Bridge) []of.Flow {
 		restore = append(restore,
 			of.SetEthDst{MAC: natDetourMAC},
 			of.MoveRange{Src: of.FieldInPort, Dst: of.FieldEthDst, NBits: 16},
-			of.Output{Port: b.SegmentOut})
+			of.Output{Port: b.SegmentPort})
 		ready := of.RegMatch{Reg: OutputResolved.Reg(), Value: OutputResolved.Mask() | NATApplied.Mask(),
 			Mask: OutputResolved.Mask() | NATApplied.Mask() | NATChecksumDone.Mask()}
 		for _, port := range leaving {
@@ -134,7 +134,7 @@ func natDetourFlows(b Bridge) []of.Flow {
 			Match:   of.Match{EthType: EthTypeIPv4, CtState: &of.CtStateMatch{Set: of.CtTrk | of.CtSNAT}},
 			Actions: []of.Action{NATApplied.Load(1), goTo(ConntrackState.next())}})
 	fs = append(fs, of.Flow{Table: uint8(Classifier), Priority: PrioHigh + 10, Cookie: ck,
-		Match: of.Match{InPort: b.SegmentIn, EthDst: natDetourMAC, EthDstMask: natDetourMask},
+		Match: of.Match{InPort: b.SegmentPort, EthDst: natDetourMAC, EthDstMask: natDetourMask},
 		Actions: []of.Action{
 			of.MoveRange{Src: of.FieldEthDst, Dst: of.FieldInPort, NBits: 16},
 			NATChecksumDone.Load(1),

@@ -52,12 +52,12 @@ type Bridge struct {
 	TunnelPort uint32
 	// Tunnel says how a packet for a peer Node is handed to TunnelPort.
 	Tunnel TunnelEgress
-	// SegmentOut and SegmentIn are the ofports of the two ends of the
-	// segmentation veth pair (userspace datapath with userspace TSO; 0
-	// without): packets for the tunnel pass through it with
-	// TunnelSegmented, and NATed packets leaving the Node always
-	// (NATChecksumDetour).
-	SegmentOut, SegmentIn uint32
+	// SegmentPort is the ofport of the segmentation port (userspace
+	// datapath with userspace TSO; 0 without): a packet output to it comes
+	// back on it segmented, with complete checksums (tunnel.SegmentPair).
+	// Packets for the tunnel pass through it with TunnelSegmented, and
+	// NATed packets leaving the Node always (NATChecksumDetour).
+	SegmentPort uint32
 	// PolicyOnly: the bridge sits between a routed primary CNI's Pods and
 	// the host (trafficEncapMode networkPolicyOnly). It answers every ARP
 	// request with VirtualMAC, routes by destination IP to local Pods
@@ -83,10 +83,10 @@ const (
 	// segments and checksums large (TSO) packets itself.
 	TunnelByMAC
 	// TunnelSegmented: as TunnelByTunDst, but the packet first leaves
-	// through SegmentOut, a veth end without checksum or segmentation
+	// through SegmentPort, a veth end without checksum or segmentation
 	// offload, so the kernel segments it and completes its checksums; the
-	// segments come back on SegmentIn and TunnelOutput sends them to the
-	// tunnel. OVS before 3.3 drops offloaded packets at a userspace tunnel
+	// segments come back on the same port and TunnelOutput sends them to
+	// the tunnel. OVS before 3.3 drops offloaded packets at a userspace tunnel
 	// port ("Tunneling packets with HW offload flags is not supported").
 	TunnelSegmented
 )
@@ -173,9 +173,9 @@ func BaseFlows(b Bridge) []of.Flow {
 	if b.TunnelPort != 0 {
 		add(Classifier, PrioHigh, of.Match{InPort: b.TunnelPort}, PktSource.Load(FromTunnel), goTo(SaveHeaders))
 	}
-	if b.Tunnel == TunnelSegmented && b.SegmentIn != 0 {
+	if b.Tunnel == TunnelSegmented && b.SegmentPort != 0 {
 		// Segments of a packet that already went through the pipeline.
-		add(Classifier, PrioHigh, of.Match{InPort: b.SegmentIn}, goTo(TunnelOutput))
+		add(Classifier, PrioHigh, of.Match{InPort: b.SegmentPort}, goTo(TunnelOutput))
 	}
 	// SpoofGuard: the host is trusted.
 	add(SpoofGuard, PrioHigh, of.Match{EthType: EthTypeARP, Regs: []of.RegMatch{PktSource.Match(FromGateway)}}, goTo(ARPResponder))
@@ -297,7 +297,7 @@ func PeerNodeFlows(b Bridge, n PeerNode) []of.Flow {
 	case TunnelByMAC:
 		deliver = []of.Action{TargetOFPort.Load(b.TunnelPort)}
 	case TunnelSegmented:
-		deliver = []of.Action{TargetOFPort.Load(b.SegmentOut)}
+		deliver = []of.Action{TargetOFPort.Load(b.SegmentPort)}
 	default:
 		deliver = []of.Action{of.SetTunDst{IP: n.NodeIP.To4()}, TargetOFPort.Load(b.TunnelPort)}
 	}

@@ -56,7 +56,6 @@ func newTraceBridge(t *testing.T, isolateP2 bool, egress ...pipeline.TunnelEgres
 	seg := eg == pipeline.TunnelSegmented
 	if seg {
 		o.Run("ovs-vsctl", "add-port", "br-int", "seg0", "--", "set", "interface", "seg0", "type=internal", "ofport_request=5")
-		o.Run("ovs-vsctl", "add-port", "br-int", "seg1", "--", "set", "interface", "seg1", "type=internal", "ofport_request=6")
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -71,7 +70,7 @@ func newTraceBridge(t *testing.T, isolateP2 bool, egress ...pipeline.TunnelEgres
 		PodCIDR: mustCIDR("10.244.1.0/24"), NodeIP: net.ParseIP("198.18.0.11"), TunnelPort: 1}
 	tb.br.Tunnel = eg
 	if seg {
-		tb.br.SegmentOut, tb.br.SegmentIn = 5, 6
+		tb.br.SegmentPort = 5
 	}
 	tb.p1 = pipeline.Pod{OFPort: 3, IP: net.ParseIP("10.244.1.5"), MAC: mustMAC("0a:00:00:00:01:05")}
 	tb.p2 = pipeline.Pod{OFPort: 4, IP: net.ParseIP("10.244.1.6"), MAC: mustMAC("0a:00:00:00:01:06"), IngressIsolated: isolateP2}

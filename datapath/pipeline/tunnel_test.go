@@ -34,8 +34,8 @@ func TestPeerMAC(t *testing.T) {
 // TestTunnelEgress installs the pipeline with each TunnelEgress on a real
 // OVS bridge and traces a Pod's packet to a peer Node's podCIDR: it leaves
 // for the peer's PeerMAC through the tunnel port (with tun_dst unless the
-// kernel device picks the remote), or through the segmentation port, from
-// whose other end TunnelOutput sends it to the tunnel with tun_dst.
+// kernel device picks the remote), or through the segmentation port, on
+// which it comes back and TunnelOutput sends it to the tunnel with tun_dst.
 func TestTunnelEgress(t *testing.T) {
 	for _, egress := range []pipeline.TunnelEgress{pipeline.TunnelByTunDst, pipeline.TunnelByMAC, pipeline.TunnelSegmented} {
 		t.Run(egress.String(), func(t *testing.T) {
@@ -48,7 +48,7 @@ func TestTunnelEgress(t *testing.T) {
 			}
 			o.Run("ovs-vsctl", "add-port", "br-int", "tun0", "--", "set", "interface", "tun0", tunType,
 				"options:remote_ip=flow", "options:key=flow", "ofport_request=1")
-			for name, port := range map[string]string{"gw0": "2", "p1": "3", "seg0": "5", "seg1": "6"} {
+			for name, port := range map[string]string{"gw0": "2", "p1": "3", "seg0": "5"} {
 				o.Run("ovs-vsctl", "add-port", "br-int", name, "--", "set", "interface", name, "type=internal", "ofport_request="+port)
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -62,7 +62,7 @@ func TestTunnelEgress(t *testing.T) {
 				GatewayIP: net.ParseIP("10.244.1.1"), PodCIDR: mustCIDR("10.244.1.0/24"),
 				NodeIP: net.ParseIP("198.18.0.11"), TunnelPort: 1, Tunnel: egress}
 			if egress == pipeline.TunnelSegmented {
-				br.SegmentOut, br.SegmentIn = 5, 6
+				br.SegmentPort = 5
 			}
 			pod := pipeline.Pod{OFPort: 3, IP: net.ParseIP("10.244.1.5"), MAC: mustMAC("0a:00:00:00:01:05")}
 			peer := pipeline.PeerNode{ID: 9, PodCIDR: mustCIDR("10.244.2.0/24"), NodeIP: net.ParseIP("198.18.0.12"),
@@ -103,12 +103,12 @@ func TestTunnelEgress(t *testing.T) {
 					t.Errorf("want output to the segmentation port 5 only:\n%s", out)
 				}
 				back := o.Run("ovs-appctl", "ofproto/trace", "br-int",
-					"in_port=6,dl_src=0a:00:00:00:00:01,dl_dst=0e:5f:c6:12:00:0c,ip,nw_ttl=63,nw_src=10.244.1.5,nw_dst=10.244.2.7")
+					"in_port=5,dl_src=0a:00:00:00:00:01,dl_dst=0e:5f:c6:12:00:0c,ip,nw_ttl=63,nw_src=10.244.1.5,nw_dst=10.244.2.7")
 				if !strings.Contains(back, "198.18.0.12->tun_dst") || !outputs(back, "1") {
-					t.Errorf("segments back on port 6 must go to the tunnel with tun_dst:\n%s", back)
+					t.Errorf("segments back on port 5 must go to the tunnel with tun_dst:\n%s", back)
 				}
 				other := o.Run("ovs-appctl", "ofproto/trace", "br-int",
-					"in_port=6,dl_src=0a:00:00:00:00:01,dl_dst=0a:00:00:00:01:05,ip,nw_ttl=63,nw_src=10.244.1.5,nw_dst=10.244.1.7")
+					"in_port=5,dl_src=0a:00:00:00:00:01,dl_dst=0a:00:00:00:01:05,ip,nw_ttl=63,nw_src=10.244.1.5,nw_dst=10.244.1.7")
 				if !strings.HasSuffix(last(other), "drop") {
 					t.Errorf("a packet on the segmentation port not for a peer must be dropped:\n%s", other)
 				}
@@ -127,7 +127,7 @@ func TestNATChecksumDetour(t *testing.T) {
 	o := ovstest.Start(t)
 	o.Run("ovs-vsctl", "add-br", "br-int", "--", "set", "bridge", "br-int", "datapath_type=netdev",
 		"fail_mode=secure", "protocols=OpenFlow10,OpenFlow13,OpenFlow15")
-	for name, port := range map[string]string{"tun0": "1", "gw0": "2", "p1": "3", "p2": "4", "seg0": "5", "seg1": "6"} {
+	for name, port := range map[string]string{"tun0": "1", "gw0": "2", "p1": "3", "p2": "4", "seg0": "5"} {
 		o.Run("ovs-vsctl", "add-port", "br-int", name, "--", "set", "interface", name, "type=internal", "ofport_request="+port)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -139,7 +139,7 @@ func TestNATChecksumDetour(t *testing.T) {
 	defer c.Close()
 	br := pipeline.Bridge{Round: 1, GatewayPort: 2, GatewayMAC: mustMAC("0a:00:00:00:00:01"),
 		GatewayIP: net.ParseIP("10.244.1.1"), PodCIDR: mustCIDR("10.244.1.0/24"),
-		NodeIP: net.ParseIP("198.18.0.11"), TunnelPort: 1, Tunnel: pipeline.TunnelByMAC, SegmentOut: 5, SegmentIn: 6}
+		NodeIP: net.ParseIP("198.18.0.11"), TunnelPort: 1, Tunnel: pipeline.TunnelByMAC, SegmentPort: 5}
 	if !br.NATChecksumDetour() {
 		t.Fatal("a bridge with a segmentation pair must detour NATed packets")
 	}
@@ -185,7 +185,7 @@ func TestNATChecksumDetour(t *testing.T) {
 			}
 		})
 	}
-	back := trace("in_port=6,dl_src=0a:00:00:00:01:05,dl_dst=0e:5f:ff:ff:00:03,tcp,nw_ttl=64,nw_src=10.244.1.5,nw_dst=10.244.2.7,tp_src=40000,tp_dst=80",
+	back := trace("in_port=5,dl_src=0a:00:00:00:01:05,dl_dst=0e:5f:ff:ff:00:03,tcp,nw_ttl=64,nw_src=10.244.1.5,nw_dst=10.244.2.7,tp_src=40000,tp_dst=80",
 		"trk,est,dnat")
 	if !strings.Contains(back, "in_port=3, priority 190") || !outputs(back, "1") || strings.Contains(back, "output:5") {
 		t.Fatalf("back from the detour: want the pipeline again as from port 3, out to the tunnel without a second detour:\n%s", back)

@@ -60,14 +60,14 @@ const (
 // OpenFlow port numbers requested for the tunnel, gateway and segmentation
 // ports, so that flows name the same ports on every Node and across
 // restarts that make a port anew (the segmentation pair follows the MTU,
-// which changes with the traffic mode). The segmentation ports' numbers
-// sit far above those OVS gives Pods, so an upgraded Node's Pods cannot
-// hold them.
+// which changes with the traffic mode). The segmentation port's number
+// sits far above those OVS gives Pods, so an upgraded Node's Pods cannot
+// hold it. (Before the segmentation pair's other end hairpinned in the
+// kernel, it was an OVS port too, ofport 65002; tunnelEgress removes it.)
 const (
-	TunnelOFPort     int32 = 1
-	GatewayOFPort    int32 = 2
-	SegmentOutOFPort int32 = 65001
-	SegmentInOFPort  int32 = 65002
+	TunnelOFPort      int32 = 1
+	GatewayOFPort     int32 = 2
+	SegmentPortOFPort int32 = 65001
 )
 
 // Run runs the daemon until ctx ends.
@@ -130,6 +130,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 		if err := setUserspaceTSO(ctx, cfg, ovs, log); err != nil {
 			return err
 		}
+		EnsureNetdevReceiveBuffer(cfg, log)
 	}
 	tunnelKind := tunnel.Choose(userspaceDatapath(cfg), cfg.TunnelType)
 	transport, err := setupTransport(ctx, cfg, tunnelKind, ovs, nodeIP, log)

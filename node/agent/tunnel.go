@@ -14,6 +14,7 @@ import (
 	"github.com/seine-net/seine/datapath/offload"
 	"github.com/seine-net/seine/datapath/ovsdb"
 	"github.com/seine-net/seine/datapath/pipeline"
+	"github.com/seine-net/seine/datapath/rxbuf"
 	"github.com/seine-net/seine/node/config"
 	"github.com/seine-net/seine/node/noderoute"
 	"github.com/seine-net/seine/tunnel"
@@ -43,6 +44,27 @@ func setUserspaceTSO(ctx context.Context, cfg config.Config, ovs *ovsdb.Client, 
 	log.Info("userspace TSO setting written; ovs-vswitchd applies it when it next starts",
 		zap.String(offload.OtherConfigUserspaceTSO, want))
 	return nil
+}
+
+// EnsureNetdevReceiveBuffer raises the host's net.core.rmem_default to
+// cfg's netdevReceiveBuffer with the netdev datapath (datapath/rxbuf says
+// why). A failure is logged, not returned: it costs throughput, not
+// correctness, and a daemon in a network namespace other than the host's
+// (the sandbox's Nodes) cannot write the setting, which its host keeps.
+func EnsureNetdevReceiveBuffer(cfg config.Config, log *zap.Logger) {
+	min := cfg.NetdevReceiveBufferMin()
+	if min == 0 {
+		return
+	}
+	before, raised, err := rxbuf.Ensure(min)
+	switch {
+	case err != nil:
+		log.Warn("net.core.rmem_default stays below netdevReceiveBuffer: ovs-vswitchd's port sockets drop packets under load (TCP retransmits); raise it on the host",
+			zap.Int("rmem_default", before), zap.Int("netdev_receive_buffer", min), zap.Error(err))
+	case raised:
+		log.Info("raised net.core.rmem_default for ovs-vswitchd's port sockets; ports it opened before keep their buffer until it restarts",
+			zap.Int("rmem_default_before", before), zap.Int("rmem_default", min))
+	}
 }
 
 // tunnelPort creates the tunnel port on the integration bridge when the
@@ -121,7 +143,7 @@ func tunnelPort(ctx context.Context, cfg config.Config, kind tunnel.Kind, ovs *o
 // removes the segmentation veth pair: with userspace TSO it exists for the
 // NAT checksum detour (pipeline.NATChecksumDetour) and, with an OVS
 // userspace tunnel port, for TunnelSegmented. It fills b's Tunnel and
-// Segment fields.
+// SegmentPort.
 func tunnelEgress(ctx context.Context, cfg config.Config, kind tunnel.Kind, tso bool, ovs *ovsdb.Client, mtu int, b *pipeline.Bridge) error {
 	seg := tunnel.DefaultSegmentPair
 	switch {
@@ -137,7 +159,7 @@ func tunnelEgress(ctx context.Context, cfg config.Config, kind tunnel.Kind, tso 
 			return nil
 		}
 		var errs []error
-		for _, name := range []string{seg.Out, seg.In} {
+		for _, name := range []string{seg.Port, seg.Hairpin} {
 			errs = append(errs, ovs.DeletePort(ctx, cfg.BridgeName, name))
 		}
 		errs = append(errs, seg.Remove())
@@ -148,8 +170,8 @@ func tunnelEgress(ctx context.Context, cfg config.Config, kind tunnel.Kind, tso 
 	}
 	// A pair of another MTU (another tunnel type before) is made anew, for
 	// the same reason as a tunnel port that changes kind (tunnelPort).
-	if l, err := netlink.LinkByName(seg.Out); err == nil && l.Attrs().MTU != mtu {
-		for _, name := range []string{seg.Out, seg.In} {
+	if l, err := netlink.LinkByName(seg.Port); err == nil && l.Attrs().MTU != mtu {
+		for _, name := range []string{seg.Port, seg.Hairpin} {
 			if err := ovs.DeletePort(ctx, cfg.BridgeName, name); err != nil {
 				return fmt.Errorf("replacing the segmentation ports: %w", err)
 			}
@@ -158,21 +180,21 @@ func tunnelEgress(ctx context.Context, cfg config.Config, kind tunnel.Kind, tso 
 			return err
 		}
 	}
+	// The hairpin end was an OVS port before it hairpinned in the kernel:
+	// an upgraded Node drops it from the bridge first, so OVS does not
+	// read the segments twice.
+	if err := ovs.DeletePort(ctx, cfg.BridgeName, seg.Hairpin); err != nil {
+		return fmt.Errorf("removing the old segmentation port %s: %w", seg.Hairpin, err)
+	}
 	if err := seg.Ensure(mtu); err != nil {
 		return err
 	}
-	for _, end := range []struct {
-		name    string
-		request int32
-		port    *uint32
-	}{{seg.Out, SegmentOutOFPort, &b.SegmentOut}, {seg.In, SegmentInOFPort, &b.SegmentIn}} {
-		p, err := ovs.EnsurePort(ctx, cfg.BridgeName, ovsdb.PortSpec{Name: end.name, OFPortRequest: end.request,
-			ExternalIDs: map[string]string{"seine.io/role": "segmentation"}})
-		if err != nil {
-			return fmt.Errorf("segmentation port: %w", err)
-		}
-		*end.port = uint32(p.OFPort)
+	p, err := ovs.EnsurePort(ctx, cfg.BridgeName, ovsdb.PortSpec{Name: seg.Port, OFPortRequest: SegmentPortOFPort,
+		ExternalIDs: map[string]string{"seine.io/role": "segmentation"}})
+	if err != nil {
+		return fmt.Errorf("segmentation port: %w", err)
 	}
+	b.SegmentPort = uint32(p.OFPort)
 	return nil
 }
 

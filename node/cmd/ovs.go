@@ -14,6 +14,7 @@ import (
 
 	"github.com/seine-net/seine/datapath/ovsdaemon"
 	"github.com/seine-net/seine/datapath/ovsdb"
+	"github.com/seine-net/seine/node/agent"
 	"github.com/seine-net/seine/node/config"
 	"github.com/seine-net/seine/tunnel"
 )
@@ -29,7 +30,8 @@ func ovsCommand() *cli.Command {
 			{
 				Name: "run",
 				Usage: "run ovsdb-server and ovs-vswitchd in the foreground, restarting either if it exits; " +
-					"loads the openvswitch kernel module for ovsDatapathType system; the database lives in <dataDir>/ovsdb",
+					"loads the openvswitch kernel module for ovsDatapathType system, raises net.core.rmem_default to netdevReceiveBuffer for netdev; " +
+					"the database lives in <dataDir>/ovsdb",
 				Flags: []cli.Flag{configFlag},
 				Action: func(c *cli.Context) error {
 					cfg, err := config.Load(c.String("config"), nil)
@@ -45,6 +47,8 @@ func ovsCommand() *cli.Command {
 					ctx, stop := signal.NotifyContext(c.Context, syscall.SIGINT, syscall.SIGTERM)
 					defer stop()
 					oc := ovsConfig(cfg)
+					// Before ovs-vswitchd opens its ports' sockets.
+					agent.EnsureNetdevReceiveBuffer(cfg, log)
 					if cfg.OVSDatapathType == config.DatapathNetdev {
 						// The transport bridge holds the Node's address, and
 						// dies with ovs-vswitchd: give the device back first.

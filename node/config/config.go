@@ -15,6 +15,8 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/seine-net/seine/datapath/rxbuf"
 )
 
 // Datapath types of an OVS bridge (ovs-vswitchd.conf.db(5), Bridge table,
@@ -73,6 +75,13 @@ type Config struct {
 	// the bridge whole and Pods keep their checksum offload. Default true.
 	// ovs-vswitchd reads it at start only. Unused with "system".
 	UserspaceTSO *bool `json:"userspaceTSO,omitempty"`
+	// NetdevReceiveBuffer, with the netdev datapath, is the least value in
+	// bytes that `seine ovs run` (before it starts ovs-vswitchd) and the
+	// daemon keep in the host's net.core.rmem_default, the receive buffer
+	// of the AF_PACKET sockets through which ovs-vswitchd reads its ports
+	// (datapath/rxbuf). They raise it, never lower it; 0 leaves it alone.
+	// Default 4194304 (4 MiB). Unused with "system".
+	NetdevReceiveBuffer *int `json:"netdevReceiveBuffer,omitempty"`
 
 	// ClusterCIDR is the cluster's Pod CIDR; traffic from Pods to anything
 	// outside it (and outside the Node IPs) is masqueraded. Default
@@ -206,23 +215,25 @@ func (c Config) PolicyEnabled() bool {
 // Default returns the configuration with every default filled in.
 func Default() Config {
 	t := true
+	rcvbuf := rxbuf.DefaultMin
 	return Config{
-		OVSRunDir:        "/var/run/openvswitch",
-		OVSDatapathType:  DatapathSystem,
-		BridgeName:       "br-int",
-		GatewayName:      "seine-gw0",
-		TunnelName:       "seine-tun0",
-		TunnelType:       TunnelGeneve,
-		TransportBridge:  "br-phy",
-		UserspaceTSO:     &t,
-		ClusterCIDR:      "10.244.0.0/16",
-		ServiceCIDR:      "10.96.0.0/16",
-		TrafficEncapMode: ModeEncap,
-		CNISocket:        "/var/run/seine/cni.sock",
-		DataDir:          "/var/lib/seine",
-		APISocket:        "/var/run/seine/seine.sock",
-		MetricsAddress:   ":9345",
-		LogLevel:         "info",
+		OVSRunDir:           "/var/run/openvswitch",
+		OVSDatapathType:     DatapathSystem,
+		BridgeName:          "br-int",
+		GatewayName:         "seine-gw0",
+		TunnelName:          "seine-tun0",
+		TunnelType:          TunnelGeneve,
+		TransportBridge:     "br-phy",
+		UserspaceTSO:        &t,
+		NetdevReceiveBuffer: &rcvbuf,
+		ClusterCIDR:         "10.244.0.0/16",
+		ServiceCIDR:         "10.96.0.0/16",
+		TrafficEncapMode:    ModeEncap,
+		CNISocket:           "/var/run/seine/cni.sock",
+		DataDir:             "/var/lib/seine",
+		APISocket:           "/var/run/seine/seine.sock",
+		MetricsAddress:      ":9345",
+		LogLevel:            "info",
 		NetworkPolicy: NetworkPolicyConfig{
 			Enable:                &t,
 			RealizeTimeout:        metav1.Duration{Duration: 10 * time.Second},
@@ -320,6 +331,9 @@ func (c Config) Validate() error {
 	default:
 		bad("tunnelType", "%q is not one of geneve, vxlan, gre", c.TunnelType)
 	}
+	if c.NetdevReceiveBuffer != nil && *c.NetdevReceiveBuffer < 0 {
+		bad("netdevReceiveBuffer", "%d bytes is negative (0 leaves net.core.rmem_default alone)", *c.NetdevReceiveBuffer)
+	}
 	for key, v := range map[string]string{"clusterCIDR": c.ClusterCIDR, "serviceCIDR": c.ServiceCIDR} {
 		if _, n, err := net.ParseCIDR(v); err != nil || n.IP.To4() == nil {
 			bad(key, "%q is not an IPv4 CIDR", v)
@@ -393,6 +407,19 @@ func (c Config) Validate() error {
 // UserspaceTSOEnabled reports whether the netdev datapath should run with
 // userspace TSO.
 func (c Config) UserspaceTSOEnabled() bool { return c.UserspaceTSO == nil || *c.UserspaceTSO }
+
+// NetdevReceiveBufferMin is the least net.core.rmem_default, in bytes, to
+// keep with the netdev datapath: 0 when the datapath is "system" or the
+// configuration says to leave the sysctl alone.
+func (c Config) NetdevReceiveBufferMin() int {
+	if c.OVSDatapathType != DatapathNetdev {
+		return 0
+	}
+	if c.NetdevReceiveBuffer == nil {
+		return rxbuf.DefaultMin
+	}
+	return *c.NetdevReceiveBuffer
+}
 
 // SNATEnabled reports whether seine masquerades Pod traffic leaving the
 // cluster: not with noSNAT, and never in networkPolicyOnly mode, where the

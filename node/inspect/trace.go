@@ -134,7 +134,7 @@ func (in *Inspector) verdict(output bool, last pipeline.Table, final string) (st
 // (pipeline.PeerMAC).
 func (in *Inspector) DescribeOutput(last pipeline.Table, port uint32, tunDst net.IP, dstMAC net.HardwareAddr) (string, string) {
 	b := in.d.Bridge
-	toTunnel := b.TunnelPort != 0 && (port == b.TunnelPort || (b.Tunnel == pipeline.TunnelSegmented && port == b.SegmentOut))
+	toTunnel := b.TunnelPort != 0 && (port == b.TunnelPort || (b.Tunnel == pipeline.TunnelSegmented && port == b.SegmentPort))
 	if toTunnel && tunDst == nil {
 		tunDst = pipeline.PeerNodeIP(dstMAC)
 	}

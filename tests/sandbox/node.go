@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 	"sigs.k8s.io/yaml"
 
+	"github.com/seine-net/seine/datapath/rxbuf"
 	"github.com/seine-net/seine/node/config"
 )
 
@@ -71,8 +72,15 @@ func (c *Cluster) prepareNode(ctx context.Context, n *Node) error {
 // datapath) inside its namespace with every runtime file in OVSRunDir.
 // ovs-vswitchd starts with userspace TSO on (seine's default for the
 // netdev datapath, which the daemon only reads at start), as a Node's
-// Open vSwitch does once seine has written the setting.
+// Open vSwitch does once seine has written the setting. It first raises
+// this host's net.core.rmem_default as `seine ovs run` does on a Node
+// (datapath/rxbuf): the setting is the initial network namespace's, which
+// neither the Node's ovs-vswitchd nor its seine daemon can write from the
+// Node's namespace, and the sandbox is their host.
 func startOVS(ctx context.Context, n *Node) error {
+	if _, _, err := rxbuf.Ensure(rxbuf.DefaultMin); err != nil {
+		return err
+	}
 	d := n.OVSRunDir
 	env := []string{"OVS_RUNDIR=" + d, "OVS_DBDIR=" + d, "OVS_LOGDIR=" + d}
 	db := filepath.Join(d, "conf.db")

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/seine-net/seine/datapath/rxbuf"
 	"github.com/seine-net/seine/deploy"
 )
 
@@ -297,6 +298,11 @@ func (c *Cluster) imageArchives() []string {
 // node-init (mount namespace), containerd, imports the images and starts
 // the kubelet.
 func (c *Cluster) prepareRealNode(ctx context.Context, n *Node) error {
+	// The host's part of `seine ovs run`, which cannot write it from the
+	// Node's namespace (startOVS).
+	if _, _, err := rxbuf.Ensure(rxbuf.DefaultMin); err != nil {
+		return err
+	}
 	p := realNodePaths{dir: n.Dir}
 	dirs := []string{p.containerdRoot(), p.kubeletRoot(), filepath.Join(n.Dir, "sysctl")}
 	for _, d := range []string{"etc", "var", "opt"} {
