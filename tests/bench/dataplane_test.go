@@ -38,6 +38,9 @@ const (
 	dpRepeats = 3
 	dpSeconds = 4
 	dpStreams = 4
+	// dpInterleaveRounds is how many rounds the interleaved one-Node
+	// comparison takes (one one-stream run of each path per round).
+	dpInterleaveRounds = 7
 	// dpRRSeconds is how long tcprr measures.
 	dpRRSeconds = 3
 	// dpPolicies is the number of NetworkPolicies of the "with policies"
@@ -67,7 +70,12 @@ type dpResult struct {
 // Pod on one Node and across Nodes (Geneve, the default, then VXLAN), the
 // same through a Service's ClusterIP, and the same with 1,000
 // NetworkPolicies selecting the server Pod (against one Node measured
-// again just before, in the same VXLAN configuration, as their baseline).
+// again just before, in the same VXLAN configuration, as their baseline);
+// and, the figures least moved by the machine's background, the one-Node
+// ratio once more with the fastest bare bridge and Seine taking turns
+// (same/bare-fast-interleaved-Gbps), and the policies' cost with the
+// server they select and a Pod beside it that none selects taking turns
+// (1000np-{same,cross-vxlan}-interleaved-{Gbps,p50}-cost).
 // Metrics per path: <path>-Gbps
 // (one stream), <path>-Gbps-P4, <path>-p50-us and <path>-p99-us, and the
 // ratios the targets name.
@@ -116,6 +124,9 @@ func BenchmarkDataplane(b *testing.B) {
 		srvNS, srvIP := mk("server", nodes[0].Name, "server")
 		localNS, _ := mk("local", nodes[0].Name, "client")
 		remoteNS, _ := mk("remote", nodes[1].Name, "client")
+		// A second server on the server's Node that no policy selects: the
+		// interleaved baseline of the policies' cost.
+		plainNS, plainIP := mk("plain", nodes[0].Name, "plain")
 		vip := createPerfService(ctx, b, c)
 		srvNode := nodes[0]
 		// Bare topologies, each torn down before the next. The main thread
@@ -137,6 +148,15 @@ func BenchmarkDataplane(b *testing.B) {
 			return measurePath(b, rr, srvNS, client, dst, &srvNode)
 		}
 		report("seine-same", seine(localNS, srvIP))
+		// The one-Node ratio again, interleaved: the fastest bare bridge
+		// stays up beside the sandbox and the two paths take turns, one
+		// one-stream run each per round, so both see the same drift of
+		// the machine's background.
+		bareRuns, seineRuns := interleave(b, dpInterleaveRounds, bareBridge{Fast: true}, srvNS, localNS, srvIP)
+		b.ReportMetric(median(bareRuns), "bare-fast-interleaved-Gbps")
+		b.ReportMetric(median(seineRuns), "seine-same-interleaved-Gbps")
+		b.ReportMetric(median(seineRuns)/median(bareRuns), "same/bare-fast-interleaved-Gbps")
+		b.Logf("interleaved, %d rounds: bare %v Gbit/s, Seine %v Gbit/s", dpInterleaveRounds, bareRuns, seineRuns)
 		report("seine-cross-geneve", seine(remoteNS, srvIP))
 		report("seine-svc-same", seine(localNS, vip))
 
@@ -159,6 +179,25 @@ func BenchmarkDataplane(b *testing.B) {
 		createPerfPolicies(ctx, b, c, srvNode)
 		report("seine-same-1000np", seine(localNS, srvIP))
 		report("seine-cross-vxlan-1000np", seine(remoteNS, srvIP))
+		// The policies' cost again, interleaved: the server they select
+		// and the plain Pod beside it take turns, in the same state of the
+		// Node and of the machine.
+		for _, from := range []struct{ path, client string }{{"same", localNS}, {"cross-vxlan", remoteNS}} {
+			var with, without, withP50, withoutP50 []float64
+			for range dpInterleaveRounds {
+				with = append(with, iperf3Run(b, srvNS, from.client, srvIP, 1))
+				without = append(without, iperf3Run(b, plainNS, from.client, plainIP, 1))
+				p50, _ := tcprrRun(b, rr, srvNS, from.client, srvIP)
+				withP50 = append(withP50, p50)
+				p50, _ = tcprrRun(b, rr, plainNS, from.client, plainIP)
+				withoutP50 = append(withoutP50, p50)
+			}
+			name := "1000np-" + from.path + "-interleaved"
+			b.ReportMetric(1-median(with)/median(without), name+"-Gbps-cost")
+			b.ReportMetric(median(withP50)/median(withoutP50)-1, name+"-p50-cost")
+			b.Logf("%s, %d rounds: selected %.2f Gbit/s p50 %.1f µs, not selected %.2f Gbit/s p50 %.1f µs",
+				name, dpInterleaveRounds, median(with), median(withP50), median(without), median(withoutP50))
+		}
 		cancel()
 
 		fast := res["bare-fast"]
@@ -458,6 +497,16 @@ type bareBridge struct {
 // NORMAL flow unless cfg says otherwise.
 func bareBridgePath(b *testing.B, rr string, cfg bareBridge) dpResult {
 	b.Helper()
+	client, server, dst, down := bareBridgeUp(b, cfg)
+	defer down()
+	return measurePath(b, rr, server, client, dst, nil)
+}
+
+// bareBridgeUp builds bareBridgePath's bridge and returns the client's and
+// the server's namespaces, the server's address, and a function that tears
+// it all down.
+func bareBridgeUp(b *testing.B, cfg bareBridge) (client, server, dst string, down func()) {
+	b.Helper()
 	sw, c1, c2 := "seine-bdp-sw", "seine-bdp-c1", "seine-bdp-c2"
 	for _, n := range []string{sw, c1, c2} {
 		netns(b, n)
@@ -470,7 +519,8 @@ func bareBridgePath(b *testing.B, rr string, cfg bareBridge) dpResult {
 	case rcvbuf == 0:
 		rcvbuf = rxbuf.DefaultMin
 	}
-	defer withRcvBuf(b, rcvbuf)()
+	restoreRcvBuf := withRcvBuf(b, rcvbuf)
+	defer restoreRcvBuf() // the ports' sockets have it once they are added
 	o := startBareOVS(b, sw, cfg.Fast)
 	o.vsctl(b, "add-br", "br0", "--", "set", "bridge", "br0", "datapath_type=netdev",
 		"protocols=OpenFlow10,OpenFlow13,OpenFlow15")
@@ -507,10 +557,24 @@ func bareBridgePath(b *testing.B, rr string, cfg bareBridge) dpResult {
 			sh(b, "ovs-ofctl", "-O", "OpenFlow15", "add-flow", mgmt, f)
 		}
 	}
-	r := measurePath(b, rr, c2, c1, "198.18.101.2", nil)
-	o.stop()
-	delNetns(sw, c1, c2)
-	return r
+	return c1, c2, "198.18.101.2", func() {
+		o.stop()
+		delNetns(sw, c1, c2)
+	}
+}
+
+// interleave measures, rounds times, one one-stream iperf3 run through
+// a bare bridge of cfg and then one from client to dst (a server in
+// server), and returns both series in Gbit/s.
+func interleave(b *testing.B, rounds int, cfg bareBridge, server, client, dst string) (bare, other []float64) {
+	b.Helper()
+	bc, bs, bdst, down := bareBridgeUp(b, cfg)
+	defer down()
+	for range rounds {
+		bare = append(bare, iperf3Run(b, bs, bc, bdst, 1))
+		other = append(other, iperf3Run(b, server, client, dst, 1))
+	}
+	return bare, other
 }
 
 // kernelRcvBuf is the kernel's default net.core.rmem_default (212992
