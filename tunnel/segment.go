@@ -24,10 +24,10 @@ import (
 // left to the kernel, whose ingress sends every packet straight back out
 // (tc u32 match-all, mirred egress redirect to itself), so they arrive on
 // Port, from where OVS reads them: its AF_PACKET socket reads only what the
-// device receives, never what it sends. One port rather than the pair
-// matters: the userspace datapath reads every non-PMD port in each turn of
-// its main loop, so each port taxes every packet on the Node
-// (docs/benchmarks.md, BenchmarkBridgeCost).
+// device receives, never what it sends. One port rather than the pair:
+// the userspace datapath reads every non-PMD port in each turn of its main
+// loop, so each port lengthens the wait of every other (with the receive
+// buffer datapath/rxbuf keeps, little; docs/benchmarks.md).
 type SegmentPair struct {
 	Port, Hairpin string
 }

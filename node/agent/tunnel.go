@@ -171,10 +171,8 @@ func tunnelEgress(ctx context.Context, cfg config.Config, kind tunnel.Kind, tso 
 	// A pair of another MTU (another tunnel type before) is made anew, for
 	// the same reason as a tunnel port that changes kind (tunnelPort).
 	if l, err := netlink.LinkByName(seg.Port); err == nil && l.Attrs().MTU != mtu {
-		for _, name := range []string{seg.Port, seg.Hairpin} {
-			if err := ovs.DeletePort(ctx, cfg.BridgeName, name); err != nil {
-				return fmt.Errorf("replacing the segmentation ports: %w", err)
-			}
+		if err := ovs.DeletePort(ctx, cfg.BridgeName, seg.Port); err != nil {
+			return fmt.Errorf("replacing the segmentation port: %w", err)
 		}
 		if err := seg.Remove(); err != nil {
 			return err
