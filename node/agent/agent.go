@@ -137,12 +137,12 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 	if err != nil {
 		return err
 	}
-	mtu, err := podMTU(cfg, transport)
+	mtu, err := podMTUs(cfg, transport)
 	if err != nil {
 		return err
 	}
 	log.Info("transport", zap.String("interface", transport.Name), zap.Int("transport_mtu", transport.MTU),
-		zap.Int("pod_mtu", mtu), zap.String("tunnel_type", cfg.TunnelType))
+		zap.Int("pod_mtu", mtu.Pod), zap.Int("tunnel_mtu", mtu.Tunnel), zap.String("tunnel_type", cfg.TunnelType))
 
 	// Bridge, with a new cookie round.
 	round := uint16(1)
@@ -163,12 +163,12 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 	}); err != nil {
 		return fmt.Errorf("bridge %s: %w", cfg.BridgeName, err)
 	}
-	tunPort, kernelTunnel, err := tunnelPort(ctx, cfg, tunnelKind, ovs, nodeIP, mtu)
+	tunPort, kernelTunnel, err := tunnelPort(ctx, cfg, tunnelKind, ovs, nodeIP, mtu.Tunnel)
 	if err != nil {
 		return err
 	}
 	gwPort, err := ovs.EnsurePort(ctx, cfg.BridgeName, ovsdb.PortSpec{
-		Name: cfg.GatewayName, Type: "internal", OFPortRequest: GatewayOFPort, MTURequest: mtu,
+		Name: cfg.GatewayName, Type: "internal", OFPortRequest: GatewayOFPort, MTURequest: mtu.Tunnel,
 	})
 	if err != nil {
 		return fmt.Errorf("gateway port: %w", err)
@@ -179,7 +179,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 	} else if err := clearGatewayAddresses(cfg.GatewayName); err != nil {
 		return err
 	}
-	gwMAC, err := setupGateway(cfg.GatewayName, gwIP, podCIDR, mtu)
+	gwMAC, err := setupGateway(cfg.GatewayName, gwIP, podCIDR, mtu.Tunnel)
 	if err != nil {
 		return err
 	}
@@ -230,7 +230,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 		TunnelPort:  tunPort,
 		PolicyOnly:  !ownsPods,
 	}
-	if err := tunnelEgress(ctx, cfg, tunnelKind, tso, ovs, mtu, &bridge); err != nil {
+	if err := tunnelEgress(ctx, cfg, tunnelKind, tso, ovs, mtu.Tunnel, &bridge); err != nil {
 		return err
 	}
 	if cfg.TrafficEncapMode.UsesTunnel() {
@@ -303,7 +303,8 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 	backend = podnet.New(podnet.Config{
 		BridgeName:        cfg.BridgeName,
 		Bridge:            bridge,
-		MTU:               mtu,
+		MTU:               mtu.Pod,
+		RouteMTU:          mtu.Tunnel,
 		DisableTxChecksum: userspaceDatapath(cfg) && !tso,
 		Policy:            policyHook(policyAgent),
 		Chained:           !ownsPods,
@@ -629,7 +630,8 @@ func attachNetdevTransport(ctx context.Context, cfg config.Config, ovs *ovsdb.Cl
 }
 
 // setupGateway gives the gateway interface the first IP of the podCIDR
-// (none when gwIP is nil), the Pod MTU, and brings it up; it returns the
+// (none when gwIP is nil), mtu (the tunnel MTU: the host reaches other
+// Nodes' Pods through it), and brings it up; it returns the
 // gateway's MAC.
 func setupGateway(name string, gwIP net.IP, podCIDR *net.IPNet, mtu int) (net.HardwareAddr, error) {
 	var link netlink.Link

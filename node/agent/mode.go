@@ -58,21 +58,42 @@ func setupTransport(ctx context.Context, cfg config.Config, kind tunnel.Kind, ov
 	return tunnel.FindTransport(cfg.TransportInterface, nodeIP)
 }
 
-// podMTU is the MTU of Pod interfaces and the gateway: the configured
-// one, or the transport's, less the tunnel overhead when the mode tunnels
-// (hybrid too: some peers are reached through the tunnel).
-func podMTU(cfg config.Config, transport tunnel.Transport) (int, error) {
+// mtus are the MTUs a Node's Pods and ports get, in bytes.
+type mtus struct {
+	// Pod is the MTU of Pod interfaces (both veth ends): what a Pod sends
+	// to and receives from the Pods of its own Node.
+	Pod int
+	// Tunnel is the path MTU to everything reached through the gateway
+	// (other Nodes' Pods, Services, the host, outside): the MTU of the
+	// Pods' routes through the gateway, of the gateway and of the tunnel
+	// and segmentation ports. Equal to Pod but where the mode tunnels.
+	Tunnel int
+}
+
+// podMTUs derives the MTUs from the configuration and the transport. A
+// configured mtu (or none needed: noEncap, networkPolicyOnly) gives every
+// interface and route the same MTU. Otherwise, where the mode tunnels
+// (hybrid too: some peers are reached through the tunnel), Pod interfaces
+// keep the transport's MTU and only the routes through the gateway carry
+// it less the tunnel overhead: traffic between two Pods of one Node never
+// enters a tunnel, and with the userspace datapath's TSO a smaller Pod
+// MTU costs about a tenth of its throughput, because OVS 3.1 sizes the
+// segments of each large packet by the MTU of the port it leaves through
+// (docs/benchmarks.md, "The Pods' MTU"). The kernel honours a route's MTU
+// for TCP's MSS, for fragmentation and for path MTU discovery (ip-route(8),
+// "mtu"), which is what makes the split safe.
+func podMTUs(cfg config.Config, transport tunnel.Transport) (mtus, error) {
 	if cfg.MTU != 0 {
-		return cfg.MTU, nil
+		return mtus{Pod: cfg.MTU, Tunnel: cfg.MTU}, nil
 	}
 	if !cfg.TrafficEncapMode.UsesTunnel() {
-		return transport.MTU, nil
+		return mtus{Pod: transport.MTU, Tunnel: transport.MTU}, nil
 	}
 	overhead, err := tunnel.Overhead(cfg.TunnelType)
 	if err != nil {
-		return 0, err
+		return mtus{}, err
 	}
-	return transport.MTU - overhead, nil
+	return mtus{Pod: transport.MTU, Tunnel: transport.MTU - overhead}, nil
 }
 
 // clearGatewayAddresses removes every IPv4 address from the gateway: in

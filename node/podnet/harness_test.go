@@ -42,7 +42,7 @@ type harness struct {
 	ids    []string // container IDs requested
 }
 
-func newHarness(t testing.TB, ctx context.Context, log *zap.Logger) *harness {
+func newHarness(t testing.TB, ctx context.Context, log *zap.Logger, opts ...func(*Config)) *harness {
 	t.Helper()
 	o := ovstest.Start(t)
 	o.Run("ovs-vsctl", "add-br", "br-int", "--", "set", "bridge", "br-int", "datapath_type=netdev", "fail_mode=secure")
@@ -64,9 +64,13 @@ func newHarness(t testing.TB, ctx context.Context, log *zap.Logger) *harness {
 	gwMAC, _ := net.ParseMAC("0a:00:00:00:00:01")
 	reg := prometheus.NewRegistry()
 	syncer := flowsync.New(ofc)
-	be := New(Config{BridgeName: "br-int", MTU: 1450, DisableTxChecksum: true, Metrics: reg,
+	cfg := Config{BridgeName: "br-int", MTU: 1450, DisableTxChecksum: true, Metrics: reg,
 		Bridge: pipeline.Bridge{Round: 1, GatewayPort: 2, GatewayMAC: gwMAC,
-			GatewayIP: net.ParseIP("10.244.0.1"), PodCIDR: podCIDR}}, alloc, db, syncer, log.Named("podnet"))
+			GatewayIP: net.ParseIP("10.244.0.1"), PodCIDR: podCIDR}}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	be := New(cfg, alloc, db, syncer, log.Named("podnet"))
 	be.MarkReady()
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)

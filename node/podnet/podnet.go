@@ -86,7 +86,15 @@ type PolicyHook interface {
 type Config struct {
 	BridgeName string
 	Bridge     pipeline.Bridge // gateway, podCIDR, round
-	MTU        int             // Pod interface MTU
+	// MTU is the Pod interface's MTU in bytes (both veth ends).
+	MTU int
+	// RouteMTU, when set and below MTU, is the MTU in bytes of the Pod's
+	// routes through the gateway: its default route and the one to the
+	// gateway's own address. Packets for the Pods of the Node (the
+	// podCIDR, on the interface) may use MTU; everything else may cross a
+	// tunnel (see node/agent's podMTUs). A network configuration's mtu
+	// overrides both.
+	RouteMTU int
 	// DisableTxChecksum turns off transmit checksum (and so segmentation)
 	// offload on both veth ends. Set with the userspace datapath when
 	// ovs-vswitchd runs without userspace TSO: it then reads Pod packets
@@ -313,10 +321,14 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 	ones, _ := br.PodCIDR.Mask.Size()
 	podAddr := &net.IPNet{IP: podIP, Mask: net.CIDRMask(ones, 32)}
 	hostName := HostVethName(req.ContainerID, req.IfName)
-	mtu := b.cfg.MTU
+	mtu, routeMTU := b.cfg.MTU, b.cfg.RouteMTU
 	if req.NetConf != nil && req.NetConf.MTU > 0 {
-		mtu = req.NetConf.MTU
+		mtu, routeMTU = req.NetConf.MTU, 0
 	}
+	if routeMTU >= mtu {
+		routeMTU = 0
+	}
+	routes := gatewayRoutes(br.GatewayIP, routeMTU)
 
 	// A leftover host veth of an earlier failed attempt would make the
 	// pair creation fail; remove it first.
@@ -338,8 +350,14 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 		if err := netlink.LinkSetUp(link); err != nil {
 			return fmt.Errorf("bringing up %s: %w", req.IfName, err)
 		}
-		if err := netlink.RouteAdd(&netlink.Route{LinkIndex: link.Attrs().Index, Gw: br.GatewayIP}); err != nil {
-			return fmt.Errorf("default route via %s: %w", br.GatewayIP, err)
+		for _, r := range routes {
+			nr := &netlink.Route{LinkIndex: link.Attrs().Index, Dst: &r.Dst, Gw: r.GW, MTU: r.MTU}
+			if r.Scope != nil {
+				nr.Scope = netlink.Scope(*r.Scope)
+			}
+			if err := netlink.RouteAdd(nr); err != nil {
+				return fmt.Errorf("route %s: %w", r, err)
+			}
 		}
 		if b.cfg.DisableTxChecksum {
 			return offload.DisableTx(req.IfName)
@@ -383,8 +401,24 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 			{Name: req.IfName, Mac: podMAC.String(), Sandbox: req.Netns},
 		},
 		IPs:    []*current.IPConfig{{Address: *podAddr, Gateway: br.GatewayIP, Interface: &idx}},
-		Routes: []*types.Route{{Dst: net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, GW: br.GatewayIP}},
+		Routes: routes,
 	}, nil
+}
+
+// gatewayRoutes are the routes a Pod gets beside its podCIDR's (which the
+// kernel adds with the address): the default route via the gateway and,
+// when routeMTU is set, a link route to the gateway's own address, both
+// with routeMTU (0: the interface's). The gateway's address is in the
+// podCIDR, whose route keeps the interface's larger MTU, hence its own
+// route. Returned in the order they are added, as the CNI result lists
+// them (CNI spec 1.1, "Routes": mtu).
+func gatewayRoutes(gw net.IP, routeMTU int) []*types.Route {
+	def := &types.Route{Dst: net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, GW: gw, MTU: routeMTU}
+	if routeMTU == 0 {
+		return []*types.Route{def}
+	}
+	scope := int(netlink.SCOPE_LINK)
+	return []*types.Route{{Dst: net.IPNet{IP: gw.To4(), Mask: net.CIDRMask(32, 32)}, MTU: routeMTU, Scope: &scope}, def}
 }
 
 // rollback collects the undo steps of an ADD, run in reverse order when it

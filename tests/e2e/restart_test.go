@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -11,6 +12,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/seine-net/seine/node/config"
 	"github.com/seine-net/seine/tests/sandbox/echo"
 )
 
@@ -58,33 +60,59 @@ func TestRestartKeepsTraffic(t *testing.T) {
 	t.Logf("%d connections, none failed, across restarts of seine on two Nodes", sent.Load())
 }
 
-// TestMTU: Pods and the gateway get the transport MTU (1500 in the
-// sandbox) minus the Geneve overhead (50) in the modes that tunnel (hybrid
-// too: some peers are tunnelled), the whole of it in noEncap; in
-// networkPolicyOnly the primary CNI sets the Pods' (1500 in the sandbox)
-// and the gateway has the transport's.
+// TestMTU: Pod interfaces get the transport's MTU (1500 in the sandbox)
+// in every mode (in networkPolicyOnly the primary CNI sets it, 1500 too).
+// In the modes that tunnel (hybrid too: some peers are tunnelled), the
+// gateway and the Pods' routes through it get the transport's MTU less
+// the Geneve overhead (50): a Pod sends 1500-byte packets to a Pod of its
+// own Node and 1450-byte ones to a Pod of another, both with the Don't
+// Fragment bit, and one byte more across Nodes fails in the Pod itself
+// ("message too long"), not somewhere on the way.
 func TestMTU(t *testing.T) {
 	c := shared
-	want := 1500
+	path, gw := 1500, 1500
 	if e2eMode.UsesTunnel() {
-		want = 1450
+		path, gw = 1450, 1450
 	}
-	pods := createPods(t, c, "mtu", 0)
-	ctx := testCtx(t, 30*time.Second)
+	if e2eMode == config.ModeNetworkPolicyOnly {
+		gw = 1500
+	}
+	pods := createPods(t, c, "mtu", 0, 0, 1)
+	ctx := testCtx(t, 60*time.Second)
 	out, err := c.Exec(ctx, pods[0].ns, pods[0].name, "cat", "/sys/class/net/eth0/mtu")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := strconv.Atoi(strings.TrimSpace(string(out))); got != want {
-		t.Errorf("Pod MTU %d, want %d", got, want)
+	if got, _ := strconv.Atoi(strings.TrimSpace(string(out))); got != 1500 {
+		t.Errorf("Pod MTU %d, want 1500", got)
 	}
 	for _, n := range c.Nodes() {
 		out, err := c.NodeExec(ctx, n.Name, "cat", "/sys/class/net/seine-gw0/mtu")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got, _ := strconv.Atoi(strings.TrimSpace(string(out))); got != want {
-			t.Errorf("gateway MTU on %s is %d, want %d", n.Name, got, want)
+		if got, _ := strconv.Atoi(strings.TrimSpace(string(out))); got != gw {
+			t.Errorf("gateway MTU on %s is %d, want %d", n.Name, got, gw)
+		}
+	}
+	// ping's payload is the packet less 28 bytes of IPv4 and ICMP headers.
+	ping := func(to podRef, size int) error {
+		out, err := c.Exec(ctx, pods[0].ns, pods[0].name, "ping", "-c", "1", "-W", "3", "-M", "do",
+			"-s", strconv.Itoa(size-28), to.ip)
+		if err != nil {
+			return fmt.Errorf("%w: %s", err, out)
+		}
+		return nil
+	}
+	if err := ping(pods[1], 1500); err != nil {
+		t.Errorf("1500-byte ping to a Pod on the same Node: %v", err)
+	}
+	if err := ping(pods[2], path); err != nil {
+		t.Errorf("%d-byte ping to a Pod on another Node: %v", path, err)
+	}
+	if path < 1500 {
+		if err := ping(pods[2], path+1); err == nil || !strings.Contains(err.Error(), "message too long") {
+			t.Errorf("%d-byte ping to a Pod on another Node: %v, want \"message too long\" from the Pod's route", path+1, err)
 		}
 	}
 }

@@ -55,11 +55,9 @@ func TestTunnelTypes(t *testing.T) {
 					t.Errorf("gateway MTU on %s with %s: %q (%v), want %s", n.Name, typ, out, err, wantMTU)
 				}
 			}
-			// Bulk between Pods created with this tunnel type's MTU: with
-			// userspace TSO, OVS 3.1 re-segments at the MTU of the port a
-			// packet leaves through, so a Pod of a smaller MTU (made under
-			// another tunnel type) would get segments larger than it takes
-			// (docs/configuration.md).
+			// Bulk between Pods created under this tunnel type: their
+			// routes through the gateway carry its MTU (a Pod keeps the
+			// route MTU it was created with; docs/configuration.md).
 			fresh := createPods(t, c, "tunnels-"+typ, 0, 1, 2)
 			l, err := c.ListenIn(fresh[0].ns, fresh[0].name, ":"+strconv.Itoa(bulkPort))
 			if err != nil {
