@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"sort"
 	"strconv"
 	"testing"
@@ -27,6 +28,66 @@ func incrementalScale() int {
 		return s
 	}
 	return 1
+}
+
+// startIncrementalProfile, when SEINE_BENCH_INCR_CPUPROFILE names a path
+// prefix, profiles the process's CPU (the controller runs in it) into
+// "<prefix>-<kind>.pprof" until the returned function is called: where a
+// change kind's time goes at scale, without the creation and the cold
+// start in the profile.
+func startIncrementalProfile(tb testing.TB, kind string) func() {
+	prefix := os.Getenv("SEINE_BENCH_INCR_CPUPROFILE")
+	if prefix == "" {
+		return func() {}
+	}
+	f, err := os.Create(prefix + "-" + kind + ".pprof")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		tb.Fatal(err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			tb.Error(err)
+		}
+	}
+}
+
+// histTotals are a histogram's sample count and sum (seconds).
+type histTotals struct {
+	count uint64
+	sum   float64
+}
+
+func (h histTotals) minus(o histTotals) histTotals {
+	return histTotals{count: h.count - o.count, sum: h.sum - o.sum}
+}
+
+// meanMs is the mean sample in milliseconds (0 without samples).
+func (h histTotals) meanMs() float64 {
+	if h.count == 0 {
+		return 0
+	}
+	return h.sum / float64(h.count) * 1000
+}
+
+// histogramTotals reads the unlabelled histogram name from reg.
+func histogramTotals(tb testing.TB, reg *prometheus.Registry, name string) histTotals {
+	tb.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			h := mf.GetMetric()[0].GetHistogram()
+			return histTotals{count: h.GetSampleCount(), sum: h.GetSampleSum()}
+		}
+	}
+	tb.Fatalf("no histogram %s", name)
+	return histTotals{}
 }
 
 // incrementalChanges is how many changes of each kind are timed.
@@ -55,7 +116,11 @@ const quietAfterChange = 400 * time.Millisecond
 // time the request to the watch event of the changed object itself (what
 // the controller's informer waits for); K-controller-p50-ms and
 // K-controller-p99-ms the rest, from that event to the last computed
-// object's (the controller's work and its writes' round trips).
+// object's (the controller's work and its writes' round trips), of which
+// K-compute-mean-ms is the model's update per source change and
+// K-round-mean-ms the controller's round (first change received to every
+// affected object written), both from the controller's histograms.
+// SEINE_BENCH_INCR_CPUPROFILE=<prefix> writes a CPU profile per kind.
 func BenchmarkIncremental(b *testing.B) {
 	scale := incrementalScale()
 	w := workloads.SmallNamespaces(25000 / scale)
@@ -78,7 +143,8 @@ func BenchmarkIncremental(b *testing.B) {
 	e.createAll(b, ctx, w.Nodes, w.Namespaces, w.Pods, w.Policies)
 	b.Logf("workload 1 / %d: %d namespaces, %d pods, %d policies created in %v", scale,
 		len(w.Namespaces), len(w.Pods), len(w.Policies), time.Since(t0).Round(time.Second))
-	cfg := Config{Identity: "bench", Registry: prometheus.NewRegistry(),
+	reg := prometheus.NewRegistry()
+	cfg := Config{Identity: "bench", Registry: reg,
 		LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second}
 	t0 = time.Now()
 	c, _ := startController(b, e, e.countingCP(500, 1000), cfg)
@@ -136,6 +202,9 @@ func BenchmarkIncremental(b *testing.B) {
 	for range b.N {
 		for _, ch := range changes {
 			var upd, all, src, ctl []time.Duration
+			stopProfile := startIncrementalProfile(b, ch.kind)
+			compute0, round0 := histogramTotals(b, reg, "seine_policy_controller_compute_duration_seconds"),
+				histogramTotals(b, reg, "seine_policy_controller_round_duration_seconds")
 			for i := 0; i < incrementalChanges; i++ {
 				drain(events)
 				drain(sources[ch.kind])
@@ -157,6 +226,15 @@ func BenchmarkIncremental(b *testing.B) {
 				upd = append(upd, lastUpd.Sub(start))
 				all = append(all, lastAny.Sub(start))
 			}
+			stopProfile()
+			// The controller's own share, from its histograms: the model's
+			// update per source change, and the round from the first change
+			// to every affected object written (the API server's answers
+			// included, the watch events around it not).
+			compute := histogramTotals(b, reg, "seine_policy_controller_compute_duration_seconds").minus(compute0)
+			round := histogramTotals(b, reg, "seine_policy_controller_round_duration_seconds").minus(round0)
+			b.ReportMetric(compute.meanMs(), ch.kind+"-compute-mean-ms")
+			b.ReportMetric(round.meanMs(), ch.kind+"-round-mean-ms")
 			b.ReportMetric(pct(upd, 0.5), ch.kind+"-p50-ms")
 			b.ReportMetric(pct(upd, 0.99), ch.kind+"-p99-ms")
 			b.ReportMetric(pct(src, 0.5), ch.kind+"-apiserver-p50-ms")
