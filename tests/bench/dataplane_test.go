@@ -66,7 +66,9 @@ type dpResult struct {
 // the fastest again with as many ports as Seine's server Node polls; two
 // bare bridges in two
 // namespaces joined by a kernel VXLAN device on each, with userspace TSO
-// (the fastest two-bridge topology); and Seine on a 2-Node sandbox: Pod to
+// (the fastest two-bridge topology), their Nodes joined by one veth pair
+// and again, as the sandbox joins its Nodes, through a Linux bridge
+// (bare2-vxlan-bridged); and Seine on a 2-Node sandbox: Pod to
 // Pod on one Node and across Nodes (Geneve, the default, then VXLAN), the
 // same through a Service's ClusterIP, and the same with 1,000
 // NetworkPolicies selecting the server Pod (against one Node measured
@@ -100,7 +102,8 @@ func BenchmarkDataplane(b *testing.B) {
 	}
 	for i := 0; i < b.N; i++ {
 		if os.Getenv("SEINE_BENCH_ONLY_BARE2") != "" {
-			report("bare2-vxlan", twoBridgesPath(b, rr))
+			report("bare2-vxlan", twoBridgesPath(b, rr, false))
+			report("bare2-vxlan-bridged", twoBridgesPath(b, rr, true))
 			continue
 		}
 		// The sandbox first: its control plane, kubelets and daemons run
@@ -142,7 +145,8 @@ func BenchmarkDataplane(b *testing.B) {
 		polled := polledPorts(b, srvNode)
 		b.ReportMetric(float64(polled), "seine-node-polled-ports")
 		report("bare-fast-ports", bareBridgePath(b, rr, bareBridge{Fast: true, IdlePorts: polled - 3}))
-		report("bare2-vxlan", twoBridgesPath(b, rr))
+		report("bare2-vxlan", twoBridgesPath(b, rr, false))
+		report("bare2-vxlan-bridged", twoBridgesPath(b, rr, true))
 
 		seine := func(client, dst string) dpResult {
 			return measurePath(b, rr, srvNS, client, dst, &srvNode)
@@ -206,6 +210,7 @@ func BenchmarkDataplane(b *testing.B) {
 		ratio("same/bare-fast-ports-Gbps", res["seine-same"].Gbps/res["bare-fast-ports"].Gbps)
 		ratio("same/bare-fast-p50", res["seine-same"].P50/fast.P50)
 		ratio("cross-vxlan/bare2-Gbps", res["seine-cross-vxlan"].Gbps/res["bare2-vxlan"].Gbps)
+		ratio("cross-vxlan/bare2-bridged-Gbps", res["seine-cross-vxlan"].Gbps/res["bare2-vxlan-bridged"].Gbps)
 		ratio("cross-geneve/bare2-Gbps", res["seine-cross-geneve"].Gbps/res["bare2-vxlan"].Gbps)
 		ratio("1000np-same-Gbps-cost", 1-res["seine-same-1000np"].Gbps/res["seine-same-vxlan"].Gbps)
 		ratio("1000np-cross-Gbps-cost", 1-res["seine-cross-vxlan-1000np"].Gbps/res["seine-cross-vxlan"].Gbps)
@@ -687,21 +692,40 @@ func BenchmarkBridgeCost(b *testing.B) {
 }
 
 // twoBridgesPath joins two netdev bridges (userspace TSO, in two "Node"
-// namespaces linked by a veth configured as the sandbox's underlay: no
-// transmit offloads, GRO on) with a kernel VXLAN device on each, attached as an ordinary
+// namespaces) with a kernel VXLAN device on each, attached as an ordinary
 // port; each bridge forwards between its "Pod" veth and the VXLAN device
 // with two flows, and the VXLAN device's forwarding entry names the other
-// Node.
-func twoBridgesPath(b *testing.B, rr string) dpResult {
+// Node. The Nodes' eth0 are configured as the sandbox's (no transmit
+// offloads, GRO on) and joined by one veth pair or, with bridged, as the
+// sandbox joins its Nodes: each by a veth to a Linux bridge in an underlay
+// namespace (tests/sandbox, buildTopology), one more veth and a bridge
+// hop per packet each way.
+func twoBridgesPath(b *testing.B, rr string, bridged bool) dpResult {
 	b.Helper()
 	defer withRcvBuf(b, rxbuf.DefaultMin)()
 	n := []string{"seine-bdp-n1", "seine-bdp-n2"}
 	p := []string{"seine-bdp-p1", "seine-bdp-p2"}
-	for _, x := range append(append([]string{}, n...), p...) {
+	all := append(append([]string{}, n...), p...)
+	const u = "seine-bdp-u"
+	if bridged {
+		all = append(all, u)
+	}
+	for _, x := range all {
 		netns(b, x)
 		sh(b, "ip", "-n", x, "link", "set", "lo", "up")
 	}
-	sh(b, "ip", "-n", n[0], "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", n[1])
+	if bridged {
+		sh(b, "ip", "-n", u, "link", "add", "br0", "type", "bridge")
+		sh(b, "ip", "-n", u, "link", "set", "br0", "up")
+		for i := range n {
+			port := fmt.Sprintf("n%d", i+1)
+			sh(b, "ip", "-n", u, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", n[i])
+			sh(b, "ip", "-n", u, "link", "set", port, "master", "br0", "up")
+			sh(b, "ip", "netns", "exec", u, "ethtool", "-K", port, "tx", "off", "tso", "off", "gso", "off")
+		}
+	} else {
+		sh(b, "ip", "-n", n[0], "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", n[1])
+	}
 	remoteMAC := func(i int) string { return fmt.Sprintf("0e:5f:c6:12:66:%02x", i+1) }
 	for i := range n {
 		sh(b, "ip", "netns", "exec", n[i], "ethtool", "-K", "eth0", "tx", "off", "tso", "off", "gso", "off", "gro", "on")
@@ -729,7 +753,7 @@ func twoBridgesPath(b *testing.B, rr string) dpResult {
 		o.ofctl(b, "add-flow", o.mgmt(b, "br0"), "in_port=1,actions=mod_dl_dst:"+podMAC+",output:2")
 	}
 	r := measurePath(b, rr, p[1], p[0], "198.18.103.2", nil)
-	delNetns(append(n, p...)...)
+	delNetns(all...)
 	return r
 }
 
