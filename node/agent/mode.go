@@ -71,8 +71,9 @@ type mtus struct {
 }
 
 // podMTUs derives the MTUs from the configuration and the transport. A
-// configured mtu (or none needed: noEncap, networkPolicyOnly) gives every
-// interface and route the same MTU. Otherwise, where the mode tunnels
+// configured mtu gives every interface and route that MTU, and a mode
+// that does not tunnel (noEncap, networkPolicyOnly) the transport's.
+// Where the mode tunnels
 // (hybrid too: some peers are reached through the tunnel), Pod interfaces
 // keep the transport's MTU and only the routes through the gateway carry
 // it less the tunnel overhead: traffic between two Pods of one Node never
