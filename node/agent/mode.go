@@ -73,16 +73,16 @@ type mtus struct {
 // podMTUs derives the MTUs from the configuration and the transport. A
 // configured mtu gives every interface and route that MTU, and a mode
 // that does not tunnel (noEncap, networkPolicyOnly) the transport's.
-// Where the mode tunnels
-// (hybrid too: some peers are reached through the tunnel), Pod interfaces
-// keep the transport's MTU and only the routes through the gateway carry
-// it less the tunnel overhead: traffic between two Pods of one Node never
-// enters a tunnel, and with the userspace datapath's TSO a smaller Pod
-// MTU costs about a tenth of its throughput, because OVS 3.1 sizes the
-// segments of each large packet by the MTU of the port it leaves through
-// (docs/benchmarks.md, "The Pods' MTU"). The kernel honours a route's MTU
-// for TCP's MSS, for fragmentation and for path MTU discovery (ip-route(8),
-// "mtu"), which is what makes the split safe.
+// Where the mode tunnels (hybrid too: some peers are reached through the
+// tunnel), Pod interfaces keep the transport's MTU and only the routes
+// through the gateway carry it less the tunnel overhead: traffic between
+// two Pods of one Node never enters a tunnel, and with the userspace
+// datapath's TSO a smaller Pod MTU costs about a tenth of its throughput,
+// because OVS 3.1 sizes the segments of each large packet by the MTU of
+// the port it leaves through (docs/benchmarks.md, "The Pods' MTU"). The
+// kernel honours a route's MTU for TCP's MSS, for fragmentation and for
+// path MTU discovery (ip-route(8), "mtu"), which is what makes the split
+// safe.
 func podMTUs(cfg config.Config, transport tunnel.Transport) (mtus, error) {
 	if cfg.MTU != 0 {
 		return mtus{Pod: cfg.MTU, Tunnel: cfg.MTU}, nil
