@@ -370,6 +370,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 			SliceSize:      cfg.NetworkPolicy.AddressGroupSliceSize,
 			Workers:        cfg.NetworkPolicy.ControllerWorkers,
 			Registry:       reg,
+			Ops:            ops.ops,
 		}, log.Named("policy-controller"))
 		if err != nil {
 			return err

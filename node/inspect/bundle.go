@@ -168,7 +168,7 @@ func (in *Inspector) SupportBundle(ctx context.Context, w io.Writer) error {
 		{"policy/networkpolicies.json", jsonOf(in.NetworkPolicies(), nil)},
 		{"policy/appliedtogroups.json", jsonOf(view.AppliedToGroups, nil)},
 		{"policy/addressgroups.json", jsonOf(view.AddressGroups, nil)},
-		{"policy/podrealization.json", jsonOf(view.PodRealization, nil)},
+		{"policy/podrealizations.json", jsonOf(view.PodRealizations, nil)},
 		{"profiles/goroutine.txt", func(w io.Writer) error { return pprof.Lookup("goroutine").WriteTo(w, 2) }},
 		{"profiles/heap.pb.gz", func(w io.Writer) error { return pprof.Lookup("heap").WriteTo(w, 0) }},
 	}

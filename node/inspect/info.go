@@ -14,6 +14,7 @@ import (
 	opsv1alpha1 "github.com/seine-net/seine/node/apis/ops/v1alpha1"
 	"github.com/seine-net/seine/node/localapi"
 	"github.com/seine-net/seine/node/version"
+	cpv1alpha1 "github.com/seine-net/seine/policy/apis/controlplane/v1alpha1"
 )
 
 // Version reports the daemon's and OVS's versions.
@@ -58,6 +59,7 @@ func (in *Inspector) AgentInfo(ctx context.Context) (localapi.AgentInfo, error) 
 	}
 	st := opsv1alpha1.AgentInfoStatus{
 		Version:           version.Version(),
+		Capabilities:      []string{cpv1alpha1.PodRealizationSlicesCapability},
 		StartTime:         metav1.NewTime(d.StartTime),
 		LastHeartbeatTime: metav1.NewTime(time.Now()),
 		OVS:               opsv1alpha1.OVSInfo{Version: ovs, DatapathType: d.Config.OVSDatapathType, Bridge: d.Config.BridgeName},

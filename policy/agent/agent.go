@@ -737,18 +737,41 @@ func (a *Agent) installedDigestLocked(podKey string) (string, []string) {
 	return realization.Digest(ps), names
 }
 
+// recordedDigest returns the digest the controller recorded for recKey in
+// prs, this Node's PodRealizations (one object, or slices of it). While
+// the controller moves Pods between slices a Pod may be in none of them,
+// or in two; two that disagree are an error until the move is done.
+func recordedDigest(prs []any, recKey string) (string, error) {
+	want, where := "", ""
+	for _, o := range prs {
+		pr := o.(*v1alpha1.PodRealization)
+		d, ok := pr.Spec.Pods[recKey]
+		switch {
+		case !ok:
+		case where == "":
+			want, where = d, pr.Name
+		case d != want:
+			return "", fmt.Errorf("PodRealizations %s and %s record different digests for pod %s (the controller is moving it between slices)",
+				where, pr.Name, recKey)
+		}
+	}
+	if where == "" {
+		return "", fmt.Errorf("the controller has not recorded pod %s in a PodRealization of this Node (%d stored)", recKey, len(prs))
+	}
+	return want, nil
+}
+
 // WaitRealized blocks until the flows of the Pod's current policy state are
 // installed: the digest of the installed policies selecting the Pod
 // (realization.Digest) equals the one the controller recorded for
-// realization.PodKey(namespace, name, uid) in this Node's PodRealization.
-// It returns an error naming the cause when ctx ends or RealizeTimeout
-// passes first.
+// realization.PodKey(namespace, name, uid) in this Node's PodRealization
+// (or in one of its slices: see v1alpha1.PodRealization). It returns an
+// error naming the cause when ctx ends or RealizeTimeout passes first.
 func (a *Agent) WaitRealized(ctx context.Context, namespace, name, uid string) error {
 	ctx, cancel := context.WithTimeout(ctx, a.cfg.RealizeTimeout)
 	defer cancel()
 	podKey := namespace + "/" + name
 	recKey := realization.PodKey(namespace, name, uid)
-	prName := v1alpha1.NodeKey(a.cfg.NodeName)
 	for {
 		a.mu.Lock()
 		ch := a.changed
@@ -756,14 +779,11 @@ func (a *Agent) WaitRealized(ctx context.Context, namespace, name, uid string) e
 		if !a.informed {
 			cause = errors.New("the policy agent has not started watching yet")
 		} else {
-			want, found := "", false
-			if obj, ok, _ := a.prInf.GetStore().GetByKey(prName); ok {
-				want, found = obj.(*v1alpha1.PodRealization).Spec.Pods[recKey]
-			}
+			want, recErr := recordedDigest(a.prInf.GetStore().List(), recKey)
 			have, names := a.installedDigestLocked(podKey)
 			switch {
-			case !found:
-				cause = fmt.Errorf("the controller has not recorded pod %s in PodRealization %s", recKey, prName)
+			case recErr != nil:
+				cause = recErr
 			case want == have && a.pending[podKey]:
 				cause = fmt.Errorf("the isolation of pod %s is not applied yet", podKey)
 				if a.lastErr != nil {

@@ -367,10 +367,15 @@ func TestAgentWithAPIServerAndOVS(t *testing.T) {
 	if err := ag.WaitRealized(ctx, "default", "a", "uid-a"); err == nil || !strings.Contains(err.Error(), "has not recorded") {
 		t.Errorf("WaitRealized without PodRealization: %v", err)
 	}
+	// The Node's PodRealization in two slices: the agent looks in both.
 	_, err = api.PodRealizations().Create(ctx, &v1alpha1.PodRealization{ObjectMeta: metav1.ObjectMeta{Name: nk, Labels: span(nil)},
-		Spec: v1alpha1.PodRealizationSpec{NodeName: nodeName, Pods: map[string]string{
+		Spec: v1alpha1.PodRealizationSpec{NodeName: nodeName, Slices: 2, Pods: map[string]string{
 			realization.PodKey("default", "a", "uid-a"): good,
 			realization.PodKey("default", "b", "uid-b"): good, // b has no policy: mismatch
+		}}}, metav1.CreateOptions{})
+	mustCreate(err)
+	_, err = api.PodRealizations().Create(ctx, &v1alpha1.PodRealization{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.PodRealizationName(nk, 1), Labels: span(nil)},
+		Spec: v1alpha1.PodRealizationSpec{NodeName: nodeName, Slice: 1, Slices: 2, Pods: map[string]string{
 			realization.PodKey("default", "c", "uid-c"): realization.Digest(nil),
 		}}}, metav1.CreateOptions{})
 	mustCreate(err)
@@ -490,5 +495,31 @@ func TestFlowEconomyOnNode(t *testing.T) {
 	t.Logf("100 targets × 100 peers × 3 ports: %d flows on the switch", got)
 	if got >= 250 {
 		t.Errorf("the policy installed %d flows, want fewer than 250", got)
+	}
+}
+
+// recordedDigest finds a Pod in any of its Node's PodRealizations, and
+// refuses two that disagree (a Pod moving between slices).
+func TestRecordedDigest(t *testing.T) {
+	pr := func(name string, pods map[string]string) any {
+		return &v1alpha1.PodRealization{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1alpha1.PodRealizationSpec{Pods: pods}}
+	}
+	for _, c := range []struct {
+		name    string
+		prs     []any
+		want    string
+		wantErr string
+	}{
+		{"none stored", nil, "", "has not recorded pod ns/p/u in a PodRealization of this Node (0 stored)"},
+		{"in neither", []any{pr("n", map[string]string{"ns/q/u": "d1"}), pr("n-1", nil)}, "", "(2 stored)"},
+		{"in slice 1", []any{pr("n", map[string]string{"ns/q/u": "d1"}), pr("n-1", map[string]string{"ns/p/u": "d2"})}, "d2", ""},
+		{"in two, agreeing", []any{pr("n", map[string]string{"ns/p/u": "d2"}), pr("n-1", map[string]string{"ns/p/u": "d2"})}, "d2", ""},
+		{"in two, disagreeing", []any{pr("n", map[string]string{"ns/p/u": "d1"}), pr("n-1", map[string]string{"ns/p/u": "d2"})}, "",
+			"PodRealizations n and n-1 record different digests for pod ns/p/u"},
+	} {
+		got, err := recordedDigest(c.prs, "ns/p/u")
+		if got != c.want || (err == nil) != (c.wantErr == "") || (err != nil && !strings.Contains(err.Error(), c.wantErr)) {
+			t.Errorf("%s: recordedDigest = %q, %v; want %q, %q", c.name, got, err, c.want, c.wantErr)
+		}
 	}
 }

@@ -49,7 +49,8 @@ type View struct {
 	Policies        []PolicyState
 	AppliedToGroups []*v1alpha1.AppliedToGroup
 	AddressGroups   []*v1alpha1.AddressGroup
-	PodRealization  *v1alpha1.PodRealization
+	// PodRealizations are this Node's: one object, or its slices, by name.
+	PodRealizations []*v1alpha1.PodRealization
 }
 
 // View returns the computed objects in the agent's caches and what of
@@ -83,9 +84,10 @@ func (a *Agent) View() View {
 		v.AddressGroups = append(v.AddressGroups, o.(*v1alpha1.AddressGroup))
 	}
 	sort.Slice(v.AddressGroups, func(i, j int) bool { return v.AddressGroups[i].Name < v.AddressGroups[j].Name })
-	if o, ok, _ := a.prInf.GetStore().GetByKey(v1alpha1.NodeKey(a.cfg.NodeName)); ok {
-		v.PodRealization = o.(*v1alpha1.PodRealization)
+	for _, o := range a.prInf.GetStore().List() {
+		v.PodRealizations = append(v.PodRealizations, o.(*v1alpha1.PodRealization))
 	}
+	sort.Slice(v.PodRealizations, func(i, j int) bool { return v.PodRealizations[i].Name < v.PodRealizations[j].Name })
 	return v
 }
 

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"slices"
 	"strconv"
+	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -61,7 +62,9 @@ func (m *Model) DesiredKeys() []Key {
 	}
 	for _, n := range m.nodes {
 		if n.known {
-			out = append(out, Key{KindPodRealization, n.key})
+			for i := range n.prSlices {
+				out = append(out, Key{KindPodRealization, v1alpha1.PodRealizationName(n.key, i)})
+			}
 		}
 	}
 	return out
@@ -133,19 +136,37 @@ func (m *Model) desiredNP(name string) (metav1.Object, bool) {
 }
 
 func (m *Model) desiredPR(name string) (metav1.Object, bool) {
-	n := m.nodeByKey[name]
-	if n == nil || !n.known {
+	nodeKey, slice := name, 0
+	if k, rest, ok := strings.Cut(name, "-"); ok {
+		i, err := strconv.Atoi(rest)
+		if err != nil || i < 1 || strconv.Itoa(i) != rest {
+			return nil, false
+		}
+		nodeKey, slice = k, i
+	}
+	n := m.nodeByKey[nodeKey]
+	if n == nil || !n.known || slice >= n.prSlices {
 		return nil, false
 	}
-	pods := make(map[string]string, len(n.pods))
+	size := len(n.pods)
+	if n.prSlices > 1 {
+		size = size/n.prSlices + size/(4*n.prSlices) // and a quarter, for an uneven hash
+	}
+	pods := make(map[string]string, size)
 	var buf []*group
 	var sig []byte
 	for pd := range n.pods {
-		pods[realization.PodKey(pd.ns.name, pd.name, pd.uid)], buf, sig = m.podDigest(pd, buf, sig)
+		if int(n.prSlot(pd)) == slice {
+			pods[realization.PodKey(pd.ns.name, pd.name, pd.uid)], buf, sig = m.podDigest(pd, buf, sig)
+		}
+	}
+	spec := v1alpha1.PodRealizationSpec{NodeName: n.name, Pods: pods}
+	if n.prSlices > 1 {
+		spec.Slice, spec.Slices = int32(slice), int32(n.prSlices)
 	}
 	return &v1alpha1.PodRealization{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{n.label: ""}},
-		Spec:       v1alpha1.PodRealizationSpec{NodeName: n.name, Pods: pods},
+		Spec:       spec,
 		Status:     v1alpha1.PodRealizationStatus{PodCount: int32(len(pods))},
 	}, true
 }

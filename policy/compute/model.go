@@ -21,7 +21,12 @@
 //   - A computed NetworkPolicy ("np-<uid>") spans the Nodes where its
 //     target group has members; an AddressGroup spans the union of the
 //     spans of the policies using it; objects with an empty span do not
-//     exist. A PodRealization ("<NodeKey>") exists for every known Node.
+//     exist. A PodRealization ("<NodeKey>") exists for every known Node;
+//     once the Node's agent reads them in slices (SetPodRealizationSlicing),
+//     a Node with more than PodRealizationSliceSize Pods has a power of two
+//     of them, each holding the Pods v1alpha1.PodRealizationSlice puts there,
+//     so that a change of one Pod's digest rewrites about that many digests
+//     rather than all of its Node's.
 //
 // Cost: a Pod event evaluates only the selectors of its namespace (indexed
 // by one label pair each) and the cluster-wide selectors whose namespace
@@ -51,6 +56,26 @@ import (
 // AddressGroup slice.
 const DefaultSliceSize = 500
 
+// DefaultPodRealizationSliceSize is the default number of Pods above which
+// a Node's PodRealization is split in two, four, ... slices (for Nodes
+// whose agent reads slices). Below kubelet's default of 110 Pods a Node
+// keeps one object.
+const DefaultPodRealizationSliceSize = 128
+
+// Option configures a Model.
+type Option func(*Model)
+
+// WithPodRealizationSliceSize sets the Pods per PodRealization slice that a
+// Node's Pod count must exceed before its PodRealization is split
+// (DefaultPodRealizationSliceSize when n ≤ 0).
+func WithPodRealizationSliceSize(n int) Option {
+	return func(m *Model) {
+		if n > 0 {
+			m.prSliceSize = n
+		}
+	}
+}
+
 // Kind is the kind of a computed object.
 type Kind string
 
@@ -75,7 +100,11 @@ func (k Key) String() string { return string(k.Kind) + "/" + k.Name }
 
 // Model is the incremental policy computation. Create it with New.
 type Model struct {
-	sliceSize int
+	sliceSize   int
+	prSliceSize int
+	// prSlicing holds the Nodes whose agent reads a PodRealization in
+	// slices.
+	prSlicing map[string]struct{}
 
 	namespaces map[string]*namespace
 	groups     map[string]*group
@@ -109,12 +138,14 @@ type Model struct {
 
 // New returns an empty model whose AddressGroup slices hold at most
 // sliceSize members (DefaultSliceSize when sliceSize ≤ 0).
-func New(sliceSize int) *Model {
+func New(sliceSize int, opts ...Option) *Model {
 	if sliceSize <= 0 {
 		sliceSize = DefaultSliceSize
 	}
-	return &Model{
+	m := &Model{
 		sliceSize:   sliceSize,
+		prSliceSize: DefaultPodRealizationSliceSize,
+		prSlicing:   make(map[string]struct{}),
 		namespaces:  make(map[string]*namespace),
 		groups:      make(map[string]*group),
 		policies:    make(map[string]*policy),
@@ -126,6 +157,10 @@ func New(sliceSize int) *Model {
 		digestCache: make(map[string]string),
 		emptyDigest: realization.Digest(nil),
 	}
+	for _, o := range opts {
+		o(m)
+	}
+	return m
 }
 
 type namespace struct {
@@ -159,6 +194,9 @@ type pod struct {
 	ports  []v1alpha1.NamedPort
 	active bool
 	groups []membership
+	// prHash is v1alpha1.PodHash of the Pod, which picks its
+	// PodRealization slice.
+	prHash uint32
 }
 
 type node struct {
@@ -167,8 +205,19 @@ type node struct {
 	label string // SpanLabel(name)
 	known bool   // a Node object exists
 	pods  map[*pod]struct{}
-	// prMarked is the epoch in which its PodRealization was last marked.
+	// sliced is set while the Node's agent reads PodRealization slices;
+	// prSlices is how many there are (a power of two, 1 when !sliced).
+	sliced   bool
+	prSlices int
+	// prMarked is the epoch in which all its PodRealization slices were
+	// last marked.
 	prMarked uint64
+}
+
+// prSlot is the PodRealization slice of pd on n
+// (v1alpha1.PodRealizationSlice: prSlices is a power of two).
+func (n *node) prSlot(pd *pod) int32 {
+	return int32(pd.prHash & uint32(n.prSlices-1))
 }
 
 type group struct {
@@ -217,8 +266,8 @@ type policy struct {
 // dkey is a dirty object named by the strings the model already holds, so
 // marking an object allocates nothing: AddressGroup {a: group key, i:
 // slice}, AppliedToGroup {a: group key, b: NodeKey}, NetworkPolicy {a:
-// object name}, PodRealization {b: NodeKey}; or every AppliedToGroup of a
-// group {a: group key}.
+// object name}, PodRealization {b: NodeKey, i: slice}; or every
+// AppliedToGroup of a group {a: group key}.
 type dkey struct {
 	a, b string
 	i    int32
@@ -256,12 +305,52 @@ func (m *Model) markATGs(g *group) {
 
 func (m *Model) markNP(p *policy) { m.mark(dkey{kind: dNetworkPolicy, a: p.objName}) }
 
+// markPR marks every PodRealization slice of n.
 func (m *Model) markPR(n *node) {
 	if n.prMarked == m.epoch {
 		return
 	}
 	n.prMarked = m.epoch
-	m.mark(dkey{kind: dPodRealization, b: n.key})
+	for i := range n.prSlices {
+		m.mark(dkey{kind: dPodRealization, b: n.key, i: int32(i)})
+	}
+}
+
+// markPodPR marks the PodRealization slice of n that holds pd.
+func (m *Model) markPodPR(n *node, pd *pod) {
+	if n.prMarked == m.epoch {
+		return
+	}
+	m.mark(dkey{kind: dPodRealization, b: n.key, i: n.prSlot(pd)})
+}
+
+// resizePR sets the number of n's PodRealization slices for its Pod count
+// and capability: doubled while the Pods exceed prSliceSize per slice,
+// halved while they would fit in a quarter of the slices (so a Pod count
+// near a boundary does not move every Pod back and forth). A new count
+// marks every slice before and after it: Pods move between them, and
+// slices past the new count are deleted.
+func (m *Model) resizePR(n *node) {
+	s := n.prSlices
+	switch {
+	case !n.sliced:
+		s = 1
+	default:
+		for len(n.pods) > s*m.prSliceSize {
+			s *= 2
+		}
+		for s > 1 && len(n.pods)*4 <= s*m.prSliceSize {
+			s /= 2
+		}
+	}
+	if s == n.prSlices {
+		return
+	}
+	for i := range max(s, n.prSlices) {
+		m.mark(dkey{kind: dPodRealization, b: n.key, i: int32(i)})
+	}
+	n.prSlices = s
+	n.prMarked = m.epoch
 }
 
 // TakeDirty returns the keys of every object that may have changed since
@@ -326,7 +415,7 @@ func (k dkey) key() Key {
 	case dNetworkPolicy:
 		return Key{KindNetworkPolicy, k.a}
 	}
-	return Key{KindPodRealization, k.b}
+	return Key{KindPodRealization, v1alpha1.PodRealizationName(k.b, int(k.i))}
 }
 
 // atgGroup returns the group a dGroupATGs entry names if it has
@@ -391,7 +480,9 @@ func (m *Model) nodeFor(name string) *node {
 	n := m.nodes[name]
 	if n == nil {
 		key := v1alpha1.NodeKey(name)
-		n = &node{name: name, key: key, label: v1alpha1.SpanLabelPrefix + key, pods: make(map[*pod]struct{})}
+		_, sliced := m.prSlicing[name]
+		n = &node{name: name, key: key, label: v1alpha1.SpanLabelPrefix + key, pods: make(map[*pod]struct{}),
+			sliced: sliced, prSlices: 1}
 		m.nodes[name] = n
 		m.nodeByKey[n.key] = n
 	}
@@ -416,6 +507,25 @@ func (m *Model) UpsertNode(n *corev1.Node) {
 	if !nd.known {
 		nd.known = true
 		m.markPR(nd)
+	}
+}
+
+// SetPodRealizationSlicing records whether the agent of Node name reads
+// its PodRealization in slices (it lists
+// v1alpha1.PodRealizationSlicesCapability in its AgentInfo). Without it a
+// Node keeps one PodRealization whatever its Pod count.
+func (m *Model) SetPodRealizationSlicing(name string, on bool) {
+	if _, was := m.prSlicing[name]; was == on {
+		return
+	}
+	if on {
+		m.prSlicing[name] = struct{}{}
+	} else {
+		delete(m.prSlicing, name)
+	}
+	if nd := m.nodes[name]; nd != nil {
+		nd.sliced = on
+		m.resizePR(nd)
 	}
 }
 
@@ -527,7 +637,7 @@ func (m *Model) UpsertPodInfo(p PodInfo) {
 		pd = nil
 	}
 	if pd == nil {
-		pd = &pod{ns: n, name: p.Name, uid: p.UID}
+		pd = &pod{ns: n, name: p.Name, uid: p.UID, prHash: v1alpha1.PodHash(p.Namespace, p.Name)}
 		n.pods[p.Name] = pd
 	} else if pd.active == p.Active && pd.node == p.NodeName && slices.Equal(pd.ips, p.IPs) &&
 		slices.Equal(pd.ports, p.Ports) && mapsEqual(pd.labels, p.Labels) {
@@ -588,8 +698,9 @@ func (m *Model) updatePod(pd *pod, lbls map[string]string, nodeName string, ips 
 	if oldNode != newNode {
 		if oldNode != "" {
 			on := m.nodes[oldNode]
+			m.markPodPR(on, pd)
 			delete(on.pods, pd)
-			m.markPR(on)
+			m.resizePR(on)
 			for _, mb := range pd.groups {
 				m.removeFromNode(mb.g, pd, on)
 			}
@@ -598,6 +709,7 @@ func (m *Model) updatePod(pd *pod, lbls map[string]string, nodeName string, ips 
 		if newNode != "" {
 			nn := m.nodeFor(newNode)
 			nn.pods[pd] = struct{}{}
+			m.resizePR(nn)
 			for _, mb := range pd.groups {
 				m.addToNode(mb.g, pd, nn)
 			}
@@ -612,7 +724,7 @@ func (m *Model) updatePod(pd *pod, lbls map[string]string, nodeName string, ips 
 	pd.labels, pd.node, pd.ips, pd.ports, pd.active = lbls, nodeName, ips, ports, active
 	nn := m.podNode(pd)
 	if nn != nil {
-		m.markPR(nn)
+		m.markPodPR(nn, pd)
 	}
 	// Kept groups: refresh contents.
 	if ipsChanged || portsChanged {
@@ -650,7 +762,7 @@ func (m *Model) join(pd *pod, g *group) {
 	if n := m.podNode(pd); n != nil {
 		m.addToNode(g, pd, n)
 		if g.targetRefs > 0 {
-			m.markPR(n)
+			m.markPodPR(n, pd)
 		}
 	}
 }
@@ -668,7 +780,7 @@ func (m *Model) leave(pd *pod, g *group) {
 	if n := m.podNode(pd); n != nil {
 		m.removeFromNode(g, pd, n)
 		if g.targetRefs > 0 {
-			m.markPR(n)
+			m.markPodPR(n, pd)
 		}
 	}
 }
@@ -803,8 +915,14 @@ func (m *Model) sliceCountChanged(g *group) {
 // bumpDigest invalidates the digest of every Pod in target group tg.
 func (m *Model) bumpDigest(tg *group) {
 	tg.ver++
-	for n := range tg.byNode.Keys() {
-		m.markPR(n)
+	for n, pods := range tg.byNode.All() {
+		if n.prSlices == 1 {
+			m.markPR(n)
+			continue
+		}
+		for _, pd := range pods {
+			m.markPodPR(n, pd)
+		}
 	}
 }
 

@@ -477,17 +477,88 @@ func TestPodRealizationDigest(t *testing.T) {
 	}
 }
 
+// A Node whose agent reads slices gets its PodRealization split as its Pods
+// grow; then one Pod's relabel rewrites only the slice holding it, and the
+// agent turning slicing off (a rollback) brings one object back.
+func TestPodRealizationSlices(t *testing.T) {
+	m := New(0, WithPodRealizationSliceSize(4))
+	m.UpsertNode(mkNode("n1"))
+	m.SetPodRealizationSlicing("n1", true)
+	web := sel(map[string]string{"app": "web"})
+	m.UpsertNetworkPolicy(mkNP("ns", "a", web, nil, nil))
+	for i := range 20 {
+		m.UpsertPod(mkPod("ns", fmt.Sprintf("p%d", i), "n1", fmt.Sprintf("10.0.0.%d", i+1), map[string]string{"app": "db"}))
+	}
+	key := v1alpha1.NodeKey("n1")
+	m.TakeDirty()
+	prs := map[string]*v1alpha1.PodRealization{}
+	for _, k := range m.DesiredKeys() {
+		if k.Kind == KindPodRealization {
+			o, _ := m.Desired(k)
+			prs[k.Name] = o.(*v1alpha1.PodRealization)
+		}
+	}
+	if len(prs) != 8 { // 20 Pods: 5 per slice would exceed 4
+		t.Fatalf("%d PodRealizations for 20 Pods at 4 per slice, want 8", len(prs))
+	}
+	slice := v1alpha1.PodRealizationSlice("ns", "p3", 8)
+	name := v1alpha1.PodRealizationName(key, slice)
+	if _, ok := prs[name].Spec.Pods["ns/p3/uid-ns-p3"]; !ok || prs[name].Spec.Slices != 8 || int(prs[name].Spec.Slice) != slice {
+		t.Fatalf("p3 not in %s (slice %d of %d): %v", name, prs[name].Spec.Slice, prs[name].Spec.Slices, prs[name].Spec.Pods)
+	}
+
+	m.UpsertPod(mkPod("ns", "p3", "n1", "10.0.0.4", map[string]string{"app": "web"}))
+	var dirty []string
+	for _, k := range m.TakeDirty() {
+		if k.Kind == KindPodRealization {
+			dirty = append(dirty, k.Name)
+		}
+	}
+	if !slices.Equal(dirty, []string{name}) {
+		t.Errorf("p3's relabel dirtied PodRealizations %v, want only %s", dirty, name)
+	}
+
+	// 20 -> 4 Pods: 8 slices shrink to 2 (4 Pods fill a quarter of 4 slices).
+	for i := 4; i < 20; i++ {
+		m.DeletePod("ns", fmt.Sprintf("p%d", i))
+	}
+	got := keySet(m.TakeDirty())
+	for i := range 8 {
+		k := Key{KindPodRealization, v1alpha1.PodRealizationName(key, i)}
+		_, exists := m.Desired(k)
+		if !got[k] || exists != (i < 2) {
+			t.Errorf("after shrinking, slice %d: dirty %v, exists %v", i, got[k], exists)
+		}
+	}
+
+	m.SetPodRealizationSlicing("n1", false)
+	got = keySet(m.TakeDirty())
+	if !got[Key{KindPodRealization, key}] || !got[Key{KindPodRealization, v1alpha1.PodRealizationName(key, 1)}] {
+		t.Errorf("turning slicing off dirtied %v", got)
+	}
+	if pods := prDigests(t, m, "n1"); len(pods) != 4 {
+		t.Errorf("one PodRealization again, with %d Pods, want 4", len(pods))
+	}
+	if _, ok := m.Desired(Key{KindPodRealization, v1alpha1.PodRealizationName(key, 1)}); ok {
+		t.Error("slice 1 still desired without slicing")
+	}
+}
+
 // TestIncrementalMatchesRebuild drives random events and checks, after
 // each or after a few, that (1) every object whose desired content changed
-// is in the dirty set, once, and (2) the model equals one built from
-// scratch from the final state.
+// is in the dirty set, once, (2) every Pod is in the PodRealization slice
+// its name hashes to, and (3) the model equals one built from scratch from
+// the final state. PodRealizations split above 2 Pods per slice on the
+// Nodes whose agent reads slices, which the events switch on and off.
 func TestIncrementalMatchesRebuild(t *testing.T) {
 	rng := rand.New(rand.NewSource(7))
-	m := New(3)
+	m := New(3, WithPodRealizationSliceSize(2))
 	pods := map[string]*corev1.Pod{}
 	nss := map[string]*corev1.Namespace{}
 	nps := map[string]*networkingv1.NetworkPolicy{}
 	nodes := map[string]bool{}
+	sliced := map[string]bool{}
+	maxSlices := 0
 	lbl := func() map[string]string {
 		l := map[string]string{"app": fmt.Sprintf("a%d", rng.Intn(4))}
 		if rng.Intn(2) == 0 {
@@ -511,7 +582,7 @@ func TestIncrementalMatchesRebuild(t *testing.T) {
 	const steps = 1500
 	for step := 0; step < steps; step++ {
 		ns := fmt.Sprintf("ns%d", rng.Intn(3))
-		switch op := rng.Intn(10); {
+		switch op := rng.Intn(11); {
 		case op < 4:
 			name := fmt.Sprintf("p%d", rng.Intn(15))
 			ip := ""
@@ -563,6 +634,10 @@ func TestIncrementalMatchesRebuild(t *testing.T) {
 			n := fmt.Sprintf("n%d", rng.Intn(4))
 			nodes[n] = true
 			m.UpsertNode(mkNode(n))
+		case op == 10:
+			n := fmt.Sprintf("n%d", rng.Intn(4))
+			sliced[n] = rng.Intn(4) > 0
+			m.SetPodRealizationSlicing(n, sliced[n])
 		default:
 			if rng.Intn(3) == 0 {
 				n := fmt.Sprintf("n%d", rng.Intn(4))
@@ -594,9 +669,16 @@ func TestIncrementalMatchesRebuild(t *testing.T) {
 		}
 		prev = cur
 		checkDigests(t, m, step)
+		maxSlices = max(maxSlices, checkPRSlices(t, m, step, sliced))
+	}
+	if maxSlices < 4 {
+		t.Fatalf("no Node's PodRealization was split in 4 or more; the test proves little (most: %d)", maxSlices)
 	}
 	// Rebuild from scratch in a fixed order and compare.
-	r := New(3)
+	r := New(3, WithPodRealizationSliceSize(2))
+	for n, on := range sliced {
+		r.SetPodRealizationSlicing(n, on)
+	}
 	for _, k := range sortedKeys(nodes) {
 		r.UpsertNode(mkNode(k))
 	}
@@ -617,23 +699,107 @@ func TestIncrementalMatchesRebuild(t *testing.T) {
 		if prev[k] == v {
 			continue
 		}
-		if k.Kind == KindAddressGroup {
-			continue // slice assignment depends on history; checked below
-		}
-		if k.Kind == KindPodRealization && !reflect.DeepEqual(sliceCounts(m), sliceCounts(r)) {
-			continue // digests cover slice counts, which depend on history
+		if k.Kind == KindAddressGroup || k.Kind == KindPodRealization {
+			continue // slice counts depend on history; checked below
 		}
 		t.Errorf("%v differs from a rebuild:\nincremental %s\nrebuild     %s", k, prev[k], v)
 	}
 	for k := range prev {
-		if _, ok := fresh[k]; !ok && k.Kind != KindAddressGroup {
+		if _, ok := fresh[k]; !ok && k.Kind != KindAddressGroup && k.Kind != KindPodRealization {
 			t.Errorf("%v exists only in the incremental model", k)
 		}
+	}
+	// PodRealizations: the same Pods per Node whatever the slicing, with
+	// the same digests when the AddressGroup slice counts agree.
+	a, b := podsByNode(t, m), podsByNode(t, r)
+	if !reflect.DeepEqual(sliceCounts(m), sliceCounts(r)) {
+		for _, x := range []map[string]map[string]string{a, b} {
+			for _, pods := range x {
+				for k := range pods {
+					pods[k] = ""
+				}
+			}
+		}
+	}
+	if !reflect.DeepEqual(a, b) {
+		t.Errorf("PodRealizations differ from a rebuild:\nincremental %v\nrebuild     %v", a, b)
 	}
 	// AddressGroups: same members per group whatever the slicing.
 	if a, b := agMembersByGroup(t, m), agMembersByGroup(t, r); !reflect.DeepEqual(a, b) {
 		t.Errorf("AddressGroup members differ:\n%v\n%v", a, b)
 	}
+}
+
+// podsByNode merges each Node's PodRealizations (one object or slices).
+func podsByNode(t *testing.T, m *Model) map[string]map[string]string {
+	t.Helper()
+	out := map[string]map[string]string{}
+	for _, k := range m.DesiredKeys() {
+		if k.Kind != KindPodRealization {
+			continue
+		}
+		o, _ := m.Desired(k)
+		pr := o.(*v1alpha1.PodRealization)
+		if out[pr.Spec.NodeName] == nil {
+			out[pr.Spec.NodeName] = map[string]string{}
+		}
+		for pk, d := range pr.Spec.Pods {
+			if _, dup := out[pr.Spec.NodeName][pk]; dup {
+				t.Errorf("pod %s is in two PodRealizations of %s", pk, pr.Spec.NodeName)
+			}
+			out[pr.Spec.NodeName][pk] = d
+		}
+	}
+	return out
+}
+
+// checkPRSlices checks the PodRealization layout of every Node: one object
+// "<NodeKey>" without Slices for a Node whose agent does not read slices;
+// otherwise a power of two of them, named PodRealizationName(key, i), each
+// holding exactly the Pods PodRealizationSlice puts there, with at most 2
+// Pods per slice and more than a quarter of that (the hysteresis).
+// It returns the largest slice count.
+func checkPRSlices(t *testing.T, m *Model, step int, sliced map[string]bool) int {
+	t.Helper()
+	byNode := map[string][]*v1alpha1.PodRealization{}
+	for _, k := range m.DesiredKeys() {
+		if k.Kind == KindPodRealization {
+			o, _ := m.Desired(k)
+			pr := o.(*v1alpha1.PodRealization)
+			byNode[pr.Spec.NodeName] = append(byNode[pr.Spec.NodeName], pr)
+		}
+	}
+	most := 0
+	for node, prs := range byNode {
+		n := len(prs)
+		most = max(most, n)
+		total := 0
+		for _, pr := range prs {
+			total += len(pr.Spec.Pods)
+		}
+		switch {
+		case !sliced[node] && (n != 1 || prs[0].Spec.Slices != 0 || prs[0].Name != v1alpha1.NodeKey(node)):
+			t.Fatalf("step %d: node %s without slicing has %d PodRealizations (first %s, slices %d)", step, node, n, prs[0].Name, prs[0].Spec.Slices)
+		case n&(n-1) != 0:
+			t.Fatalf("step %d: node %s has %d PodRealization slices, not a power of two", step, node, n)
+		case n > 1 && (total > n*2 || total*4 <= n*2):
+			// grown while over 2 Pods per slice, halved at a quarter of that
+			t.Fatalf("step %d: node %s has %d slices for %d Pods", step, node, n, total)
+		}
+		for _, pr := range prs {
+			i := int(pr.Spec.Slice)
+			if n > 1 && (int(pr.Spec.Slices) != n || pr.Name != v1alpha1.PodRealizationName(v1alpha1.NodeKey(node), i)) {
+				t.Fatalf("step %d: %s: slice %d of %d, but node %s has %d", step, pr.Name, i, pr.Spec.Slices, node, n)
+			}
+			for pk := range pr.Spec.Pods {
+				parts := strings.Split(pk, "/")
+				if want := v1alpha1.PodRealizationSlice(parts[0], parts[1], n); want != i {
+					t.Fatalf("step %d: pod %s in slice %d of %s, hashes to %d", step, pk, i, node, want)
+				}
+			}
+		}
+	}
+	return most
 }
 
 func agMembersByGroup(t *testing.T, m *Model) map[string][]string {

@@ -33,6 +33,7 @@ import (
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
+	opsclient "github.com/seine-net/seine/node/client/clientset/versioned"
 	"github.com/seine-net/seine/policy/client/clientset/versioned"
 	"github.com/seine-net/seine/policy/compute"
 )
@@ -74,6 +75,15 @@ type Config struct {
 	DeleteDelay time.Duration
 	// Workers is the number of concurrent writers; default 8.
 	Workers int
+	// Ops, when set, is read for AgentInfos: a Node's PodRealization is
+	// split in slices only while its agent lists
+	// v1alpha1.PodRealizationSlicesCapability (so agents of an earlier
+	// release keep reading one object). Without it, never.
+	Ops opsclient.Interface
+	// PodRealizationSliceSize is the Pods per PodRealization slice a Node
+	// must exceed before its PodRealization is split; default
+	// compute.DefaultPodRealizationSliceSize (128).
+	PodRealizationSliceSize int
 }
 
 func (c *Config) defaults() {
@@ -103,6 +113,9 @@ func (c *Config) defaults() {
 	}
 	if c.Workers <= 0 {
 		c.Workers = DefaultWorkers
+	}
+	if c.PodRealizationSliceSize <= 0 {
+		c.PodRealizationSliceSize = compute.DefaultPodRealizationSliceSize
 	}
 }
 

@@ -18,6 +18,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/tools/cache"
 
+	opsv1alpha1 "github.com/seine-net/seine/node/apis/ops/v1alpha1"
+	opsclient "github.com/seine-net/seine/node/client/clientset/versioned"
 	"github.com/seine-net/seine/policy/apis/controlplane/v1alpha1"
 	cpinformers "github.com/seine-net/seine/policy/client/informers"
 	"github.com/seine-net/seine/policy/compute"
@@ -183,8 +185,10 @@ func TestControllerAgainstAPIServer(t *testing.T) {
 	allowUID, denyUID := npUID("allow-client"), npUID("deny-all")
 
 	reg := prometheus.NewRegistry()
+	ops := opsclient.NewForConfigOrDie(e.rc)
 	cfg := Config{Identity: "cp-a", LeaseName: "seine-test", Registry: reg,
-		LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 250 * time.Millisecond}
+		LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 250 * time.Millisecond,
+		Ops: ops, PodRealizationSliceSize: 1}
 	a, stopA := startController(t, e, e.cp, cfg)
 	waitFor(t, 30*time.Second, "controller a leads", a.IsLeader)
 	waitIdle(t, a, 60*time.Second, 500*time.Millisecond)
@@ -368,6 +372,55 @@ func TestControllerAgainstAPIServer(t *testing.T) {
 		agentDigest(final, "n3", "web", "db-0"); got != want {
 		t.Errorf("db-0 digest after takeover %q, want %q", got, want)
 	}
+
+	// --- sliced PodRealizations, once the Node's agent reads them ---
+	// n1 holds web-0 and client-0: more than 1 Pod per slice, so its agent
+	// listing the capability splits its PodRealization in 2.
+	nk := v1alpha1.NodeKey("n1")
+	ai, err := ops.OpsV1alpha1().AgentInfos().Create(ctx, &opsv1alpha1.AgentInfo{ObjectMeta: metav1.ObjectMeta{Name: "n1"},
+		Status: opsv1alpha1.AgentInfoStatus{Capabilities: []string{v1alpha1.PodRealizationSlicesCapability}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slicesOf := func(s stored) []*v1alpha1.PodRealization {
+		var out []*v1alpha1.PodRealization
+		for _, o := range s {
+			if pr, ok := o.(*v1alpha1.PodRealization); ok && pr.Spec.NodeName == "n1" {
+				out = append(out, pr)
+			}
+		}
+		sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+		return out
+	}
+	waitFor(t, 20*time.Second, "n1's PodRealization in 2 slices", func() bool { return len(slicesOf(snapshot(t, e))) == 2 })
+	waitIdle(t, b, 20*time.Second, 500*time.Millisecond)
+	sliced := snapshot(t, e)
+	for i, pr := range slicesOf(sliced) {
+		if pr.Name != v1alpha1.PodRealizationName(nk, i) || pr.Spec.Slice != int32(i) || pr.Spec.Slices != 2 ||
+			pr.Labels[v1alpha1.SpanLabel("n1")] != "" || len(pr.Labels) != 1 {
+			t.Errorf("slice %d: %s, spec slice %d of %d, labels %v", i, pr.Name, pr.Spec.Slice, pr.Spec.Slices, pr.Labels)
+		}
+	}
+	for _, p := range []struct{ ns, name string }{{"web", "web-0"}, {"clients", "client-0"}} {
+		pr := sliced["PodRealization/"+v1alpha1.PodRealizationName(nk, v1alpha1.PodRealizationSlice(p.ns, p.name, 2))]
+		got, ok := "", false
+		if pr != nil {
+			got, ok = pr.(*v1alpha1.PodRealization).Spec.Pods[realization.PodKey(p.ns, p.name, podUID(t, e, p.ns, p.name))]
+		}
+		if want := agentDigest(sliced, "n1", p.ns, p.name); !ok || got != want {
+			t.Errorf("%s/%s in its slice: %q (found %v), want %q", p.ns, p.name, got, ok, want)
+		}
+	}
+	// A rollback: the agent's AgentInfo no longer lists the capability, so
+	// n1 is back to one object holding both Pods.
+	ai.Status.Capabilities = nil
+	if _, err := ops.OpsV1alpha1().AgentInfos().Update(ctx, ai, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "n1's PodRealization in one object again", func() bool {
+		prs := slicesOf(snapshot(t, e))
+		return len(prs) == 1 && prs[0].Name == nk && prs[0].Spec.Slices == 0 && len(prs[0].Spec.Pods) == 2
+	})
 }
 
 func podUID(t *testing.T, e *env, ns, name string) string {

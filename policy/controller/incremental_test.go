@@ -8,15 +8,21 @@ import (
 	"runtime/pprof"
 	"sort"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 
+	opsv1alpha1 "github.com/seine-net/seine/node/apis/ops/v1alpha1"
+	opsclient "github.com/seine-net/seine/node/client/clientset/versioned"
+	"github.com/seine-net/seine/policy/apis/controlplane/v1alpha1"
+	"github.com/seine-net/seine/policy/compute"
 	"github.com/seine-net/seine/policy/compute/workloads"
 )
 
@@ -28,6 +34,41 @@ func incrementalScale() int {
 		return s
 	}
 	return 1
+}
+
+// createAgentInfos writes, for each Node, the AgentInfo its agent would:
+// listing PodRealizationSlicesCapability unless $SEINE_BENCH_INCR_UNSLICED
+// is set (agents of an earlier release: one PodRealization per Node). It
+// returns the ops client and the layout's name.
+func createAgentInfos(tb testing.TB, ctx context.Context, e *env, nodes []*corev1.Node) (opsclient.Interface, string) {
+	ops := opsclient.NewForConfigOrDie(e.rc)
+	if os.Getenv("SEINE_BENCH_INCR_UNSLICED") != "" {
+		return ops, "one PodRealization per Node"
+	}
+	for _, n := range nodes {
+		if _, err := ops.OpsV1alpha1().AgentInfos().Create(ctx, &opsv1alpha1.AgentInfo{ObjectMeta: metav1.ObjectMeta{Name: n.Name},
+			Status: opsv1alpha1.AgentInfoStatus{Capabilities: []string{v1alpha1.PodRealizationSlicesCapability}}}, metav1.CreateOptions{}); err != nil {
+			tb.Fatalf("AgentInfo %s: %v", n.Name, err)
+		}
+	}
+	return ops, "PodRealizations in slices"
+}
+
+// writeCounts lists the controller's writes and failed writes so far by
+// kind and verb.
+func writeCounts(c *Controller) string {
+	var out []string
+	for _, kind := range compute.Kinds {
+		for _, verb := range []string{"create", "update", "delete"} {
+			if n := metricValue(c.metrics.writes.WithLabelValues(string(kind), verb)); n > 0 {
+				out = append(out, fmt.Sprintf("%s %s %.0f", kind, verb, n))
+			}
+		}
+		if n := metricValue(c.metrics.writeErrors.WithLabelValues(string(kind))); n > 0 {
+			out = append(out, fmt.Sprintf("%s errors %.0f", kind, n))
+		}
+	}
+	return strings.Join(out, ", ")
 }
 
 // startIncrementalProfile, when SEINE_BENCH_INCR_CPUPROFILE names a path
@@ -121,6 +162,9 @@ const quietAfterChange = 400 * time.Millisecond
 // K-round-mean-ms the controller's round (first change received to every
 // affected object written), both from the controller's histograms.
 // SEINE_BENCH_INCR_CPUPROFILE=<prefix> writes a CPU profile per kind.
+// Every Node's agent reads PodRealization slices (its AgentInfo says so);
+// SEINE_BENCH_INCR_UNSLICED=1 measures one PodRealization per Node, as
+// with agents of an earlier release.
 func BenchmarkIncremental(b *testing.B) {
 	scale := incrementalScale()
 	w := workloads.SmallNamespaces(25000 / scale)
@@ -143,14 +187,16 @@ func BenchmarkIncremental(b *testing.B) {
 	e.createAll(b, ctx, w.Nodes, w.Namespaces, w.Pods, w.Policies)
 	b.Logf("workload 1 / %d: %d namespaces, %d pods, %d policies created in %v", scale,
 		len(w.Namespaces), len(w.Pods), len(w.Policies), time.Since(t0).Round(time.Second))
+	ops, layout := createAgentInfos(b, ctx, e, w.Nodes)
 	reg := prometheus.NewRegistry()
-	cfg := Config{Identity: "bench", Registry: reg,
+	cfg := Config{Identity: "bench", Registry: reg, Ops: ops,
 		LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second}
 	t0 = time.Now()
 	c, _ := startController(b, e, e.countingCP(500, 1000), cfg)
 	waitFor(b, 60*time.Minute, "leader", c.IsLeader)
 	waitIdle(b, c, 60*time.Minute, time.Second)
-	b.Logf("controller cold start: %v, %d objects stored", time.Since(t0).Round(time.Second), countStored(b, e))
+	b.Logf("controller cold start (%s): %v, %d objects stored (%d PodRealizations); writes: %s", layout,
+		time.Since(t0).Round(time.Second), countStored(b, e), c.Status().Computed[compute.KindPodRealization], writeCounts(c))
 
 	events := e.watchComputed(b, ctx)
 	pod := w.Pods[0] // app=a in workload 1

@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -16,6 +17,9 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 
+	opsv1alpha1 "github.com/seine-net/seine/node/apis/ops/v1alpha1"
+	opsinformers "github.com/seine-net/seine/node/client/informers"
+	cpv1alpha1 "github.com/seine-net/seine/policy/apis/controlplane/v1alpha1"
 	cpinformers "github.com/seine-net/seine/policy/client/informers"
 	"github.com/seine-net/seine/policy/compute"
 )
@@ -110,6 +114,19 @@ func (l *leading) apply(fn func(m *compute.Model)) {
 	}
 }
 
+// agentCapabilities keeps of an AgentInfo its name and capabilities, all
+// the controller reads of it.
+func agentCapabilities(obj any) (any, error) {
+	ai, ok := obj.(*opsv1alpha1.AgentInfo)
+	if !ok {
+		return obj, nil
+	}
+	return &opsv1alpha1.AgentInfo{
+		ObjectMeta: metav1.ObjectMeta{Name: ai.Name, UID: ai.UID, ResourceVersion: ai.ResourceVersion},
+		Status:     opsv1alpha1.AgentInfoStatus{Capabilities: ai.Status.Capabilities},
+	}, nil
+}
+
 // stripMeta drops managed fields and annotations of other source objects.
 func stripMeta(obj any) (any, error) {
 	if a, ok := obj.(metav1.Object); ok {
@@ -134,7 +151,7 @@ func (c *Controller) lead(ctx context.Context, since time.Time) error {
 	l := &leading{
 		c:     c,
 		log:   c.log,
-		model: compute.New(c.cfg.SliceSize),
+		model: compute.New(c.cfg.SliceSize, compute.WithPodRealizationSliceSize(c.cfg.PodRealizationSliceSize)),
 		queue: workqueue.NewTypedRateLimitingQueue(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[compute.Key](5*time.Millisecond, 10*time.Second)),
 		scheduled: make(map[compute.Key]struct{}),
@@ -143,6 +160,10 @@ func (c *Controller) lead(ctx context.Context, since time.Time) error {
 	}
 	kf := informers.NewSharedInformerFactory(c.kube, 0)
 	cf := cpinformers.NewSharedInformerFactory(c.cp, 0)
+	var of opsinformers.SharedInformerFactory // AgentInfos: which Nodes read sliced PodRealizations
+	if c.cfg.Ops != nil {
+		of = opsinformers.NewSharedInformerFactory(c.cfg.Ops, 0)
+	}
 	var workers sync.WaitGroup
 	defer func() {
 		cancel()
@@ -150,6 +171,9 @@ func (c *Controller) lead(ctx context.Context, since time.Time) error {
 		workers.Wait()
 		kf.Shutdown()
 		cf.Shutdown()
+		if of != nil {
+			of.Shutdown()
+		}
 		c.mu.Lock()
 		if c.current == l {
 			c.current = nil
@@ -186,9 +210,26 @@ func (c *Controller) lead(ctx context.Context, since time.Time) error {
 		{nodeInf, func(m *compute.Model, o any) { m.UpsertNode(o.(*corev1.Node)) },
 			func(m *compute.Model, _, name string) { m.DeleteNode(name) }},
 	}
+	if of != nil {
+		agentInf := of.Ops().V1alpha1().AgentInfos().Informer()
+		if err := agentInf.SetTransform(agentCapabilities); err != nil {
+			return fmt.Errorf("agentinfo informer transform: %w", err)
+		}
+		l.sources["agentinfos"] = agentInf.GetStore()
+		specs = append(specs, handlerSpec{agentInf,
+			func(m *compute.Model, o any) {
+				ai := o.(*opsv1alpha1.AgentInfo)
+				m.SetPodRealizationSlicing(ai.Name, slices.Contains(ai.Status.Capabilities, cpv1alpha1.PodRealizationSlicesCapability))
+			},
+			func(m *compute.Model, _, name string) { m.SetPodRealizationSlicing(name, false) }})
+	}
+	// The model must have received every source object before the first
+	// TakeDirty: a handler's own HasSynced says so (the informer's says
+	// only that its store is filled).
+	var handlersSynced []cache.InformerSynced
 	for _, s := range specs {
 		s := s
-		_, err := s.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		reg, err := s.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(o any) { l.apply(func(m *compute.Model) { s.upsert(m, o) }) },
 			UpdateFunc: func(_, o any) { l.apply(func(m *compute.Model) { s.upsert(m, o) }) },
 			DeleteFunc: func(o any) {
@@ -199,6 +240,7 @@ func (c *Controller) lead(ctx context.Context, since time.Time) error {
 		if err != nil {
 			return fmt.Errorf("add event handler: %w", err)
 		}
+		handlersSynced = append(handlersSynced, reg.HasSynced)
 	}
 
 	cpv := cf.Controlplane().V1alpha1()
@@ -223,9 +265,7 @@ func (c *Controller) lead(ctx context.Context, since time.Time) error {
 		}
 		synced = append(synced, inf.HasSynced)
 	}
-	for _, s := range specs {
-		synced = append(synced, s.inf.HasSynced)
-	}
+	synced = append(synced, handlersSynced...)
 
 	c.mu.Lock()
 	c.current = l
@@ -245,6 +285,9 @@ func (c *Controller) lead(ctx context.Context, since time.Time) error {
 	}
 	kf.Start(ctx.Done())
 	cf.Start(ctx.Done())
+	if of != nil {
+		of.Start(ctx.Done())
+	}
 	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
 		return fmt.Errorf("wait for informer caches: %w", ctx.Err())
 	}

@@ -308,8 +308,8 @@ func (m *cniMeter) policyLevel(ctx context.Context, c *sandbox.Cluster, nss []st
 		}
 		uids[i] = string(pod.UID)
 	}
-	// The controller records every Pod in the Node's PodRealization
-	// before a CNI ADD can be acknowledged.
+	// The controller records every Pod in the Node's PodRealization (one
+	// object, or its slices) before a CNI ADD can be acknowledged.
 	rc, err := c.ControlPlane().RESTConfig()
 	if err != nil {
 		b.Fatal(err)
@@ -319,14 +319,16 @@ func (m *cniMeter) policyLevel(ctx context.Context, c *sandbox.Cluster, nss []st
 		b.Fatal(err)
 	}
 	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		pr, err := cp.ControlplaneV1alpha1().PodRealizations().Get(ctx, v1alpha1.NodeKey(m.node.Name), metav1.GetOptions{})
+		prs, err := cp.ControlplaneV1alpha1().PodRealizations().List(ctx, metav1.ListOptions{LabelSelector: v1alpha1.SpanLabel(m.node.Name)})
 		if err != nil {
 			return false, nil
 		}
 		n := 0
-		for k := range pr.Spec.Pods {
-			if strings.HasPrefix(k, namespace+"/") {
-				n++
+		for _, pr := range prs.Items {
+			for k := range pr.Spec.Pods {
+				if strings.HasPrefix(k, namespace+"/") {
+					n++
+				}
 			}
 		}
 		return n == len(nss), nil

@@ -79,6 +79,14 @@ type AgentInfoStatus struct {
 	// Version of the seine binary.
 	// +optional
 	Version string `json:"version,omitempty"`
+	// Capabilities name what this daemon can read that an earlier release
+	// could not, so the policy controller uses a newer layout for this Node
+	// only once its daemon lists it, and stops when a rollback's daemon no
+	// longer does: "PodRealizationSlices" (a PodRealization in slices,
+	// controlplane v1alpha1.PodRealizationSlicesCapability).
+	// +optional
+	// +listType=set
+	Capabilities []string `json:"capabilities,omitempty"`
 	// StartTime is when this daemon process started.
 	// +optional
 	StartTime metav1.Time `json:"startTime,omitempty"`

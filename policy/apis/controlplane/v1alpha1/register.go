@@ -3,6 +3,8 @@ package v1alpha1
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"hash/fnv"
+	"strconv"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -48,3 +50,43 @@ func NodeKey(node string) string {
 
 // SpanLabel is the label that puts an object in node's span.
 func SpanLabel(node string) string { return SpanLabelPrefix + NodeKey(node) }
+
+// PodRealizationSlicesCapability is what an agent lists in its AgentInfo's
+// status.capabilities when it reads a Node's PodRealization in slices. The
+// controller slices a Node's PodRealization only while the Node's agent
+// lists it, so an agent of an earlier release, which reads the object
+// "<NodeKey(node)>" alone, keeps finding every Pod during a rolling
+// upgrade or a rollback.
+const PodRealizationSlicesCapability = "PodRealizationSlices"
+
+// PodRealizationName names slice i of node's PodRealization: NodeKey(node)
+// for slice 0 (the name of the unsliced object too), "<NodeKey(node)>-<i>"
+// for the others.
+func PodRealizationName(nodeKey string, i int) string {
+	if i == 0 {
+		return nodeKey
+	}
+	return nodeKey + "-" + strconv.Itoa(i)
+}
+
+// PodRealizationSlice is the slice, 0 to slices-1, that holds the Pod
+// namespace/name when a Node's Pods are in slices PodRealizations: the
+// 32-bit FNV-1a hash of "<namespace>/<name>" modulo slices. slices is a
+// power of two, so halving or doubling it moves a Pod only between slice
+// i and slice i + slices/2. slices < 2 gives 0.
+func PodRealizationSlice(namespace, name string, slices int) int {
+	if slices < 2 {
+		return 0
+	}
+	return int(PodHash(namespace, name) % uint32(slices))
+}
+
+// PodHash is the 32-bit FNV-1a hash of "<namespace>/<name>" that
+// PodRealizationSlice takes modulo the slice count.
+func PodHash(namespace, name string) uint32 {
+	h := fnv.New32a()
+	h.Write([]byte(namespace))
+	h.Write([]byte{'/'})
+	h.Write([]byte(name))
+	return h.Sum32()
+}

@@ -253,10 +253,20 @@ type NetworkPolicyList struct {
 }
 
 // PodRealization acknowledges, per Node, the Pods whose policy objects the
-// controller has written (named "<NodeKey(node)>"; span: that Node). For
-// each Pod it records a digest of the policy state that applies to it; an
-// agent holding the same state computes the same digest, which is how a CNI
-// ADD knows the Pod's policies are in place before it returns.
+// controller has written (span: that Node). For each Pod it records a
+// digest of the policy state that applies to it; an agent holding the same
+// state computes the same digest, which is how a CNI ADD knows the Pod's
+// policies are in place before it returns.
+//
+// A Node's Pods are in one object named "<NodeKey(node)>", or, once the
+// Node's agent reports PodRealizationSlicesCapability in its AgentInfo, in
+// Spec.Slices objects: slice 0 keeps that name, slice i > 0 is named
+// "<NodeKey(node)>-<i>" (PodRealizationName). A Pod's slice is
+// PodRealizationSlice(namespace, name, Spec.Slices). Slicing keeps a
+// change of one Pod's digest from rewriting the digests of every Pod on
+// its Node. An agent looks a Pod up in every PodRealization of its Node,
+// so it reads either layout; while the controller moves Pods between
+// slices, a Pod may be in no slice or in two for a moment.
 //
 // +genclient
 // +genclient:nonNamespaced
@@ -264,6 +274,8 @@ type NetworkPolicyList struct {
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
 // +kubebuilder:resource:scope=Cluster,shortName=spr
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.spec.nodeName`
+// +kubebuilder:printcolumn:name="Slice",type=integer,JSONPath=`.spec.slice`
+// +kubebuilder:printcolumn:name="Slices",type=integer,JSONPath=`.spec.slices`
 // +kubebuilder:printcolumn:name="Pods",type=integer,JSONPath=`.status.podCount`
 type PodRealization struct {
 	metav1.TypeMeta   `json:",inline"`
@@ -277,6 +289,14 @@ type PodRealization struct {
 // PodRealizationSpec maps Pods to policy digests.
 type PodRealizationSpec struct {
 	NodeName string `json:"nodeName"`
+	// Slice is this object's slice of the Node's Pods, 0 to Slices-1.
+	// +optional
+	Slice int32 `json:"slice,omitempty"`
+	// Slices is how many PodRealizations hold the Node's Pods; 0 means 1
+	// (the layout before slicing, which agents without
+	// PodRealizationSlicesCapability read).
+	// +optional
+	Slices int32 `json:"slices,omitempty"`
 	// Pods maps "<namespace>/<name>/<uid>" to the digest of the policy
 	// state applying to the Pod. The map is one field for the API server's
 	// field management (x-kubernetes-map-type: atomic, KEP-555): the

@@ -87,3 +87,30 @@ func TestAddToScheme(t *testing.T) {
 		}
 	}
 }
+
+// Doubling a Node's PodRealization slices moves a Pod from slice i only to
+// slice i or i+slices; slice names are valid object names; one slice is
+// the unsliced object.
+func TestPodRealizationSlice(t *testing.T) {
+	key := NodeKey(strings.Repeat("a", 253))
+	if PodRealizationName(key, 0) != key || PodRealizationSlice("ns", "p", 1) != 0 || PodRealizationSlice("ns", "p", 0) != 0 {
+		t.Fatal("slice 0 of an unsliced PodRealization is not the Node's object")
+	}
+	if errs := validation.IsDNS1123Subdomain(PodRealizationName(key, 1023)); len(errs) > 0 {
+		t.Errorf("slice name is not a valid object name: %v", errs)
+	}
+	seen := map[int]bool{}
+	for i := range 1000 {
+		name := "pod-" + strings.Repeat("x", i%7) + string(rune('a'+i%26)) + strings.Repeat("y", i/26)
+		for s := 1; s <= 64; s *= 2 {
+			a, b := PodRealizationSlice("ns", name, s), PodRealizationSlice("ns", name, 2*s)
+			if a < 0 || a >= s || (b != a && b != a+s) {
+				t.Fatalf("%s: slice %d of %d, then %d of %d", name, a, s, b, 2*s)
+			}
+		}
+		seen[PodRealizationSlice("ns", name, 8)] = true
+	}
+	if len(seen) != 8 {
+		t.Errorf("1,000 Pods fill only %d of 8 slices", len(seen))
+	}
+}
