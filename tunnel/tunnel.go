@@ -136,3 +136,66 @@ func Choose(userspaceDatapath bool, tunnelType string) Kind {
 	}
 	return KindOVSPort
 }
+
+// DefaultType is the tunnel type of a cluster whose configuration leaves
+// tunnelType empty and whose Nodes have not chosen one yet: vxlan with the
+// userspace datapath, where a kernel VXLAN device encapsulates and segments
+// (Choose; OVS 3.1's userspace Geneve and GRE ports encapsulate one segment
+// at a time, about a sixth of the throughput in docs/benchmarks.md), and
+// geneve with the kernel datapath.
+func DefaultType(userspaceDatapath bool) string {
+	if userspaceDatapath {
+		return VXLAN
+	}
+	return Geneve
+}
+
+// TypeSource says where PickType found a Node's tunnel type.
+type TypeSource string
+
+// Sources of the tunnel type, in PickType's order of precedence.
+const (
+	FromConfig   TypeSource = "configuration"
+	FromThisNode TypeSource = "this Node's previous run"
+	FromPeers    TypeSource = "the other Nodes"
+	FromDefault  TypeSource = "the datapath's default"
+)
+
+// PickType decides a Node's tunnel type. Nodes can only reach each other
+// when they encapsulate alike, so a default never changes the wire format
+// of a running cluster:
+//   - configured, when set (the operator's choice, even if peers differ);
+//   - else previous, the type this Node reported in its last run (its
+//     AgentInfo), so a restart or an upgrade keeps it;
+//   - else the type most of the other Nodes report (ties go to the
+//     datapath's default, then to the first in name order), so a Node that
+//     joins a running cluster speaks its language;
+//   - else DefaultType.
+//
+// peers counts the other Nodes by the tunnel type they report; empty and
+// unknown types are ignored.
+func PickType(configured, previous string, peers map[string]int, userspaceDatapath bool) (string, TypeSource) {
+	known := func(t string) bool { _, err := Overhead(t); return err == nil }
+	if configured != "" {
+		return configured, FromConfig
+	}
+	if known(previous) {
+		return previous, FromThisNode
+	}
+	def := DefaultType(userspaceDatapath)
+	best, bestN := "", 0
+	for t, n := range peers {
+		if !known(t) || n <= 0 {
+			continue
+		}
+		better := n > bestN ||
+			n == bestN && (t == def || best != def && t < best)
+		if better {
+			best, bestN = t, n
+		}
+	}
+	if best != "" {
+		return best, FromPeers
+	}
+	return def, FromDefault
+}

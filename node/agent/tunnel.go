@@ -6,15 +6,20 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"go.uber.org/zap"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/knftables"
 
 	"github.com/seine-net/seine/datapath/offload"
 	"github.com/seine-net/seine/datapath/ovsdb"
 	"github.com/seine-net/seine/datapath/pipeline"
 	"github.com/seine-net/seine/datapath/rxbuf"
+	opsv1alpha1 "github.com/seine-net/seine/node/apis/ops/v1alpha1"
+	opsclient "github.com/seine-net/seine/node/client/clientset/versioned"
 	"github.com/seine-net/seine/node/config"
 	"github.com/seine-net/seine/node/noderoute"
 	"github.com/seine-net/seine/tunnel"
@@ -203,4 +208,54 @@ func peerTunnel(k *tunnel.KernelVXLAN) noderoute.PeerTunnel {
 		return nil
 	}
 	return k
+}
+
+// chooseTunnelType returns the tunnel type this Node runs with
+// (tunnel.PickType): cfg's, else what its own and the other Nodes'
+// AgentInfos report, else the datapath's default. It retries reading the
+// AgentInfos until ctx ends, as the wait for the Node does: guessing could
+// split the cluster into Nodes that cannot decapsulate each other's
+// packets.
+func chooseTunnelType(ctx context.Context, cfg config.Config, ops opsclient.Interface, log *zap.Logger) (string, error) {
+	if cfg.TunnelType != "" {
+		return cfg.TunnelType, nil
+	}
+	var list *opsv1alpha1.AgentInfoList
+	last := time.Time{}
+	err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
+		var err error
+		if list, err = ops.OpsV1alpha1().AgentInfos().List(ctx, metav1.ListOptions{}); err != nil {
+			if time.Since(last) > 10*time.Second {
+				last = time.Now()
+				log.Info("waiting to read the Nodes' AgentInfos to choose the tunnel type (or set tunnelType)", zap.Error(err))
+			}
+			return false, nil
+		}
+		return true, nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("choosing the tunnel type: listing AgentInfos: %w", err)
+	}
+	previous, peers := "", map[string]int{}
+	for _, a := range list.Items {
+		if a.Name == cfg.NodeName {
+			previous = a.Status.TunnelType
+		} else {
+			peers[a.Status.TunnelType]++
+		}
+	}
+	typ, from := tunnel.PickType("", previous, peers, userspaceDatapath(cfg))
+	log.Info("tunnel type chosen", zap.String("tunnel_type", typ), zap.String("tunnel_type_source", string(from)),
+		zap.String("previous_tunnel_type", previous), zap.Any("peer_tunnel_types", peers))
+	others := 0
+	for t, n := range peers {
+		if _, err := tunnel.Overhead(t); err == nil && t != typ {
+			others += n
+		}
+	}
+	if others > 0 && cfg.TrafficEncapMode.UsesTunnel() {
+		log.Warn("other Nodes report another tunnel type: Pods on Nodes of different types cannot reach each other; set tunnelType on every Node",
+			zap.String("tunnel_type", typ), zap.Any("peer_tunnel_types", peers))
+	}
+	return typ, nil
 }

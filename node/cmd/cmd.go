@@ -83,7 +83,7 @@ func nodeCommand() *cli.Command {
 			log := logging.Logger
 			defer func() { _ = log.Sync() }()
 			log.Info("starting seine node", zap.String("version", version.String()),
-				zap.String("datapath", cfg.OVSDatapathType), zap.String("tunnel_type", cfg.TunnelType),
+				zap.String("datapath", cfg.OVSDatapathType),
 				zap.String("traffic_encap_mode", string(cfg.TrafficEncapMode)))
 			for _, w := range cfg.Warnings() {
 				log.Warn("configuration", zap.String("warning", w))

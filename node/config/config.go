@@ -61,7 +61,10 @@ type Config struct {
 	GatewayName string `json:"gatewayName,omitempty"`
 	// TunnelName is the flow-based tunnel port. Default seine-tun0.
 	TunnelName string `json:"tunnelName,omitempty"`
-	// TunnelType is geneve (default), vxlan or gre.
+	// TunnelType is geneve, vxlan or gre. Empty (the default): the type
+	// this Node used before, else the one the other Nodes use (their
+	// AgentInfos), else vxlan with netdev and geneve with system
+	// (tunnel.PickType), so a default never splits a running cluster.
 	TunnelType string `json:"tunnelType,omitempty"`
 	// TransportInterface carries tunnel traffic between Nodes. Default: the
 	// interface that holds the Node's InternalIP.
@@ -222,7 +225,6 @@ func Default() Config {
 		BridgeName:          "br-int",
 		GatewayName:         "seine-gw0",
 		TunnelName:          "seine-tun0",
-		TunnelType:          TunnelGeneve,
 		TransportBridge:     "br-phy",
 		UserspaceTSO:        &t,
 		NetdevReceiveBuffer: &rcvbuf,
@@ -327,9 +329,9 @@ func (c Config) Validate() error {
 		bad("ovsDatapathType", "%q is not one of system, netdev", c.OVSDatapathType)
 	}
 	switch c.TunnelType {
-	case TunnelGeneve, TunnelVXLAN, TunnelGRE:
+	case "", TunnelGeneve, TunnelVXLAN, TunnelGRE:
 	default:
-		bad("tunnelType", "%q is not one of geneve, vxlan, gre", c.TunnelType)
+		bad("tunnelType", "%q is not one of geneve, vxlan, gre (or empty: chosen at start)", c.TunnelType)
 	}
 	if c.NetdevReceiveBuffer != nil && *c.NetdevReceiveBuffer < 0 {
 		bad("netdevReceiveBuffer", "%d bytes is negative (0 leaves net.core.rmem_default alone)", *c.NetdevReceiveBuffer)

@@ -22,7 +22,7 @@ func TestDefaultsAreValid(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.TunnelType != TunnelGeneve || c.OVSDatapathType != DatapathSystem || !c.SNATEnabled() || !c.PolicyEnabled() ||
+	if c.TunnelType != "" || c.OVSDatapathType != DatapathSystem || !c.SNATEnabled() || !c.PolicyEnabled() ||
 		c.TrafficEncapMode != ModeEncap {
 		t.Fatalf("unexpected defaults: %+v", c)
 	}
@@ -101,6 +101,14 @@ func TestTrafficModes(t *testing.T) {
 			env: "true", direct: true, snat: true, ownsPods: true, wantWarn: "proxy.enable"},
 		{name: "override must say true", set: []string{"trafficEncapMode=noEncap", "proxy.enable=false"}, env: "1", wantErr: "proxy.enable"},
 		{name: "encap without proxy", set: []string{"proxy.enable=false"}, tunnel: true, snat: true, ownsPods: true},
+		{name: "geneve on the userspace datapath", set: []string{"ovsDatapathType=netdev", "tunnelType=geneve"},
+			tunnel: true, snat: true, ownsPods: true, wantWarn: "tunnelType: geneve"},
+		{name: "gre on the userspace datapath, hybrid", set: []string{"ovsDatapathType=netdev", "tunnelType=gre", "trafficEncapMode=hybrid"},
+			tunnel: true, direct: true, snat: true, ownsPods: true, wantWarn: "tunnelType: gre"},
+		{name: "vxlan on the userspace datapath", set: []string{"ovsDatapathType=netdev", "tunnelType=vxlan"}, tunnel: true, snat: true, ownsPods: true},
+		{name: "geneve on the kernel datapath", set: []string{"tunnelType=geneve"}, tunnel: true, snat: true, ownsPods: true},
+		{name: "geneve on the userspace datapath, no tunnel", set: []string{"ovsDatapathType=netdev", "tunnelType=geneve", "trafficEncapMode=noEncap"},
+			direct: true, snat: true, ownsPods: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv(AllowNoEncapWithoutProxyEnv, tc.env)

@@ -104,5 +104,9 @@ func (c Config) Warnings() []string {
 	if c.TrafficEncapMode != ModeEncap && !c.ProxyEnabled() {
 		w = append(w, fmt.Sprintf("proxy.enable: false with trafficEncapMode %s (allowed by %s): Service traffic is left to the host's kube-proxy, and NetworkPolicy sees its choices", c.TrafficEncapMode, AllowNoEncapWithoutProxyEnv))
 	}
+	if c.OVSDatapathType == DatapathNetdev && c.TrafficEncapMode.UsesTunnel() &&
+		(c.TunnelType == TunnelGeneve || c.TunnelType == TunnelGRE) {
+		w = append(w, fmt.Sprintf("tunnelType: %s with ovsDatapathType netdev goes through OVS's userspace tunnel port, which encapsulates one MTU-sized packet at a time: Pod traffic between Nodes runs at about a fifth of vxlan's (docs/configuration.md)", c.TunnelType))
+	}
 	return w
 }

@@ -11,7 +11,10 @@
 //     then sends the packet (OpenFlow packet-out).
 //  2. Each Node groups the packet-ins by (source Node IP, tag) — the
 //     source Node is itself for injected packets and the tunnel's source
-//     address for packets from a peer — and, once none came for a settle
+//     address for packets from a peer; a kernel VXLAN device keeps the
+//     outer header to itself, so for packets through one the key is the
+//     packet's source IP (the source Pod's) and the tag — and, once none
+//     came for a settle
 //     time, writes one TraceflowNode: the tables, and Delivered,
 //     Forwarded (with the next Node), ToHost or Dropped.
 //  3. The status is Succeeded once the chain of Nodes from the source
@@ -79,10 +82,13 @@ type Config struct {
 	PodIP func(ctx context.Context, namespace, name string) (string, error)
 }
 
-// key identifies a trace cluster-wide: the source Node's IP and its tag.
+// key identifies a trace cluster-wide: the source Node's IP and its tag,
+// or, for a packet from a peer through a kernel VXLAN device (no tun_src:
+// the device keeps the outer header), the packet's source IP and the tag.
 type key struct {
-	src string
-	tag uint16
+	src   string // the source Node's IP
+	podIP string // instead of src: the traced packet's source IP
+	tag   uint16
 }
 
 // observation is what one Node collected of one trace.
@@ -390,10 +396,7 @@ func (c *Controller) observe(ctx context.Context, pi of.PacketIn) {
 	if reg(pi.Metadata, pipeline.TraceActive) != 1 {
 		return
 	}
-	k := key{src: c.cfg.NodeIP.String(), tag: uint16(reg(pi.Metadata, pipeline.TraceTag))}
-	if pi.Metadata.InPort == c.cfg.Bridge.TunnelPort && c.cfg.Bridge.TunnelPort != 0 && pi.Metadata.TunSrc != nil {
-		k.src = pi.Metadata.TunSrc.String()
-	}
+	k := c.keyOf(pi)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	o := c.obs[k]
@@ -406,6 +409,19 @@ func (c *Controller) observe(ctx context.Context, pi of.PacketIn) {
 	}
 	o.tables = append(o.tables, pipeline.Table(pi.Table))
 	o.last = pi
+}
+
+// keyOf returns the trace a packet-in of a traced packet belongs to.
+func (c *Controller) keyOf(pi of.PacketIn) key {
+	k := key{src: c.cfg.NodeIP.String(), tag: uint16(reg(pi.Metadata, pipeline.TraceTag))}
+	if pi.Metadata.InPort == c.cfg.Bridge.TunnelPort && c.cfg.Bridge.TunnelPort != 0 {
+		if pi.Metadata.TunSrc != nil {
+			k.src = pi.Metadata.TunSrc.String()
+		} else if h, ok := packet.ParseIPv4(pi.Data); ok {
+			k = key{podIP: h.Src.String(), tag: k.tag}
+		}
+	}
+	return k
 }
 
 func reg(m of.Match, f pipeline.RegField) uint32 {
@@ -469,6 +485,9 @@ func (c *Controller) finish(ctx context.Context, k key) {
 func (c *Controller) matches(tf *opsv1alpha1.Traceflow, k key) bool {
 	if tf.Status.Phase != opsv1alpha1.TraceflowRunning || tf.Status.Tag != int32(k.tag) {
 		return false
+	}
+	if k.podIP != "" {
+		return tf.Status.SourceNode != c.cfg.NodeName && tf.Status.Packet != nil && tf.Status.Packet.SrcIP == k.podIP
 	}
 	if tf.Status.SourceNode == c.cfg.NodeName {
 		return k.src == c.cfg.NodeIP.String()
@@ -567,7 +586,7 @@ func (c *Controller) expire() {
 	defer c.mu.Unlock()
 	for k, t := range c.pendAt {
 		if time.Since(t) > orphanTTL {
-			c.log.Debug("dropping a trace report no Traceflow claimed", zap.String("source", k.src), zap.Uint16("tag", k.tag))
+			c.log.Debug("dropping a trace report no Traceflow claimed", zap.String("source", k.src), zap.String("pod_ip", k.podIP), zap.Uint16("tag", k.tag))
 			delete(c.pending, k)
 			delete(c.pendAt, k)
 		}

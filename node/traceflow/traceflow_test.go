@@ -1,8 +1,14 @@
 package traceflow
 
 import (
+	"net"
 	"testing"
 
+	"go.uber.org/zap"
+
+	of "github.com/seine-net/seine/datapath/openflow"
+	"github.com/seine-net/seine/datapath/packet"
+	"github.com/seine-net/seine/datapath/pipeline"
 	opsv1alpha1 "github.com/seine-net/seine/node/apis/ops/v1alpha1"
 )
 
@@ -46,6 +52,63 @@ func TestChainAndOutcome(t *testing.T) {
 		res, done := outcome("a", got)
 		if res != tc.result || done != tc.finished {
 			t.Errorf("%s: outcome %q %v, want %q %v", tc.name, res, done, tc.result, tc.finished)
+		}
+	}
+}
+
+// A Node tells which trace a reported packet belongs to: its own (injected
+// here), a peer's through OVS's tunnel port (tun_src names the peer), or a
+// peer's through a kernel VXLAN device, which keeps the outer header: then
+// the packet's source IP, the source Pod's, names the trace.
+func TestKeyAndMatch(t *testing.T) {
+	nodes := map[string]string{"198.18.0.11": "n1", "198.18.0.12": "n2", "198.18.0.13": "n3"}
+	c := New(nil, Config{NodeName: "n2", NodeIP: net.ParseIP("198.18.0.12"),
+		Bridge:   pipeline.Bridge{TunnelPort: 1},
+		NodeByIP: func(ip net.IP) string { return nodes[ip.String()] }}, zap.NewNop())
+	frame, err := packet.Build(packet.Probe{SrcMAC: pipeline.TraceMAC, DstMAC: pipeline.PeerMAC(net.ParseIP("198.18.0.12")),
+		SrcIP: net.ParseIP("10.244.0.5"), DstIP: net.ParseIP("10.244.1.7"), Protocol: packet.ProtoTCP, SrcPort: 40000, DstPort: 80})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tagged := func(inPort uint32, tunSrc net.IP) of.PacketIn {
+		m := of.Match{InPort: inPort, TunSrc: tunSrc, Regs: []of.RegMatch{
+			{Reg: pipeline.TraceTag.Reg(), Value: 77 << pipeline.TraceTag.Ofs()}}}
+		return of.PacketIn{Metadata: m, Data: frame}
+	}
+	trace := func(source, srcIP string, tag int32) *opsv1alpha1.Traceflow {
+		return &opsv1alpha1.Traceflow{Status: opsv1alpha1.TraceflowStatus{Phase: opsv1alpha1.TraceflowRunning,
+			SourceNode: source, Tag: tag, Packet: &opsv1alpha1.TracedPacket{SrcIP: srcIP}}}
+	}
+	for _, tc := range []struct {
+		name string
+		pi   of.PacketIn
+		want key
+	}{
+		{"injected here", tagged(3, nil), key{src: "198.18.0.12", tag: 77}},
+		{"from a peer's OVS tunnel port", tagged(1, net.ParseIP("198.18.0.11")), key{src: "198.18.0.11", tag: 77}},
+		{"from a kernel VXLAN device", tagged(1, nil), key{podIP: "10.244.0.5", tag: 77}},
+	} {
+		if got := c.keyOf(tc.pi); got != tc.want {
+			t.Errorf("%s: key %+v, want %+v", tc.name, got, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		tf   *opsv1alpha1.Traceflow
+		k    key
+		want bool
+	}{
+		{"own trace", trace("n2", "10.244.1.3", 77), key{src: "198.18.0.12", tag: 77}, true},
+		{"own tag, a peer's packet", trace("n2", "10.244.1.3", 77), key{src: "198.18.0.11", tag: 77}, false},
+		{"a peer's trace by tun_src", trace("n1", "10.244.0.5", 77), key{src: "198.18.0.11", tag: 77}, true},
+		{"another peer's trace by tun_src", trace("n3", "10.244.0.5", 77), key{src: "198.18.0.11", tag: 77}, false},
+		{"a peer's trace by source IP", trace("n1", "10.244.0.5", 77), key{podIP: "10.244.0.5", tag: 77}, true},
+		{"another source IP", trace("n1", "10.244.0.6", 77), key{podIP: "10.244.0.5", tag: 77}, false},
+		{"another tag", trace("n1", "10.244.0.5", 78), key{podIP: "10.244.0.5", tag: 77}, false},
+		{"by source IP, but the trace is this Node's", trace("n2", "10.244.0.5", 77), key{podIP: "10.244.0.5", tag: 77}, false},
+	} {
+		if got := c.matches(tc.tf, tc.k); got != tc.want {
+			t.Errorf("%s: matches = %v, want %v", tc.name, got, tc.want)
 		}
 	}
 }

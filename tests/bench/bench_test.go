@@ -23,8 +23,9 @@ func repoRoot() string {
 	return filepath.Clean(filepath.Join(wd, "..", ".."))
 }
 
-// up starts a sandbox for one benchmark and tears it down at the end.
-func up(b *testing.B, name string, nodes int) *sandbox.Cluster {
+// up starts a sandbox for one benchmark and tears it down at the end;
+// set overrides the daemons' configuration (sandbox.Options.Set).
+func up(b *testing.B, name string, nodes int, set ...map[string]string) *sandbox.Cluster {
 	b.Helper()
 	if os.Geteuid() != 0 {
 		b.Skip("needs root")
@@ -34,7 +35,11 @@ func up(b *testing.B, name string, nodes int) *sandbox.Cluster {
 	_ = sandbox.Down(name, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	c, err := sandbox.Up(ctx, sandbox.Options{Name: name, Nodes: nodes, Log: zap.NewNop()})
+	opts := sandbox.Options{Name: name, Nodes: nodes, Log: zap.NewNop()}
+	if len(set) > 0 {
+		opts.Set = set[0]
+	}
+	c, err := sandbox.Up(ctx, opts)
 	if err != nil {
 		_ = sandbox.Down(name, "")
 		b.Fatal(err)

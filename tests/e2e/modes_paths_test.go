@@ -77,8 +77,9 @@ func countOuter(lines []string, srcPrefix, dstPrefix string) int {
 
 // TestModeHybridUnderlay captures Node 1's packets on the underlay: its
 // Pod's traffic to the Pod on Node 2 (same subnet) is plain, Pod IP to Pod
-// IP, with no Geneve at all; to the Pod on Node 3 (other subnet) it is
-// Geneve (UDP 6081) between the Node IPs, and no Pod IP shows in the clear.
+// IP, with no tunnel at all; to the Pod on Node 3 (other subnet) it is
+// the sandbox's tunnel (VXLAN, UDP 4789) between the Node IPs, and no Pod
+// IP shows in the clear.
 func TestModeHybridUnderlay(t *testing.T) {
 	requireMode(t, config.ModeHybrid)
 	c := shared
@@ -91,12 +92,13 @@ func TestModeHybridUnderlay(t *testing.T) {
 	if got := countOuter(same, p1.ip+".", p2.ip+"."); got < 40 {
 		t.Errorf("same subnet: %d packets %s -> %s in the clear, want at least 40:\n%s", got, p1.ip, p2.ip, strings.Join(same, "\n"))
 	}
-	if got := countOuter(same, "", n2.IP+".6081"); got != 0 {
-		t.Errorf("same subnet: %d Geneve packets:\n%s", got, strings.Join(same, "\n"))
+	port := tunnelUDPPort(sandboxTunnel)
+	if got := countOuter(same, "", n2.IP+"."+port); got != 0 {
+		t.Errorf("same subnet: %d %s packets:\n%s", got, sandboxTunnel, strings.Join(same, "\n"))
 	}
 	cross := capture(t, c, n1.Name, "", func() { probeBoth(t, c, p1, p3) })
-	if got := countOuter(cross, n1.IP+".", n3.IP+".6081"); got < 40 {
-		t.Errorf("other subnet: %d Geneve packets %s -> %s:6081, want at least 40:\n%s", got, n1.IP, n3.IP, strings.Join(cross, "\n"))
+	if got := countOuter(cross, n1.IP+".", n3.IP+"."+port); got < 40 {
+		t.Errorf("other subnet: %d %s packets %s -> %s:%s, want at least 40:\n%s", got, sandboxTunnel, n1.IP, n3.IP, port, strings.Join(cross, "\n"))
 	}
 	if got := countOuter(cross, p1.ip+".", ""); got != 0 {
 		t.Errorf("other subnet: %d packets with the Pod IP in the clear:\n%s", got, strings.Join(cross, "\n"))

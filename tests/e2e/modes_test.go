@@ -14,6 +14,7 @@ import (
 	"github.com/seine-net/seine/node/config"
 	"github.com/seine-net/seine/tests/netpol"
 	"github.com/seine-net/seine/tests/sandbox"
+	"github.com/seine-net/seine/tunnel"
 )
 
 // Traffic modes. Each run of this package brings the shared sandbox up in
@@ -59,6 +60,17 @@ func readModeEnv() error {
 		return fmt.Errorf("SEINE_E2E_TABLES=%q: want full or smoke", os.Getenv("SEINE_E2E_TABLES"))
 	}
 	return nil
+}
+
+// sandboxTunnel is the tunnel type the sandbox's Nodes choose: their
+// configuration leaves tunnelType empty, so a fresh cluster on the
+// userspace datapath gets tunnel.DefaultType.
+var sandboxTunnel = tunnel.DefaultType(true)
+
+// tunnelUDPPort is the IANA destination port of a UDP tunnel type
+// (RFC 7348 section 5, RFC 8926 section 3.3), "" for GRE.
+func tunnelUDPPort(typ string) string {
+	return map[string]string{tunnel.VXLAN: "4789", tunnel.Geneve: "6081"}[typ]
 }
 
 // requireMode skips the test unless the shared sandbox runs in one of

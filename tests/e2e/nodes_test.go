@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -10,13 +11,15 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
 
+	"github.com/seine-net/seine/datapath/pipeline"
 	"github.com/seine-net/seine/node/config"
+	"github.com/seine-net/seine/tunnel"
 )
 
 // TestNodeDeletionRemovesPeerState adds a Node object (no real host behind
 // it: only its podCIDR and InternalIP matter to peers), waits until every
-// Node has its flow and host route, deletes it, and checks both are gone
-// everywhere. The ghost's address is in the first transport subnet: the
+// Node has its flow and host route (and, through a kernel VXLAN device,
+// its forwarding entry), deletes it, and checks all are gone everywhere. The ghost's address is in the first transport subnet: the
 // Nodes there route to it directly in noEncap and hybrid, the others
 // through the tunnel (hybrid) or the underlay (noEncap: a flow, no route).
 func TestNodeDeletionRemovesPeerState(t *testing.T) {
@@ -46,25 +49,42 @@ func TestNodeDeletionRemovesPeerState(t *testing.T) {
 		t.Fatal(err)
 	}
 	podCIDR := created.Spec.PodCIDR
+	// How a tunnelled peer's flows name it: its tun_dst (OVS's tunnel
+	// port), or its own inner destination MAC, which the kernel VXLAN
+	// device's forwarding database maps to its Node IP.
+	kernelDevice := tunnel.Choose(true, sandboxTunnel) == tunnel.KindKernelDevice
+	peerMark := ghostIP + "->tun_dst"
+	if kernelDevice {
+		peerMark = "set_field:" + pipeline.PeerMAC(net.ParseIP(ghostIP)).String() + "->eth_dst"
+	}
 	present := func(want bool) func() error {
 		return func() error {
 			for _, n := range c.Nodes() {
 				direct := e2eMode.RoutesDirectly() && n.Subnet == 0
-				tunnel := e2eMode == config.ModeEncap || e2eMode == config.ModeHybrid && !direct
+				tunnelled := e2eMode == config.ModeEncap || e2eMode == config.ModeHybrid && !direct
 				flows := ovs(t, n, "ovs-ofctl", "dump-flows", brInt(n))
-				hasFlow := strings.Contains(flows, "nw_dst="+podCIDR) && strings.Contains(flows, ghostIP+"->tun_dst") == tunnel
+				hasFlow := strings.Contains(flows, "nw_dst="+podCIDR) && strings.Contains(flows, peerMark) == tunnelled
+				if kernelDevice && e2eMode.UsesTunnel() {
+					fdb, err := c.NodeExec(ctx, n.Name, "bridge", "fdb", "show", "dev", "seine-tun0")
+					if err != nil {
+						return fmt.Errorf("forwarding database of %s: %v: %s", n.Name, err, fdb)
+					}
+					if has := strings.Contains(string(fdb), "dst "+ghostIP+" "); has != (want && tunnelled) {
+						return fmt.Errorf("on %s: forwarding entry for %s %v, want %v:\n%s", n.Name, ghostIP, has, want && tunnelled, fdb)
+					}
+				}
 				out, err := c.NodeExec(ctx, n.Name, "ip", "route", "show", podCIDR)
 				if err != nil {
 					return err
 				}
-				hasRoute := tunnel && strings.Contains(string(out), "seine-gw0") ||
+				hasRoute := tunnelled && strings.Contains(string(out), "seine-gw0") ||
 					direct && strings.Contains(string(out), "via "+ghostIP) ||
-					!tunnel && !direct && strings.TrimSpace(string(out)) == ""
+					!tunnelled && !direct && strings.TrimSpace(string(out)) == ""
 				if !want {
 					hasRoute = strings.TrimSpace(string(out)) != ""
 				}
 				if hasFlow != want || hasRoute != want {
-					return fmt.Errorf("on %s: flow %v, route %v, want %v (tunnel %v, direct %v)\n%s", n.Name, hasFlow, hasRoute, want, tunnel, direct, out)
+					return fmt.Errorf("on %s: flow %v, route %v, want %v (tunnel %v, direct %v)\n%s", n.Name, hasFlow, hasRoute, want, tunnelled, direct, out)
 				}
 			}
 			return nil

@@ -520,7 +520,7 @@ func TestAgentInfo(t *testing.T) {
 				return err
 			}
 			s := ai.Status
-			if s.Version != version || s.OVS.Version != wantOVS || s.OVS.DatapathType != "netdev" || s.TunnelType != "geneve" ||
+			if s.Version != version || s.OVS.Version != wantOVS || s.OVS.DatapathType != "netdev" || s.TunnelType != sandboxTunnel ||
 				s.TrafficMode != "encap" || s.NodeIP != n.IP || s.PeerCount != int32(len(c.Nodes())-1) {
 				return fmt.Errorf("status %+v", s)
 			}

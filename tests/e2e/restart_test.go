@@ -64,7 +64,7 @@ func TestRestartKeepsTraffic(t *testing.T) {
 // in every mode (in networkPolicyOnly the primary CNI sets it, 1500 too).
 // In the modes that tunnel (hybrid too: some peers are tunnelled), the
 // gateway and the Pods' routes through it get the transport's MTU less
-// the Geneve overhead (50): a Pod sends 1500-byte packets to a Pod of its
+// the tunnel overhead (50 for VXLAN and Geneve): a Pod sends 1500-byte packets to a Pod of its
 // own Node and 1450-byte ones to a Pod of another, both with the Don't
 // Fragment bit, and one byte more across Nodes fails in the Pod itself
 // ("message too long"), not somewhere on the way.

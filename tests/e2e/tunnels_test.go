@@ -10,9 +10,11 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/seine-net/seine/node/config"
 	"github.com/seine-net/seine/tests/sandbox"
+	"github.com/seine-net/seine/tunnel"
 )
 
 // TestTunnelTypes restarts seine on every Node with each tunnel type and
@@ -23,12 +25,24 @@ import (
 // userspace datapath (tunnel.Choose): VXLAN goes through a kernel VXLAN
 // device and the transport interface stays the kernel's; Geneve and GRE
 // through OVS's tunnel port, the transport bridge and, with userspace
-// TSO, the segmentation port. It ends on geneve.
+// TSO, the segmentation port. It ends on the sandbox's own type.
+//
+// With Geneve it also checks how a Node whose configuration leaves
+// tunnelType empty chooses (tunnel.PickType): restarted, it keeps the type
+// of its previous run (its AgentInfo) rather than the datapath's default;
+// with its AgentInfo gone (a Node joining), it takes its peers' type. And
+// it checks that OVS's tunnel neighbor cache is filled before traffic.
 func TestTunnelTypes(t *testing.T) {
 	requireMode(t, config.ModeEncap)
 	c := shared
 	pods := createPods(t, c, "tunnels", 0, 1, 2)
-	for _, typ := range []string{"vxlan", "gre", "geneve"} {
+	var types []string
+	for _, typ := range []string{tunnel.Geneve, tunnel.GRE, tunnel.VXLAN} {
+		if typ != sandboxTunnel {
+			types = append(types, typ)
+		}
+	}
+	for _, typ := range append(types, sandboxTunnel) {
 		t.Run(typ, func(t *testing.T) {
 			ctx := testCtx(t, 3*time.Minute)
 			for _, n := range c.Nodes() {
@@ -40,13 +54,17 @@ func TestTunnelTypes(t *testing.T) {
 				}
 			}
 			t.Cleanup(func() {
-				if t.Failed() && typ != "geneve" {
+				if t.Failed() && typ != sandboxTunnel {
 					for _, n := range c.Nodes() {
 						_ = c.StopSeine(n.Name)
-						_ = c.StartSeine(context.Background(), n.Name, nil)
+						_ = c.StartSeine(context.Background(), n.Name, map[string]string{"tunnelType": sandboxTunnel})
 					}
 				}
 			})
+			if typ == tunnel.Geneve {
+				checkTunnelTypeChoice(t, c, typ)
+				checkNeighborsFilledBeforeTraffic(t, c)
+			}
 			wantMTU := map[string]string{"geneve": "1450", "vxlan": "1450", "gre": "1458"}[typ]
 			for _, n := range c.Nodes() {
 				checkTunnelKind(t, c, n, typ)
@@ -90,16 +108,46 @@ func TestTunnelTypes(t *testing.T) {
 	}
 }
 
-// TestTunnelNeighborsFilledBeforeTraffic empties a Node's OVS tunnel
-// neighbor cache and kernel neighbor table, restarts its seine, and checks
-// that the cache holds every peer Node before any Pod sends a packet, and
-// that the first connection from a Pod there to each peer gets through on
-// its first SYN. OVS's userspace tunnelling drops a packet whose outer
+// checkTunnelTypeChoice restarts the first Node with tunnelType empty
+// while every Node runs typ, which is not the datapath's default: once
+// with its AgentInfo in place (it keeps typ, from its previous run) and
+// once with its AgentInfo deleted (it takes typ from its peers). Its Pods
+// reach the other Nodes' after each.
+func checkTunnelTypeChoice(t *testing.T, c *sandbox.Cluster, typ string) {
+	t.Helper()
+	ctx := testCtx(t, 2*time.Minute)
+	ops, _ := opsClients(t, c)
+	n0 := c.Nodes()[0]
+	pods := createPods(t, c, "tnl-choice", 0, 1, 2)
+	for _, forget := range []bool{false, true} {
+		if err := c.StopSeine(n0.Name); err != nil {
+			t.Fatal(err)
+		}
+		if forget {
+			if err := ops.OpsV1alpha1().AgentInfos().Delete(ctx, n0.Name, metav1.DeleteOptions{}); err != nil {
+				t.Fatalf("deleting the AgentInfo of %s: %v", n0.Name, err)
+			}
+		}
+		if err := c.StartSeine(ctx, n0.Name, nil); err != nil {
+			t.Fatal(err)
+		}
+		checkTunnelKind(t, c, n0, typ)
+		for _, to := range pods[1:] {
+			expectConnected(t, probe(t, c, pods[0], to.ip, tcpPort, corev1.ProtocolTCP), to.name,
+				fmt.Sprintf("TCP from %s after a restart with tunnelType empty (AgentInfo deleted: %v)", n0.Name, forget))
+		}
+	}
+}
+
+// checkNeighborsFilledBeforeTraffic empties a Node's OVS tunnel neighbor
+// cache and kernel neighbor table, restarts its seine, and checks that the
+// cache holds every peer Node before any Pod sends a packet, and that the
+// first connection from a Pod there to each peer gets through on its first
+// SYN. OVS's userspace tunnelling (Geneve, GRE) drops a packet whose outer
 // next hop it has not resolved yet; before seine filled the cache, the
 // first connection between two Nodes lost its SYN.
-func TestTunnelNeighborsFilledBeforeTraffic(t *testing.T) {
-	requireMode(t, config.ModeEncap)
-	c := shared
+func checkNeighborsFilledBeforeTraffic(t *testing.T, c *sandbox.Cluster) {
+	t.Helper()
 	nodes := c.Nodes()
 	pods := createPods(t, c, "tnl-neigh", 0, 1, 2)
 	ctx := testCtx(t, 2*time.Minute)

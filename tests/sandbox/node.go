@@ -184,7 +184,6 @@ func (c *Cluster) seineConfig(n *Node, set map[string]string) ([]byte, error) {
 		"ovsRunDir":          n.OVSRunDir,
 		"ovsDatapathType":    "netdev",
 		"transportInterface": "eth0",
-		"tunnelType":         "geneve",
 		"clusterCIDR":        ClusterCIDR,
 		"serviceCIDR":        ServiceCIDR,
 		"cniSocket":          n.CNISocket,

@@ -2,7 +2,7 @@
 // cluster on one machine, built from network namespaces, a real control
 // plane, per-Node Open vSwitch and seine daemons and a minimal kubelet.
 //
-//	sandbox up --nodes 3 [--name sbx] [--mode encap|noEncap|hybrid|networkPolicyOnly] [--subnets N] [--set tunnelType=vxlan] [--host-link]
+//	sandbox up --nodes 3 [--name sbx] [--mode encap|noEncap|hybrid|networkPolicyOnly] [--subnets N] [--set tunnelType=geneve] [--host-link]
 //	sandbox status | kubeconfig | down
 //	sandbox pod create NS/NAME [--node N] [--labels a=b] [--port http:80/TCP]
 //	sandbox pod delete NS/NAME
