@@ -155,36 +155,54 @@ type TypeSource string
 
 // Sources of the tunnel type, in PickType's order of precedence.
 const (
-	FromConfig   TypeSource = "configuration"
-	FromThisNode TypeSource = "this Node's previous run"
-	FromPeers    TypeSource = "the other Nodes"
-	FromDefault  TypeSource = "the datapath's default"
+	FromConfig    TypeSource = "configuration"
+	FromBridge    TypeSource = "this Node's tunnel port"
+	FromAgentInfo TypeSource = "this Node's AgentInfo"
+	FromPeers     TypeSource = "the other Nodes"
+	FromDefault   TypeSource = "the datapath's default"
 )
 
-// PickType decides a Node's tunnel type. Nodes can only reach each other
-// when they encapsulate alike, so a default never changes the wire format
-// of a running cluster:
-//   - configured, when set (the operator's choice, even if peers differ);
-//   - else previous, the type this Node reported in its last run (its
-//     AgentInfo), so a restart or an upgrade keeps it;
-//   - else the type most of the other Nodes report (ties go to the
-//     datapath's default, then to the first in name order), so a Node that
-//     joins a running cluster speaks its language;
-//   - else DefaultType.
+// TypeEvidence is what a Node knows of tunnel types when it starts.
+type TypeEvidence struct {
+	// Configured is tunnelType from the configuration ("" when unset).
+	Configured string
+	// Bridge is the type of the tunnel port its previous run left on the
+	// integration bridge ("" when there is none).
+	Bridge string
+	// Reported is the type its AgentInfo reports, from its previous run.
+	Reported string
+	// Peers counts the other Nodes by the type their AgentInfos report.
+	Peers map[string]int
+	// UserspaceDatapath: OVS runs the netdev datapath.
+	UserspaceDatapath bool
+}
+
+// PickType decides a Node's tunnel type. Nodes reach each other only when
+// they encapsulate alike, so a default never changes the wire format of a
+// running cluster. In order:
+//   - the configured type, when set (the operator's choice, even if peers
+//     differ);
+//   - the type of this Node's previous run: its tunnel port, else its
+//     AgentInfo, so a restart or an upgrade keeps it;
+//   - the type most other Nodes report (ties go to the datapath's default,
+//     then to the first in name order), so a Node that joins a running
+//     cluster speaks its language;
+//   - DefaultType.
 //
-// peers counts the other Nodes by the tunnel type they report; empty and
-// unknown types are ignored.
-func PickType(configured, previous string, peers map[string]int, userspaceDatapath bool) (string, TypeSource) {
+// Empty and unknown types are ignored wherever they appear.
+func PickType(e TypeEvidence) (string, TypeSource) {
 	known := func(t string) bool { _, err := Overhead(t); return err == nil }
-	if configured != "" {
-		return configured, FromConfig
+	switch {
+	case e.Configured != "":
+		return e.Configured, FromConfig
+	case known(e.Bridge):
+		return e.Bridge, FromBridge
+	case known(e.Reported):
+		return e.Reported, FromAgentInfo
 	}
-	if known(previous) {
-		return previous, FromThisNode
-	}
-	def := DefaultType(userspaceDatapath)
+	def := DefaultType(e.UserspaceDatapath)
 	best, bestN := "", 0
-	for t, n := range peers {
+	for t, n := range e.Peers {
 		if !known(t) || n <= 0 {
 			continue
 		}

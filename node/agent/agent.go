@@ -119,16 +119,15 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 		}
 	}
 
-	if cfg.TunnelType, err = chooseTunnelType(ctx, cfg, ops.ops, log); err != nil {
-		return err
-	}
-	ops.cfg.TunnelType = cfg.TunnelType
-
 	ovs, err := dialOVSDB(ctx, cfg.OVSDBEndpoint(), log)
 	if err != nil {
 		return err
 	}
 	defer ovs.Close()
+	if cfg.TunnelType, err = chooseTunnelType(ctx, cfg, ovs, ops.ops, log); err != nil {
+		return err
+	}
+	ops.cfg.TunnelType = cfg.TunnelType
 
 	// Transport and MTU.
 	if userspaceDatapath(cfg) {

@@ -211,51 +211,96 @@ func peerTunnel(k *tunnel.KernelVXLAN) noderoute.PeerTunnel {
 }
 
 // chooseTunnelType returns the tunnel type this Node runs with
-// (tunnel.PickType): cfg's, else what its own and the other Nodes'
-// AgentInfos report, else the datapath's default. It retries reading the
-// AgentInfos until ctx ends, as the wait for the Node does: guessing could
-// split the cluster into Nodes that cannot decapsulate each other's
-// packets.
-func chooseTunnelType(ctx context.Context, cfg config.Config, ops opsclient.Interface, log *zap.Logger) (string, error) {
-	if cfg.TunnelType != "" {
-		return cfg.TunnelType, nil
-	}
-	var list *opsv1alpha1.AgentInfoList
-	last := time.Time{}
-	err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
-		var err error
-		if list, err = ops.OpsV1alpha1().AgentInfos().List(ctx, metav1.ListOptions{}); err != nil {
-			if time.Since(last) > 10*time.Second {
-				last = time.Now()
-				log.Info("waiting to read the Nodes' AgentInfos to choose the tunnel type (or set tunnelType)", zap.Error(err))
-			}
-			return false, nil
-		}
-		return true, nil
-	})
+// (tunnel.PickType): cfg's, else the type of the tunnel port its previous
+// run left on the bridge, else what its own and the other Nodes'
+// AgentInfos report, else the datapath's default. When nothing on the Node
+// decides and the mode tunnels, it waits for the AgentInfos until ctx
+// ends, as the wait for the Node does: guessing could split the cluster
+// into Nodes that cannot decapsulate each other's packets. Otherwise it
+// reads them once, to warn about peers of another type.
+func chooseTunnelType(ctx context.Context, cfg config.Config, ovs *ovsdb.Client, ops opsclient.Interface, log *zap.Logger) (string, error) {
+	ev := tunnel.TypeEvidence{Configured: cfg.TunnelType, UserspaceDatapath: userspaceDatapath(cfg)}
+	p, err := ovs.GetPort(ctx, cfg.TunnelName)
 	if err != nil {
-		return "", fmt.Errorf("choosing the tunnel type: listing AgentInfos: %w", err)
+		return "", fmt.Errorf("choosing the tunnel type: tunnel port %s: %w", cfg.TunnelName, err)
 	}
-	previous, peers := "", map[string]int{}
-	for _, a := range list.Items {
-		if a.Name == cfg.NodeName {
-			previous = a.Status.TunnelType
-		} else {
-			peers[a.Status.TunnelType]++
+	if p != nil {
+		ev.Bridge = p.Type
+		if p.Type == ovsdb.TypeSystem { // the kernel VXLAN device (tunnelPort)
+			ev.Bridge = tunnel.VXLAN
 		}
 	}
-	typ, from := tunnel.PickType("", previous, peers, userspaceDatapath(cfg))
+	_, bridgeErr := tunnel.Overhead(ev.Bridge)
+	mustList := ev.Configured == "" && bridgeErr != nil && cfg.TrafficEncapMode.UsesTunnel()
+	list, err := listAgentInfos(ctx, ops, mustList, log)
+	if err != nil {
+		if mustList {
+			return "", fmt.Errorf("choosing the tunnel type: %w", err)
+		}
+		log.Warn("could not read the AgentInfos: the other Nodes' tunnel types are unknown", zap.Error(err))
+	}
+	ev.Peers = map[string]int{}
+	for _, a := range list {
+		if a.Name == cfg.NodeName {
+			ev.Reported = a.Status.TunnelType
+		} else {
+			ev.Peers[a.Status.TunnelType]++
+		}
+	}
+	typ, from := tunnel.PickType(ev)
 	log.Info("tunnel type chosen", zap.String("tunnel_type", typ), zap.String("tunnel_type_source", string(from)),
-		zap.String("previous_tunnel_type", previous), zap.Any("peer_tunnel_types", peers))
+		zap.String("bridge_tunnel_type", ev.Bridge), zap.String("reported_tunnel_type", ev.Reported),
+		zap.Any("peer_tunnel_types", ev.Peers))
+	if !cfg.TrafficEncapMode.UsesTunnel() {
+		return typ, nil
+	}
 	others := 0
-	for t, n := range peers {
+	for t, n := range ev.Peers {
 		if _, err := tunnel.Overhead(t); err == nil && t != typ {
 			others += n
 		}
 	}
-	if others > 0 && cfg.TrafficEncapMode.UsesTunnel() {
-		log.Warn("other Nodes report another tunnel type: Pods on Nodes of different types cannot reach each other; set tunnelType on every Node",
-			zap.String("tunnel_type", typ), zap.Any("peer_tunnel_types", peers))
+	if others > 0 {
+		log.Warn("other Nodes report another tunnel type: Pods on Nodes of different types cannot reach each other; set tunnelType alike on every Node",
+			zap.String("tunnel_type", typ), zap.Any("peer_tunnel_types", ev.Peers))
+	}
+	if from != tunnel.FromConfig { // a configured type was warned about at start (config.Warnings)
+		cfg.TunnelType = typ
+		if w := cfg.TunnelWarning(); w != "" {
+			log.Warn("configuration", zap.String("warning", w))
+		}
 	}
 	return typ, nil
+}
+
+// listAgentInfos lists the AgentInfos: once (with a short deadline), or,
+// with untilListed, until it succeeds or ctx ends.
+func listAgentInfos(ctx context.Context, ops opsclient.Interface, untilListed bool, log *zap.Logger) ([]opsv1alpha1.AgentInfo, error) {
+	if !untilListed {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		l, err := ops.OpsV1alpha1().AgentInfos().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("listing AgentInfos: %w", err)
+		}
+		return l.Items, nil
+	}
+	var items []opsv1alpha1.AgentInfo
+	last := time.Time{}
+	err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
+		l, err := ops.OpsV1alpha1().AgentInfos().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			if time.Since(last) > 10*time.Second {
+				last = time.Now()
+				log.Warn("waiting to read the Nodes' AgentInfos to choose the tunnel type (or set tunnelType)", zap.Error(err))
+			}
+			return false, nil
+		}
+		items = l.Items
+		return true, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing AgentInfos: %w", err)
+	}
+	return items, nil
 }

@@ -62,9 +62,10 @@ type Config struct {
 	// TunnelName is the flow-based tunnel port. Default seine-tun0.
 	TunnelName string `json:"tunnelName,omitempty"`
 	// TunnelType is geneve, vxlan or gre. Empty (the default): the type
-	// this Node used before, else the one the other Nodes use (their
-	// AgentInfos), else vxlan with netdev and geneve with system
-	// (tunnel.PickType), so a default never splits a running cluster.
+	// this Node used before (its tunnel port, else its AgentInfo), else
+	// the one the other Nodes use (their AgentInfos), else vxlan with
+	// netdev and geneve with system (tunnel.PickType), so a default never
+	// splits a running cluster.
 	TunnelType string `json:"tunnelType,omitempty"`
 	// TransportInterface carries tunnel traffic between Nodes. Default: the
 	// interface that holds the Node's InternalIP.

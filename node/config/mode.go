@@ -104,9 +104,19 @@ func (c Config) Warnings() []string {
 	if c.TrafficEncapMode != ModeEncap && !c.ProxyEnabled() {
 		w = append(w, fmt.Sprintf("proxy.enable: false with trafficEncapMode %s (allowed by %s): Service traffic is left to the host's kube-proxy, and NetworkPolicy sees its choices", c.TrafficEncapMode, AllowNoEncapWithoutProxyEnv))
 	}
-	if c.OVSDatapathType == DatapathNetdev && c.TrafficEncapMode.UsesTunnel() &&
-		(c.TunnelType == TunnelGeneve || c.TunnelType == TunnelGRE) {
-		w = append(w, fmt.Sprintf("tunnelType: %s with ovsDatapathType netdev goes through OVS's userspace tunnel port, which encapsulates one MTU-sized packet at a time: Pod traffic between Nodes runs at about a fifth of vxlan's (docs/configuration.md)", c.TunnelType))
+	if tw := c.TunnelWarning(); tw != "" {
+		w = append(w, tw)
 	}
 	return w
+}
+
+// TunnelWarning warns about c's tunnel type, or is "": geneve and gre with
+// the netdev datapath go through OVS's userspace tunnel port. The daemon
+// also logs it when it chose the type itself (tunnelType empty).
+func (c Config) TunnelWarning() string {
+	if c.OVSDatapathType != DatapathNetdev || !c.TrafficEncapMode.UsesTunnel() ||
+		(c.TunnelType != TunnelGeneve && c.TunnelType != TunnelGRE) {
+		return ""
+	}
+	return fmt.Sprintf("tunnelType: %s with ovsDatapathType netdev goes through OVS's userspace tunnel port, which encapsulates one MTU-sized packet at a time: Pod traffic between Nodes runs at about a fifth of vxlan's (docs/configuration.md)", c.TunnelType)
 }

@@ -396,7 +396,10 @@ func (c *Controller) observe(ctx context.Context, pi of.PacketIn) {
 	if reg(pi.Metadata, pipeline.TraceActive) != 1 {
 		return
 	}
-	k := c.keyOf(pi)
+	k, ok := c.keyOf(pi)
+	if !ok {
+		return
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	o := c.obs[k]
@@ -411,17 +414,23 @@ func (c *Controller) observe(ctx context.Context, pi of.PacketIn) {
 	o.last = pi
 }
 
-// keyOf returns the trace a packet-in of a traced packet belongs to.
-func (c *Controller) keyOf(pi of.PacketIn) key {
-	k := key{src: c.cfg.NodeIP.String(), tag: uint16(reg(pi.Metadata, pipeline.TraceTag))}
-	if pi.Metadata.InPort == c.cfg.Bridge.TunnelPort && c.cfg.Bridge.TunnelPort != 0 {
-		if pi.Metadata.TunSrc != nil {
-			k.src = pi.Metadata.TunSrc.String()
-		} else if h, ok := packet.ParseIPv4(pi.Data); ok {
-			k = key{podIP: h.Src.String(), tag: k.tag}
-		}
+// keyOf returns the trace a packet-in of a traced packet belongs to; ok
+// is false for a packet from the tunnel that names no source (neither
+// tun_src nor an IPv4 header), which no trace can claim.
+func (c *Controller) keyOf(pi of.PacketIn) (k key, ok bool) {
+	k = key{src: c.cfg.NodeIP.String(), tag: uint16(reg(pi.Metadata, pipeline.TraceTag))}
+	if pi.Metadata.InPort != c.cfg.Bridge.TunnelPort || c.cfg.Bridge.TunnelPort == 0 {
+		return k, true
 	}
-	return k
+	if pi.Metadata.TunSrc != nil {
+		k.src = pi.Metadata.TunSrc.String()
+		return k, true
+	}
+	h, ok := packet.ParseIPv4(pi.Data)
+	if !ok {
+		return key{}, false
+	}
+	return key{podIP: h.Src.String(), tag: k.tag}, true
 }
 
 func reg(m of.Match, f pipeline.RegField) uint32 {

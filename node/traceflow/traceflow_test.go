@@ -70,10 +70,10 @@ func TestKeyAndMatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tagged := func(inPort uint32, tunSrc net.IP) of.PacketIn {
+	tagged := func(inPort uint32, tunSrc net.IP, data []byte) of.PacketIn {
 		m := of.Match{InPort: inPort, TunSrc: tunSrc, Regs: []of.RegMatch{
 			{Reg: pipeline.TraceTag.Reg(), Value: 77 << pipeline.TraceTag.Ofs()}}}
-		return of.PacketIn{Metadata: m, Data: frame}
+		return of.PacketIn{Metadata: m, Data: data}
 	}
 	trace := func(source, srcIP string, tag int32) *opsv1alpha1.Traceflow {
 		return &opsv1alpha1.Traceflow{Status: opsv1alpha1.TraceflowStatus{Phase: opsv1alpha1.TraceflowRunning,
@@ -83,13 +83,15 @@ func TestKeyAndMatch(t *testing.T) {
 		name string
 		pi   of.PacketIn
 		want key
+		ok   bool
 	}{
-		{"injected here", tagged(3, nil), key{src: "198.18.0.12", tag: 77}},
-		{"from a peer's OVS tunnel port", tagged(1, net.ParseIP("198.18.0.11")), key{src: "198.18.0.11", tag: 77}},
-		{"from a kernel VXLAN device", tagged(1, nil), key{podIP: "10.244.0.5", tag: 77}},
+		{"injected here", tagged(3, nil, frame), key{src: "198.18.0.12", tag: 77}, true},
+		{"from a peer's OVS tunnel port", tagged(1, net.ParseIP("198.18.0.11"), frame), key{src: "198.18.0.11", tag: 77}, true},
+		{"from a kernel VXLAN device", tagged(1, nil, frame), key{podIP: "10.244.0.5", tag: 77}, true},
+		{"from the tunnel, naming no source", tagged(1, nil, frame[:20]), key{}, false},
 	} {
-		if got := c.keyOf(tc.pi); got != tc.want {
-			t.Errorf("%s: key %+v, want %+v", tc.name, got, tc.want)
+		if got, ok := c.keyOf(tc.pi); got != tc.want || ok != tc.ok {
+			t.Errorf("%s: key %+v %v, want %+v %v", tc.name, got, ok, tc.want, tc.ok)
 		}
 	}
 	for _, tc := range []struct {

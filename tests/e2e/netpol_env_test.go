@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/util/retry"
 
+	"github.com/seine-net/seine/datapath/pipeline"
 	"github.com/seine-net/seine/tests/netpol"
 	"github.com/seine-net/seine/tests/sandbox"
 	"github.com/seine-net/seine/tests/sandbox/echo"
@@ -448,7 +449,9 @@ const virtualMAC = "0e:5e:1e:00:00:01"
 // the source Node's pipeline from the source Pod's port (which, for a
 // destination on the same Node, also runs the destination's ingress
 // tables) and, for another Node, through the destination Node's pipeline
-// from the tunnel port, or from the gateway port when the source Node
+// from the tunnel port (with the tunnel metadata of OVS's tunnel port, or
+// the inner destination MAC of a kernel VXLAN device), or from the
+// gateway port when the source Node
 // routed the packet through the host instead (noEncap, hybrid peers in
 // the same subnet, networkPolicyOnly). Self pairs are allowed (loopback in
 // the Pod).
@@ -475,7 +478,14 @@ func (e *netpolEnv) traceProbe(ctx context.Context, from, to *netpol.Pod, pp net
 		InPort: dn.tunOFPort, TunSrc: src.node.IP, TunDst: dst.node.IP, Protocol: pp.Protocol,
 		DLSrc: tt.nodes[src.node.Name].gwMAC, DLDst: virtualMAC, TTL: 63,
 		NWSrc: from.IP.String(), NWDst: to.IP.String(), DstPort: int(pp.Port)}
-	if !strings.Contains(out, "->tun_dst") {
+	peerMAC := pipeline.PeerMAC(net.ParseIP(dst.node.IP)).String()
+	switch {
+	case strings.Contains(out, "->tun_dst"): // OVS's tunnel port
+	case strings.Contains(out, peerMAC+"->eth_dst"):
+		// A kernel VXLAN device: no tunnel metadata; the inner
+		// destination MAC is the peer's own.
+		second.TunSrc, second.TunDst, second.DLDst = "", "", peerMAC
+	default:
 		// Routed by the hosts: the destination's host hands it over
 		// through its gateway.
 		second.InPort, second.TunSrc, second.TunDst, second.DLSrc, second.DLDst, second.TTL =

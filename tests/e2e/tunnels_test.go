@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -109,21 +110,46 @@ func TestTunnelTypes(t *testing.T) {
 }
 
 // checkTunnelTypeChoice restarts the first Node with tunnelType empty
-// while every Node runs typ, which is not the datapath's default: once
-// with its AgentInfo in place (it keeps typ, from its previous run) and
-// once with its AgentInfo deleted (it takes typ from its peers). Its Pods
-// reach the other Nodes' after each.
+// while every Node runs typ, which is not the datapath's default, three
+// times, taking away one source of tunnel.PickType each time: it keeps typ
+// from its tunnel port; with the port deleted, from its AgentInfo; with
+// the AgentInfo deleted too (a Node joining), from its peers. The daemon's
+// log names the source, and its Pods reach the other Nodes' after each.
 func checkTunnelTypeChoice(t *testing.T, c *sandbox.Cluster, typ string) {
 	t.Helper()
 	ctx := testCtx(t, 2*time.Minute)
 	ops, _ := opsClients(t, c)
 	n0 := c.Nodes()[0]
 	pods := createPods(t, c, "tnl-choice", 0, 1, 2)
-	for _, forget := range []bool{false, true} {
+	// Every AgentInfo reports typ first: a daemon writes it after its CNI
+	// socket serves, the moment StartSeine returns.
+	eventually(t, 30*time.Second, "every AgentInfo reporting "+typ, func() error {
+		l, err := ops.OpsV1alpha1().AgentInfos().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		for _, a := range l.Items {
+			if a.Status.TunnelType != typ {
+				return fmt.Errorf("%s reports %q", a.Name, a.Status.TunnelType)
+			}
+		}
+		return nil
+	})
+	for _, step := range []struct {
+		from                 tunnel.TypeSource
+		dropPort, dropReport bool
+	}{
+		{tunnel.FromBridge, false, false},
+		{tunnel.FromAgentInfo, true, false},
+		{tunnel.FromPeers, true, true},
+	} {
 		if err := c.StopSeine(n0.Name); err != nil {
 			t.Fatal(err)
 		}
-		if forget {
+		if step.dropPort {
+			ovs(t, n0, "ovs-vsctl", "--if-exists", "del-port", "br-int", "seine-tun0")
+		}
+		if step.dropReport {
 			if err := ops.OpsV1alpha1().AgentInfos().Delete(ctx, n0.Name, metav1.DeleteOptions{}); err != nil {
 				t.Fatalf("deleting the AgentInfo of %s: %v", n0.Name, err)
 			}
@@ -131,12 +157,34 @@ func checkTunnelTypeChoice(t *testing.T, c *sandbox.Cluster, typ string) {
 		if err := c.StartSeine(ctx, n0.Name, nil); err != nil {
 			t.Fatal(err)
 		}
+		if got := lastLogLine(t, n0.LogPath, "tunnel type chosen"); !strings.Contains(got, `"tunnel_type": "`+typ+`"`) ||
+			!strings.Contains(got, `"tunnel_type_source": "`+string(step.from)+`"`) {
+			t.Errorf("%s, tunnelType empty, %+v: chose %s", n0.Name, step, got)
+		}
 		checkTunnelKind(t, c, n0, typ)
 		for _, to := range pods[1:] {
 			expectConnected(t, probe(t, c, pods[0], to.ip, tcpPort, corev1.ProtocolTCP), to.name,
-				fmt.Sprintf("TCP from %s after a restart with tunnelType empty (AgentInfo deleted: %v)", n0.Name, forget))
+				fmt.Sprintf("TCP from %s after a restart with tunnelType empty (%s)", n0.Name, step.from))
 		}
 	}
+}
+
+// lastLogLine returns the last line of the log at path that contains
+// what.
+func lastLogLine(t *testing.T, path, what string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(string(b), "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		if strings.Contains(lines[i], what) {
+			return lines[i]
+		}
+	}
+	t.Fatalf("no line with %q in %s", what, path)
+	return ""
 }
 
 // checkNeighborsFilledBeforeTraffic empties a Node's OVS tunnel neighbor
