@@ -38,6 +38,13 @@ func Overhead(tunnelType string) (int, error) {
 	return 0, fmt.Errorf("unknown tunnel type %q", tunnelType)
 }
 
+// Known reports whether tunnelType is one Seine builds (geneve, vxlan,
+// gre).
+func Known(tunnelType string) bool {
+	_, err := Overhead(tunnelType)
+	return err == nil
+}
+
 // PortOptions are the Interface options of a flow-based tunnel port: the
 // remote end and key come from each packet's tun_dst and tun_id
 // (ovs-vswitchd.conf.db(5), "Tunnel Options").
@@ -141,7 +148,7 @@ func Choose(userspaceDatapath bool, tunnelType string) Kind {
 // tunnelType empty and whose Nodes have not chosen one yet: vxlan with the
 // userspace datapath, where a kernel VXLAN device encapsulates and segments
 // (Choose; OVS 3.1's userspace Geneve and GRE ports encapsulate one segment
-// at a time, about a sixth of the throughput in docs/benchmarks.md), and
+// at a time, a fifth of the throughput or less in docs/benchmarks.md), and
 // geneve with the kernel datapath.
 func DefaultType(userspaceDatapath bool) string {
 	if userspaceDatapath {
@@ -191,19 +198,18 @@ type TypeEvidence struct {
 //
 // Empty and unknown types are ignored wherever they appear.
 func PickType(e TypeEvidence) (string, TypeSource) {
-	known := func(t string) bool { _, err := Overhead(t); return err == nil }
 	switch {
 	case e.Configured != "":
 		return e.Configured, FromConfig
-	case known(e.Bridge):
+	case Known(e.Bridge):
 		return e.Bridge, FromBridge
-	case known(e.Reported):
+	case Known(e.Reported):
 		return e.Reported, FromAgentInfo
 	}
 	def := DefaultType(e.UserspaceDatapath)
 	best, bestN := "", 0
 	for t, n := range e.Peers {
-		if !known(t) || n <= 0 {
+		if !Known(t) || n <= 0 {
 			continue
 		}
 		better := n > bestN ||

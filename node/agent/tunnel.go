@@ -230,8 +230,7 @@ func chooseTunnelType(ctx context.Context, cfg config.Config, ovs *ovsdb.Client,
 			ev.Bridge = tunnel.VXLAN
 		}
 	}
-	_, bridgeErr := tunnel.Overhead(ev.Bridge)
-	mustList := ev.Configured == "" && bridgeErr != nil && cfg.TrafficEncapMode.UsesTunnel()
+	mustList := ev.Configured == "" && !tunnel.Known(ev.Bridge) && cfg.TrafficEncapMode.UsesTunnel()
 	list, err := listAgentInfos(ctx, ops, mustList, log)
 	if err != nil {
 		if mustList {
@@ -256,7 +255,7 @@ func chooseTunnelType(ctx context.Context, cfg config.Config, ovs *ovsdb.Client,
 	}
 	others := 0
 	for t, n := range ev.Peers {
-		if _, err := tunnel.Overhead(t); err == nil && t != typ {
+		if tunnel.Known(t) && t != typ {
 			others += n
 		}
 	}

@@ -118,5 +118,5 @@ func (c Config) TunnelWarning() string {
 		(c.TunnelType != TunnelGeneve && c.TunnelType != TunnelGRE) {
 		return ""
 	}
-	return fmt.Sprintf("tunnelType: %s with ovsDatapathType netdev goes through OVS's userspace tunnel port, which encapsulates one MTU-sized packet at a time: Pod traffic between Nodes runs at about a fifth of vxlan's (docs/configuration.md)", c.TunnelType)
+	return fmt.Sprintf("tunnelType: %s with ovsDatapathType netdev goes through OVS's userspace tunnel port, which encapsulates one MTU-sized packet at a time: Pod traffic between Nodes runs at a fifth of vxlan's or less (docs/configuration.md)", c.TunnelType)
 }

@@ -9,14 +9,13 @@
 //  1. The source Node picks a tag (a number unused by its own running
 //     traces), writes Running, the tag and the packet into the status,
 //     then sends the packet (OpenFlow packet-out).
-//  2. Each Node groups the packet-ins by (source Node IP, tag) — the
+//  2. Each Node groups the packet-ins by (source Node IP, tag): the
 //     source Node is itself for injected packets and the tunnel's source
-//     address for packets from a peer; a kernel VXLAN device keeps the
-//     outer header to itself, so for packets through one the key is the
-//     packet's source IP (the source Pod's) and the tag — and, once none
-//     came for a settle
-//     time, writes one TraceflowNode: the tables, and Delivered,
-//     Forwarded (with the next Node), ToHost or Dropped.
+//     address for packets from a peer. A kernel VXLAN device keeps the
+//     outer header to itself, so packets through one are grouped by their
+//     source IP (the source Pod's) and the tag instead. Once none came
+//     for a settle time, the Node writes one TraceflowNode: the tables,
+//     and Delivered, Forwarded (with the next Node), ToHost or Dropped.
 //  3. The status is Succeeded once the chain of Nodes from the source
 //     ends in a Node that did not forward the packet. The source Node
 //     fails the trace when that did not happen within the timeout.

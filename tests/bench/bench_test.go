@@ -24,8 +24,9 @@ func repoRoot() string {
 }
 
 // up starts a sandbox for one benchmark and tears it down at the end;
-// set overrides the daemons' configuration (sandbox.Options.Set).
-func up(b *testing.B, name string, nodes int, set ...map[string]string) *sandbox.Cluster {
+// set (may be nil) overrides the daemons' configuration
+// (sandbox.Options.Set).
+func up(b *testing.B, name string, nodes int, set map[string]string) *sandbox.Cluster {
 	b.Helper()
 	if os.Geteuid() != 0 {
 		b.Skip("needs root")
@@ -35,11 +36,7 @@ func up(b *testing.B, name string, nodes int, set ...map[string]string) *sandbox
 	_ = sandbox.Down(name, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	opts := sandbox.Options{Name: name, Nodes: nodes, Log: zap.NewNop()}
-	if len(set) > 0 {
-		opts.Set = set[0]
-	}
-	c, err := sandbox.Up(ctx, opts)
+	c, err := sandbox.Up(ctx, sandbox.Options{Name: name, Nodes: nodes, Set: set, Log: zap.NewNop()})
 	if err != nil {
 		_ = sandbox.Down(name, "")
 		b.Fatal(err)

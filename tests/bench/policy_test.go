@@ -22,7 +22,7 @@ import (
 // time from creating a Pod selected by a policy to the Pod being Ready
 // (its CNI ADD returns only once its policies are enforced), over 20 Pods.
 func BenchmarkPolicyRealization(b *testing.B) {
-	c := up(b, "bpol", 3)
+	c := up(b, "bpol", 3, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	const ns, n = "rl", 100

@@ -132,7 +132,7 @@ func BenchmarkServiceProgramming(b *testing.B) {
 	kubeProxyOnly := os.Getenv(envKubeProxyOnly) != ""
 	scales := serviceScales(b)
 	kubeProxyBinary(b) // fail early when it is not built
-	c := up(b, "bsvc", 1)
+	c := up(b, "bsvc", 1, nil)
 	node := c.Nodes()[0]
 	cs := bulkClient(b, c)
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Minute)
@@ -476,7 +476,7 @@ func seineCovers(b *testing.B, of *seineOF, round uint16, refs []svcRef) bool {
 // podip-p50-us, clusterip-p99-us, podip-p99-us and p50-ratio (ClusterIP
 // over Pod IP). It skips when Seine has no Service proxy yet.
 func BenchmarkServiceLatency(b *testing.B) {
-	c := up(b, "bsvl", 1)
+	c := up(b, "bsvl", 1, nil)
 	node := c.Nodes()[0]
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()

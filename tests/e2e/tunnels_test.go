@@ -28,11 +28,10 @@ import (
 // through OVS's tunnel port, the transport bridge and, with userspace
 // TSO, the segmentation port. It ends on the sandbox's own type.
 //
-// With Geneve it also checks how a Node whose configuration leaves
-// tunnelType empty chooses (tunnel.PickType): restarted, it keeps the type
-// of its previous run (its AgentInfo) rather than the datapath's default;
-// with its AgentInfo gone (a Node joining), it takes its peers' type. And
-// it checks that OVS's tunnel neighbor cache is filled before traffic.
+// With Geneve, not the datapath's default, it also checks how a Node whose
+// configuration leaves tunnelType empty chooses (checkTunnelTypeChoice)
+// and that OVS's tunnel neighbor cache is filled before traffic
+// (checkNeighborsFilledBeforeTraffic).
 func TestTunnelTypes(t *testing.T) {
 	requireMode(t, config.ModeEncap)
 	c := shared
