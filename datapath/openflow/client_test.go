@@ -127,6 +127,7 @@ func roundTripFlows() []Flow {
 		{Table: 30, Priority: 100, Cookie: 0x3003, Match: Match{EthType: 0x0800}, Actions: []Action{
 			CT{Commit: true, Zone: 1, NAT: &CTNAT{SNAT: true, IPMin: net.ParseIP("10.0.0.1"), IPMax: net.ParseIP("10.0.0.2"), PortMin: 1000, PortMax: 2000}},
 			CT{Commit: true, Zone: 2, SetMark: &Masked32{Value: 0x20, Mask: 0xf0}, NAT: &CTNAT{DNAT: true, IPMin: net.ParseIP("10.96.0.10")}},
+			CT{Commit: true, Zone: 3, SetMark: &Masked32{Value: 0x48, Mask: 0x4c}},
 		}},
 		{Table: 40, Priority: 100, Cookie: 0x4001, Match: Match{EthType: 0x0800, IPSrc: cidr("10.1.0.0/16")},
 			Actions: []Action{Conjunction{ID: 7, Clause: 1, NClauses: 2}}},
@@ -193,7 +194,7 @@ func TestApplyRoundTrip(t *testing.T) {
 			"actions=ct(commit,zone=65520,exec(set_field:0x1->ct_mark)),output:3"},
 		0x3002: {"table=20", "priority=50", "ct_state=-trk", "actions=ct(table=30,zone=65520,nat)"},
 		0x3004: {"table=20", "priority=60", "ct_state=+new+trk", "udp", "nw_frag=yes", "actions=output:3"},
-		0x3003: {"table=30", "actions=ct(commit,zone=1,nat(src=10.0.0.1-10.0.0.2:1000-2000)),ct(commit,zone=2,nat(dst=10.96.0.10),exec(set_field:0x20/0xf0->ct_mark))"},
+		0x3003: {"table=30", "actions=ct(commit,zone=1,nat(src=10.0.0.1-10.0.0.2:1000-2000)),ct(commit,zone=2,nat(dst=10.96.0.10),exec(set_field:0x20/0xf0->ct_mark)),ct(commit,zone=3,exec(set_field:0x8/0xc->ct_mark,set_field:0x40/0x40->ct_mark))"},
 		0x4001: {"table=40", "nw_src=10.1.0.0/16", "actions=conjunction(7,1/2)"},
 		0x4002: {"table=40", "tp_dst=443", "actions=conjunction(7,2/2)"},
 		0x4003: {"table=40", "priority=10", "conj_id=7", "actions=resubmit(,50),output:NXM_NX_REG1[0..15]"},

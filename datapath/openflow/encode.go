@@ -597,15 +597,29 @@ func encodeCT(a CT) (of13.Action, error) {
 		if mask == 0 {
 			mask = 0xffffffff
 		}
-		ofs := uint8(bits.TrailingZeros32(mask))
-		nbits := uint8(bits.OnesCount32(mask))
-		if uint8(32-bits.LeadingZeros32(mask)) != ofs+nbits {
-			return nil, fmt.Errorf("ct: ct_mark mask %#x is not a contiguous bit range", mask)
+		// A load writes one contiguous bit range, so a sparse mask takes
+		// one load per run of ones.
+		for _, r := range bitRuns(mask) {
+			value := (a.SetMark.Value >> r.ofs) & (1<<r.nbits - 1)
+			ct.AddAction(of13.NewNXActionRegLoad(ofsNbits(r.ofs, r.nbits), nxmCtMark.header(), uint64(value)))
 		}
-		value := (a.SetMark.Value & mask) >> ofs
-		ct.AddAction(of13.NewNXActionRegLoad(ofsNbits(ofs, nbits), nxmCtMark.header(), uint64(value)))
 	}
 	return ct, nil
+}
+
+// bitRun is a run of consecutive ones in a mask: nbits bits from bit ofs.
+type bitRun struct{ ofs, nbits uint8 }
+
+// bitRuns splits a non-zero mask into its runs of ones, lowest first.
+func bitRuns(mask uint32) []bitRun {
+	var runs []bitRun
+	for mask != 0 {
+		ofs := uint8(bits.TrailingZeros32(mask))
+		n := uint8(bits.TrailingZeros32(^(mask >> ofs)))
+		runs = append(runs, bitRun{ofs, n})
+		mask &^= uint32(uint64(1)<<n-1) << ofs
+	}
+	return runs
 }
 
 func encodeNAT(n *CTNAT) (of13.Action, error) {

@@ -76,7 +76,6 @@ func TestEncodeRejects(t *testing.T) {
 		{"move unknown", Flow{Actions: []Action{Move{Src: "tcp_flags", Dst: FieldIPDst}}}, "unsupported source"},
 		{"move range too wide", Flow{Actions: []Action{MoveRange{Src: FieldReg(3), Dst: FieldTunID, SrcOfs: 20, NBits: 16}}}, "do not fit"},
 		{"mark without commit", Flow{Actions: []Action{CT{SetMark: &Masked32{Value: 1}}}}, "requires commit"},
-		{"sparse mark mask", Flow{Actions: []Action{CT{Commit: true, SetMark: &Masked32{Value: 1, Mask: 0x5}}}}, "contiguous"},
 		{"snat and dnat", Flow{Actions: []Action{CT{NAT: &CTNAT{SNAT: true, DNAT: true}}}}, "exclusive"},
 		{"range without kind", Flow{Actions: []Action{CT{NAT: &CTNAT{PortMin: 1}}}}, "needs SNAT or DNAT"},
 		{"conjunction clause 0", Flow{Actions: []Action{Conjunction{ID: 1, Clause: 0, NClauses: 2}}}, "clause"},

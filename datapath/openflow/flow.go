@@ -227,7 +227,8 @@ type CT struct {
 	// Table, when set, recirculates the packet to that table after tracking;
 	// otherwise the pipeline continues with the next action, untracked.
 	Table *uint8
-	// SetMark, when set, writes ct_mark (only with Commit).
+	// SetMark, when set, writes the bits of Mask (all when 0) of ct_mark
+	// (only with Commit); a sparse Mask is written as one load per run.
 	SetMark *Masked32
 	// NAT, when set, applies or restores NAT (ovs-actions(7) "nat").
 	NAT *CTNAT

@@ -156,6 +156,19 @@ func (o *OVS) Restart() {
 }
 
 func (o *OVS) stop() {
+	// A bridge's internal ports are tap devices that outlive ovs-vswitchd
+	// (netdev datapath): delete the bridges first, so that it removes them.
+	vsctl := func(args ...string) (string, error) {
+		cmd := exec.Command("ovs-vsctl", append([]string{"--db=unix:" + filepath.Join(o.RunDir, "db.sock"), "--timeout=10"}, args...)...)
+		cmd.Env = o.Env()
+		out, err := cmd.Output()
+		return string(out), err
+	}
+	if out, err := vsctl("list-br"); err == nil {
+		for _, br := range strings.Fields(out) {
+			_, _ = vsctl("--if-exists", "del-br", br)
+		}
+	}
 	for _, name := range []string{"ovs-vswitchd", "ovsdb-server"} {
 		o.stopDaemon(name)
 	}

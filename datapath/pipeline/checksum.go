@@ -80,15 +80,46 @@ func savedFields(proto uint8) []struct {
 // fragment has no transport ports to save or restore.
 var notFragment = &of.FragMatch{Value: 0, Mask: of.FragAny}
 
+// saveHeaders returns the actions that save a TCP (proto 6) or UDP (17)
+// packet's headers into the Saved* registers on a bridge with the NAT
+// checksum detour; nil for other protocols or bridges. A flow using them
+// must match the protocol (OVS checks a move's prerequisites).
+func saveHeaders(b Bridge, proto uint8) []of.Action {
+	if !b.NATChecksumDetour() || (proto != 6 && proto != 17) {
+		return nil
+	}
+	var acts []of.Action
+	for _, sf := range savedFields(proto) {
+		acts = append(acts, regMove(sf.reg, sf.field, sf.ofs, true))
+	}
+	return acts
+}
+
 // natDetourFlows returns the flows of the NAT checksum detour: saving
 // headers, sending NATed packets that leave the Node through the
 // segmentation port, and taking them back.
+//
+// Saving reads the addresses and ports, and OVS un-wildcards every field
+// an action reads, so a datapath flow (megaflow) that saves matches one
+// connection's 5-tuple exactly and each new connection would take an
+// upcall. So only packets that conntrack may NAT are saved: NATLookup
+// looks the connection up without NAT (ct_state and ct_mark, the packet
+// unchanged), and SaveHeaders saves for connections marked CtMarkNAT and
+// for established ones marked neither way (committed by an earlier
+// release). Connections marked CtMarkNoNAT skip the save and the Conntrack
+// table's ct(nat), and a new connection is saved only if a Service's
+// EndpointDNAT flow NATs it. Replies to the SNAT addresses are saved
+// without the lookup: their connection is in ServiceSNATZone, and the
+// Conntrack table's un-SNAT flows take only untracked packets.
 func natDetourFlows(b Bridge) []of.Flow {
 	if !b.NATChecksumDetour() {
 		return nil
 	}
 	ck := Cookie(b.Round, CategoryPipeline, 0)
 	var fs []of.Flow
+	add := func(t Table, prio uint16, m of.Match, acts ...of.Action) {
+		fs = append(fs, of.Flow{Table: uint8(t), Priority: prio, Cookie: ck, Match: m, Actions: acts})
+	}
 	leaving := []uint32{b.GatewayPort}
 	if b.TunnelPort != 0 {
 		leaving = append(leaving, b.TunnelPort)
@@ -96,14 +127,35 @@ func natDetourFlows(b Bridge) []of.Flow {
 	if b.Tunnel == TunnelSegmented {
 		leaving = append(leaving, b.SegmentPort)
 	}
+	snatIPs := []net.IP{ServiceHairpinIP, ServiceHostSNATIP}
+	if b.GatewayIP != nil {
+		snatIPs = append(snatIPs, b.GatewayIP)
+	}
+	lookupTable := uint8(SaveHeaders)
+	marked := func(bit uint32) *of.Masked32 { return &of.Masked32{Value: bit, Mask: bit} }
+	trk := func(set, clear uint32) *of.CtStateMatch { return &of.CtStateMatch{Set: set, Clear: clear} }
 	for _, proto := range []uint8{6, 17} {
-		var save, restore []of.Action
+		l4 := func(m of.Match) of.Match {
+			m.EthType, m.IPProto, m.Frag = EthTypeIPv4, proto, notFragment
+			return m
+		}
+		save := append(saveHeaders(b, proto), goTo(Conntrack))
+		// NATLookup.
+		add(NATLookup, PrioHigh, l4(of.Match{}), of.CT{Zone: ConntrackZone, Table: &lookupTable})
+		for _, ip := range snatIPs {
+			add(NATLookup, PrioHigh+10, l4(of.Match{IPDst: host(ip)}), goTo(SaveHeaders))
+		}
+		// SaveHeaders.
+		add(SaveHeaders, PrioHigh+30, l4(of.Match{CtState: trk(0, of.CtTrk)}), save...)
+		add(SaveHeaders, PrioHigh+20, l4(of.Match{CtState: trk(of.CtTrk, 0), CtMark: marked(CtMarkNAT)}), save...)
+		add(SaveHeaders, PrioHigh+20, l4(of.Match{CtState: trk(of.CtTrk, 0), CtMark: marked(CtMarkNoNAT)}), goTo(ConntrackState))
+		add(SaveHeaders, PrioHigh+10, l4(of.Match{CtState: trk(of.CtTrk|of.CtNew, 0)}), goTo(Conntrack))
+		add(SaveHeaders, PrioHigh, l4(of.Match{CtState: trk(of.CtTrk, 0)}), save...)
+
+		restore := make([]of.Action, 0, len(save)+2)
 		for _, sf := range savedFields(proto) {
-			save = append(save, regMove(sf.reg, sf.field, sf.ofs, true))
 			restore = append(restore, regMove(sf.reg, sf.field, sf.ofs, false))
 		}
-		fs = append(fs, of.Flow{Table: uint8(SaveHeaders), Priority: PrioHigh, Cookie: ck,
-			Match: of.Match{EthType: EthTypeIPv4, IPProto: proto, Frag: notFragment}, Actions: append(save, goTo(Conntrack))})
 		restore = append(restore,
 			of.SetEthDst{MAC: natDetourMAC},
 			of.MoveRange{Src: of.FieldInPort, Dst: of.FieldEthDst, NBits: 16},
@@ -111,14 +163,22 @@ func natDetourFlows(b Bridge) []of.Flow {
 		ready := of.RegMatch{Reg: OutputResolved.Reg(), Value: OutputResolved.Mask() | NATApplied.Mask(),
 			Mask: OutputResolved.Mask() | NATApplied.Mask() | NATChecksumDone.Mask()}
 		for _, port := range leaving {
-			fs = append(fs, of.Flow{Table: uint8(Output), Priority: PrioHigh + 20, Cookie: ck,
-				Match: of.Match{EthType: EthTypeIPv4, IPProto: proto, Frag: notFragment,
-					// A Traceflow packet is small and fully checksummed, and its
-					// registers must survive: no detour.
-					Regs: []of.RegMatch{ready, TargetOFPort.Match(port), TraceActive.Match(0)}},
-				Actions: restore})
+			// A Traceflow packet is small and fully checksummed, and its
+			// registers must survive: no detour.
+			add(Output, PrioHigh+20, l4(of.Match{Regs: []of.RegMatch{ready, TargetOFPort.Match(port), TraceActive.Match(0)}}),
+				restore...)
 		}
 	}
+	// New connections that no Service NATs are committed with
+	// CtMarkNoNAT (those the host started keep CtMarkFromGateway too).
+	// Above the base flows' plain commits, below the Service flows that
+	// commit NATed connections.
+	notNATed := NATApplied.Match(0)
+	add(ConntrackCommit, PrioHigh+2, of.Match{EthType: EthTypeIPv4, CtState: trk(of.CtTrk|of.CtNew, 0), Regs: []of.RegMatch{notNATed}},
+		of.CT{Commit: true, Zone: ConntrackZone, SetMark: marked(CtMarkNoNAT)}, goTo(Output))
+	add(ConntrackCommit, PrioHigh+3, of.Match{EthType: EthTypeIPv4, CtState: trk(of.CtTrk|of.CtNew, 0),
+		Regs: Regs(notNATed, PktSource.Match(FromGateway))},
+		of.CT{Commit: true, Zone: ConntrackZone, SetMark: marked(CtMarkNoNAT | CtMarkFromGateway)}, goTo(Output))
 	// Connections NATed earlier: conntrack's ct(nat) in the Conntrack
 	// table applied their NAT.
 	// A DNATed one was sent to a Service endpoint: EndpointSelected, which
@@ -126,13 +186,10 @@ func natDetourFlows(b Bridge) []of.Flow {
 	// of it, is set again for the packet's second pass after the detour
 	// (ServiceLB no longer sees the VIP), and for a retransmitted first
 	// packet. It comes first, as a packet can be both.
-	fs = append(fs,
-		of.Flow{Table: uint8(ConntrackState), Priority: PrioNormal + 1, Cookie: ck,
-			Match:   of.Match{EthType: EthTypeIPv4, CtState: &of.CtStateMatch{Set: of.CtTrk | of.CtDNAT}},
-			Actions: []of.Action{NATApplied.Load(1), EndpointSelected.Load(1), goTo(ConntrackState.next())}},
-		of.Flow{Table: uint8(ConntrackState), Priority: PrioNormal, Cookie: ck,
-			Match:   of.Match{EthType: EthTypeIPv4, CtState: &of.CtStateMatch{Set: of.CtTrk | of.CtSNAT}},
-			Actions: []of.Action{NATApplied.Load(1), goTo(ConntrackState.next())}})
+	add(ConntrackState, PrioNormal+1, of.Match{EthType: EthTypeIPv4, CtState: trk(of.CtTrk|of.CtDNAT, 0)},
+		NATApplied.Load(1), EndpointSelected.Load(1), goTo(ConntrackState.next()))
+	add(ConntrackState, PrioNormal, of.Match{EthType: EthTypeIPv4, CtState: trk(of.CtTrk|of.CtSNAT, 0)},
+		NATApplied.Load(1), goTo(ConntrackState.next()))
 	fs = append(fs, of.Flow{Table: uint8(Classifier), Priority: PrioHigh + 10, Cookie: ck,
 		Match: of.Match{InPort: b.SegmentPort, EthDst: natDetourMAC, EthDstMask: natDetourMask},
 		Actions: []of.Action{

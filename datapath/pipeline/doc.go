@@ -11,7 +11,8 @@ var tableDocs = map[Table]string{
 	Classifier:      "`in_port` → `PktSource`; `seine-seg0`: back from the NAT detour (`in_port` from the destination MAC, `NATChecksumDone`, the whole pipeline again) or → TunnelOutput",
 	SpoofGuard:      "a Pod port may only send from its own IP and MAC (IP and ARP)",
 	ARPResponder:    "answers ARP for peer gateways; forwards other ARP to the port owning the target IP",
-	SaveHeaders:     "(userspace TSO) unfragmented TCP/UDP: saves addresses, ports, source MAC and TTL into `Saved*` for the NAT checksum detour",
+	NATLookup:       "(userspace TSO) unfragmented TCP/UDP: `ct(zone=65520, table=26)` without NAT, so SaveHeaders sees `ct_mark`; replies to a SNAT address (169.254.100.1, .3, the gateway IP) go on untracked",
+	SaveHeaders:     "(userspace TSO) saves addresses, ports, source MAC and TTL into `Saved*` for the NAT checksum detour: untracked packets, `ct_mark` NAT, established connections marked neither way; `ct_mark` NoNAT skips to ConntrackState; other new connections skip to Conntrack",
 	Conntrack:       "`ct(zone=65520, nat, table=31)`",
 	ConntrackState:  "drops `ct_state=+inv+trk`",
 	ServiceLB:       "new connections to a Service VIP:port (IP fragments: by the ClusterIP of a Service with one UDP port) → its select group (or the affinity table)",
@@ -23,7 +24,7 @@ var tableDocs = map[Table]string{
 	L2Forwarding:    "`eth_dst` → `TargetOFPort`, sets `OutputResolved`; a peer's MAC: the tunnel (with `tun_dst`, or the kernel VXLAN device), or `seine-seg0` first (segmented tunnel egress; not a Traceflow packet)",
 	IngressRule:     "NetworkPolicy ingress allow: conjunctions (destination ofport in reg1 × source peers × ports); `-new` packets and the Node's own traffic skip",
 	IngressDefault:  "drops `IngressIsolated` packets that no rule allowed",
-	ConntrackCommit: "`ct(commit)` new connections",
+	ConntrackCommit: "`ct(commit)` new connections ((userspace TSO) those no Service NATs with `ct_mark` NoNAT)",
 	Output:          "`output:reg1`; a Traceflow packet into the tunnel gets its tag in the tunnel key; (userspace TSO) a packet NATed in this pass (`NATApplied`) that leaves the Node: restore the saved fields, out through `seine-seg0`",
 	TunnelOutput:    "segments back on `seine-seg0`: a peer's MAC → `tun_dst`, output to the tunnel",
 }

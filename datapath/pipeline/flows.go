@@ -171,7 +171,7 @@ func BaseFlows(b Bridge) []of.Flow {
 	// Classifier.
 	add(Classifier, PrioHigh, of.Match{InPort: b.GatewayPort}, PktSource.Load(FromGateway), goTo(SpoofGuard))
 	if b.TunnelPort != 0 {
-		add(Classifier, PrioHigh, of.Match{InPort: b.TunnelPort}, PktSource.Load(FromTunnel), goTo(SaveHeaders))
+		add(Classifier, PrioHigh, of.Match{InPort: b.TunnelPort}, PktSource.Load(FromTunnel), goTo(NATLookup))
 	}
 	if b.Tunnel == TunnelSegmented && b.SegmentPort != 0 {
 		// Segments of a packet that already went through the pipeline.
@@ -179,7 +179,7 @@ func BaseFlows(b Bridge) []of.Flow {
 	}
 	// SpoofGuard: the host is trusted.
 	add(SpoofGuard, PrioHigh, of.Match{EthType: EthTypeARP, Regs: []of.RegMatch{PktSource.Match(FromGateway)}}, goTo(ARPResponder))
-	add(SpoofGuard, PrioHigh, of.Match{EthType: EthTypeIPv4, Regs: []of.RegMatch{PktSource.Match(FromGateway)}}, goTo(SaveHeaders))
+	add(SpoofGuard, PrioHigh, of.Match{EthType: EthTypeIPv4, Regs: []of.RegMatch{PktSource.Match(FromGateway)}}, goTo(NATLookup))
 	// ARP for the gateway goes to the gateway, whose kernel answers.
 	if b.GatewayIP != nil {
 		add(ARPResponder, PrioNormal, of.Match{EthType: EthTypeARP, ARPTPA: b.GatewayIP}, of.Output{Port: b.GatewayPort})
@@ -253,7 +253,7 @@ func PodFlows(b Bridge, p Pod) []of.Flow {
 			Actions: []of.Action{goTo(ARPResponder)}},
 		{Table: uint8(SpoofGuard), Priority: PrioHigh, Cookie: ck,
 			Match:   of.Match{InPort: p.OFPort, EthType: EthTypeIPv4, EthSrc: p.MAC, IPSrc: host(ip)},
-			Actions: []of.Action{goTo(SaveHeaders)}},
+			Actions: []of.Action{goTo(NATLookup)}},
 		{Table: uint8(L3Forwarding), Priority: PrioHigh, Cookie: ck,
 			Match:   of.Match{EthType: EthTypeIPv4, IPDst: host(ip)},
 			Actions: []of.Action{of.SetEthSrc{MAC: b.GatewayMAC}, of.SetEthDst{MAC: p.MAC}, goTo(L2Forwarding)}},

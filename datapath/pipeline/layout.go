@@ -25,7 +25,8 @@ const (
 	Classifier      Table = 0   // in_port → packet source (reg0 PktSource)
 	SpoofGuard      Table = 10  // Pods may only send from their own IP and MAC
 	ARPResponder    Table = 20  // answers ARP for peer gateways, forwards other ARP to its target
-	SaveHeaders     Table = 25  // (NAT checksum detour) saves the fields NAT may rewrite, into Saved* registers
+	NATLookup       Table = 25  // (NAT checksum detour) looks the connection up without NAT, to learn from ct_mark whether it is NATed
+	SaveHeaders     Table = 26  // (NAT checksum detour) saves the fields NAT may rewrite, into Saved* registers
 	Conntrack       Table = 30  // ct(): track IP packets in the Seine zone
 	ConntrackState  Table = 31  // drop ct_state=+inv
 	ServiceLB       Table = 40  // new connections to a Service VIP: mark the Service port, look up affinity
@@ -63,6 +64,7 @@ func Tables() []TableInfo {
 		{Classifier, "Classifier", MissDrop},
 		{SpoofGuard, "SpoofGuard", MissDrop},
 		{ARPResponder, "ARPResponder", MissDrop},
+		{NATLookup, "NATLookup", MissNext},
 		{SaveHeaders, "SaveHeaders", MissNext},
 		{Conntrack, "Conntrack", MissNext},
 		{ConntrackState, "ConntrackState", MissNext},
@@ -178,7 +180,9 @@ const (
 	// SavedIPSrc, SavedIPDst, SavedL4Src, SavedL4Dst, SavedEthSrcLow
 	// (eth_src[0..31]), SavedEthSrcHigh (eth_src[32..47]) and SavedTTL
 	// hold a TCP or UDP packet's fields as it entered the pipeline, before
-	// conntrack could NAT them (SaveHeaders; only with the detour).
+	// conntrack could NAT them (SaveHeaders, or the EndpointDNAT flow of a
+	// new connection; only with the detour, and only for packets that
+	// conntrack may NAT).
 	SavedIPSrc      RegField = 7<<16 | 0<<8 | 32
 	SavedIPDst      RegField = 8<<16 | 0<<8 | 32
 	SavedL4Dst      RegField = 9<<16 | 0<<8 | 16

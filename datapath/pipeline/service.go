@@ -90,6 +90,14 @@ const (
 	// to an endpoint behind the gateway and SNATed to ServiceHostSNATIP;
 	// both directions hairpin on the gateway port.
 	CtMarkHostSNAT uint32 = 1 << 4
+	// CtMarkNAT: conntrack NATs the connection (set by its DNAT commit
+	// on bridges with the NAT checksum detour). Its packets have their
+	// headers saved before conntrack (SaveHeaders).
+	CtMarkNAT uint32 = 1 << 5
+	// CtMarkNoNAT: conntrack does not NAT the connection (set by its
+	// commit in ConntrackCommit on bridges with the NAT checksum detour).
+	// Its packets skip saving and the Conntrack table's ct(nat).
+	CtMarkNoNAT uint32 = 1 << 6
 )
 
 // NodePortVIP is the address the host DNATs NodePort traffic to before
@@ -383,12 +391,18 @@ func ServicePortFlows(b Bridge, sp ServicePort) ([]of.Flow, []of.GroupEntry, err
 			}
 			ct := of.CT{Commit: true, Zone: ConntrackZone, Table: &egress,
 				NAT: &of.CTNAT{DNAT: true, IPMin: ip, PortMin: ep.Port}}
-			m := mark
+			m, mask := mark, CtMarkHairpin|CtMarkExternal|CtMarkServiceSNAT
 			if hairpin {
 				m |= CtMarkHairpin
 			}
+			if save := saveHeaders(b, sp.Protocol); save != nil {
+				// The packet is still as it entered: its headers are
+				// saved here, the only place a new connection is NATed.
+				acts = append(acts, save...)
+				m, mask = m|CtMarkNAT, mask|CtMarkNAT
+			}
 			if m != 0 {
-				ct.SetMark = &of.Masked32{Value: m, Mask: CtMarkHairpin | CtMarkExternal | CtMarkServiceSNAT}
+				ct.SetMark = &of.Masked32{Value: m, Mask: mask}
 			}
 			return append(acts, EndpointSelected.Load(1), NATApplied.Load(1), ct)
 		}

@@ -145,7 +145,7 @@ func TestTraceFlowsObserveEveryTable(t *testing.T) {
 	tb := newTraceBridge(t, false)
 	tb.inject(t, 7, tb.p2.IP, tb.br.GatewayMAC)
 	pis := tb.collect(t)
-	want := []string{"Classifier", "SpoofGuard", "SaveHeaders", "Conntrack", "ConntrackState", "ServiceLB", "SessionAffinity", "EndpointDNAT",
+	want := []string{"Classifier", "SpoofGuard", "NATLookup", "SaveHeaders", "Conntrack", "ConntrackState", "ServiceLB", "SessionAffinity", "EndpointDNAT",
 		"EgressRule", "EgressDefault", "L3Forwarding", "L2Forwarding", "IngressRule", "IngressDefault", "ConntrackCommit", "Output"}
 	if got := tableNames(pis); !slices.Equal(got, want) {
 		t.Fatalf("tables reported:\n got %v\nwant %v", got, want)

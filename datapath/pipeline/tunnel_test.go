@@ -160,24 +160,38 @@ func TestNATChecksumDetour(t *testing.T) {
 	outputs := func(trace, port string) bool {
 		return regexp.MustCompile(`(output:|output port is )` + port + `\b`).MatchString(trace)
 	}
-	trace := func(flow, ct string) string {
-		return o.Run("ovs-appctl", "ofproto/trace", "br-int", flow, "--ct-next", ct)
+	// Two conntrack passes: NATLookup's lookup (here without a ct_mark,
+	// as for a connection committed before the marks existed) and the
+	// Conntrack table's ct(nat).
+	trace := func(flow, lookup, ct string) string {
+		return o.Run("ovs-appctl", "ofproto/trace", "br-int", flow, "--ct-next", lookup, "--ct-next", ct)
 	}
 	fromPod := "in_port=3,dl_src=0a:00:00:00:01:05,dl_dst=0a:00:00:00:00:01,tcp,nw_ttl=64,nw_src=10.244.1.5,tp_src=40000,tp_dst=80,nw_dst="
 	cases := []struct {
-		name, flow, ct, port string
-		detour               bool
+		name, flow, lookup, ct, port string
+		saved, detour                bool
 	}{
-		{"NATed, to a peer Node", fromPod + "10.244.2.7", "trk,est,dnat", "5", true},
-		{"NATed, to the host", fromPod + "198.19.0.10", "trk,est,dnat", "5", true},
-		{"not NATed, to a peer Node", fromPod + "10.244.2.7", "trk,est", "1", false},
-		{"NATed, to a local Pod", fromPod + "10.244.1.6", "trk,est,snat", "4", false},
+		{"NATed, to a peer Node", fromPod + "10.244.2.7", "trk,est", "trk,est,dnat", "5", true, true},
+		{"NATed, to the host", fromPod + "198.19.0.10", "trk,est", "trk,est,dnat", "5", true, true},
+		{"not NATed, to a peer Node", fromPod + "10.244.2.7", "trk,est", "trk,est", "1", true, false},
+		{"NATed, to a local Pod", fromPod + "10.244.1.6", "trk,est", "trk,est,snat", "4", true, false},
+		// A new connection is saved only where a Service NATs it.
+		{"new, to a peer Node", fromPod + "10.244.2.7", "trk,new", "trk,new", "1", false, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			out := trace(tc.flow, tc.ct)
+			out := trace(tc.flow, tc.lookup, tc.ct)
 			if !outputs(out, tc.port) {
 				t.Fatalf("want output to port %s:\n%s", tc.port, out)
+			}
+			saved := strings.Contains(out, "move:NXM_OF_IP_SRC[]->NXM_NX_REG7[]")
+			if saved != tc.saved {
+				t.Fatalf("headers saved: %v, want %v:\n%s", saved, tc.saved, out)
+			}
+			// Saving un-wildcards the ports: no datapath flow of a
+			// packet that is not saved may match them.
+			if !tc.saved && regexp.MustCompile(`Megaflow:.*tp_src=`).MatchString(out) {
+				t.Fatalf("a datapath flow matches the source port although nothing saved it:\n%s", out)
 			}
 			restored := strings.Contains(out, "move:NXM_NX_REG7[]->NXM_OF_IP_SRC[]")
 			if restored != tc.detour {
@@ -186,7 +200,7 @@ func TestNATChecksumDetour(t *testing.T) {
 		})
 	}
 	back := trace("in_port=5,dl_src=0a:00:00:00:01:05,dl_dst=0e:5f:ff:ff:00:03,tcp,nw_ttl=64,nw_src=10.244.1.5,nw_dst=10.244.2.7,tp_src=40000,tp_dst=80",
-		"trk,est,dnat")
+		"trk,est", "trk,est,dnat")
 	if !strings.Contains(back, "in_port=3, priority 190") || !outputs(back, "1") || strings.Contains(back, "output:5") {
 		t.Fatalf("back from the detour: want the pipeline again as from port 3, out to the tunnel without a second detour:\n%s", back)
 	}

@@ -360,23 +360,9 @@ func tcprrRun(b *testing.B, rr, serverNS, clientNS, dst string) (p50, p99 float6
 // vethPath is a veth pair between two namespaces.
 func vethPath(b *testing.B, rr string) dpResult {
 	b.Helper()
-	a, z := "seine-bdp-a", "seine-bdp-b"
-	netns(b, a)
-	netns(b, z)
-	for _, c := range [][]string{
-		{"ip", "-n", a, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", z},
-		{"ip", "-n", a, "addr", "add", "198.18.100.1/24", "dev", "eth0"},
-		{"ip", "-n", z, "addr", "add", "198.18.100.2/24", "dev", "eth0"},
-		{"ip", "-n", a, "link", "set", "eth0", "up"},
-		{"ip", "-n", z, "link", "set", "eth0", "up"},
-		{"ip", "-n", a, "link", "set", "lo", "up"},
-		{"ip", "-n", z, "link", "set", "lo", "up"},
-	} {
-		sh(b, c...)
-	}
-	r := measurePath(b, rr, z, a, "198.18.100.2", nil)
-	delNetns(a, z)
-	return r
+	client, server, dst, down := vethPair(b)
+	defer down()
+	return measurePath(b, rr, server, client, dst, nil)
 }
 
 func delNetns(names ...string) {
@@ -611,9 +597,10 @@ func withRcvBuf(b *testing.B, v int) func() {
 
 // seineLikeFlows walks a packet between ports 1 and 2 through a pipeline
 // of Seine's shape (tables as in pipeline.Tables): classification, spoof
-// guard, the NAT checksum detour's header save, conntrack with NAT and a
-// recirculation, a dozen tables passed by their miss flows, L3 and L2
-// forwarding into registers, commit of new connections, output:reg1.
+// guard, the NAT checksum detour's lookup and header save (its flows for
+// connections not NATed), conntrack with NAT and a recirculation, a dozen
+// tables passed by their miss flows, L3 and L2 forwarding into registers,
+// commit of new connections, output:reg1.
 func seineLikeFlows() []string {
 	fs := []string{"table=0,priority=0,arp,actions=NORMAL"}
 	for i := 1; i <= 2; i++ {
@@ -624,11 +611,15 @@ func seineLikeFlows() []string {
 			fmt.Sprintf("table=80,priority=200,dl_dst=0e:00:00:00:00:%02x,actions=load:%d->NXM_NX_REG1[],load:1->NXM_NX_REG0[16],goto_table:90", i, i))
 	}
 	return append(fs,
-		"table=25,priority=200,tcp,nw_frag=no,actions=move:NXM_OF_IP_SRC[]->NXM_NX_REG7[],move:NXM_OF_IP_DST[]->NXM_NX_REG8[],"+
+		"table=25,priority=200,tcp,nw_frag=no,actions=ct(zone=65520,table=26)",
+		"table=25,priority=0,actions=goto_table:26",
+		"table=26,priority=220,ct_state=+trk,ct_mark=0x40/0x40,tcp,nw_frag=no,actions=goto_table:31",
+		"table=26,priority=210,ct_state=+new+trk,tcp,nw_frag=no,actions=goto_table:30",
+		"table=26,priority=200,ct_state=+trk,tcp,nw_frag=no,actions=move:NXM_OF_IP_SRC[]->NXM_NX_REG7[],move:NXM_OF_IP_DST[]->NXM_NX_REG8[],"+
 			"move:NXM_OF_TCP_SRC[]->NXM_NX_REG9[16..31],move:NXM_OF_TCP_DST[]->NXM_NX_REG9[0..15],"+
 			"move:NXM_OF_ETH_SRC[0..31]->NXM_NX_REG10[],move:NXM_OF_ETH_SRC[32..47]->NXM_NX_REG11[0..15],"+
 			"move:NXM_NX_IP_TTL[]->NXM_NX_REG11[16..23],goto_table:30",
-		"table=25,priority=0,actions=goto_table:30",
+		"table=26,priority=0,actions=goto_table:30",
 		"table=30,priority=200,ip,actions=ct(zone=65520,nat,table=31)",
 		"table=31,priority=200,ct_state=+inv+trk,ip,actions=drop",
 		"table=31,priority=0,actions=goto_table:40",
@@ -639,7 +630,7 @@ func seineLikeFlows() []string {
 		"table=60,priority=0,actions=goto_table:70",
 		"table=90,priority=0,actions=goto_table:100",
 		"table=100,priority=0,actions=goto_table:110",
-		"table=110,priority=200,ct_state=+new+trk,ip,actions=ct(commit,zone=65520),goto_table:120",
+		"table=110,priority=200,ct_state=+new+trk,ip,actions=ct(commit,zone=65520,exec(set_field:0x40/0x40->ct_mark)),goto_table:120",
 		"table=110,priority=0,actions=goto_table:120",
 		"table=120,priority=200,reg0=0x10000/0x10000,actions=output:NXM_NX_REG1[]")
 }

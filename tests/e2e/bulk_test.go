@@ -11,6 +11,7 @@ import (
 	"net"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -162,4 +163,59 @@ func TestLargeTransfers(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestShortConnectionsShareDatapathFlows opens connPerFlowProbe short TCP
+// connections, one after another, between two Pods of one Node and checks
+// that the datapath flows (megaflows) on that Node did not grow with them:
+// a flow that reads a packet's ports (for example to save them for the
+// NAT checksum detour) matches one connection exactly, so every new
+// connection would take an upcall to ovs-vswitchd and a flow of its own,
+// and under a high connection rate the datapath's flow limit is reached.
+// Only connections that conntrack may NAT may pay that.
+func TestShortConnectionsShareDatapathFlows(t *testing.T) {
+	const connPerFlowProbe = 200
+	c := shared
+	nsName := "connflows"
+	server := svcPods(t, c, nsName, "connflows", 0)[0]
+	client := svcPods(t, c, nsName, "connflows-client", 0)[0]
+	l, err := c.ListenIn(server.ns, server.name, ":"+strconv.Itoa(bulkPort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			conn, err := l.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = io.Copy(io.Discard, conn)
+			conn.Close()
+		}
+	}()
+	addr := net.JoinHostPort(server.ip, strconv.Itoa(bulkPort))
+	for i := range connPerFlowProbe {
+		conn, err := c.DialFrom(testCtx(t, 5*time.Second), client.ns, client.name, addr)
+		if err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+		_, err = conn.Write([]byte("ping"))
+		conn.Close()
+		if err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+	}
+	// The datapath flows of this client's TCP packets that match a port.
+	var perConn []string
+	for _, f := range strings.Split(ovs(t, c.Nodes()[0], "ovs-appctl", "dpctl/dump-flows"), "\n") {
+		if strings.Contains(f, "proto=6") && strings.Contains(f, "tcp(") && strings.Contains(f, client.ip+",") {
+			perConn = append(perConn, f)
+		}
+	}
+	if len(perConn) > connPerFlowProbe/10 {
+		t.Fatalf("%d short connections left %d datapath flows matching the client's TCP ports, e.g.:\n%s",
+			connPerFlowProbe, len(perConn), strings.Join(perConn[:min(5, len(perConn))], "\n"))
+	}
+	t.Logf("%d short connections, %d datapath flows matching the client's TCP ports", connPerFlowProbe, len(perConn))
 }

@@ -334,7 +334,7 @@ func TestSeinectl(t *testing.T) {
 			t.Fatalf("same-Node traceflow: %+v", tf.Status)
 		}
 		// An allowed packet skips the default deny.
-		want := []string{"Classifier", "SpoofGuard", "SaveHeaders", "Conntrack", "ConntrackState", "ServiceLB", "EgressRule", "EgressDefault",
+		want := []string{"Classifier", "SpoofGuard", "NATLookup", "SaveHeaders", "Conntrack", "ConntrackState", "ServiceLB", "EgressRule", "EgressDefault",
 			"L3Forwarding", "L2Forwarding", "IngressRule", "ConntrackCommit", "Output"}
 		if got := tf.Status.Nodes[0].Tables; !slices.Equal(got, want) {
 			t.Errorf("tables %v, want %v", got, want)

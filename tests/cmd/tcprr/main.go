@@ -9,6 +9,12 @@
 // percentiles and mean of the latency, in microseconds. Like sockperf, it
 // reports latency as half a round trip. The first warmup of the run is not
 // counted. Messages are -size bytes (default 64).
+//
+// With -crr the client opens a new connection for every round trip and
+// closes it after (netperf's TCP_CRR): the latency is then the whole
+// exchange (handshake, message, echo and the client's close), not halved,
+// and the line also gives connections per second. This is the load that
+// costs a flow-based switch the most: every connection is a new 5-tuple.
 package main
 
 import (
@@ -30,13 +36,18 @@ func main() {
 	warmup := flag.Duration("warmup", 500*time.Millisecond, "round trips not counted at the start")
 	size := flag.Int("size", 64, "message size in bytes")
 	once := flag.Bool("once", false, "server: exit after the first connection ends")
+	crr := flag.Bool("crr", false, "client: a new connection for every round trip")
 	flag.Parse()
 	var err error
 	switch {
 	case *listen != "":
 		err = serve(*listen, *size, *once)
 	case *connect != "":
-		err = measure(*connect, *size, *warmup, *duration)
+		if *crr {
+			err = measureCRR(*connect, *size, *warmup, *duration)
+		} else {
+			err = measure(*connect, *size, *warmup, *duration)
+		}
 	default:
 		err = errors.New("give -listen or -connect")
 	}
@@ -84,6 +95,9 @@ type Result struct {
 	P50Micros  float64 `json:"p50us"`
 	P99Micros  float64 `json:"p99us"`
 	MeanMicros float64 `json:"meanus"`
+	// ConnsPerSecond is set with -crr: connections completed per second of
+	// the measuring time.
+	ConnsPerSecond float64 `json:"connsPerSecond,omitempty"`
 }
 
 func measure(addr string, size int, warmup, duration time.Duration) error {
@@ -110,6 +124,43 @@ func measure(addr string, size int, warmup, duration time.Duration) error {
 			lat = append(lat, time.Since(t0))
 		}
 	}
+	return report(lat, 2, 0)
+}
+
+// measureCRR is measure with a new connection per round trip. A failed
+// connection ends the run with its error: a switch that drops the first
+// packet of some connections must not look fast.
+func measureCRR(addr string, size int, warmup, duration time.Duration) error {
+	buf := make([]byte, size)
+	var lat []time.Duration
+	start := time.Now()
+	for {
+		t0 := time.Now()
+		if t0.Sub(start) > warmup+duration {
+			break
+		}
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			return err
+		}
+		_, err = c.Write(buf)
+		if err == nil {
+			_, err = io.ReadFull(c, buf)
+		}
+		c.Close()
+		if err != nil {
+			return err
+		}
+		if t0.Sub(start) >= warmup {
+			lat = append(lat, time.Since(t0))
+		}
+	}
+	return report(lat, 1, float64(len(lat))/duration.Seconds())
+}
+
+// report prints the percentiles of lat, each divided by div (2 gives half
+// a round trip), in microseconds.
+func report(lat []time.Duration, div float64, connsPerSecond float64) error {
 	if len(lat) == 0 {
 		return errors.New("no round trip completed")
 	}
@@ -118,12 +169,13 @@ func measure(addr string, size int, warmup, duration time.Duration) error {
 	for _, d := range lat {
 		sum += d
 	}
-	half := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 2000 }
+	half := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1000 / div }
 	pct := func(p float64) time.Duration { return lat[min(len(lat)-1, int(p*float64(len(lat))))] }
 	return json.NewEncoder(os.Stdout).Encode(Result{
-		RoundTrips: len(lat),
-		P50Micros:  half(pct(0.50)),
-		P99Micros:  half(pct(0.99)),
-		MeanMicros: half(sum / time.Duration(len(lat))),
+		RoundTrips:     len(lat),
+		P50Micros:      half(pct(0.50)),
+		P99Micros:      half(pct(0.99)),
+		MeanMicros:     half(sum / time.Duration(len(lat))),
+		ConnsPerSecond: connsPerSecond,
 	})
 }
