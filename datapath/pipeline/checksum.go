@@ -92,7 +92,7 @@ func saveHeaders(b Bridge, proto uint8) []of.Action {
 	for _, sf := range savedFields(proto) {
 		acts = append(acts, regMove(sf.reg, sf.field, sf.ofs, true))
 	}
-	return acts
+	return append(acts, HeadersSaved.Load(1))
 }
 
 // natDetourFlows returns the flows of the NAT checksum detour: saving
@@ -147,7 +147,7 @@ func natDetourFlows(b Bridge) []of.Flow {
 		}
 		// SaveHeaders.
 		add(SaveHeaders, PrioHigh+30, l4(of.Match{CtState: trk(0, of.CtTrk)}), save...)
-		add(SaveHeaders, PrioHigh+20, l4(of.Match{CtState: trk(of.CtTrk, 0), CtMark: marked(CtMarkNAT)}), save...)
+		add(SaveHeaders, PrioHigh+21, l4(of.Match{CtState: trk(of.CtTrk, 0), CtMark: marked(CtMarkNAT)}), save...)
 		add(SaveHeaders, PrioHigh+20, l4(of.Match{CtState: trk(of.CtTrk, 0), CtMark: marked(CtMarkNoNAT)}), goTo(ConntrackState))
 		add(SaveHeaders, PrioHigh+10, l4(of.Match{CtState: trk(of.CtTrk|of.CtNew, 0)}), goTo(Conntrack))
 		add(SaveHeaders, PrioHigh, l4(of.Match{CtState: trk(of.CtTrk, 0)}), save...)
@@ -160,8 +160,8 @@ func natDetourFlows(b Bridge) []of.Flow {
 			of.SetEthDst{MAC: natDetourMAC},
 			of.MoveRange{Src: of.FieldInPort, Dst: of.FieldEthDst, NBits: 16},
 			of.Output{Port: b.SegmentPort})
-		ready := of.RegMatch{Reg: OutputResolved.Reg(), Value: OutputResolved.Mask() | NATApplied.Mask(),
-			Mask: OutputResolved.Mask() | NATApplied.Mask() | NATChecksumDone.Mask()}
+		ready := of.RegMatch{Reg: OutputResolved.Reg(), Value: OutputResolved.Mask() | NATApplied.Mask() | HeadersSaved.Mask(),
+			Mask: OutputResolved.Mask() | NATApplied.Mask() | HeadersSaved.Mask() | NATChecksumDone.Mask()}
 		for _, port := range leaving {
 			// A Traceflow packet is small and fully checksummed, and its
 			// registers must survive: no detour.
@@ -188,6 +188,19 @@ func natDetourFlows(b Bridge) []of.Flow {
 	// packet. It comes first, as a packet can be both.
 	add(ConntrackState, PrioNormal+1, of.Match{EthType: EthTypeIPv4, CtState: trk(of.CtTrk|of.CtDNAT, 0)},
 		NATApplied.Load(1), EndpointSelected.Load(1), goTo(ConntrackState.next()))
+	// A DNATed connection without CtMarkNAT whose packet is still +new
+	// (a retransmitted SYN, unanswered UDP) was committed by flows that
+	// did not mark it: an earlier release's, or an old EndpointDNAT flow
+	// while this Node's flows are being replaced. Its packet was not
+	// saved, so it cannot take the detour (and leaves with the checksum
+	// OVS got wrong); marking the connection now saves the next ones.
+	// This is the plain commit's place (a ct action without a table
+	// leaves the packet untracked for the tables after it), below the
+	// Service flows that SNAT.
+	add(ConntrackCommit, PrioHigh+4, of.Match{EthType: EthTypeIPv4, CtState: trk(of.CtTrk|of.CtNew|of.CtDNAT, 0),
+		CtMark: &of.Masked32{Value: 0, Mask: CtMarkNAT}},
+		of.CT{Commit: true, Zone: ConntrackZone, SetMark: &of.Masked32{Value: CtMarkNAT, Mask: CtMarkNAT | CtMarkNoNAT}},
+		goTo(Output))
 	add(ConntrackState, PrioNormal, of.Match{EthType: EthTypeIPv4, CtState: trk(of.CtTrk|of.CtSNAT, 0)},
 		NATApplied.Load(1), goTo(ConntrackState.next()))
 	fs = append(fs, of.Flow{Table: uint8(Classifier), Priority: PrioHigh + 10, Cookie: ck,

@@ -177,12 +177,16 @@ const (
 	// NAT checksum detour (see NATChecksumDetour): it is not sent there
 	// again.
 	NATChecksumDone RegField = 0<<16 | 19<<8 | 1
+	// HeadersSaved (reg0[21]) is set when the Saved* registers hold this
+	// pass's packet as it entered (see NATChecksumDetour): only such a
+	// packet may take the detour, which puts them back.
+	HeadersSaved RegField = 0<<16 | 21<<8 | 1
 	// SavedIPSrc, SavedIPDst, SavedL4Src, SavedL4Dst, SavedEthSrcLow
 	// (eth_src[0..31]), SavedEthSrcHigh (eth_src[32..47]) and SavedTTL
 	// hold a TCP or UDP packet's fields as it entered the pipeline, before
 	// conntrack could NAT them (SaveHeaders, or the EndpointDNAT flow of a
 	// new connection; only with the detour, and only for packets that
-	// conntrack may NAT).
+	// conntrack may NAT; HeadersSaved says they were).
 	SavedIPSrc      RegField = 7<<16 | 0<<8 | 32
 	SavedIPDst      RegField = 8<<16 | 0<<8 | 32
 	SavedL4Dst      RegField = 9<<16 | 0<<8 | 16

@@ -399,7 +399,10 @@ func ServicePortFlows(b Bridge, sp ServicePort) ([]of.Flow, []of.GroupEntry, err
 				// The packet is still as it entered: its headers are
 				// saved here, the only place a new connection is NATed.
 				acts = append(acts, save...)
-				m, mask = m|CtMarkNAT, mask|CtMarkNAT
+				// CtMarkNoNAT is cleared, so the two marks never both
+				// hold: a connection committed before its Service's
+				// flows existed (unanswered UDP) may come by here.
+				m, mask = m|CtMarkNAT, mask|CtMarkNAT|CtMarkNoNAT
 			}
 			if m != 0 {
 				ct.SetMark = &of.Masked32{Value: m, Mask: mask}

@@ -177,6 +177,9 @@ func TestNATChecksumDetour(t *testing.T) {
 		{"NATed, to a local Pod", fromPod + "10.244.1.6", "trk,est", "trk,est,snat", "4", true, false},
 		// A new connection is saved only where a Service NATs it.
 		{"new, to a peer Node", fromPod + "10.244.2.7", "trk,new", "trk,new", "1", false, false},
+		// NATed without the NAT mark (an earlier release's commit) and
+		// still new: not saved, so no detour (nothing to restore).
+		{"NATed without a mark, new, to a peer Node", fromPod + "10.244.2.7", "trk,new", "trk,new,dnat", "1", false, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -198,6 +201,10 @@ func TestNATChecksumDetour(t *testing.T) {
 				t.Fatalf("saved fields put back: %v, want %v:\n%s", restored, tc.detour, out)
 			}
 		})
+	}
+	// That connection gets the mark, so its next packets are saved.
+	if out := trace(fromPod+"10.244.2.7", "trk,new", "trk,new,dnat"); !regexp.MustCompile(`110\. .*\n\s+ct\(commit,zone=65520,exec\(load:0x1->NXM_NX_CT_MARK\[5\.\.6\]\)\)`).MatchString(out) {
+		t.Errorf("a DNATed new packet without the NAT mark must mark its connection:\n%s", out)
 	}
 	back := trace("in_port=5,dl_src=0a:00:00:00:01:05,dl_dst=0e:5f:ff:ff:00:03,tcp,nw_ttl=64,nw_src=10.244.1.5,nw_dst=10.244.2.7,tp_src=40000,tp_dst=80",
 		"trk,est", "trk,est,dnat")
