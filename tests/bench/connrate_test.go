@@ -62,18 +62,7 @@ func BenchmarkConnectionRate(b *testing.B) {
 		}
 		setUp := func(name string, c *sandbox.Cluster) seinePaths {
 			nodes := c.Nodes()
-			mk := func(pod, node, role string) (netnsName, ip string) {
-				p, err := c.CreatePod(ctx, sandbox.PodSpec{Namespace: "perf", Name: pod, Node: node,
-					Labels: map[string]string{"role": role}})
-				if err != nil {
-					b.Fatal(err)
-				}
-				st, err := c.PodState("perf", pod)
-				if err != nil {
-					b.Fatal(err)
-				}
-				return st.NetNS, p.Status.PodIP
-			}
+			mk := func(pod, node, role string) (netnsName, ip string) { return perfPod(ctx, b, c, pod, node, role) }
 			sp := seinePaths{name: name, server: nodes[0], remote: nodes[1]}
 			sp.srvNS, sp.srvIP = mk("server", nodes[0].Name, "server")
 			sp.localNS, _ = mk("local", nodes[0].Name, "client")

@@ -114,18 +114,7 @@ func BenchmarkDataplane(b *testing.B) {
 		c := up(b, "bdp", 2, map[string]string{"tunnelType": "geneve"})
 		nodes := c.Nodes()
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
-		mk := func(name, node, role string) (netnsName, ip string) {
-			p, err := c.CreatePod(ctx, sandbox.PodSpec{Namespace: "perf", Name: name, Node: node,
-				Labels: map[string]string{"role": role}})
-			if err != nil {
-				b.Fatal(err)
-			}
-			st, err := c.PodState("perf", name)
-			if err != nil {
-				b.Fatal(err)
-			}
-			return st.NetNS, p.Status.PodIP
-		}
+		mk := func(name, node, role string) (netnsName, ip string) { return perfPod(ctx, b, c, name, node, role) }
 		srvNS, srvIP := mk("server", nodes[0].Name, "server")
 		localNS, _ := mk("local", nodes[0].Name, "client")
 		remoteNS, _ := mk("remote", nodes[1].Name, "client")
@@ -750,8 +739,25 @@ func twoBridgesPath(b *testing.B, rr string, bridged bool) dpResult {
 	return r
 }
 
+// perfPod creates Pod perf/<name> on node with label role=<role> and
+// returns its network namespace's name and its IP.
+func perfPod(ctx context.Context, b *testing.B, c *sandbox.Cluster, name, node, role string) (netnsName, ip string) {
+	b.Helper()
+	p, err := c.CreatePod(ctx, sandbox.PodSpec{Namespace: "perf", Name: name, Node: node,
+		Labels: map[string]string{"role": role}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	st, err := c.PodState("perf", name)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return st.NetNS, p.Status.PodIP
+}
+
 // createPerfService creates Service perf/server (ports 5201 and 5301 to
-// the server Pod) and returns its ClusterIP once Seine forwards to it.
+// the server Pod) and returns its ClusterIP; callers wait for it to
+// answer (waitReachable).
 func createPerfService(ctx context.Context, b *testing.B, c *sandbox.Cluster) string {
 	b.Helper()
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "server"}, Spec: corev1.ServiceSpec{

@@ -107,22 +107,15 @@ func measure(addr string, size int, warmup, duration time.Duration) error {
 	}
 	defer c.Close()
 	buf := make([]byte, size)
-	var lat []time.Duration
-	start := time.Now()
-	for {
-		t0 := time.Now()
-		if t0.Sub(start) > warmup+duration {
-			break
-		}
+	lat, err := timeRoundTrips(warmup, duration, func() error {
 		if _, err := c.Write(buf); err != nil {
 			return err
 		}
-		if _, err := io.ReadFull(c, buf); err != nil {
-			return err
-		}
-		if t0.Sub(start) >= warmup {
-			lat = append(lat, time.Since(t0))
-		}
+		_, err := io.ReadFull(c, buf)
+		return err
+	})
+	if err != nil {
+		return err
 	}
 	return report(lat, 2, 0)
 }
@@ -132,30 +125,42 @@ func measure(addr string, size int, warmup, duration time.Duration) error {
 // packet of some connections must not look fast.
 func measureCRR(addr string, size int, warmup, duration time.Duration) error {
 	buf := make([]byte, size)
+	lat, err := timeRoundTrips(warmup, duration, func() error {
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		if _, err := c.Write(buf); err != nil {
+			return err
+		}
+		_, err = io.ReadFull(c, buf)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	return report(lat, 1, float64(len(lat))/duration.Seconds())
+}
+
+// timeRoundTrips calls rt, one call after another, until warmup+duration
+// has passed, and returns how long each call that started after warmup
+// took. The first error ends it.
+func timeRoundTrips(warmup, duration time.Duration, rt func() error) ([]time.Duration, error) {
 	var lat []time.Duration
 	start := time.Now()
 	for {
 		t0 := time.Now()
 		if t0.Sub(start) > warmup+duration {
-			break
+			return lat, nil
 		}
-		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
-		if err != nil {
-			return err
-		}
-		_, err = c.Write(buf)
-		if err == nil {
-			_, err = io.ReadFull(c, buf)
-		}
-		c.Close()
-		if err != nil {
-			return err
+		if err := rt(); err != nil {
+			return nil, err
 		}
 		if t0.Sub(start) >= warmup {
 			lat = append(lat, time.Since(t0))
 		}
 	}
-	return report(lat, 1, float64(len(lat))/duration.Seconds())
 }
 
 // report prints the percentiles of lat, each divided by div (2 gives half
