@@ -42,6 +42,7 @@ import (
 	"github.com/seine-net/seine/node/cni/install"
 	cniserver "github.com/seine-net/seine/node/cni/server"
 	"github.com/seine-net/seine/node/config"
+	"github.com/seine-net/seine/node/hostport"
 	"github.com/seine-net/seine/node/noderoute"
 	"github.com/seine-net/seine/node/podnet"
 	"github.com/seine-net/seine/node/proxy"
@@ -203,7 +204,8 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 
 	// OpenFlow and the pipeline.
 	var syncer *flowsync.Syncer
-	var replayProxy atomic.Pointer[proxy.Proxier] // set once the proxy exists
+	var replayProxy atomic.Pointer[proxy.Proxier]  // set once the proxy exists
+	var reshapePods atomic.Pointer[podnet.Backend] // set once the Pods are restored
 	ofc, err := of.Dial(ctx, cfg.BridgeMgmtSocket(), log.Named("openflow"),
 		of.WithOnReconnect(func(ctx context.Context) error {
 			log.Warn("OpenFlow connection re-established; replaying all groups and flows")
@@ -215,6 +217,11 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 			if p := replayProxy.Load(); p != nil {
 				if err := p.ReplayGroups(ctx); err != nil {
 					return fmt.Errorf("replaying service groups: %w", err)
+				}
+			}
+			if b := reshapePods.Load(); b != nil {
+				if err := b.ReshapePods(ctx); err != nil {
+					return err
 				}
 			}
 			return syncer.Replay(ctx)
@@ -304,6 +311,10 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 			log.Warn("podCIDR changed since the last run: previous IP allocations discarded")
 		}
 	}
+	hostPorts, err := startHostPorts(ctx, ownsPods, hostport.Config{Gateway: cfg.GatewayName, PodCIDR: podCIDR, ClusterCIDR: clusterCIDR})
+	if err != nil {
+		return err
+	}
 	backend = podnet.New(podnet.Config{
 		BridgeName:        cfg.BridgeName,
 		Bridge:            bridge,
@@ -315,12 +326,14 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 		Gateway:           cfg.GatewayName,
 		NodeIP:            nodeIP,
 		Metrics:           reg,
+		HostPorts:         hostPorts,
 	}, alloc, ovs, syncer, log.Named("podnet"))
 	restored, err := backend.RestorePods(ctx)
 	if err != nil {
 		return fmt.Errorf("restoring Pods: %w", err)
 	}
 	log.Info("restored attached Pods", zap.Int("pods", restored))
+	reshapePods.Store(backend)
 	ops.podsGate.Open()
 
 	// SNAT and peers.
@@ -693,4 +706,22 @@ func setSysctls(gateway string) error {
 		}
 	}
 	return nil
+}
+
+// startHostPorts returns the Mapper that serves the Pods' hostPorts, its
+// table written (nil, and the table removed, when a primary CNI owns the
+// Pods: its conflist chains portmap).
+func startHostPorts(ctx context.Context, ownsPods bool, cfg hostport.Config) (podnet.HostPortMapper, error) {
+	nft, err := hostport.NewNFTables()
+	if err != nil {
+		return nil, err
+	}
+	if !ownsPods {
+		return nil, hostport.Cleanup(ctx, nft)
+	}
+	m := hostport.New(nft, cfg)
+	if err := m.Start(ctx); err != nil {
+		return nil, err
+	}
+	return m, nil
 }

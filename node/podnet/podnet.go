@@ -34,7 +34,9 @@ import (
 	"github.com/seine-net/seine/datapath/ovsdb"
 	"github.com/seine-net/seine/datapath/pipeline"
 	"github.com/seine-net/seine/ipam"
+	"github.com/seine-net/seine/node/bandwidth"
 	cniserver "github.com/seine-net/seine/node/cni/server"
+	"github.com/seine-net/seine/node/hostport"
 )
 
 // OVSDB external_ids keys on a Pod's Port and Interface rows.
@@ -50,6 +52,11 @@ const (
 	// reinstalls the Pod's flows with it and never opens a window without
 	// default deny.
 	ExtIDIsolation = "seine.io/isolation"
+	// ExtIDIngressBandwidth records the shaping of traffic into the Pod
+	// ("<rate>/<burst>", bits/s and bits): ovs-vswitchd resets the root
+	// qdisc of every port it adds, at its own start too, so the daemon
+	// shapes the host veth again after either restart.
+	ExtIDIngressBandwidth = "seine.io/ingress-bandwidth"
 )
 
 // Ports is the OVSDB part the backend needs.
@@ -117,6 +124,21 @@ type Config struct {
 	// Metrics, when set, receives seine_cni_add_step_duration_seconds
 	// (see Steps).
 	Metrics prometheus.Registerer
+	// HostPorts, when set, serves the portMappings capability (the
+	// Pods' hostPorts; see node/hostport). Without it, an ADD that
+	// carries port mappings is refused.
+	HostPorts HostPortMapper
+}
+
+// HostPortMapper maps host ports to Pods (node/hostport's Mapper). Owners
+// are the attachments' flow owners ("pod/<containerID>/<ifName>").
+type HostPortMapper interface {
+	// Map adds owner's mappings to the Pod at podIP.
+	Map(ctx context.Context, owner string, podIP net.IP, mappings []hostport.Mapping) error
+	// Unmap removes owner's mappings; an owner without any costs nothing.
+	Unmap(ctx context.Context, owner string) error
+	// Owners lists the owners that have mappings.
+	Owners() []string
 }
 
 // Backend implements the CNI commands on this Node.
@@ -285,6 +307,10 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 	if b.cfg.Chained {
 		return b.addChained(ctx, req)
 	}
+	mappings, limits, err := b.runtimeConfig(req)
+	if err != nil {
+		return nil, err
+	}
 	podNS, err := ns.GetNS(req.Netns)
 	if err != nil {
 		return nil, cniserver.Errorf(types.ErrInvalidEnvironmentVariables, "CNI_NETNS %q: %w", req.Netns, err)
@@ -360,7 +386,12 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 			}
 		}
 		if b.cfg.DisableTxChecksum {
-			return offload.DisableTx(req.IfName)
+			if err := offload.DisableTx(req.IfName); err != nil {
+				return err
+			}
+		}
+		if limits.EgressRate > 0 {
+			return bandwidth.Shape(req.IfName, limits.EgressRate, limits.EgressBurst)
 		}
 		return nil
 	})
@@ -383,9 +414,32 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 	st.done(StepVeth)
 
 	podMAC := podIf.HardwareAddr
-	port, err := b.attach(ctx, req, hostName, podIP, podMAC, nil, &undo, st, durable)
+	var extra map[string]string
+	if limits.IngressRate > 0 {
+		extra = map[string]string{ExtIDIngressBandwidth: fmt.Sprintf("%d/%d", limits.IngressRate, limits.IngressBurst)}
+	}
+	port, err := b.attach(ctx, req, hostName, podIP, podMAC, extra, &undo, st, durable)
 	if err != nil {
 		return nil, err
+	}
+	// ovs-vswitchd resets the root qdisc of a port it adds: the host
+	// end is shaped once it is a port.
+	if limits.IngressRate > 0 {
+		if err := bandwidth.Shape(hostName, limits.IngressRate, limits.IngressBurst); err != nil {
+			return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "%w", err)
+		}
+	}
+	if len(mappings) > 0 {
+		key := owner(req.ContainerID, req.IfName)
+		if err := b.cfg.HostPorts.Map(ctx, key, podIP, mappings); err != nil {
+			return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "%w", err)
+		}
+		undo.add(func() {
+			if err := b.cfg.HostPorts.Unmap(context.WithoutCancel(ctx), key); err != nil {
+				b.log.Error("rollback: removing hostPorts", zap.String("container_id", req.ContainerID), zap.Error(err))
+			}
+		})
+		st.done(StepHostPorts)
 	}
 	st.observe(b.steps)
 
@@ -403,6 +457,30 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 		IPs:    []*current.IPConfig{{Address: *podAddr, Gateway: br.GatewayIP, Interface: &idx}},
 		Routes: routes,
 	}, nil
+}
+
+// runtimeConfig returns the port mappings and bandwidth limits the runtime
+// passed (CNI conventions: the portMappings and bandwidth capabilities),
+// or a CNI error (code 7, invalid network configuration) naming what is
+// wrong with them.
+func (b *Backend) runtimeConfig(req *cniserver.Request) ([]hostport.Mapping, bandwidth.Limits, error) {
+	if req.NetConf == nil {
+		return nil, bandwidth.Limits{}, nil
+	}
+	rc := req.NetConf.RuntimeConfig
+	mappings, err := hostport.Parse(rc["portMappings"])
+	if err != nil {
+		return nil, bandwidth.Limits{}, cniserver.Errorf(types.ErrInvalidNetworkConfig, "%w", err)
+	}
+	if len(mappings) > 0 && b.cfg.HostPorts == nil {
+		return nil, bandwidth.Limits{}, cniserver.Errorf(types.ErrInvalidNetworkConfig,
+			"the Pod has hostPorts, which this seine daemon does not serve (chain the portmap plugin)")
+	}
+	limits, err := bandwidth.Parse(rc["bandwidth"])
+	if err != nil {
+		return nil, bandwidth.Limits{}, cniserver.Errorf(types.ErrInvalidNetworkConfig, "%w", err)
+	}
+	return mappings, limits, nil
 }
 
 // gatewayRoutes are the routes a Pod gets beside its podCIDR's (which the
@@ -525,6 +603,11 @@ func (b *Backend) Del(ctx context.Context, req *cniserver.Request) error {
 
 func (b *Backend) release(ctx context.Context, containerID, ifName string) error {
 	hostName := HostVethName(containerID, ifName)
+	if hp := b.cfg.HostPorts; hp != nil {
+		if err := hp.Unmap(ctx, owner(containerID, ifName)); err != nil {
+			return cniserver.Errorf(cniserver.ErrCodeDatapath, "%w", err)
+		}
+	}
 	for _, k := range b.forget(owner(containerID, ifName)) {
 		if p := b.cfg.Policy; p != nil {
 			ns, name, _ := strings.Cut(k, "/")
@@ -705,6 +788,7 @@ func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 			}
 		}
 		attached[cid+"/"+ifn] = true
+		b.reshape(p)
 		iso := p.ExternalIDs[ExtIDIsolation]
 		pod := pipeline.Pod{OFPort: uint32(p.OFPort), IP: podIP, MAC: mac,
 			IngressIsolated: strings.Contains(iso, "ingress"), EgressIsolated: strings.Contains(iso, "egress")}
@@ -718,6 +802,16 @@ func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 		}
 		n++
 	}
+	if hp := b.cfg.HostPorts; hp != nil {
+		for _, o := range hp.Owners() {
+			if !attached[strings.TrimPrefix(o, "pod/")] {
+				b.log.Info("removing hostPorts of a Pod that is no longer attached", zap.String("owner", o))
+				if err := hp.Unmap(ctx, o); err != nil {
+					return n, err
+				}
+			}
+		}
+	}
 	for _, a := range b.allocations() {
 		if !attached[a.Owner.ContainerID+"/"+a.Owner.IfName] {
 			b.log.Info("releasing IP of a Pod that is no longer attached", zap.String("ip", a.IP.String()),
@@ -728,6 +822,37 @@ func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// ReshapePods shapes again the traffic into every Pod that has an ingress
+// rate: run it after ovs-vswitchd restarts, which resets the root qdisc of
+// each port it adds.
+func (b *Backend) ReshapePods(ctx context.Context) error {
+	ports, err := b.ports.ListPorts(ctx, b.cfg.BridgeName)
+	if err != nil {
+		return fmt.Errorf("listing ports to shape: %w", err)
+	}
+	for _, p := range ports {
+		b.reshape(p)
+	}
+	return nil
+}
+
+// reshape puts back the ingress shaping p's external_ids record; a
+// failure is logged, as the Pod's traffic flows anyway.
+func (b *Backend) reshape(p ovsdb.Port) {
+	v := p.ExternalIDs[ExtIDIngressBandwidth]
+	if v == "" {
+		return
+	}
+	var rate, burst uint64
+	if _, err := fmt.Sscanf(v, "%d/%d", &rate, &burst); err != nil || rate == 0 {
+		b.log.Warn("unreadable ingress bandwidth on a Pod port", zap.String("port", p.Name), zap.String("value", v))
+		return
+	}
+	if err := bandwidth.Shape(p.Name, rate, burst); err != nil {
+		b.log.Error("shaping traffic into a Pod again", zap.String("port", p.Name), zap.Error(err))
+	}
 }
 
 // allocations lists the IPAM allocations (none without IPAM).

@@ -33,17 +33,20 @@ const (
 	StepIPAMSync = "ipam_sync"
 	// StepPolicy is waiting for the Pod's NetworkPolicies to be realized.
 	StepPolicy = "policy"
+	// StepHostPorts is mapping the Pod's hostPorts (one nftables
+	// transaction; only Pods that have hostPorts).
+	StepHostPorts = "hostports"
 )
 
 // Steps lists the step labels in order.
-var Steps = []string{StepIPAM, StepVeth, StepOVSDB, StepApply, StepOFPort, StepFlows, StepIPAMSync, StepPolicy}
+var Steps = []string{StepIPAM, StepVeth, StepOVSDB, StepApply, StepOFPort, StepFlows, StepIPAMSync, StepPolicy, StepHostPorts}
 
 // newStepHistogram returns seine_cni_add_step_duration_seconds, registered
 // on reg when reg is not nil (an already registered one is reused).
 func newStepHistogram(reg prometheus.Registerer) *prometheus.HistogramVec {
 	h := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "seine_cni_add_step_duration_seconds",
-		Help:    "Time one CNI ADD spent in each step (ipam, veth, ovsdb_transaction, vswitchd_apply, ofport, flows, ipam_sync, policy), successful ADDs only.",
+		Help:    "Time one CNI ADD spent in each step (ipam, veth, ovsdb_transaction, vswitchd_apply, ofport, flows, ipam_sync, policy, hostports), successful ADDs only.",
 		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 	}, []string{"step"})
 	if reg == nil {

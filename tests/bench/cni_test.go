@@ -51,7 +51,9 @@ var cniLevels = []int{1, 10, 50, 200}
 // every ADD starts at once), along two paths:
 //
 //   - "cni": what a container runtime sees: libcni runs the installed
-//     conflist (seine, then portmap and bandwidth), executing each plugin;
+//     conflist, executing each plugin (seine alone, which serves hostPorts
+//     and shaping itself; binaries before that chained portmap and
+//     bandwidth);
 //   - "daemon": the seine plugin's gRPC call made in process (no exec, no
 //     chained plugins): what the daemon itself costs.
 //

@@ -119,9 +119,10 @@ func ipamAllocations(t *testing.T, c *sandbox.Cluster, n sandbox.Node) string {
 }
 
 // TestCNIAddDelCyclesLeakNothing runs 200 ADD/DEL cycles through the
-// installed conflist (seine, portmap, bandwidth) and compares the Node's
-// veths, OVS ports, flows, IP allocations and nftables ruleset before and
-// after.
+// installed conflist (seine alone, serving the portMappings and bandwidth
+// capabilities; every fourth ADD has a hostPort and both rates) and
+// compares the Node's veths, OVS ports, flows, IP allocations and
+// nftables ruleset before and after.
 func TestCNIAddDelCyclesLeakNothing(t *testing.T) {
 	requireSeineIPAM(t)
 	c := shared
@@ -134,9 +135,21 @@ func TestCNIAddDelCyclesLeakNothing(t *testing.T) {
 	seen := map[string]bool{}
 	for i := 0; i < cycles; i++ {
 		rt := e.rt(fmt.Sprintf("cycle%03d", i), netns)
+		if i%4 == 0 {
+			rt.CapabilityArgs = map[string]any{
+				"portMappings": []map[string]any{{"hostPort": 31000 + i, "containerPort": 80, "protocol": "tcp"}},
+				"bandwidth":    map[string]any{"ingressRate": 10_000_000, "egressRate": 10_000_000},
+			}
+		}
 		res, err := e.add(ctx, rt)
 		if err != nil {
 			t.Fatalf("cycle %d ADD: %v", i, err)
+		}
+		if i == 0 {
+			out, err := c.NodeExec(ctx, n.Name, "nft", "list", "table", "ip", "seine-hostport")
+			if err != nil || !strings.Contains(string(out), "tcp . 31000 ") {
+				t.Fatalf("the first ADD's hostPort is not mapped: %v\n%s", err, out)
+			}
 		}
 		b, _ := json.Marshal(res)
 		seen[string(b)] = true

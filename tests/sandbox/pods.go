@@ -33,7 +33,8 @@ type Port struct {
 	Port int32
 	// Protocol is TCP (default), UDP or SCTP.
 	Protocol corev1.Protocol
-	// HostPort, when not 0, asks for a host port mapping (portmap plugin).
+	// HostPort, when not 0, asks for a host port mapping (the portMappings
+	// capability).
 	HostPort int32
 }
 
@@ -43,6 +44,9 @@ type PodSpec struct {
 	Namespace string
 	Name      string
 	Labels    map[string]string
+	// Annotations of the Pod (kubernetes.io/ingress-bandwidth and
+	// kubernetes.io/egress-bandwidth reach the CNI plugin).
+	Annotations map[string]string
 	// Node pins the Pod to a Node (spec.nodeName, by name or index); empty
 	// lets kube-scheduler choose.
 	Node  string
@@ -61,7 +65,7 @@ func (c *Cluster) CreatePod(ctx context.Context, spec PodSpec) (*corev1.Pod, err
 		return nil, err
 	}
 	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: spec.Namespace, Name: spec.Name, Labels: spec.Labels},
+		ObjectMeta: metav1.ObjectMeta{Namespace: spec.Namespace, Name: spec.Name, Labels: spec.Labels, Annotations: spec.Annotations},
 		Spec: corev1.PodSpec{
 			Containers:                    []corev1.Container{{Name: "main", Image: PodImage}},
 			TerminationGracePeriodSeconds: ptr.To[int64](1),

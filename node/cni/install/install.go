@@ -46,9 +46,14 @@ type Options struct {
 	MTU int
 	// Binary is the seine binary to copy; default os.Executable().
 	Binary string
-	// ChainPortmap appends the portmap plugin (hostPort support).
+	// ChainPortmap appends the portmap plugin for the Pods' hostPorts,
+	// instead of seine serving them itself (the portMappings capability
+	// on seine's entry).
 	ChainPortmap bool
-	// ChainBandwidth appends the bandwidth plugin (pod traffic shaping).
+	// ChainBandwidth appends the bandwidth plugin for the Pods' traffic
+	// shaping, instead of seine serving it itself (the bandwidth
+	// capability on seine's entry). The plugin's egress shaping does not
+	// work with the userspace datapath (see node/bandwidth).
 	ChainBandwidth bool
 	// PluginDirs are searched for the chained plugins, to ask each for the
 	// spec versions it supports (CNI spec, "VERSION"); default [BinDir].
@@ -64,15 +69,13 @@ type Options struct {
 	PluginsFrom string
 }
 
-// DefaultOptions returns the standard node layout with portmap and bandwidth
-// chained.
+// DefaultOptions returns the standard node layout: seine alone in its
+// conflist, serving hostPorts and traffic shaping itself.
 func DefaultOptions() Options {
 	return Options{
-		BinDir:         "/opt/cni/bin",
-		ConfDir:        "/etc/cni/net.d",
-		SocketPath:     "/var/run/seine/cni.sock",
-		ChainPortmap:   true,
-		ChainBandwidth: true,
+		BinDir:     "/opt/cni/bin",
+		ConfDir:    "/etc/cni/net.d",
+		SocketPath: "/var/run/seine/cni.sock",
 	}
 }
 
@@ -172,7 +175,7 @@ func ConfList(o Options) ([]byte, error) {
 	l := confList{
 		CNIVersion: o.CNIVersion,
 		Name:       NetworkName,
-		Plugins:    []pluginConf{{Type: PluginType, SocketPath: o.SocketPath, MTU: o.MTU}},
+		Plugins:    []pluginConf{{Type: PluginType, SocketPath: o.SocketPath, MTU: o.MTU, Capabilities: seineCapabilities(o)}},
 	}
 	if o.ChainPortmap {
 		l.Plugins = append(l.Plugins, pluginConf{Type: "portmap", Capabilities: map[string]bool{"portMappings": true}})
@@ -189,6 +192,22 @@ func ConfList(o Options) ([]byte, error) {
 		return nil, fmt.Errorf("generated conflist is invalid: %w", err)
 	}
 	return out, nil
+}
+
+// seineCapabilities are the runtime capabilities (CNI conventions) seine's
+// own entry declares: those no chained plugin serves.
+func seineCapabilities(o Options) map[string]bool {
+	caps := map[string]bool{}
+	if !o.ChainPortmap {
+		caps["portMappings"] = true
+	}
+	if !o.ChainBandwidth {
+		caps["bandwidth"] = true
+	}
+	if len(caps) == 0 {
+		return nil
+	}
+	return caps
 }
 
 // chainedPlugins are the plugin types o chains after seine.

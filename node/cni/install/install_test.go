@@ -32,6 +32,7 @@ func setup(t *testing.T) (Options, []byte) {
 
 func TestNegotiatedVersion(t *testing.T) {
 	o, _ := setup(t)
+	o.ChainPortmap, o.ChainBandwidth = true, true
 	v, err := negotiateVersion(o)
 	if err != nil {
 		t.Fatal(err)
@@ -51,8 +52,42 @@ func TestNegotiatedVersion(t *testing.T) {
 	}
 }
 
+// By default seine is alone in its conflist and declares the capabilities
+// it serves itself.
+func TestDefaultConfListServesCapabilities(t *testing.T) {
+	o, _ := setup(t)
+	if err := Install(o); err != nil {
+		t.Fatal(err)
+	}
+	list, err := libcni.ConfListFromFile(filepath.Join(o.ConfDir, ConfListName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if list.CNIVersion != CNIVersion || len(list.Plugins) != 1 || list.Plugins[0].Network.Type != "seine" {
+		t.Fatalf("conflist = version %q, %d plugins: %s", list.CNIVersion, len(list.Plugins), list.Bytes)
+	}
+	caps := list.Plugins[0].Network.Capabilities
+	if !caps["portMappings"] || !caps["bandwidth"] || len(caps) != 2 {
+		t.Errorf("seine's capabilities = %v, want portMappings and bandwidth", caps)
+	}
+	// Chaining one plugin moves its capability off seine's entry.
+	o.ChainPortmap = true
+	raw, err := ConfList(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err = libcni.ConfListFromBytes(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if caps := list.Plugins[0].Network.Capabilities; caps["portMappings"] || !caps["bandwidth"] {
+		t.Errorf("with portmap chained, seine's capabilities = %v", caps)
+	}
+}
+
 func TestInstallWritesConfListAndBinary(t *testing.T) {
 	o, bin := setup(t)
+	o.ChainPortmap, o.ChainBandwidth = true, true
 	if err := Install(o); err != nil {
 		t.Fatal(err)
 	}
@@ -96,6 +131,7 @@ func TestInstallWritesConfListAndBinary(t *testing.T) {
 
 func TestInstallIdempotentAndUpdates(t *testing.T) {
 	o, _ := setup(t)
+	o.ChainPortmap, o.ChainBandwidth = true, true
 	if err := Install(o); err != nil {
 		t.Fatal(err)
 	}
@@ -187,11 +223,13 @@ func TestInstallSkipsCopyOntoItself(t *testing.T) {
 	}
 }
 
-// TestInstallPluginsWhereMissing copies portmap, bandwidth and loopback
-// from the image's directory only when the host lacks them, and then
+// TestInstallPluginsWhereMissing copies the chained portmap and bandwidth,
+// and loopback, from the image's directory only when the host lacks them,
+// and then
 // negotiates the version with the installed copies.
 func TestInstallPluginsWhereMissing(t *testing.T) {
 	o, _ := setup(t)
+	o.ChainPortmap, o.ChainBandwidth = true, true
 	o.PluginDirs = nil // negotiate with what is in BinDir only
 	o.PluginsFrom = "/usr/lib/cni"
 	if err := os.MkdirAll(o.BinDir, 0o755); err != nil {

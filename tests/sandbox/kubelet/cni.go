@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	cnitypes "github.com/containernetworking/cni/pkg/types"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 )
 
 // NetNSDir is where `ip netns` keeps named network namespaces.
@@ -96,8 +98,10 @@ func (k *Kubelet) cniConfig() *libcni.CNIConfig {
 }
 
 // runtimeConf is what kubelet's CNI caller passes for a Pod sandbox:
-// CNI_ARGS with the K8S_* keys and the portMappings capability from the
-// containers' hostPorts.
+// CNI_ARGS with the K8S_* keys, the portMappings capability from the
+// containers' hostPorts and the bandwidth capability from the Pod's
+// kubernetes.io/{ingress,egress}-bandwidth annotations (rates in bits/s;
+// like containerd, a burst of 2^32-1 bits when the Pod gives none).
 func runtimeConf(pod *corev1.Pod, uid, containerID, netnsPath string) *libcni.RuntimeConf {
 	var mappings []map[string]any
 	for _, c := range pod.Spec.Containers {
@@ -131,6 +135,22 @@ func runtimeConf(pod *corev1.Pod, uid, containerID, netnsPath string) *libcni.Ru
 	}
 	if len(mappings) > 0 {
 		rt.CapabilityArgs["portMappings"] = mappings
+	}
+	bw := map[string]any{}
+	for key, field := range map[string]string{"kubernetes.io/ingress-bandwidth": "ingress", "kubernetes.io/egress-bandwidth": "egress"} {
+		v, ok := pod.Annotations[key]
+		if !ok {
+			continue
+		}
+		q, err := resource.ParseQuantity(v)
+		if err != nil || q.Value() <= 0 {
+			continue // kubelet refuses such a Pod; the sandbox shapes nothing
+		}
+		bw[field+"Rate"] = q.Value()
+		bw[field+"Burst"] = uint64(math.MaxUint32)
+	}
+	if len(bw) > 0 {
+		rt.CapabilityArgs["bandwidth"] = bw
 	}
 	return rt
 }

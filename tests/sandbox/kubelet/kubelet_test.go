@@ -16,7 +16,8 @@ func TestPodNetNSName(t *testing.T) {
 }
 
 // TestRuntimeConf checks the CNI arguments are those kubelet passes
-// (CNI_ARGS keys, eth0, portMappings from hostPorts only).
+// (CNI_ARGS keys, eth0, portMappings from hostPorts only, bandwidth from
+// the annotations).
 func TestRuntimeConf(t *testing.T) {
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "ns1", Name: "p1"},
@@ -43,6 +44,16 @@ func TestRuntimeConf(t *testing.T) {
 	pm, ok := rt.CapabilityArgs["portMappings"].([]map[string]any)
 	if !ok || len(pm) != 1 || pm[0]["hostPort"] != int32(8080) || pm[0]["containerPort"] != int32(80) || pm[0]["protocol"] != "tcp" {
 		t.Errorf("portMappings %#v", rt.CapabilityArgs["portMappings"])
+	}
+	if _, ok := rt.CapabilityArgs["bandwidth"]; ok {
+		t.Errorf("bandwidth without annotations: %#v", rt.CapabilityArgs["bandwidth"])
+	}
+
+	pod.Annotations = map[string]string{"kubernetes.io/egress-bandwidth": "10M"}
+	rt = runtimeConf(pod, "uid-1", "cid", "/run/netns/x")
+	bw, ok := rt.CapabilityArgs["bandwidth"].(map[string]any)
+	if !ok || len(bw) != 2 || bw["egressRate"] != int64(10_000_000) || bw["egressBurst"] != uint64(1<<32-1) {
+		t.Errorf("bandwidth %#v", rt.CapabilityArgs["bandwidth"])
 	}
 }
 

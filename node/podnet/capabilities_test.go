@@ -1,0 +1,171 @@
+package podnet
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+	"go.uber.org/zap/zaptest"
+
+	cniserver "github.com/seine-net/seine/node/cni/server"
+	"github.com/seine-net/seine/node/hostport"
+)
+
+// recordingMapper stands in for node/hostport's Mapper (tested against
+// real nftables in its own package): it records what the Backend asks and
+// fails Map when told to.
+type recordingMapper struct {
+	mu     sync.Mutex
+	mapped map[string][]hostport.Mapping
+	fail   error
+}
+
+func (m *recordingMapper) Map(_ context.Context, owner string, _ net.IP, ms []hostport.Mapping) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.fail != nil {
+		return m.fail
+	}
+	m.mapped[owner] = ms
+	return nil
+}
+
+func (m *recordingMapper) Unmap(_ context.Context, owner string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.mapped, owner)
+	return nil
+}
+
+func (m *recordingMapper) Owners() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	for o := range m.mapped {
+		out = append(out, o)
+	}
+	return out
+}
+
+// TestRuntimeCapabilities adds Pods with the portMappings and bandwidth
+// capabilities on a real bridge: the hostPorts reach the mapper under the
+// attachment's owner and leave with DEL; the rates become tbf qdiscs on
+// the host veth (into the Pod) and on the Pod's eth0 (out of it), and
+// ReshapePods puts the host veth's back when it is gone; a
+// mapping that fails, and a bad bandwidth, roll the ADD back completely,
+// the latter with CNI error 7 naming the field.
+func TestRuntimeCapabilities(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (links, OVS)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	mapper := &recordingMapper{mapped: map[string][]hostport.Mapping{}}
+	h := newHarness(t, ctx, zaptest.NewLogger(t), func(c *Config) { c.HostPorts = mapper })
+
+	n0 := h.netns()
+	req := h.request(0, n0.Path())
+	req.NetConf.RuntimeConfig = map[string]json.RawMessage{
+		"portMappings": json.RawMessage(`[{"hostPort":8080,"containerPort":80,"protocol":"tcp"}]`),
+		"bandwidth":    json.RawMessage(`{"ingressRate":20000000,"ingressBurst":4294967295,"egressRate":10000000,"egressBurst":4294967295}`),
+	}
+	res, err := h.be.Add(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := owner(req.ContainerID, "eth0")
+	if got := mapper.mapped[key]; len(got) != 1 || got[0].HostPort != 8080 || got[0].ContainerPort != 80 {
+		t.Errorf("mapped for %s: %+v", key, mapper.mapped)
+	}
+	if rate := rootTBFRate(t, res.Interfaces[0].Name); rate != 20e6/8 {
+		t.Errorf("host veth tbf rate %d bytes/s, want %d", rate, int(20e6/8))
+	}
+	var podRate uint64
+	if err := n0.Do(func(ns.NetNS) error { podRate = rootTBFRate(t, "eth0"); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if podRate != 10e6/8 {
+		t.Errorf("Pod eth0 tbf rate %d bytes/s, want %d", podRate, int(10e6/8))
+	}
+	// An ovs-vswitchd restart resets the host veth's qdisc: ReshapePods
+	// puts it back from the port's external_ids.
+	port, err := h.db.GetPort(ctx, res.Interfaces[0].Name)
+	if err != nil || port.ExternalIDs[ExtIDIngressBandwidth] != "20000000/4294967295" {
+		t.Fatalf("port %s external_ids %v, %v", res.Interfaces[0].Name, port, err)
+	}
+	host, _ := netlink.LinkByName(res.Interfaces[0].Name)
+	if err := netlink.QdiscDel(&netlink.Tbf{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: host.Attrs().Index, Parent: netlink.HANDLE_ROOT}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.be.ReshapePods(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rate := rootTBFRate(t, res.Interfaces[0].Name); rate != 20e6/8 {
+		t.Errorf("after ReshapePods: host veth tbf rate %d bytes/s", rate)
+	}
+	if err := h.be.Del(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if len(mapper.mapped) != 0 {
+		t.Errorf("mappings left after DEL: %+v", mapper.mapped)
+	}
+
+	// A failing mapping rolls everything back.
+	mapper.fail = errors.New("host port taken")
+	n1 := h.netns()
+	req = h.request(1, n1.Path())
+	req.NetConf.RuntimeConfig = map[string]json.RawMessage{"portMappings": json.RawMessage(`[{"hostPort":8080,"containerPort":80}]`)}
+	if _, err := h.be.Add(ctx, req); err == nil || !strings.Contains(err.Error(), "host port taken") {
+		t.Errorf("ADD with a failing mapping: %v", err)
+	}
+	// A bad rate is refused before anything is set up.
+	n2 := h.netns()
+	req = h.request(2, n2.Path())
+	req.NetConf.RuntimeConfig = map[string]json.RawMessage{"bandwidth": json.RawMessage(`{"egressRate":10}`)}
+	_, err = h.be.Add(ctx, req)
+	var cerr *cniserver.Error
+	if !errors.As(err, &cerr) || cerr.Code != types.ErrInvalidNetworkConfig || !strings.Contains(err.Error(), "egressRate 10 bits/s") {
+		t.Errorf("ADD with egressRate 10: %v", err)
+	}
+	if left := h.leftovers(ctx); len(left) != 0 {
+		t.Errorf("failed ADDs left: %v", left)
+	}
+
+	// Without a mapper, hostPorts are refused with a reason.
+	h.be.cfg.HostPorts = nil
+	n3 := h.netns()
+	req = h.request(3, n3.Path())
+	req.NetConf.RuntimeConfig = map[string]json.RawMessage{"portMappings": json.RawMessage(`[{"hostPort":8080,"containerPort":80}]`)}
+	if _, err := h.be.Add(ctx, req); err == nil || !strings.Contains(err.Error(), "does not serve") {
+		t.Errorf("ADD with hostPorts and no mapper: %v", err)
+	}
+}
+
+// rootTBFRate returns the rate, in bytes/s, of the root tbf of link name
+// in the calling thread's namespace (0: none).
+func rootTBFRate(t *testing.T, name string) uint64 {
+	t.Helper()
+	link, err := netlink.LinkByName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	qs, err := netlink.QdiscList(link)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range qs {
+		if q, ok := q.(*netlink.Tbf); ok && q.Parent == netlink.HANDLE_ROOT {
+			return q.Rate
+		}
+	}
+	return 0
+}

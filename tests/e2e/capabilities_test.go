@@ -1,0 +1,236 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/seine-net/seine/tests/sandbox"
+	"github.com/seine-net/seine/tests/sandbox/echo"
+)
+
+// TestHostPorts creates a Pod with a TCP and a UDP hostPort on the first
+// Node (served by the daemon: no portmap in the conflist) and reaches it
+// on the Node's address from outside the cluster (the client's address
+// kept), from a Pod on another Node and one on the same Node, from itself
+// (hairpin), and from the Node's host through its own address and
+// 127.0.0.1. Once the Pod is deleted, the host port answers no more and
+// the Node's hostPort table holds nothing of it.
+func TestHostPorts(t *testing.T) {
+	c := shared
+	nsName := "hostports"
+	nodes := c.Nodes()
+	const hostTCP, hostUDP = 30480, 30453
+	ctx := testCtx(t, 3*time.Minute)
+	_, err := c.CreatePod(ctx, sandbox.PodSpec{Namespace: nsName, Name: "hp", Node: nodes[0].Name,
+		Ports: []sandbox.Port{
+			{Name: "http", Port: tcpPort, Protocol: corev1.ProtocolTCP, HostPort: hostTCP},
+			{Name: "dns", Port: udpPort, Protocol: corev1.ProtocolUDP, HostPort: hostUDP},
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deleted := false
+	t.Cleanup(func() {
+		if !deleted {
+			_ = c.DeletePod(context.Background(), nsName, "hp")
+		}
+	})
+	clients := svcPods(t, c, nsName, "hp-client", 0, 1)
+	extNS, extIP := c.ExternalHost()
+
+	type source struct {
+		name  string
+		probe func(ip string, port int, proto corev1.Protocol) echo.Result
+	}
+	fromNS := func(netns string) func(string, int, corev1.Protocol) echo.Result {
+		return func(ip string, port int, proto corev1.Protocol) echo.Result {
+			return c.ProbeFrom(testCtx(t, 10*time.Second), netns, ip, port, proto, 2*time.Second)
+		}
+	}
+	fromPod := func(namespace, name string) func(string, int, corev1.Protocol) echo.Result {
+		return func(ip string, port int, proto corev1.Protocol) echo.Result {
+			return c.Probe(testCtx(t, 10*time.Second), namespace, name, ip, port, proto, 2*time.Second)
+		}
+	}
+	sources := []source{
+		{"outside the cluster", fromNS(extNS)},
+		{"a Pod on another Node", fromPod(nsName, clients[1].name)},
+		{"a Pod on the same Node", fromPod(nsName, clients[0].name)},
+		{"the Pod itself", fromPod(nsName, "hp")},
+		{"the Node's host", fromNS(nodes[0].NetNS)},
+	}
+	for _, s := range sources {
+		eventually(t, 20*time.Second, s.name+" to the hostPorts", func() error {
+			for _, p := range []struct {
+				port  int
+				proto corev1.Protocol
+			}{{hostTCP, corev1.ProtocolTCP}, {hostUDP, corev1.ProtocolUDP}} {
+				r := s.probe(nodes[0].IP, p.port, p.proto)
+				if r.Outcome != echo.Connected || r.Reply != "hp" {
+					return fmt.Errorf("%s %s:%d: %s", p.proto, nodes[0].IP, p.port, r)
+				}
+				if s.name == "outside the cluster" && p.proto == corev1.ProtocolTCP {
+					if host, _, _ := net.SplitHostPort(r.Client); host != extIP {
+						return fmt.Errorf("server saw client %s, want the external host %s", r.Client, extIP)
+					}
+				}
+			}
+			return nil
+		})
+	}
+	eventually(t, 10*time.Second, "the Node's host through 127.0.0.1", func() error {
+		if r := fromNS(nodes[0].NetNS)("127.0.0.1", hostTCP, corev1.ProtocolTCP); r.Outcome != echo.Connected || r.Reply != "hp" {
+			return fmt.Errorf("got %s", r)
+		}
+		return nil
+	})
+	// Another Node does not serve the port.
+	if r := fromNS(extNS)(nodes[1].IP, hostTCP, corev1.ProtocolTCP); r.Outcome == echo.Connected {
+		t.Errorf("%s:%d answered on a Node without the Pod: %s", nodes[1].IP, hostTCP, r)
+	}
+
+	if err := c.DeletePod(ctx, nsName, "hp"); err != nil {
+		t.Fatal(err)
+	}
+	deleted = true
+	eventually(t, 20*time.Second, "the hostPort gone with its Pod", func() error {
+		if r := fromNS(extNS)(nodes[0].IP, hostTCP, corev1.ProtocolTCP); r.Outcome == echo.Connected {
+			return fmt.Errorf("still answered: %s", r)
+		}
+		out, err := c.NodeExec(testCtx(t, 10*time.Second), nodes[0].Name, "nft", "list", "table", "ip", "seine-hostport")
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		if strings.Contains(string(out), strconv.Itoa(hostTCP)) || strings.Contains(string(out), strconv.Itoa(hostUDP)) {
+			return fmt.Errorf("table still maps the ports:\n%s", out)
+		}
+		return nil
+	})
+}
+
+// TestBandwidthShaping creates a Pod with kubernetes.io/ingress-bandwidth
+// and egress-bandwidth of 20M on the first Node and sends 4 MB each way
+// between it and a Pod on the same Node. Each transfer must pass through
+// its token bucket (the tbf on the Pod's eth0 for egress, on its host veth
+// for ingress, both reporting overlimits) and take at least 0.8 s: 4 MB at
+// 20 Mbit/s is 1.6 s, less the 250 KB bucket. Unshaped, it takes a few
+// milliseconds. This is a lower bound on the time, which a slow machine
+// only makes easier to meet.
+func TestBandwidthShaping(t *testing.T) {
+	c := shared
+	nsName := "bandwidth"
+	nodes := c.Nodes()
+	ctx := testCtx(t, 3*time.Minute)
+	shaped, err := c.CreatePod(ctx, sandbox.PodSpec{Namespace: nsName, Name: "shaped", Node: nodes[0].Name, Ports: demoPorts,
+		Annotations: map[string]string{"kubernetes.io/ingress-bandwidth": "20M", "kubernetes.io/egress-bandwidth": "20M"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.DeletePod(context.Background(), nsName, "shaped") })
+	peer := svcPods(t, c, nsName, "bw-peer", 0)[0]
+
+	const size = 4 << 20
+	// send dials to (namespace/pod, addr) from the other Pod and writes
+	// size bytes, returning how long until the receiver had them all.
+	send := func(fromNS, fromPod, toNS, toPod, toIP string) time.Duration {
+		t.Helper()
+		l, err := c.ListenIn(toNS, toPod, ":"+strconv.Itoa(bulkPort))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		done := make(chan int64, 1)
+		go func() {
+			conn, err := l.Accept()
+			if err != nil {
+				done <- -1
+				return
+			}
+			defer conn.Close()
+			var n int64
+			buf := make([]byte, 64<<10)
+			for {
+				m, err := conn.Read(buf)
+				n += int64(m)
+				if err != nil {
+					break
+				}
+			}
+			done <- n
+		}()
+		conn, err := c.DialFrom(testCtx(t, 10*time.Second), fromNS, fromPod, net.JoinHostPort(toIP, strconv.Itoa(bulkPort)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		_ = conn.SetDeadline(time.Now().Add(60 * time.Second))
+		if _, err := conn.Write(make([]byte, size)); err != nil {
+			t.Fatal(err)
+		}
+		_ = conn.Close()
+		if n := <-done; n != size {
+			t.Fatalf("receiver got %d bytes, want %d", n, size)
+		}
+		return time.Since(start)
+	}
+	// overlimits reads the root tbf of dev: in the shaped Pod, or on the
+	// Node when onNode.
+	overlimits := func(dev string, onNode bool) int {
+		t.Helper()
+		argv := []string{"tc", "-s", "qdisc", "show", "dev", dev, "root"}
+		var out []byte
+		var err error
+		if onNode {
+			out, err = c.NodeExec(testCtx(t, 10*time.Second), nodes[0].Name, argv...)
+		} else {
+			out, err = c.Exec(testCtx(t, 10*time.Second), nsName, "shaped", argv...)
+		}
+		if err != nil {
+			t.Fatalf("tc: %v: %s", err, out)
+		}
+		if !strings.Contains(string(out), "qdisc tbf") || !strings.Contains(string(out), "rate 20Mbit") {
+			t.Fatalf("%s has no 20 Mbit/s tbf:\n%s", dev, out)
+		}
+		m := regexp.MustCompile(`overlimits (\d+)`).FindStringSubmatch(string(out))
+		if m == nil {
+			t.Fatalf("no overlimits in:\n%s", out)
+		}
+		n, _ := strconv.Atoi(m[1])
+		return n
+	}
+	hostVeth := hostVethOf(t, nodes[0], shaped.Status.PodIP)
+
+	egressBefore := overlimits("eth0", false)
+	if d := send(nsName, "shaped", peer.ns, peer.name, peer.ip); d < 800*time.Millisecond {
+		t.Errorf("4 MB out of the shaped Pod took %v, want at least 0.8 s at 20 Mbit/s", d)
+	}
+	if after := overlimits("eth0", false); after <= egressBefore {
+		t.Errorf("egress tbf overlimits %d → %d: the transfer did not wait for tokens", egressBefore, after)
+	}
+	ingressBefore := overlimits(hostVeth, true)
+	if d := send(peer.ns, peer.name, nsName, "shaped", shaped.Status.PodIP); d < 800*time.Millisecond {
+		t.Errorf("4 MB into the shaped Pod took %v, want at least 0.8 s at 20 Mbit/s", d)
+	}
+	if after := overlimits(hostVeth, true); after <= ingressBefore {
+		t.Errorf("ingress tbf overlimits %d → %d: the transfer did not wait for tokens", ingressBefore, after)
+	}
+}
+
+// hostVethOf returns the name of the OVS port whose external_ids carry
+// the Pod address ip on Node n.
+func hostVethOf(t *testing.T, n sandbox.Node, ip string) string {
+	t.Helper()
+	out := strings.TrimSpace(ovs(t, n, "ovs-vsctl", "--bare", "--columns=name", "find", "Port", "external_ids:seine.io/ip="+ip))
+	if out == "" || strings.Contains(out, "\n") {
+		t.Fatalf("OVS port of %s on %s: %q", ip, n.Name, out)
+	}
+	return out
+}
