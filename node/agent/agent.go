@@ -219,12 +219,16 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 					return fmt.Errorf("replaying service groups: %w", err)
 				}
 			}
+			if err := syncer.Replay(ctx); err != nil {
+				return err
+			}
+			// Shaping comes after forwarding, and never holds it up.
 			if b := reshapePods.Load(); b != nil {
 				if err := b.ReshapePods(ctx); err != nil {
-					return err
+					log.Error("shaping Pod traffic again after ovs-vswitchd restarted", zap.Error(err))
 				}
 			}
-			return syncer.Replay(ctx)
+			return nil
 		}))
 	if err != nil {
 		return fmt.Errorf("OpenFlow connection to %s: %w", cfg.BridgeMgmtSocket(), err)
@@ -311,7 +315,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 			log.Warn("podCIDR changed since the last run: previous IP allocations discarded")
 		}
 	}
-	hostPorts, err := startHostPorts(ctx, ownsPods, hostport.Config{Gateway: cfg.GatewayName, PodCIDR: podCIDR, ClusterCIDR: clusterCIDR})
+	hostPorts, err := startHostPorts(ctx, ownsPods, hostport.Config{Gateway: cfg.GatewayName, ClusterCIDR: clusterCIDR})
 	if err != nil {
 		return err
 	}

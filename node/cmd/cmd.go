@@ -110,8 +110,10 @@ func installCNICommand() *cli.Command {
 			&cli.StringFlag{Name: "cni-conf-dir", Value: def.ConfDir, Usage: "CNI configuration directory"},
 			&cli.StringFlag{Name: "cni-socket", Value: def.SocketPath, Usage: "the daemon's CNI socket"},
 			&cli.IntFlag{Name: "mtu", Usage: "Pod interface MTU (0: the daemon derives it)"},
-			&cli.BoolFlag{Name: "chain-portmap", Usage: "chain the portmap plugin for hostPorts instead of seine serving them"},
-			&cli.BoolFlag{Name: "chain-bandwidth", Usage: "chain the bandwidth plugin for traffic shaping instead of seine serving it (its egress shaping does not work with the userspace datapath)"},
+			&cli.BoolFlag{Name: "chain-portmap", Usage: "chain the portmap plugin for hostPorts instead of seine serving them (default: as the installed conflist does, else no)"},
+			&cli.BoolFlag{Name: "chain-bandwidth", Usage: "chain the bandwidth plugin for traffic shaping instead of seine serving it; its egress shaping does not work with the userspace datapath (default: as the installed conflist does, else no)"},
+			&cli.BoolFlag{Name: "no-portmap", Hidden: true, Usage: "deprecated: seine serves hostPorts itself unless --chain-portmap"},
+			&cli.BoolFlag{Name: "no-bandwidth", Hidden: true, Usage: "deprecated: seine serves shaping itself unless --chain-bandwidth"},
 			&cli.StringSliceFlag{Name: "plugin-dir", Usage: "where to find the chained plugins, to negotiate the conflist's CNI version (default: --cni-bin-dir; repeatable)"},
 			&cli.StringFlag{Name: "cni-version", Usage: "the conflist's cniVersion (default: the newest all chained plugins support)"},
 			&cli.StringFlag{Name: "chain-into", Usage: "networkPolicyOnly: insert seine after the primary plugin of this conflist instead of writing " + install.ConfListName},
@@ -136,6 +138,17 @@ func installCNICommand() *cli.Command {
 				CNIVersion:     c.String("cni-version"),
 
 				PluginsFrom: c.String("install-plugins-from"),
+			}
+			// An upgrade keeps the plugins the installed conflist chains,
+			// so the Pods they served are deleted through them.
+			pm, bw := install.InstalledChain(o.ConfDir)
+			if !c.IsSet("chain-portmap") && pm && !c.Bool("no-portmap") {
+				o.ChainPortmap = true
+				fmt.Fprintln(c.App.Writer, "keeping portmap chained, as the installed conflist has it: pass --chain-portmap=false once no Pod it mapped is left on the Node")
+			}
+			if !c.IsSet("chain-bandwidth") && bw && !c.Bool("no-bandwidth") {
+				o.ChainBandwidth = true
+				fmt.Fprintln(c.App.Writer, "keeping bandwidth chained, as the installed conflist has it: pass --chain-bandwidth=false once no Pod it shaped is left on the Node")
 			}
 			if err := install.Install(o); err != nil {
 				return err

@@ -6,34 +6,49 @@
 // transaction instead of another process.
 //
 // The rules live in their own table (family ip), written once by Start;
-// each mapping is one element of a map, so ADD and DEL only add and delete
-// elements:
+// each mapping is one element of a map and one of a set, so ADD and DEL
+// only add and delete elements:
 //
 //	table ip seine-hostport {
 //	  map ports    { type inet_proto . inet_service : ipv4_addr . inet_service }             # hostIP unset
 //	  map ip-ports { type ipv4_addr . inet_proto . inet_service : ipv4_addr . inet_service } # hostIP set
+//	  set targets  { type ipv4_addr . inet_proto . inet_service }                            # Pod IP . proto . containerPort
 //	  chain hostports {
 //	    dnat ip to ip daddr . meta l4proto . th dport map @ip-ports
-//	    fib daddr type local dnat ip to meta l4proto . th dport map @ports
+//	    dnat ip to meta l4proto . th dport map @ports
 //	  }
-//	  chain prerouting  { type nat hook prerouting priority dstnat; jump hostports }
-//	  chain output      { type nat hook output priority dstnat; jump hostports }
+//	  chain prerouting  { type nat hook prerouting priority dstnat; fib daddr type local jump hostports }
+//	  chain output      { type nat hook output priority dstnat; fib daddr type local jump hostports }
 //	  chain postrouting {
 //	    type nat hook postrouting priority srcnat
-//	    oifname "<gateway>" ip daddr <podCIDR> ip saddr { <clusterCIDR>, 127.0.0.0/8 } ct status dnat masquerade
+//	    oifname "<gateway>" ip saddr { <clusterCIDR>, 127.0.0.0/8 } ct status dnat ip daddr . meta l4proto . th dport @targets masquerade
+//	  }
+//	  chain localnet-guard {
+//	    type filter hook prerouting priority mangle
+//	    iifname "<gateway>" ip daddr 127.0.0.0/8 drop
 //	  }
 //	}
+//
+// Only connections to a local address are mapped: a hostIP that is not
+// one of the Node's addresses maps nothing (Kubernetes does not check it,
+// and it must not take over traffic the Node forwards elsewhere).
 //
 // The masquerade keeps both directions of a connection on the host: a
 // Pod's reply to another Pod (on this Node or across a tunnel) would
 // otherwise go straight through the bridge, past the host's conntrack
-// that must undo the DNAT. Clients outside the cluster keep their source
-// address. Connections from 127.0.0.1 need route_localnet on the gateway,
-// which Start sets.
+// that must undo the DNAT. It applies only to connections DNATed to a
+// hostPort's target. Clients outside the cluster keep their source
+// address; the target Pod's NetworkPolicies see Pods and localhost as the
+// gateway's address. Connections from 127.0.0.1 need route_localnet on
+// the gateway, which Start sets; the guard chain then drops what arrives
+// from the bridge for 127.0.0.0/8 (a Pod could otherwise reach the host's
+// loopback-only services, CVE-2020-8558). It runs before NAT (mangle,
+// -150), where the replies of those connections still carry the
+// gateway's address.
 //
 // Each element's comment is its owner (a Pod attachment,
-// "<containerID>/<ifName>"), so a restarted daemon learns the mappings from
-// the table itself.
+// "pod/<containerID>/<ifName>"), so a restarted daemon learns the
+// mappings from the table itself.
 package hostport
 
 import (
@@ -57,10 +72,12 @@ const TableName = "seine-hostport"
 const (
 	mapPorts         = "ports"
 	mapIPPorts       = "ip-ports"
+	setTargets       = "targets"
 	chainDNAT        = "hostports"
 	chainPrerouting  = "prerouting"
 	chainOutput      = "output"
 	chainPostrouting = "postrouting"
+	chainGuard       = "localnet-guard"
 )
 
 // Mapping is one entry of the portMappings capability: connections to
@@ -97,7 +114,7 @@ func Parse(raw json.RawMessage) ([]Mapping, error) {
 		return nil, fmt.Errorf("portMappings: %w", err)
 	}
 	out := make([]Mapping, 0, len(in))
-	seen := map[string]bool{}
+	seen := map[hostKey]bool{}
 	for i, m := range in {
 		m.Protocol = strings.ToLower(m.Protocol)
 		if m.Protocol == "" {
@@ -134,24 +151,56 @@ func Parse(raw json.RawMessage) ([]Mapping, error) {
 	return out, nil
 }
 
-// key identifies the host side of a mapping: "[hostIP ]proto port".
-func (m Mapping) key() string {
-	return strings.TrimSpace(m.HostIP + " " + m.Protocol + " " + strconv.Itoa(m.HostPort))
+// hostKey identifies the host side of a mapping; ip is empty for every
+// local address.
+type hostKey struct {
+	ip, proto string
+	port      int
 }
 
-// element is the map element that realises m for a Pod at podIP.
-func (m Mapping) element(podIP net.IP, owner string) *knftables.Element {
-	e := &knftables.Element{
+func (m Mapping) key() hostKey { return hostKey{m.HostIP, m.Protocol, m.HostPort} }
+
+// keyOf returns the hostKey of an element of mapPorts or mapIPPorts.
+func keyOf(e *knftables.Element) (hostKey, bool) {
+	var k hostKey
+	key := e.Key
+	switch {
+	case e.Map == mapIPPorts && len(key) == 3:
+		k.ip, key = key[0], key[1:]
+	case e.Map == mapPorts && len(key) == 2:
+	default:
+		return k, false
+	}
+	port, err := strconv.Atoi(key[1])
+	k.proto, k.port = key[0], port
+	return k, err == nil
+}
+
+// conflicts reports whether a and b claim the same connections: the same
+// protocol and port, on the same address or one of them on every address
+// (kube-scheduler's rule for hostPorts).
+func (a hostKey) conflicts(b hostKey) bool {
+	return a.proto == b.proto && a.port == b.port && (a.ip == b.ip || a.ip == "" || b.ip == "")
+}
+
+// elements realise m for a Pod at podIP: its map element and its target.
+func (m Mapping) elements(podIP net.IP, owner string) (mapEl, target *knftables.Element) {
+	mapEl = &knftables.Element{
 		Map:     mapPorts,
 		Key:     []string{m.Protocol, strconv.Itoa(m.HostPort)},
 		Value:   []string{podIP.String(), strconv.Itoa(m.ContainerPort)},
 		Comment: knftables.PtrTo(owner),
 	}
 	if m.HostIP != "" {
-		e.Map = mapIPPorts
-		e.Key = append([]string{m.HostIP}, e.Key...)
+		mapEl.Map = mapIPPorts
+		mapEl.Key = append([]string{m.HostIP}, mapEl.Key...)
 	}
-	return e
+	target = &knftables.Element{
+		Set:     setTargets,
+		Key:     []string{podIP.String(), m.Protocol, strconv.Itoa(m.ContainerPort)},
+		Comment: knftables.PtrTo(owner),
+	}
+	return mapEl, target
 }
 
 // Config says where the Pods are.
@@ -159,8 +208,6 @@ type Config struct {
 	// Gateway is the gateway interface, through which the host reaches
 	// the Pods.
 	Gateway string
-	// PodCIDR is this Node's podCIDR.
-	PodCIDR *net.IPNet
 	// ClusterCIDR is every Node's Pods; their connections to a host port
 	// are masqueraded.
 	ClusterCIDR *net.IPNet
@@ -175,8 +222,8 @@ type Mapper struct {
 	cfg Config
 
 	mu     sync.Mutex
-	owners map[string][]*knftables.Element // owner → its elements
-	taken  map[string]string               // mapping key → owner
+	owners map[string][]*knftables.Element // owner → its map and set elements
+	taken  map[hostKey]string              // host side → owner
 }
 
 // New returns a Mapper writing TableName through nft (a knftables handle
@@ -185,7 +232,7 @@ func New(nft knftables.Interface, cfg Config) *Mapper {
 	if cfg.ProcSys == "" {
 		cfg.ProcSys = "/proc/sys"
 	}
-	return &Mapper{nft: nft, cfg: cfg, owners: map[string][]*knftables.Element{}, taken: map[string]string{}}
+	return &Mapper{nft: nft, cfg: cfg, owners: map[string][]*knftables.Element{}, taken: map[hostKey]string{}}
 }
 
 // NewNFTables returns the knftables handle for TableName.
@@ -197,21 +244,24 @@ func NewNFTables() (knftables.Interface, error) {
 	return nft, nil
 }
 
-// Start writes the table's chains and maps (keeping the elements already
-// there, so established hostPort connections survive a daemon restart),
-// reads those elements back as the current mappings, and sets
+// Start writes the table's chains, maps and set (keeping the elements
+// already there, so established hostPort connections survive a daemon
+// restart), reads those elements back as the current mappings, and sets
 // route_localnet on the gateway.
 func (m *Mapper) Start(ctx context.Context) error {
+	gw := fmt.Sprintf("%q", m.cfg.Gateway)
 	tx := m.nft.NewTransaction()
 	tx.Add(&knftables.Table{Comment: knftables.PtrTo("seine: Pod hostPorts")})
 	tx.Add(&knftables.Map{Name: mapPorts, Type: "inet_proto . inet_service : ipv4_addr . inet_service",
 		Comment: knftables.PtrTo("hostPorts on every local address")})
 	tx.Add(&knftables.Map{Name: mapIPPorts, Type: "ipv4_addr . inet_proto . inet_service : ipv4_addr . inet_service",
 		Comment: knftables.PtrTo("hostPorts on one hostIP")})
+	tx.Add(&knftables.Set{Name: setTargets, Type: "ipv4_addr . inet_proto . inet_service",
+		Comment: knftables.PtrTo("Pod IP . protocol . containerPort of every hostPort")})
 	tx.Add(&knftables.Chain{Name: chainDNAT})
 	tx.Flush(&knftables.Chain{Name: chainDNAT})
 	tx.Add(&knftables.Rule{Chain: chainDNAT, Rule: "dnat ip to ip daddr . meta l4proto . th dport map @" + mapIPPorts})
-	tx.Add(&knftables.Rule{Chain: chainDNAT, Rule: "fib daddr type local dnat ip to meta l4proto . th dport map @" + mapPorts})
+	tx.Add(&knftables.Rule{Chain: chainDNAT, Rule: "dnat ip to meta l4proto . th dport map @" + mapPorts})
 	for _, c := range []struct {
 		name string
 		hook knftables.BaseChainHook
@@ -219,34 +269,45 @@ func (m *Mapper) Start(ctx context.Context) error {
 		tx.Add(&knftables.Chain{Name: c.name, Type: knftables.PtrTo(knftables.NATType), Hook: knftables.PtrTo(c.hook),
 			Priority: knftables.PtrTo(knftables.DNATPriority)})
 		tx.Flush(&knftables.Chain{Name: c.name})
-		tx.Add(&knftables.Rule{Chain: c.name, Rule: "jump " + chainDNAT})
+		tx.Add(&knftables.Rule{Chain: c.name, Rule: "fib daddr type local jump " + chainDNAT})
 	}
 	tx.Add(&knftables.Chain{Name: chainPostrouting, Type: knftables.PtrTo(knftables.NATType),
 		Hook: knftables.PtrTo(knftables.PostroutingHook), Priority: knftables.PtrTo(knftables.SNATPriority)})
 	tx.Flush(&knftables.Chain{Name: chainPostrouting})
 	tx.Add(&knftables.Rule{Chain: chainPostrouting, Rule: knftables.Concat(
-		"oifname", fmt.Sprintf("%q", m.cfg.Gateway), "ip daddr", m.cfg.PodCIDR.String(),
-		"ip saddr {", m.cfg.ClusterCIDR.String(), ", 127.0.0.0/8 }", "ct status dnat", "masquerade"),
+		"oifname", gw, "ip saddr {", m.cfg.ClusterCIDR.String(), ", 127.0.0.0/8 }", "ct status dnat",
+		"ip daddr . meta l4proto . th dport @"+setTargets, "masquerade"),
 		Comment: knftables.PtrTo("Pods and localhost reaching a hostPort: replies must return through the host")})
+	tx.Add(&knftables.Chain{Name: chainGuard, Type: knftables.PtrTo(knftables.FilterType),
+		Hook: knftables.PtrTo(knftables.PreroutingHook), Priority: knftables.PtrTo(knftables.ManglePriority)})
+	tx.Flush(&knftables.Chain{Name: chainGuard})
+	tx.Add(&knftables.Rule{Chain: chainGuard, Rule: knftables.Concat("iifname", gw, "ip daddr 127.0.0.0/8 drop"),
+		Comment: knftables.PtrTo("route_localnet is on for hostPorts: keep Pods off the host's loopback")})
 	if err := m.nft.Run(ctx, tx); err != nil {
 		return fmt.Errorf("programming hostPort table: %w", err)
 	}
 
 	owners := map[string][]*knftables.Element{}
-	taken := map[string]string{}
-	for _, name := range []string{mapPorts, mapIPPorts} {
-		els, err := m.nft.ListElements(ctx, "map", name)
+	taken := map[hostKey]string{}
+	for _, o := range []struct{ kind, name string }{{"map", mapPorts}, {"map", mapIPPorts}, {"set", setTargets}} {
+		els, err := m.nft.ListElements(ctx, o.kind, o.name)
 		if err != nil {
-			return fmt.Errorf("reading hostPort map %s: %w", name, err)
+			return fmt.Errorf("reading hostPort %s %s: %w", o.kind, o.name, err)
 		}
 		for _, e := range els {
 			owner := ""
 			if e.Comment != nil {
 				owner = *e.Comment
 			}
-			e.Map = name
+			if o.kind == "map" {
+				e.Map = o.name
+				if k, ok := keyOf(e); ok {
+					taken[k] = owner
+				}
+			} else {
+				e.Set = o.name
+			}
 			owners[owner] = append(owners[owner], e)
-			taken[strings.Join(e.Key, " ")] = owner
 		}
 	}
 	m.mu.Lock()
@@ -260,9 +321,10 @@ func (m *Mapper) Start(ctx context.Context) error {
 	return nil
 }
 
-// Map adds owner's mappings to the Pod at podIP, in one transaction. A
-// host port that another owner holds is refused with an error naming it;
-// owner's own earlier mappings (a repeated ADD) are deleted first.
+// Map gives owner exactly the mappings to the Pod at podIP, in one
+// transaction (a repeated ADD replaces its earlier ones). A host port
+// that another owner holds (the same protocol and port, on the same
+// address or either on every address) is refused with an error naming it.
 func (m *Mapper) Map(ctx context.Context, owner string, podIP net.IP, mappings []Mapping) error {
 	if len(mappings) == 0 {
 		return nil
@@ -273,26 +335,48 @@ func (m *Mapper) Map(ctx context.Context, owner string, podIP net.IP, mappings [
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, mp := range mappings {
-		if o, ok := m.taken[mp.key()]; ok && o != owner {
-			return fmt.Errorf("hostPort %s is already mapped to attachment %s", mp, o)
+		for k, o := range m.taken {
+			if o != owner && k.conflicts(mp.key()) {
+				return fmt.Errorf("hostPort %s is already mapped to attachment %s", mp, o)
+			}
 		}
 	}
-	if err := m.deleteLocked(ctx, owner); err != nil {
-		return err
+	var els []*knftables.Element
+	targets := map[string]bool{}
+	for _, mp := range mappings {
+		mapEl, target := mp.elements(podIP.To4(), owner)
+		els = append(els, mapEl)
+		if t := strings.Join(target.Key, " "); !targets[t] {
+			targets[t] = true
+			els = append(els, target)
+		}
 	}
 	tx := m.nft.NewTransaction()
-	els := make([]*knftables.Element, 0, len(mappings))
-	for _, mp := range mappings {
-		e := mp.element(podIP.To4(), owner)
-		tx.Add(e)
-		els = append(els, e)
+	for _, e := range m.owners[owner] {
+		tx.Delete(e)
 	}
-	if err := m.nft.Run(ctx, tx); err != nil {
+	for _, e := range els {
+		tx.Add(e)
+	}
+	err := m.nft.Run(ctx, tx)
+	if knftables.IsNotFound(err) {
+		// One of the old elements is gone: delete the rest one by one,
+		// then add.
+		if err = m.deleteLocked(ctx, owner); err == nil {
+			tx = m.nft.NewTransaction()
+			for _, e := range els {
+				tx.Add(e)
+			}
+			err = m.nft.Run(ctx, tx)
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("mapping hostPorts: %w", err)
 	}
+	m.forgetLocked(owner)
 	m.owners[owner] = els
-	for _, e := range els {
-		m.taken[strings.Join(e.Key, " ")] = owner
+	for _, mp := range mappings {
+		m.taken[mp.key()] = owner
 	}
 	return nil
 }
@@ -335,8 +419,10 @@ func (m *Mapper) deleteLocked(ctx context.Context, owner string) error {
 }
 
 func (m *Mapper) forgetLocked(owner string) {
-	for _, e := range m.owners[owner] {
-		delete(m.taken, strings.Join(e.Key, " "))
+	for k, o := range m.taken {
+		if o == owner {
+			delete(m.taken, k)
+		}
 	}
 	delete(m.owners, owner)
 }

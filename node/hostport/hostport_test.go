@@ -70,9 +70,8 @@ func TestMapperProgramsAndRelearns(t *testing.T) {
 		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "seine-gw0"}, PeerName: "seine-gw0-peer"}); err != nil {
 			t.Fatal(err)
 		}
-		_, podCIDR, _ := net.ParseCIDR("10.244.1.0/24")
 		_, clusterCIDR, _ := net.ParseCIDR("10.244.0.0/16")
-		cfg := Config{Gateway: "seine-gw0", PodCIDR: podCIDR, ClusterCIDR: clusterCIDR}
+		cfg := Config{Gateway: "seine-gw0", ClusterCIDR: clusterCIDR}
 		nft, err := NewNFTables()
 		if err != nil {
 			t.Fatal(err)
@@ -92,21 +91,34 @@ func TestMapperProgramsAndRelearns(t *testing.T) {
 		for _, want := range []string{
 			`tcp . 8080 comment "pod/c1/eth0" : 10.244.1.5 . 80`,
 			`198.18.0.11 . udp . 5353 comment "pod/c1/eth0" : 10.244.1.5 . 53`,
-			`fib daddr type local dnat ip to meta l4proto . th dport map @ports`,
-			`oifname "seine-gw0" ip daddr 10.244.1.0/24 ip saddr { 10.244.0.0/16, 127.0.0.0/8 } ct status dnat masquerade`,
-			`type nat hook prerouting priority dstnat`, `type nat hook output priority -100`,
+			`10.244.1.5 . tcp . 80 comment "pod/c1/eth0"`,
+			`10.244.1.5 . udp . 53 comment "pod/c1/eth0"`,
+			`dnat ip to meta l4proto . th dport map @ports`,
+			`oifname "seine-gw0" ip saddr { 10.244.0.0/16, 127.0.0.0/8 } ct status dnat ip daddr . meta l4proto . th dport @targets masquerade`,
+			// Only local addresses: a hostIP elsewhere maps nothing.
+			"type nat hook prerouting priority dstnat; policy accept;\n\t\tfib daddr type local jump hostports",
+			"type nat hook output priority -100; policy accept;\n\t\tfib daddr type local jump hostports",
+			// route_localnet must not open the host's loopback to Pods.
+			"type filter hook prerouting priority mangle; policy accept;\n\t\tiifname \"seine-gw0\" ip daddr 127.0.0.0/8 drop",
 		} {
 			if !strings.Contains(table, want) {
 				t.Errorf("table lacks %q:\n%s", want, table)
 			}
 		}
 
-		err = m.Map(ctx, "pod/c2/eth0", net.ParseIP("10.244.1.6"), []Mapping{{HostPort: 8080, ContainerPort: 8080, Protocol: "tcp"}})
-		if err == nil || !strings.Contains(err.Error(), "tcp 0.0.0.0:8080 -> 8080 is already mapped to attachment pod/c1/eth0") {
-			t.Errorf("conflicting Map: %v", err)
+		for _, mp := range []Mapping{
+			{HostPort: 8080, ContainerPort: 8080, Protocol: "tcp"},
+			{HostPort: 8080, ContainerPort: 8080, Protocol: "tcp", HostIP: "198.18.0.12"}, // c1 holds every address
+			{HostPort: 5353, ContainerPort: 53, Protocol: "udp"},                          // c1 holds one address
+		} {
+			err := m.Map(ctx, "pod/c2/eth0", net.ParseIP("10.244.1.6"), []Mapping{mp})
+			if err == nil || !strings.Contains(err.Error(), mp.String()+" is already mapped to attachment pod/c1/eth0") {
+				t.Errorf("conflicting Map of %s: %v", mp, err)
+			}
 		}
-		if err := m.Map(ctx, "pod/c2/eth0", net.ParseIP("10.244.1.6"), []Mapping{{HostPort: 8080, ContainerPort: 80, Protocol: "udp"}}); err != nil {
-			t.Errorf("same port, other protocol: %v", err)
+		if err := m.Map(ctx, "pod/c2/eth0", net.ParseIP("10.244.1.6"), []Mapping{{HostPort: 8080, ContainerPort: 80, Protocol: "udp"},
+			{HostPort: 5353, ContainerPort: 53, Protocol: "udp", HostIP: "198.18.0.12"}}); err != nil {
+			t.Errorf("same port, other protocol or other address: %v", err)
 		}
 
 		// A restarted daemon: Start again keeps the elements and learns them.
@@ -124,7 +136,7 @@ func TestMapperProgramsAndRelearns(t *testing.T) {
 		if err := m2.Map(ctx, "pod/c1/eth0", net.ParseIP("10.244.1.5"), []Mapping{{HostPort: 8081, ContainerPort: 80, Protocol: "tcp"}}); err != nil {
 			t.Fatal(err)
 		}
-		if table := list(t); strings.Contains(table, "8080 comment \"pod/c1") || strings.Contains(table, "5353") || !strings.Contains(table, "8081") {
+		if table := list(t); strings.Contains(table, "8080 comment \"pod/c1") || strings.Contains(table, "udp . 53 comment \"pod/c1") || !strings.Contains(table, "8081") {
 			t.Errorf("after replacing c1's mappings:\n%s", table)
 		}
 		if err := m2.Unmap(ctx, "pod/c1/eth0"); err != nil {

@@ -431,14 +431,10 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 	}
 	if len(mappings) > 0 {
 		key := owner(req.ContainerID, req.IfName)
+		// The last step: a failed Map leaves nothing to undo.
 		if err := b.cfg.HostPorts.Map(ctx, key, podIP, mappings); err != nil {
 			return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "%w", err)
 		}
-		undo.add(func() {
-			if err := b.cfg.HostPorts.Unmap(context.WithoutCancel(ctx), key); err != nil {
-				b.log.Error("rollback: removing hostPorts", zap.String("container_id", req.ContainerID), zap.Error(err))
-			}
-		})
 		st.done(StepHostPorts)
 	}
 	st.observe(b.steps)
@@ -725,7 +721,15 @@ func (b *Backend) GC(ctx context.Context, _ *cniserver.Request, valid []types.GC
 		if keep[k] || seen[k] {
 			continue
 		}
+		seen[k] = true
 		errs = append(errs, b.release(ctx, a.Owner.ContainerID, a.Owner.IfName))
+	}
+	if hp := b.cfg.HostPorts; hp != nil {
+		for _, o := range hp.Owners() {
+			if k := strings.TrimPrefix(o, "pod/"); !keep[k] && !seen[k] {
+				errs = append(errs, hp.Unmap(ctx, o))
+			}
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return cniserver.Errorf(cniserver.ErrCodeDatapath, "GC: %w", err)

@@ -21,8 +21,10 @@ import (
 // on the Node's address from outside the cluster (the client's address
 // kept), from a Pod on another Node and one on the same Node, from itself
 // (hairpin), and from the Node's host through its own address and
-// 127.0.0.1. Once the Pod is deleted, the host port answers no more and
-// the Node's hostPort table holds nothing of it.
+// 127.0.0.1. A mapping whose hostIP is not the Node's (the external
+// host's address) takes no traffic from the Node's Pods to that address.
+// Once the Pod is deleted, the host port answers no more and the Node's
+// hostPort table holds nothing of it.
 func TestHostPorts(t *testing.T) {
 	c := shared
 	nsName := "hostports"
@@ -95,6 +97,29 @@ func TestHostPorts(t *testing.T) {
 	// Another Node does not serve the port.
 	if r := fromNS(extNS)(nodes[1].IP, hostTCP, corev1.ProtocolTCP); r.Outcome == echo.Connected {
 		t.Errorf("%s:%d answered on a Node without the Pod: %s", nodes[1].IP, hostTCP, r)
+	}
+
+	// A hostIP that is not the Node's maps nothing: the Node's Pods still
+	// reach the external host's own server on that address and port.
+	const hijackPort = 30481
+	srv, err := c.Serve(extNS, "ext", []sandbox.Port{{Port: hijackPort, Protocol: corev1.ProtocolTCP}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	if _, err := c.CreatePod(ctx, sandbox.PodSpec{Namespace: nsName, Name: "hijack", Node: nodes[0].Name,
+		Ports: []sandbox.Port{{Name: "http", Port: tcpPort, Protocol: corev1.ProtocolTCP, HostPort: hijackPort, HostIP: extIP}}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.DeletePod(context.Background(), nsName, "hijack") })
+	if out, err := c.NodeExec(testCtx(t, 10*time.Second), nodes[0].Name, "nft", "list", "map", "ip", "seine-hostport", "ip-ports"); err != nil ||
+		!strings.Contains(string(out), extIP+" . tcp . "+strconv.Itoa(hijackPort)) {
+		t.Fatalf("the hostIP mapping is not in the table: %v\n%s", err, out)
+	}
+	for i := 0; i < 3; i++ {
+		if r := fromPod(nsName, clients[0].name)(extIP, hijackPort, corev1.ProtocolTCP); r.Outcome != echo.Connected || r.Reply != "ext" {
+			t.Errorf("a Pod to %s:%d, the hostIP of another Pod's mapping: %s, want the external host's answer", extIP, hijackPort, r)
+		}
 	}
 
 	if err := c.DeletePod(ctx, nsName, "hp"); err != nil {

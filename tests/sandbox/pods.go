@@ -36,6 +36,8 @@ type Port struct {
 	// HostPort, when not 0, asks for a host port mapping (the portMappings
 	// capability).
 	HostPort int32
+	// HostIP limits the mapping to one address (empty: every address).
+	HostIP string
 }
 
 // PodSpec describes a sandbox Pod: one container with echo servers on
@@ -86,7 +88,7 @@ func (c *Cluster) CreatePod(ctx context.Context, spec PodSpec) (*corev1.Pod, err
 			proto = corev1.ProtocolTCP
 		}
 		pod.Spec.Containers[0].Ports = append(pod.Spec.Containers[0].Ports, corev1.ContainerPort{
-			Name: p.Name, ContainerPort: p.Port, Protocol: proto, HostPort: p.HostPort,
+			Name: p.Name, ContainerPort: p.Port, Protocol: proto, HostPort: p.HostPort, HostIP: p.HostIP,
 		})
 	}
 	pods := c.Client().CoreV1().Pods(spec.Namespace)

@@ -194,6 +194,27 @@ func ConfList(o Options) ([]byte, error) {
 	return out, nil
 }
 
+// InstalledChain reports which of portmap and bandwidth the conflist in
+// confDir chains (both false when there is none or it cannot be read).
+// An upgrade from a release that chained them should keep doing so until
+// the Pods they served are gone: a runtime deletes a Pod through the
+// conflist on disk, and only portmap's DEL removes the rules its ADD made.
+func InstalledChain(confDir string) (portmap, bandwidth bool) {
+	list, err := libcni.ConfListFromFile(filepath.Join(confDir, ConfListName))
+	if err != nil {
+		return false, false
+	}
+	for _, p := range list.Plugins {
+		switch p.Network.Type {
+		case "portmap":
+			portmap = true
+		case "bandwidth":
+			bandwidth = true
+		}
+	}
+	return portmap, bandwidth
+}
+
 // seineCapabilities are the runtime capabilities (CNI conventions) seine's
 // own entry declares: those no chained plugin serves.
 func seineCapabilities(o Options) map[string]bool {

@@ -85,6 +85,28 @@ func TestDefaultConfListServesCapabilities(t *testing.T) {
 	}
 }
 
+// TestInstalledChain reads back which plugins an installed conflist
+// chains, so an upgrade can keep them.
+func TestInstalledChain(t *testing.T) {
+	o, _ := setup(t)
+	if pm, bw := InstalledChain(o.ConfDir); pm || bw {
+		t.Errorf("no conflist: portmap %v, bandwidth %v", pm, bw)
+	}
+	if err := Install(o); err != nil {
+		t.Fatal(err)
+	}
+	if pm, bw := InstalledChain(o.ConfDir); pm || bw {
+		t.Errorf("seine alone: portmap %v, bandwidth %v", pm, bw)
+	}
+	o.ChainPortmap, o.ChainBandwidth = true, true
+	if err := Install(o); err != nil {
+		t.Fatal(err)
+	}
+	if pm, bw := InstalledChain(o.ConfDir); !pm || !bw {
+		t.Errorf("both chained: portmap %v, bandwidth %v", pm, bw)
+	}
+}
+
 func TestInstallWritesConfListAndBinary(t *testing.T) {
 	o, bin := setup(t)
 	o.ChainPortmap, o.ChainBandwidth = true, true
