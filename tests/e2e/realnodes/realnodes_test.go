@@ -342,6 +342,63 @@ func TestNodePortToHostNetworkEndpoints(t *testing.T) {
 	}
 }
 
+// TestHostPortAndBandwidth: containerd passes a Pod's hostPort and its
+// bandwidth annotations to seine (the conflist declares both
+// capabilities, no portmap or bandwidth plugin runs): the hostPort answers
+// on the Node's address from outside the cluster and from a Pod, and the
+// Pod's traffic gets a 10 Mbit/s token bucket each way (the host veth,
+// and the Pod's eth0).
+func TestHostPortAndBandwidth(t *testing.T) {
+	createNamespace(t, "hostport")
+	ctx := testCtx(t, 3*time.Minute)
+	n := cluster.Nodes()[0]
+	labels := map[string]string{"app": "hostport"}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "hp", Labels: labels,
+			Annotations: map[string]string{"kubernetes.io/ingress-bandwidth": "10M", "kubernetes.io/egress-bandwidth": "10M"}},
+		Spec: corev1.PodSpec{NodeName: n.Name, TerminationGracePeriodSeconds: ptr(int64(1)),
+			Containers: []corev1.Container{{Name: "agnhost", Image: agnhost, ImagePullPolicy: corev1.PullNever,
+				Args:  []string{"netexec", "--http-port=8080", "--udp-port=-1"},
+				Ports: []corev1.ContainerPort{{ContainerPort: 8080, HostPort: 30880, Protocol: corev1.ProtocolTCP}}}}},
+	}
+	if _, err := cluster.Client().CoreV1().Pods("hostport").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitPods(t, ctx, "hostport", labels, 1)
+	client := deployAgnhost(t, "hostport", "client", 1, map[string]string{"app": "client"}, "pause")[0]
+	url := fmt.Sprintf("http://%s:30880/hostname", n.IP)
+	for _, from := range []string{"external host", "Pod " + client.Name} {
+		var last string
+		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+			var out []byte
+			var err error
+			if from == "external host" {
+				out, err = cluster.ExternalExec(ctx, "curl", "-s", "-m", "2", url)
+			} else {
+				var s string
+				s, err = cluster.Kubectl(ctx, "exec", "-n", "hostport", client.Name, "--", "curl", "-s", "-m", "2", url)
+				out = []byte(s)
+			}
+			last = fmt.Sprintf("%q, %v", out, err)
+			return err == nil && strings.TrimSpace(string(out)) == "hp", nil
+		})
+		if err != nil {
+			t.Errorf("%s to %s: last answer %s, want hp", from, url, last)
+		}
+	}
+	// Traffic into the Pod: a tbf on its host veth; out of it: one on its
+	// eth0, in the Pod's network namespace (containerd's, under
+	// /var/run/netns).
+	out, err := cluster.NodeExec(ctx, n.Name, "sh", "-c",
+		"tc qdisc show; for ns in $(ip netns list | cut -d' ' -f1); do ip netns exec $ns tc qdisc show dev eth0 2>/dev/null; done")
+	if err != nil {
+		t.Fatalf("tc on %s: %v\n%s", n.Name, err, out)
+	}
+	if got := strings.Count(string(out), "rate 10Mbit"); got != 2 {
+		t.Errorf("%d qdiscs at 10 Mbit/s on %s, want 2 (host veth, Pod eth0):\n%s", got, n.Name, out)
+	}
+}
+
 // TestNetworkPolicyEnforced: a policy admits only the client role; lifting
 // it admits everyone again.
 func TestNetworkPolicyEnforced(t *testing.T) {
