@@ -101,10 +101,10 @@ func (m Mapping) String() string {
 
 // Parse decodes and validates a portMappings runtimeConfig value (a JSON
 // array; nil or empty gives none). Protocols are lower-cased, an empty one
-// becomes "tcp", and a hostIP of 0.0.0.0 becomes empty. Errors name the
+// becomes "tcp", a hostIP of 0.0.0.0 becomes empty, and entries with an
+// IPv6 hostIP are skipped (Seine's Pods are IPv4). Errors name the
 // offending entry: a port outside 1-65535, an unknown protocol, a hostIP
-// that is not IPv4 (IPv6 mappings are skipped: Seine's Pods are IPv4), or
-// two entries for the same host port.
+// that is not an IP address, or two entries for the same host port.
 func Parse(raw json.RawMessage) ([]Mapping, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, nil
