@@ -22,14 +22,13 @@ IMAGE        ?= $(shell $(GO) run ./deploy/render --print-image)
 IMAGE_ARCHIVE := $(BIN)/seine-image.tar
 LDFLAGS      := -s -w -X github.com/seine-net/seine/node/version.version=$(VERSION)
 # Leave out code seine never runs: urfave/cli's man-page and markdown
-# generators, gRPC's x/net/trace event logs. Each exec of seine-cni (once
-# per Pod start) pays the package initializers of everything linked in.
-BUILDTAGS    := urfave_cli_no_docs grpcnotrace
+# generators.
+BUILDTAGS    := urfave_cli_no_docs
 K8S_LDFLAGS  := -X k8s.io/component-base/version.gitVersion=$(K8S_VERSION) \
                 -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=36 \
                 -X k8s.io/component-base/version.gitTreeState=clean
 APT_PACKAGES := openvswitch-switch containernetworking-plugins iperf3 nftables iproute2 \
-                tcpdump conntrack ethtool kubectl protobuf-compiler iputils-ping \
+                tcpdump conntrack ethtool kubectl iputils-ping \
                 libseccomp-dev busybox netcat-openbsd bind9-dnsutils curl kmod nginx-light
 TEST_TIMEOUT ?= 25m
 
@@ -165,11 +164,9 @@ image: build deps
 manifests:
 	$(GO) run ./deploy/render -o deploy/seine.yaml
 
-## generate: regenerate OVSDB models, gRPC stubs, CRD types (deepcopy, manifests, clientset, listers, informers).
+## generate: regenerate OVSDB models, CRD types (deepcopy, manifests, clientset, listers, informers).
 generate:
-	$(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
-	$(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2
-	PATH="$$PATH:$$($(GO) env GOPATH)/bin" $(GO) generate ./...
+	$(GO) generate ./...
 
 ## lint: gofmt, go vet, and `go mod tidy` leaving no diff (every module).
 lint: deps

@@ -2,7 +2,10 @@
 // from the name it was invoked by (argv[0]):
 //
 //   - seine-cni, or any name when CNI_COMMAND is set: the CNI plugin, a thin
-//     client of the local daemon (CNI spec, "Parameters");
+//     client of the local daemon (CNI spec, "Parameters"). It runs from
+//     package plugin's initializer and exits before main, so that it does
+//     not pay for the daemon's package initializers on every exec (see
+//     package plugin);
 //   - seinectl: the command-line client for operators;
 //   - seine (anything else): the daemon and its admin subcommands.
 package main
@@ -12,15 +15,13 @@ import (
 	"path/filepath"
 
 	"github.com/seine-net/seine/node/cmd"
-	"github.com/seine-net/seine/node/cni/plugin"
+	// Imported for its initializer, which runs the CNI plugin role.
+	_ "github.com/seine-net/seine/node/cni/plugin"
 	"github.com/seine-net/seine/node/ctl"
-	"github.com/seine-net/seine/node/version"
 )
 
 func main() {
-	switch role(os.Args[0], os.Getenv("CNI_COMMAND")) {
-	case "cni":
-		plugin.Main(version.Version())
+	switch role(os.Args[0]) {
 	case "ctl":
 		os.Exit(ctl.Main(os.Args))
 	default:
@@ -28,14 +29,11 @@ func main() {
 	}
 }
 
-// role maps argv[0] and CNI_COMMAND to the binary's role.
-func role(argv0, cniCommand string) string {
-	switch name := filepath.Base(argv0); {
-	case name == "seine-cni" || cniCommand != "":
-		return "cni"
-	case name == "seinectl":
+// role maps argv[0] to the binary's role once the plugin's initializer has
+// passed (plugin.Invoked was false).
+func role(argv0 string) string {
+	if filepath.Base(argv0) == "seinectl" {
 		return "ctl"
-	default:
-		return "daemon"
 	}
+	return "daemon"
 }

@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 	"sigs.k8s.io/knftables"
 
+	"github.com/seine-net/seine/datapath/nftables"
 	"github.com/seine-net/seine/datapath/offload"
 	"github.com/seine-net/seine/datapath/ovsdb"
 )
@@ -65,10 +66,7 @@ func DetachNetdev(ctx context.Context, pm BridgeRemover, nft knftables.Interface
 			}
 		}
 	}
-	tx := nft.NewTransaction()
-	tx.Add(&knftables.Table{})
-	tx.Delete(&knftables.Table{})
-	if err := nft.Run(ctx, tx); err != nil {
+	if err := nftables.DeleteTable(ctx, nft); err != nil {
 		errs = append(errs, fmt.Errorf("removing the nftables ingress drop: %w", err))
 	}
 	if err := pm.DeleteBridge(ctx, bridge); err != nil {

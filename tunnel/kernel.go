@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
 
+	"github.com/seine-net/seine/datapath/nftables"
 	"github.com/seine-net/seine/datapath/pipeline"
 )
 
@@ -170,21 +171,13 @@ func (k KernelVXLAN) Remove(ctx context.Context, nft knftables.Interface) error 
 	} else if !isNotFound(err) {
 		return fmt.Errorf("tunnel device %s: %w", k.Name, err)
 	}
-	return deleteTable(ctx, nft)
+	if err := nftables.DeleteTable(ctx, nft); err != nil {
+		return fmt.Errorf("deleting nftables table: %w", err)
+	}
+	return nil
 }
 
 func isNotFound(err error) bool {
 	var nf netlink.LinkNotFoundError
 	return err != nil && errors.As(err, &nf)
-}
-
-// deleteTable removes the nftables table of nft; a missing table is not an
-// error.
-func deleteTable(ctx context.Context, nft knftables.Interface) error {
-	tx := nft.NewTransaction()
-	tx.Delete(&knftables.Table{})
-	if err := nft.Run(ctx, tx); err != nil && !knftables.IsNotFound(err) {
-		return fmt.Errorf("deleting nftables table: %w", err)
-	}
-	return nil
 }

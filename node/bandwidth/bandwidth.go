@@ -90,11 +90,11 @@ func Parse(raw json.RawMessage) (Limits, error) {
 	return l, nil
 }
 
-// TBF returns the root qdisc for link that shapes to rate (bits/s, at
+// tbf returns the root qdisc for link that shapes to rate (bits/s, at
 // least 1,000) with a bucket of burst bits (0 or 2^32-1: the default); the
 // bucket is at least 64 KiB and at most 60 s at the rate, and the queue
 // holds what the rate sends in 25 ms beside the bucket.
-func TBF(linkIndex int, rate, burst uint64) *netlink.Tbf {
+func tbf(linkIndex int, rate, burst uint64) *netlink.Tbf {
 	bytesPerSec := rate / 8
 	bucket := burst / 8
 	if burst == 0 || burst == math.MaxUint32 {
@@ -119,7 +119,7 @@ func Shape(ifName string, rate, burst uint64) error {
 	if err != nil {
 		return fmt.Errorf("shaping %s: %w", ifName, err)
 	}
-	if err := netlink.QdiscReplace(TBF(link.Attrs().Index, rate, burst)); err != nil {
+	if err := netlink.QdiscReplace(tbf(link.Attrs().Index, rate, burst)); err != nil {
 		return fmt.Errorf("shaping %s to %d bits/s: %w", ifName, rate, err)
 	}
 	return nil

@@ -128,27 +128,27 @@ func installCNICommand() *cli.Command {
 				return fmt.Errorf("--unchain needs --chain-into")
 			}
 			o := install.Options{
-				BinDir:         c.String("cni-bin-dir"),
-				ConfDir:        c.String("cni-conf-dir"),
-				SocketPath:     c.String("cni-socket"),
-				MTU:            c.Int("mtu"),
-				ChainPortmap:   c.Bool("chain-portmap"),
-				ChainBandwidth: c.Bool("chain-bandwidth"),
-				PluginDirs:     c.StringSlice("plugin-dir"),
-				CNIVersion:     c.String("cni-version"),
-
+				BinDir:      c.String("cni-bin-dir"),
+				ConfDir:     c.String("cni-conf-dir"),
+				SocketPath:  c.String("cni-socket"),
+				MTU:         c.Int("mtu"),
+				PluginDirs:  c.StringSlice("plugin-dir"),
+				CNIVersion:  c.String("cni-version"),
 				PluginsFrom: c.String("install-plugins-from"),
 			}
 			// An upgrade keeps the plugins the installed conflist chains,
 			// so the Pods they served are deleted through them.
-			pm, bw := install.InstalledChain(o.ConfDir)
-			if !c.IsSet("chain-portmap") && pm && !c.Bool("no-portmap") {
-				o.ChainPortmap = true
-				fmt.Fprintln(c.App.Writer, "keeping portmap chained, as the installed conflist has it: pass --chain-portmap=false once no Pod it mapped is left on the Node")
+			choice := func(flag, deprecated string) install.Choice {
+				switch {
+				case c.IsSet(flag) && c.Bool(flag):
+					return install.ChainPlugin
+				case c.IsSet(flag) || c.Bool(deprecated):
+					return install.ServeInSeine
+				}
+				return install.KeepInstalled
 			}
-			if !c.IsSet("chain-bandwidth") && bw && !c.Bool("no-bandwidth") {
-				o.ChainBandwidth = true
-				fmt.Fprintln(c.App.Writer, "keeping bandwidth chained, as the installed conflist has it: pass --chain-bandwidth=false once no Pod it shaped is left on the Node")
+			for _, note := range o.ResolveChain(choice("chain-portmap", "no-portmap"), choice("chain-bandwidth", "no-bandwidth")) {
+				fmt.Fprintln(c.App.Writer, note)
 			}
 			if err := install.Install(o); err != nil {
 				return err

@@ -64,6 +64,8 @@ import (
 	"sync"
 
 	"sigs.k8s.io/knftables"
+
+	"github.com/seine-net/seine/datapath/nftables"
 )
 
 // TableName is the nftables table (family ip) the Mapper owns.
@@ -441,9 +443,7 @@ func (m *Mapper) Owners() []string {
 
 // Cleanup deletes the table (seine's uninstall).
 func Cleanup(ctx context.Context, nft knftables.Interface) error {
-	tx := nft.NewTransaction()
-	tx.Delete(&knftables.Table{})
-	if err := nft.Run(ctx, tx); err != nil && !knftables.IsNotFound(err) {
+	if err := nftables.DeleteTable(ctx, nft); err != nil {
 		return fmt.Errorf("removing hostPort table: %w", err)
 	}
 	return nil

@@ -146,7 +146,7 @@ func TestConcurrentAddDel(t *testing.T) {
 }
 
 // BenchmarkAdd measures ADDs into a real switch, in process (no plugin
-// exec, no gRPC): what the daemon's CNI backend itself costs. For each
+// exec, no socket): what the daemon's CNI backend itself costs. For each
 // level of concurrency it reports p50 and p99 latency, ADDs per second and
 // the mean time of each step (seine_cni_add_step_duration_seconds).
 func BenchmarkAdd(b *testing.B) {

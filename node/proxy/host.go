@@ -12,6 +12,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"sigs.k8s.io/knftables"
 
+	"github.com/seine-net/seine/datapath/nftables"
 	of "github.com/seine-net/seine/datapath/openflow"
 	"github.com/seine-net/seine/datapath/pipeline"
 )
@@ -322,10 +323,7 @@ func Cleanup(ctx context.Context, gateway string, sw Switch) error {
 	var errs []error
 	nft, err := knftables.New(knftables.IPv4Family, HostTable)
 	if err == nil {
-		tx := nft.NewTransaction()
-		tx.Add(&knftables.Table{})
-		tx.Delete(&knftables.Table{})
-		err = nft.Run(ctx, tx)
+		err = nftables.DeleteTable(ctx, nft)
 	}
 	if err != nil {
 		errs = append(errs, fmt.Errorf("deleting table %s: %w", HostTable, err))

@@ -26,6 +26,8 @@ import (
 	"sync"
 
 	"sigs.k8s.io/knftables"
+
+	"github.com/seine-net/seine/datapath/nftables"
 )
 
 // TableName is the nftables table Seine owns (family ip).
@@ -123,9 +125,7 @@ func (m *Masquerade) Sync(ctx context.Context) error {
 
 // Cleanup deletes Seine's table.
 func (m *Masquerade) Cleanup(ctx context.Context) error {
-	tx := m.nft.NewTransaction()
-	tx.Delete(&knftables.Table{})
-	if err := m.nft.Run(ctx, tx); err != nil && !knftables.IsNotFound(err) {
+	if err := nftables.DeleteTable(ctx, m.nft); err != nil {
 		return fmt.Errorf("removing SNAT table: %w", err)
 	}
 	return nil

@@ -194,6 +194,44 @@ func ConfList(o Options) ([]byte, error) {
 	return out, nil
 }
 
+// Choice is the operator's choice for one of the plugins seine can serve
+// itself or chain (portmap, bandwidth).
+type Choice int
+
+const (
+	// KeepInstalled chains the plugin if the installed conflist chains it,
+	// and serves its capability in seine otherwise (a fresh install).
+	KeepInstalled Choice = iota
+	// ChainPlugin chains the upstream plugin.
+	ChainPlugin
+	// ServeInSeine serves the capability in seine, unchaining the plugin.
+	ServeInSeine
+)
+
+// ResolveChain sets o.ChainPortmap and o.ChainBandwidth from the operator's
+// choices and the conflist installed in o.ConfDir (see InstalledChain), and
+// returns one line for the operator per plugin kept chained only because
+// the installed conflist chains it.
+func (o *Options) ResolveChain(portmap, bandwidth Choice) []string {
+	installedPM, installedBW := InstalledChain(o.ConfDir)
+	var notes []string
+	resolve := func(name string, c Choice, installed bool) bool {
+		switch c {
+		case ChainPlugin:
+			return true
+		case ServeInSeine:
+			return false
+		}
+		if installed {
+			notes = append(notes, fmt.Sprintf("keeping %s chained, as the installed conflist has it: pass --chain-%s=false once no Pod it served is left on the Node", name, name))
+		}
+		return installed
+	}
+	o.ChainPortmap = resolve("portmap", portmap, installedPM)
+	o.ChainBandwidth = resolve("bandwidth", bandwidth, installedBW)
+	return notes
+}
+
 // InstalledChain reports which of portmap and bandwidth the conflist in
 // confDir chains (both false when there is none or it cannot be read).
 // An upgrade from a release that chained them should keep doing so until

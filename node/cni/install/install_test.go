@@ -107,6 +107,38 @@ func TestInstalledChain(t *testing.T) {
 	}
 }
 
+func TestResolveChain(t *testing.T) {
+	for _, installed := range []bool{false, true} {
+		o, _ := setup(t)
+		o.ChainPortmap, o.ChainBandwidth = installed, installed
+		if err := Install(o); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range []struct {
+			portmap, bandwidth Choice
+			wantPM, wantBW     bool
+			notes              int
+		}{
+			{KeepInstalled, KeepInstalled, installed, installed, map[bool]int{false: 0, true: 2}[installed]},
+			{ChainPlugin, ServeInSeine, true, false, 0},
+			{ServeInSeine, KeepInstalled, false, installed, map[bool]int{false: 0, true: 1}[installed]},
+			{KeepInstalled, ChainPlugin, installed, true, map[bool]int{false: 0, true: 1}[installed]},
+		} {
+			r := Options{ConfDir: o.ConfDir}
+			notes := r.ResolveChain(c.portmap, c.bandwidth)
+			if r.ChainPortmap != c.wantPM || r.ChainBandwidth != c.wantBW || len(notes) != c.notes {
+				t.Errorf("installed chained %v, choices %d/%d: portmap %v bandwidth %v notes %q; want %v %v and %d notes",
+					installed, c.portmap, c.bandwidth, r.ChainPortmap, r.ChainBandwidth, notes, c.wantPM, c.wantBW, c.notes)
+			}
+			for _, n := range notes {
+				if !strings.Contains(n, "=false") {
+					t.Errorf("note %q does not say how to hand the plugin over", n)
+				}
+			}
+		}
+	}
+}
+
 func TestInstallWritesConfListAndBinary(t *testing.T) {
 	o, bin := setup(t)
 	o.ChainPortmap, o.ChainBandwidth = true, true

@@ -1,9 +1,19 @@
-// Package plugin is the CNI plugin side of seine: the seine binary runs it
-// when the container runtime executes it (CNI_COMMAND set). It is a thin
-// gRPC client that forwards each invocation to the node daemon over the
-// daemon's root-only unix socket and relays the daemon's answer to the
-// runtime: the result JSON on stdout, or a CNI error (CNI spec, section
-// "Error") on stdout with a non-zero exit status.
+// Package plugin is the CNI plugin side of seine, a thin client of the node
+// daemon: it forwards each invocation over the daemon's root-only unix
+// socket (package wire) and relays the answer to the runtime, the result
+// JSON on stdout, or a CNI error object on stdout with exit status 1 (CNI
+// spec, section "Error").
+//
+// The seine binary is also the daemon, and Go runs the initializers of all
+// of its roughly 350 packages before main; they cost about 8 ms of CPU,
+// paid on every exec. So the plugin does not wait for main: this package's
+// initializer runs the invocation and exits. Go initialises packages in
+// the order of their import paths, each once its imports are done (Go
+// spec, "Package initialization"), so this package and everything it
+// imports must stay clear of heavy packages and of package net, whose
+// vendored dependencies sort after the daemon's (TestImportsStayLight
+// guards that). With nothing else to wait for, seine-cni starts in about a
+// quarter of the daemon's start-up time (docs/benchmarks.md).
 package plugin
 
 import (
@@ -12,183 +22,168 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
-	"sync/atomic"
+	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
-	"github.com/containernetworking/cni/pkg/skel"
-	"github.com/containernetworking/cni/pkg/types"
-	"github.com/containernetworking/cni/pkg/version"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
-	"github.com/seine-net/seine/node/cni/cnipb"
+	"github.com/seine-net/seine/node/cni/wire"
+	"github.com/seine-net/seine/node/version"
 )
 
 const (
 	// DefaultSocketPath is the daemon socket used when the network
 	// configuration has no socketPath.
 	DefaultSocketPath = "/var/run/seine/cni.sock"
-	// ConnectTimeout bounds connecting to the daemon socket.
-	ConnectTimeout = 3 * time.Second
 	// CallTimeout bounds one whole invocation, daemon work included.
 	CallTimeout = 2 * time.Minute
 )
 
-// Versions is the CNI spec versions the plugin accepts in configurations;
-// VERSION reports them without contacting the daemon.
-var Versions = version.PluginSupports("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
+// CNI error codes the plugin itself returns (CNI spec, section "Error").
+const (
+	codeInvalidEnvironment = 4
+	codeIOFailure          = 5
+	codeDecodingFailure    = 6
+	codeTryAgainLater      = 11
+	codeNotAvailable       = 50
+	codeInternal           = 999 // types.ErrInternal of the reference library
+)
 
-// Main runs the plugin for the CNI_COMMAND in the environment and exits the
-// process with status 1 after printing a CNI error to stdout when the
-// command fails; it returns on success. version is printed in the "about"
-// text shown when the binary runs without CNI_COMMAND.
-func Main(version string) {
-	p := &Plugin{Stdout: os.Stdout}
-	skel.PluginMainFuncs(p.Funcs(), Versions, "CNI plugin seine "+version)
-}
-
-// Plugin forwards CNI invocations to the daemon. The zero value writes to
-// nothing; set Stdout.
-type Plugin struct {
-	// Stdout receives ADD results.
-	Stdout io.Writer
-}
-
-// Funcs returns the skel callbacks for ADD, DEL, CHECK, STATUS and GC.
-// Each returns nil or a *types.Error carrying the daemon's code.
-func (p *Plugin) Funcs() skel.CNIFuncs {
-	return skel.CNIFuncs{
-		Add:    p.call("ADD"),
-		Del:    p.call("DEL"),
-		Check:  p.call("CHECK"),
-		GC:     p.call("GC"),
-		Status: p.call("STATUS"),
+func init() {
+	if Invoked(os.Args[0], os.Getenv("CNI_COMMAND")) {
+		os.Exit(Run(os.Getenv, os.Stdin, os.Stdout, os.Stderr))
 	}
 }
 
-// socketPathOf returns socketPath from the network configuration, or
-// DefaultSocketPath.
-func socketPathOf(stdin []byte) (string, error) {
+// Invoked reports whether the binary runs as the CNI plugin: when it was
+// executed as seine-cni, or with CNI_COMMAND set (runtimes execute the
+// plugin under the conflist's "type", which may be any name).
+func Invoked(argv0, cniCommand string) bool {
+	return filepath.Base(argv0) == "seine-cni" || cniCommand != ""
+}
+
+// Run runs one CNI invocation: getenv gives the CNI_* parameters, stdin
+// the network configuration. It returns the exit status, 0 on success and
+// 1 after writing a CNI error object to stdout. Without CNI_COMMAND it
+// prints what the binary is to stderr and returns 0.
+func Run(getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) int {
+	cmd := getenv("CNI_COMMAND")
+	if cmd == "" {
+		fmt.Fprintf(stderr, "CNI plugin seine %s\nCNI protocol versions supported: %s\n",
+			version.Version(), strings.Join(supported(), ", "))
+		return 0
+	}
+	conf, err := io.ReadAll(io.LimitReader(stdin, wire.MaxMessageBytes))
+	if err != nil {
+		return fail(stdout, nil, &wire.Error{Code: codeIOFailure, Msg: "reading the network configuration from stdin", Details: err.Error()})
+	}
+	if cmd == "VERSION" {
+		return printVersion(stdout)
+	}
+	req := &wire.Request{
+		Command:     cmd,
+		ContainerID: getenv("CNI_CONTAINERID"),
+		Netns:       getenv("CNI_NETNS"),
+		IfName:      getenv("CNI_IFNAME"),
+		Args:        getenv("CNI_ARGS"),
+		Path:        getenv("CNI_PATH"),
+		Config:      conf,
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), CallTimeout)
+	defer cancel()
+	result, cerr := Forward(ctx, req)
+	if cerr != nil {
+		return fail(stdout, conf, cerr)
+	}
+	if len(result) > 0 {
+		if _, err := stdout.Write(result); err != nil {
+			return fail(stdout, conf, &wire.Error{Code: codeIOFailure, Msg: "writing the result to stdout", Details: err.Error()})
+		}
+	}
+	return 0
+}
+
+// Forward sends req to the daemon whose socket the configuration names
+// (socketPath, default DefaultSocketPath) and returns the ADD result (nil
+// for the other commands) or the CNI error to report: the daemon's own, 6
+// for a configuration that is not JSON, 11 (try again later) when the
+// daemon cannot be reached or the exchange breaks off, and 50 (plugin not
+// available) for a STATUS the daemon cannot answer.
+func Forward(ctx context.Context, req *wire.Request) (json.RawMessage, *wire.Error) {
+	switch req.Command {
+	case "ADD", "DEL", "CHECK", "STATUS", "GC":
+	default:
+		return nil, &wire.Error{Code: codeInvalidEnvironment, Msg: fmt.Sprintf("unknown CNI_COMMAND %q", req.Command)}
+	}
 	var conf struct {
 		SocketPath string `json:"socketPath"`
 	}
-	if err := json.Unmarshal(stdin, &conf); err != nil {
-		return "", err
+	if err := json.Unmarshal(req.Config, &conf); err != nil {
+		return nil, &wire.Error{Code: codeDecodingFailure, Msg: "failed to decode network configuration", Details: err.Error()}
 	}
-	if conf.SocketPath == "" {
-		return DefaultSocketPath, nil
+	socket := conf.SocketPath
+	if socket == "" {
+		socket = DefaultSocketPath
 	}
-	return conf.SocketPath, nil
+	resp, err := wire.Call(ctx, socket, req)
+	if ce := (*wire.ConnectError)(nil); errors.As(err, &ce) {
+		code := uint(codeTryAgainLater)
+		if req.Command == "STATUS" {
+			code = codeNotAvailable // CNI spec, section "STATUS"
+		}
+		return nil, &wire.Error{Code: code, Msg: fmt.Sprintf("seine daemon not running: %v", err)}
+	}
+	if err != nil {
+		// The daemon reports CNI errors inside the response, so this
+		// is the transport: the daemon died, restarted or timed out.
+		return nil, &wire.Error{Code: codeTryAgainLater, Msg: fmt.Sprintf("seine daemon call %s over %s failed", req.Command, socket), Details: err.Error()}
+	}
+	if resp.Error != nil {
+		return nil, resp.Error
+	}
+	if req.Command == "ADD" && len(resp.Result) == 0 {
+		return nil, &wire.Error{Code: codeInternal, Msg: "seine daemon returned an empty ADD result"}
+	}
+	return resp.Result, nil
 }
 
-func (p *Plugin) call(cmd string) func(*skel.CmdArgs) error {
-	return func(args *skel.CmdArgs) error {
-		ctx, cancel := context.WithTimeout(context.Background(), CallTimeout)
-		defer cancel()
-		return p.forward(ctx, cmd, args)
-	}
+// supported returns the CNI versions seine supports, oldest first.
+func supported() []string {
+	v := wire.SupportedVersions()
+	slices.Reverse(v)
+	return v
 }
 
-// forward sends one invocation to the daemon and relays its answer.
-func (p *Plugin) forward(ctx context.Context, cmd string, args *skel.CmdArgs) error {
-	socket, err := socketPathOf(args.StdinData)
-	if err != nil {
-		return types.NewError(types.ErrDecodingFailure, "failed to decode network configuration", err.Error())
+// printVersion answers VERSION without the daemon (CNI spec, section
+// "VERSION"): the newest spec version and every version the plugin
+// supports. Like the reference skeleton (cni pkg/skel), it answers whatever
+// configuration came with the request.
+func printVersion(stdout io.Writer) int {
+	out, _ := json.Marshal(struct {
+		CNIVersion        string   `json:"cniVersion"`
+		SupportedVersions []string `json:"supportedVersions"`
+	}{wire.SupportedVersions()[0], supported()})
+	if _, err := stdout.Write(out); err != nil {
+		return 1
 	}
-	conn, closeConn, err := dial(ctx, socket)
-	if err != nil {
-		return notRunning(cmd, socket, err)
-	}
-	defer closeConn()
-	client := cnipb.NewCNIClient(conn)
-
-	req := &cnipb.CmdRequest{
-		ContainerId:          args.ContainerID,
-		Netns:                args.Netns,
-		Ifname:               args.IfName,
-		Args:                 args.Args,
-		Path:                 args.Path,
-		NetworkConfiguration: args.StdinData,
-	}
-	var resp *cnipb.CmdResponse
-	switch cmd {
-	case "ADD":
-		resp, err = client.CmdAdd(ctx, req)
-	case "DEL":
-		resp, err = client.CmdDel(ctx, req)
-	case "CHECK":
-		resp, err = client.CmdCheck(ctx, req)
-	case "GC":
-		resp, err = client.CmdGC(ctx, req)
-	case "STATUS":
-		resp, err = client.CmdStatus(ctx, &cnipb.StatusRequest{NetworkConfiguration: args.StdinData})
-	default:
-		return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("unknown CNI command %q", cmd), "")
-	}
-	if err != nil {
-		// The daemon reports CNI errors inside the response, so a gRPC
-		// error means the transport failed: the daemon died, restarted
-		// or timed out mid-request.
-		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("seine daemon call %s over %s failed", cmd, socket), err.Error())
-	}
-	if e := resp.GetError(); e != nil {
-		return types.NewError(uint(e.GetCode()), e.GetMsg(), e.GetDetails())
-	}
-	if cmd == "ADD" {
-		if len(resp.GetCniResult()) == 0 {
-			return types.NewError(types.ErrInternal, "seine daemon returned an empty ADD result", "")
-		}
-		if _, err := p.Stdout.Write(resp.GetCniResult()); err != nil {
-			return types.NewError(types.ErrIOFailure, "writing result to stdout", err.Error())
-		}
-	}
-	return nil
+	return 0
 }
 
-// notRunning is the error for a daemon that cannot be reached: try again
-// later (11) for commands about containers, plugin not available (50) for
-// STATUS (CNI spec, section "STATUS").
-func notRunning(cmd, socket string, cause error) *types.Error {
-	code := types.ErrTryAgainLater
-	if cmd == "STATUS" {
-		code = types.ErrPluginNotAvailable
+// fail writes e as a CNI error object to stdout, in the configuration's
+// cniVersion when it has one, and returns exit status 1.
+func fail(stdout io.Writer, conf []byte, e *wire.Error) int {
+	var c struct {
+		CNIVersion string `json:"cniVersion"`
 	}
-	return types.NewError(code, fmt.Sprintf("seine daemon not running: cannot connect to %s: %v", socket, cause), "")
-}
-
-// dial connects to the daemon socket within ConnectTimeout and returns a
-// gRPC connection that uses that socket connection first, so an absent
-// daemon is detected here rather than as a vague RPC failure.
-// The returned function closes the connection.
-func dial(ctx context.Context, socket string) (*grpc.ClientConn, func(), error) {
-	d := net.Dialer{Timeout: ConnectTimeout}
-	raw, err := d.DialContext(ctx, "unix", socket)
-	if err != nil {
-		var oe *net.OpError
-		if errors.As(err, &oe) && oe.Err != nil {
-			err = oe.Err // drop the repeated "dial unix <socket>" prefix
-		}
-		return nil, nil, err
+	_ = json.Unmarshal(conf, &c)
+	if c.CNIVersion == "" {
+		c.CNIVersion = wire.SupportedVersions()[0]
 	}
-	var used atomic.Bool
-	conn, err := grpc.NewClient("passthrough:///seine-daemon",
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
-			if used.CompareAndSwap(false, true) {
-				return raw, nil
-			}
-			return d.DialContext(ctx, "unix", socket)
-		}))
-	if err != nil {
-		raw.Close()
-		return nil, nil, err
-	}
-	return conn, func() {
-		conn.Close()
-		if used.CompareAndSwap(false, true) {
-			raw.Close() // never handed to gRPC
-		}
-	}, nil
+	out, _ := json.Marshal(struct {
+		CNIVersion string `json:"cniVersion"`
+		*wire.Error
+	}{c.CNIVersion, e})
+	_, _ = stdout.Write(out)
+	return 1
 }

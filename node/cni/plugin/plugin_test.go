@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -19,20 +20,49 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/seine-net/seine/node/cni/install"
-	"github.com/seine-net/seine/node/cni/plugin"
+	// Its initializer runs the plugin when this binary is executed as one.
+	_ "github.com/seine-net/seine/node/cni/plugin"
 	"github.com/seine-net/seine/node/cni/server"
 )
 
-// The test binary doubles as the plugin: when a runtime (or a test) executes
-// it with CNI_COMMAND set it runs plugin.Main, exactly as the seine binary
-// does, so every test below goes through a real process, stdin/stdout and
-// the real unix-socket gRPC path.
-func TestMain(m *testing.M) {
-	if os.Getenv("CNI_COMMAND") != "" {
-		plugin.Main("test")
-		os.Exit(0)
+// The test binary doubles as the plugin: when a runtime (or a test)
+// executes it with CNI_COMMAND set, the plugin package's initializer runs
+// the invocation and exits, exactly as in the seine binary, so every test
+// below goes through a real process, stdin/stdout and the real unix-socket
+// path.
+
+// TestImportsStayLight guards the plugin's start-up: the package and all it
+// imports must be the standard library (package net excluded) or seine's
+// own light packages, or the plugin's initializer would wait for the
+// daemon's (see the package documentation).
+func TestImportsStayLight(t *testing.T) {
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		gobin = filepath.Join(runtime.GOROOT(), "bin", "go")
 	}
-	os.Exit(m.Run())
+	out, err := exec.Command(gobin, "list", "-deps", "-f", "{{.ImportPath}} {{.Standard}}", "github.com/seine-net/seine/node/cni/plugin").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	allowed := map[string]bool{
+		"github.com/seine-net/seine/node/cni/plugin": true,
+		"github.com/seine-net/seine/node/cni/wire":   true,
+		"github.com/seine-net/seine/node/version":    true,
+	}
+	n := 0
+	for line := range strings.Lines(string(out)) {
+		path, std, _ := strings.Cut(strings.TrimSpace(line), " ")
+		n++
+		if path == "net" || strings.HasPrefix(path, "net/") || strings.HasPrefix(path, "vendor/") {
+			t.Errorf("the plugin imports %s, which initialises after the daemon's packages", path)
+		}
+		if std != "true" && !allowed[path] {
+			t.Errorf("the plugin imports %s, outside the standard library and its allowed packages", path)
+		}
+	}
+	if n < 10 {
+		t.Fatalf("go list printed %d packages: %s", n, out)
+	}
 }
 
 // recordingBackend returns a fixed result or error and records calls.

@@ -10,7 +10,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
 
-	"github.com/seine-net/seine/node/cni/cnipb"
+	"github.com/seine-net/seine/node/cni/wire"
 )
 
 // minVersion is the lowest cniVersion for which a command exists (CNI spec:
@@ -25,18 +25,24 @@ var minVersion = map[string]string{
 // Errors carry the CNI code the runtime should see: 6 for undecodable JSON,
 // 7 for an invalid configuration, 1 for an unsupported cniVersion and 4 for
 // missing or malformed CNI_* parameters.
-func parseRequest(cmd string, in *cnipb.CmdRequest) (*Request, *Error) {
-	conf, err := parseNetConf(cmd, in.GetNetworkConfiguration())
+func parseRequest(in *wire.Request) (*Request, *Error) {
+	cmd := in.Command
+	switch cmd {
+	case CmdAdd, CmdDel, CmdCheck, CmdStatus, CmdGC:
+	default:
+		return nil, &Error{Code: types.ErrInvalidEnvironmentVariables, Msg: fmt.Sprintf("unknown CNI command %q", cmd)}
+	}
+	conf, err := parseNetConf(cmd, in.Config)
 	if err != nil {
 		return nil, err
 	}
 	req := &Request{
 		Command:     cmd,
-		ContainerID: in.GetContainerId(),
-		Netns:       in.GetNetns(),
-		IfName:      in.GetIfname(),
+		ContainerID: in.ContainerID,
+		Netns:       in.Netns,
+		IfName:      in.IfName,
 		NetConf:     conf,
-		RawConf:     in.GetNetworkConfiguration(),
+		RawConf:     in.Config,
 	}
 	switch cmd {
 	case CmdAdd, CmdDel, CmdCheck:
@@ -52,7 +58,7 @@ func parseRequest(cmd string, in *cnipb.CmdRequest) (*Request, *Error) {
 			return nil, &Error{Code: types.ErrInvalidEnvironmentVariables, Msg: "CNI_NETNS is required"}
 		}
 	}
-	if err := parseK8sArgs(in.GetArgs(), req); err != nil {
+	if err := parseK8sArgs(in.Args, req); err != nil {
 		return nil, err
 	}
 	return req, nil
@@ -68,11 +74,11 @@ func parseNetConf(cmd string, raw []byte) (*NetConf, *Error) {
 		// CNI spec: a configuration without cniVersion is 0.1.0.
 		conf.CNIVersion = "0.1.0"
 	}
-	if !slices.Contains(SupportedVersions, conf.CNIVersion) {
+	if supported := wire.SupportedVersions(); !slices.Contains(supported, conf.CNIVersion) {
 		return nil, &Error{
 			Code:    types.ErrIncompatibleCNIVersion,
 			Msg:     "incompatible CNI versions",
-			Details: fmt.Sprintf("config is %q, seine supports %s", conf.CNIVersion, strings.Join(SupportedVersions, ", ")),
+			Details: fmt.Sprintf("config is %q, seine supports %s", conf.CNIVersion, strings.Join(supported, ", ")),
 		}
 	}
 	if min, ok := minVersion[cmd]; ok {

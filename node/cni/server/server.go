@@ -1,22 +1,25 @@
-// Package server is the node daemon's side of the seine CNI protocol: a gRPC
-// server on a root-only unix socket that validates each invocation the seine
+// Package server is the node daemon's side of the seine CNI protocol
+// (package wire): a server on a root-only unix socket that validates each invocation the seine
 // CNI plugin forwards, hands it to a Backend, and returns the result encoded
 // in the cniVersion the runtime asked for, or a CNI error.
 package server
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
-	"google.golang.org/grpc"
 
-	"github.com/seine-net/seine/node/cni/cnipb"
+	"github.com/seine-net/seine/node/cni/wire"
 	"github.com/seine-net/seine/node/unixsock"
 )
 
@@ -24,10 +27,8 @@ import (
 // its context ends before cutting them off.
 const DefaultShutdownGrace = 10 * time.Second
 
-// Server serves the gRPC CNI service (seine.cni.v1.CNI) on a unix socket.
+// Server serves the seine CNI protocol on a unix socket.
 type Server struct {
-	cnipb.UnimplementedCNIServer
-
 	backend Backend
 	log     *zap.Logger
 	locks   *opLock
@@ -101,76 +102,115 @@ func New(backend Backend, log *zap.Logger, opts ...Option) *Server {
 	return s
 }
 
-// Serve listens on socketPath and serves until ctx ends, then stops
-// gracefully (waiting at most the shutdown grace for in-flight requests) and
-// returns nil. It creates the socket's parent directory with mode 0750,
-// removes a stale socket left by a previous daemon (but fails if a live
-// server still answers on it, or if the path is not a socket), and sets the
-// socket's mode to 0600 so that only root can connect.
+// Serve listens on socketPath and serves the seine CNI protocol (package
+// wire: one JSON request and one JSON response per connection) until ctx
+// ends; then it stops accepting, waits at most the shutdown grace for
+// in-flight requests, cancels the rest, and returns nil. It creates the
+// socket's parent directory with mode 0750, removes a stale socket left by
+// a previous daemon (but fails if a live server still answers on it, or if
+// the path is not a socket), and sets the socket's mode to 0600 so that
+// only root can connect.
 func (s *Server) Serve(ctx context.Context, socketPath string) error {
 	lis, err := unixsock.Listen(ctx, socketPath, "CNI socket")
 	if err != nil {
 		return err
 	}
-	gs := grpc.NewServer()
-	cnipb.RegisterCNIServer(gs, s)
-
-	errc := make(chan error, 1)
-	go func() { errc <- gs.Serve(lis) }()
 	s.log.Info("cni server listening", zap.String("socket", socketPath))
+	stopAccepting := context.AfterFunc(ctx, func() { lis.Close() })
+	defer stopAccepting()
 
-	select {
-	case err := <-errc:
-		return fmt.Errorf("serving CNI on %s: %w", socketPath, err)
-	case <-ctx.Done():
+	// Requests outlive ctx by the grace period, then are cancelled.
+	reqCtx, cancelRequests := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelRequests()
+	var inflight sync.WaitGroup
+	var serveErr error
+	for pause := 5 * time.Millisecond; ; {
+		conn, err := lis.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			if errors.Is(err, net.ErrClosed) {
+				serveErr = fmt.Errorf("serving CNI on %s: %w", socketPath, err)
+				break
+			}
+			// Out of descriptors or memory: back off, as net/http does.
+			s.log.Warn("cni server: accept failed, retrying", zap.Error(err), zap.Duration("pause", pause))
+			time.Sleep(pause)
+			pause = min(2*pause, time.Second)
+			continue
+		}
+		pause = 5 * time.Millisecond
+		inflight.Go(func() { s.serveConn(reqCtx, conn) })
 	}
-	stopped := make(chan struct{})
+	lis.Close()
+
+	drained := make(chan struct{})
 	go func() {
-		gs.GracefulStop()
-		close(stopped)
+		inflight.Wait()
+		close(drained)
 	}()
 	select {
-	case <-stopped:
+	case <-drained:
 	case <-time.After(s.grace):
-		s.log.Warn("cni server: in-flight requests did not finish in time, stopping", zap.Duration("grace", s.grace))
-		gs.Stop()
-		<-stopped
+		s.log.Warn("cni server: in-flight requests did not finish in time, cancelling them", zap.Duration("grace", s.grace))
+		cancelRequests()
+		<-drained
 	}
-	<-errc
 	s.log.Info("cni server stopped", zap.String("socket", socketPath))
-	return nil
+	return serveErr
 }
 
-// CmdAdd implements cnipb.CNIServer.
-func (s *Server) CmdAdd(ctx context.Context, in *cnipb.CmdRequest) (*cnipb.CmdResponse, error) {
-	return s.handle(ctx, CmdAdd, in), nil
+// Bounds on one connection's exchange, apart from the work itself: reading
+// the request and writing the response.
+const (
+	readTimeout  = 10 * time.Second
+	writeTimeout = 10 * time.Second
+)
+
+// serveConn serves the one request conn carries. The request's context
+// ends when the plugin closes its side before the answer (the runtime gave
+// up on it), so that the backend abandons and rolls back the work.
+func (s *Server) serveConn(ctx context.Context, conn net.Conn) {
+	defer conn.Close()
+	var resp *wire.Response
+	var in wire.Request
+	_ = conn.SetReadDeadline(time.Now().Add(readTimeout))
+	dec := json.NewDecoder(io.LimitReader(conn, wire.MaxMessageBytes))
+	if err := dec.Decode(&in); err != nil {
+		s.log.Warn("cni request", zap.String("result", "error"), zap.Uint("error_code", types.ErrDecodingFailure),
+			zap.String("error", "malformed request"), zap.Error(err))
+		resp = &wire.Response{Error: &wire.Error{Code: types.ErrDecodingFailure, Msg: "malformed seine CNI request", Details: err.Error()}}
+	} else {
+		_ = conn.SetReadDeadline(time.Time{})
+		ctx, cancel := context.WithCancel(ctx)
+		go func() {
+			// The plugin sends nothing more: this read returns when
+			// it closes the connection, or when serveConn does.
+			var b [1]byte
+			_, _ = conn.Read(b[:])
+			cancel()
+		}()
+		resp = s.handle(ctx, &in)
+		cancel()
+	}
+	out, err := json.Marshal(resp)
+	if err != nil {
+		s.log.Error("cni server: encoding response", zap.Error(err))
+		return
+	}
+	_ = conn.SetWriteDeadline(time.Now().Add(writeTimeout))
+	if _, err := conn.Write(out); err != nil {
+		s.log.Warn("cni server: the plugin left before the answer", zap.String("command", in.Command),
+			zap.String("container_id", in.ContainerID), zap.Error(err))
+	}
 }
 
-// CmdDel implements cnipb.CNIServer.
-func (s *Server) CmdDel(ctx context.Context, in *cnipb.CmdRequest) (*cnipb.CmdResponse, error) {
-	return s.handle(ctx, CmdDel, in), nil
-}
-
-// CmdCheck implements cnipb.CNIServer.
-func (s *Server) CmdCheck(ctx context.Context, in *cnipb.CmdRequest) (*cnipb.CmdResponse, error) {
-	return s.handle(ctx, CmdCheck, in), nil
-}
-
-// CmdGC implements cnipb.CNIServer.
-func (s *Server) CmdGC(ctx context.Context, in *cnipb.CmdRequest) (*cnipb.CmdResponse, error) {
-	return s.handle(ctx, CmdGC, in), nil
-}
-
-// CmdStatus implements cnipb.CNIServer.
-func (s *Server) CmdStatus(ctx context.Context, in *cnipb.StatusRequest) (*cnipb.CmdResponse, error) {
-	return s.handle(ctx, CmdStatus, &cnipb.CmdRequest{NetworkConfiguration: in.GetNetworkConfiguration()}), nil
-}
-
-// handle runs one command end to end and never fails at the gRPC level: CNI
-// errors travel in the response.
-func (s *Server) handle(ctx context.Context, cmd string, in *cnipb.CmdRequest) *cnipb.CmdResponse {
+// handle runs one command end to end; errors travel in the response.
+func (s *Server) handle(ctx context.Context, in *wire.Request) *wire.Response {
 	start := time.Now()
-	req, perr := parseRequest(cmd, in)
+	cmd := in.Command
+	req, perr := parseRequest(in)
 	var out []byte
 	var err error
 	if perr != nil {
@@ -190,7 +230,7 @@ func (s *Server) handle(ctx context.Context, cmd string, in *cnipb.CmdRequest) *
 
 	fields := []zap.Field{
 		zap.String("command", cmd),
-		zap.String("container_id", in.GetContainerId()),
+		zap.String("container_id", in.ContainerID),
 		zap.Float64("duration_ms", float64(elapsed.Microseconds())/1000),
 	}
 	if req != nil && req.PodName != "" {
@@ -198,7 +238,7 @@ func (s *Server) handle(ctx context.Context, cmd string, in *cnipb.CmdRequest) *
 	}
 	if cerr == nil {
 		s.log.Info("cni request", append(fields, zap.String("result", "success"))...)
-		return &cnipb.CmdResponse{CniResult: out}
+		return &wire.Response{Result: out}
 	}
 	msg, details := cerr.wireMsgDetails()
 	s.log.Warn("cni request", append(fields,
@@ -206,7 +246,7 @@ func (s *Server) handle(ctx context.Context, cmd string, in *cnipb.CmdRequest) *
 		zap.Uint("error_code", cerr.Code),
 		zap.String("error", msg),
 		zap.String("error_details", details))...)
-	return &cnipb.CmdResponse{Error: &cnipb.Error{Code: uint32(cerr.Code), Msg: msg, Details: details}}
+	return &wire.Response{Error: &wire.Error{Code: cerr.Code, Msg: msg, Details: details}}
 }
 
 // dispatch takes the ordering lock for req and calls the backend; it

@@ -16,10 +16,8 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zaptest"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/seine-net/seine/node/cni/cnipb"
+	"github.com/seine-net/seine/node/cni/wire"
 )
 
 // blockingBackend lets a test hold an ADD open and see which calls reached
@@ -108,20 +106,30 @@ func waitForSocket(t *testing.T, sock string, done chan error) {
 	t.Fatalf("socket %s never came up", sock)
 }
 
-func client(t *testing.T, sock string) cnipb.CNIClient {
-	t.Helper()
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
+// testClient sends requests as the plugin does.
+type testClient struct{ sock string }
+
+func client(t *testing.T, sock string) testClient { return testClient{sock} }
+
+// call sends req as command cmd.
+func (c testClient) call(ctx context.Context, cmd string, req *wire.Request) (*wire.Response, error) {
+	r := *req
+	r.Command = cmd
+	return wire.Call(ctx, c.sock, &r)
+}
+
+// code is the response's CNI error code, 0 for success.
+func code(resp *wire.Response) uint {
+	if resp == nil || resp.Error == nil {
+		return 0
 	}
-	t.Cleanup(func() { conn.Close() })
-	return cnipb.NewCNIClient(conn)
+	return resp.Error.Code
 }
 
 const goodConf = `{"cniVersion":"1.1.0","name":"seine","type":"seine","socketPath":"/x"}`
 
-func addReq(id, conf string) *cnipb.CmdRequest {
-	return &cnipb.CmdRequest{ContainerId: id, Netns: "/var/run/netns/" + id, Ifname: "eth0", NetworkConfiguration: []byte(conf)}
+func addReq(id, conf string) *wire.Request {
+	return &wire.Request{ContainerID: id, Netns: "/var/run/netns/" + id, IfName: "eth0", Config: []byte(conf)}
 }
 
 func TestServeSocketModeAndStaleSocket(t *testing.T) {
@@ -198,35 +206,35 @@ func TestValidationErrors(t *testing.T) {
 
 	cases := []struct {
 		name string
-		req  *cnipb.CmdRequest
-		code uint32
+		req  *wire.Request
+		code uint
 	}{
-		{"bad json", addReq("c1", `{"cniVersion":`), uint32(types.ErrDecodingFailure)},
-		{"no name", addReq("c1", `{"cniVersion":"1.0.0","type":"seine"}`), uint32(types.ErrInvalidNetworkConfig)},
-		{"bad mtu", addReq("c1", `{"cniVersion":"1.0.0","name":"n","type":"seine","mtu":70000}`), uint32(types.ErrInvalidNetworkConfig)},
-		{"old version", addReq("c1", `{"cniVersion":"0.2.0","name":"n","type":"seine"}`), uint32(types.ErrIncompatibleCNIVersion)},
-		{"future version", addReq("c1", `{"cniVersion":"2.0.0","name":"n","type":"seine"}`), uint32(types.ErrIncompatibleCNIVersion)},
-		{"no version", addReq("c1", `{"name":"n","type":"seine"}`), uint32(types.ErrIncompatibleCNIVersion)},
-		{"no container id", addReq("", goodConf), uint32(types.ErrInvalidEnvironmentVariables)},
-		{"bad args", &cnipb.CmdRequest{ContainerId: "c1", Netns: "/n", Ifname: "eth0", Args: "K8S_POD_NAME", NetworkConfiguration: []byte(goodConf)}, uint32(types.ErrInvalidEnvironmentVariables)},
+		{"bad json", addReq("c1", `{"cniVersion":`), (types.ErrDecodingFailure)},
+		{"no name", addReq("c1", `{"cniVersion":"1.0.0","type":"seine"}`), (types.ErrInvalidNetworkConfig)},
+		{"bad mtu", addReq("c1", `{"cniVersion":"1.0.0","name":"n","type":"seine","mtu":70000}`), (types.ErrInvalidNetworkConfig)},
+		{"old version", addReq("c1", `{"cniVersion":"0.2.0","name":"n","type":"seine"}`), (types.ErrIncompatibleCNIVersion)},
+		{"future version", addReq("c1", `{"cniVersion":"2.0.0","name":"n","type":"seine"}`), (types.ErrIncompatibleCNIVersion)},
+		{"no version", addReq("c1", `{"name":"n","type":"seine"}`), (types.ErrIncompatibleCNIVersion)},
+		{"no container id", addReq("", goodConf), (types.ErrInvalidEnvironmentVariables)},
+		{"bad args", &wire.Request{ContainerID: "c1", Netns: "/n", IfName: "eth0", Args: "K8S_POD_NAME", Config: []byte(goodConf)}, (types.ErrInvalidEnvironmentVariables)},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			resp, err := c.CmdAdd(ctx, tc.req)
+			resp, err := c.call(ctx, CmdAdd, tc.req)
 			if err != nil {
-				t.Fatalf("rpc: %v", err)
+				t.Fatalf("call: %v", err)
 			}
-			if resp.GetError().GetCode() != tc.code {
-				t.Errorf("code = %d (%q), want %d", resp.GetError().GetCode(), resp.GetError().GetMsg(), tc.code)
+			if code(resp) != tc.code {
+				t.Errorf("code = %d (%+v), want %d", code(resp), resp.Error, tc.code)
 			}
-			if len(resp.GetCniResult()) != 0 {
-				t.Errorf("error response carries a result: %s", resp.GetCniResult())
+			if len(resp.Result) != 0 {
+				t.Errorf("error response carries a result: %s", resp.Result)
 			}
 		})
 	}
 	// GC and STATUS need a 1.1.0 configuration.
-	resp, err := c.CmdGC(ctx, &cnipb.CmdRequest{NetworkConfiguration: []byte(`{"cniVersion":"1.0.0","name":"n","type":"seine"}`)})
-	if err != nil || resp.GetError().GetCode() != uint32(types.ErrIncompatibleCNIVersion) {
+	resp, err := c.call(ctx, CmdGC, &wire.Request{Config: []byte(`{"cniVersion":"1.0.0","name":"n","type":"seine"}`)})
+	if err != nil || code(resp) != types.ErrIncompatibleCNIVersion {
 		t.Errorf("GC on 1.0.0 conf: resp %v err %v, want code 1", resp, err)
 	}
 	if got := be.snapshot(); len(got) != 0 {
@@ -279,15 +287,15 @@ func TestSameContainerSerializedOthersConcurrent(t *testing.T) {
 	defer cancel()
 
 	addDone := make(chan error, 1)
-	go func() { _, err := c.CmdAdd(ctx, addReq("c1", goodConf)); addDone <- err }()
+	go func() { _, err := c.call(ctx, CmdAdd, addReq("c1", goodConf)); addDone <- err }()
 	if got := <-be.entered; got != "ADD c1" {
 		t.Fatalf("first call = %q", got)
 	}
 	delDone := make(chan error, 1)
-	go func() { _, err := c.CmdDel(ctx, addReq("c1", goodConf)); delDone <- err }()
+	go func() { _, err := c.call(ctx, CmdDel, addReq("c1", goodConf)); delDone <- err }()
 
 	// Another container is not held up by c1.
-	if _, err := c.CmdAdd(ctx, addReq("c2", goodConf)); err != nil {
+	if _, err := c.call(ctx, CmdAdd, addReq("c2", goodConf)); err != nil {
 		t.Fatal(err)
 	}
 	if got := <-be.entered; got != "ADD c2" {
@@ -321,11 +329,11 @@ func TestGCExcludesContainerCommands(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	addDone := make(chan error, 1)
-	go func() { _, err := c.CmdAdd(ctx, addReq("c1", goodConf)); addDone <- err }()
+	go func() { _, err := c.call(ctx, CmdAdd, addReq("c1", goodConf)); addDone <- err }()
 	<-be.entered
 	gcDone := make(chan error, 1)
 	go func() {
-		_, err := c.CmdGC(ctx, &cnipb.CmdRequest{NetworkConfiguration: []byte(goodConf)})
+		_, err := c.call(ctx, CmdGC, &wire.Request{Config: []byte(goodConf)})
 		gcDone <- err
 	}()
 	select {
@@ -345,10 +353,10 @@ func TestGCExcludesContainerCommands(t *testing.T) {
 func TestParseRequestPodArgsAndPrevResult(t *testing.T) {
 	conf := `{"cniVersion":"1.0.0","name":"n","type":"seine","mtu":1400,"runtimeConfig":{"portMappings":[]},
 	  "prevResult":{"cniVersion":"1.0.0","ips":[{"address":"10.1.2.3/24"}]}}`
-	req, perr := parseRequest(CmdCheck, &cnipb.CmdRequest{
-		ContainerId: "c1", Netns: "/n", Ifname: "eth0",
-		Args:                 "IgnoreUnknown=1;K8S_POD_NAMESPACE=kube-system;K8S_POD_NAME=dns-1;K8S_POD_INFRA_CONTAINER_ID=c1;K8S_POD_UID=u-1",
-		NetworkConfiguration: []byte(conf),
+	req, perr := parseRequest(&wire.Request{
+		Command: CmdCheck, ContainerID: "c1", Netns: "/n", IfName: "eth0",
+		Args:   "IgnoreUnknown=1;K8S_POD_NAMESPACE=kube-system;K8S_POD_NAME=dns-1;K8S_POD_INFRA_CONTAINER_ID=c1;K8S_POD_UID=u-1",
+		Config: []byte(conf),
 	})
 	if perr != nil {
 		t.Fatal(perr)
@@ -397,7 +405,7 @@ func TestErrorMapping(t *testing.T) {
 
 func TestEncodeResultVersions(t *testing.T) {
 	res := &current.Result{CNIVersion: "1.1.0", IPs: []*current.IPConfig{{Address: mustCIDR(t, "10.1.2.3/24")}}}
-	for _, v := range SupportedVersions {
+	for _, v := range wire.SupportedVersions() {
 		out, perr := encodeResult(res, v)
 		if perr != nil {
 			t.Fatalf("%s: %v", v, perr)
@@ -419,4 +427,111 @@ func mustCIDR(t *testing.T, s string) net.IPNet {
 	}
 	n.IP = ip
 	return *n
+}
+
+// ctxBackend's Add waits for its context to end and reports that it did.
+type ctxBackend struct {
+	blockingBackend
+	started, cancelled chan struct{}
+}
+
+func (b *ctxBackend) Add(ctx context.Context, req *Request) (*current.Result, error) {
+	close(b.started)
+	<-ctx.Done()
+	close(b.cancelled)
+	return nil, ctx.Err()
+}
+
+// TestAbandonedRequestIsCancelled: a plugin that goes away before the
+// answer (the runtime killed it) cancels the work, as the protocol says.
+func TestAbandonedRequestIsCancelled(t *testing.T) {
+	be := &ctxBackend{started: make(chan struct{}), cancelled: make(chan struct{})}
+	sock := startServer(t, New(be, zaptest.NewLogger(t)))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { _, err := client(t, sock).call(ctx, CmdAdd, addReq("c1", goodConf)); done <- err }()
+	select {
+	case <-be.started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("ADD never reached the backend")
+	}
+	cancel() // the plugin's call ends and closes its connection
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Errorf("call returned %v, want context.Canceled", err)
+	}
+	select {
+	case <-be.cancelled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the backend's context was not cancelled after the plugin left")
+	}
+}
+
+// TestShutdownCancelsAfterGrace: stopping the server waits the grace period
+// for in-flight requests, then cancels them and returns.
+func TestShutdownCancelsAfterGrace(t *testing.T) {
+	be := &ctxBackend{started: make(chan struct{}), cancelled: make(chan struct{})}
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "cni.sock")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	served := make(chan error, 1)
+	go func() {
+		served <- New(be, zaptest.NewLogger(t), WithShutdownGrace(200*time.Millisecond)).Serve(ctx, sock)
+	}()
+	waitForSocket(t, sock, served)
+	answered := make(chan *wire.Response, 1)
+	go func() {
+		resp, _ := client(t, sock).call(context.Background(), CmdAdd, addReq("c1", goodConf))
+		answered <- resp
+	}()
+	<-be.started
+	cancel()
+	select {
+	case err := <-served:
+		if err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve did not return after its grace period")
+	}
+	<-be.cancelled
+	if resp := <-answered; code(resp) != ErrCodeInternal || !strings.Contains(resp.Error.Msg, "canceled") {
+		t.Errorf("the cut-off request's answer = %+v, want internal error naming the cancellation", resp)
+	}
+	if _, err := net.Dial("unix", sock); err == nil {
+		t.Error("the socket still accepts connections after Serve returned")
+	}
+}
+
+// TestMalformedRequests: garbage on the socket and unknown commands get a
+// CNI error naming the cause, and the server goes on serving.
+func TestMalformedRequests(t *testing.T) {
+	be := &blockingBackend{}
+	sock := startServer(t, New(be, zaptest.NewLogger(t)))
+	conn, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.Write([]byte("GET / HTTP/1.1\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	var resp wire.Response
+	if err := json.NewDecoder(conn).Decode(&resp); err != nil {
+		t.Fatalf("no JSON answer to garbage: %v", err)
+	}
+	if code(&resp) != types.ErrDecodingFailure || !strings.Contains(resp.Error.Msg, "malformed") {
+		t.Errorf("answer to garbage = %+v, want code 6", resp.Error)
+	}
+	c := client(t, sock)
+	r, err := c.call(context.Background(), "VERSION", addReq("c1", goodConf))
+	if err != nil || code(r) != types.ErrInvalidEnvironmentVariables || !strings.Contains(r.Error.Msg, "VERSION") {
+		t.Errorf("unknown command: %+v, %v; want code 4 naming it", r, err)
+	}
+	if r, err := c.call(context.Background(), CmdAdd, addReq("c1", goodConf)); err != nil || code(r) != 0 || len(r.Result) == 0 {
+		t.Errorf("ADD after bad requests: %+v, %v", r, err)
+	}
+	if got := be.snapshot(); strings.Join(got, ",") != "ADD c1" {
+		t.Errorf("backend calls = %v, want only the good ADD", got)
+	}
 }

@@ -18,10 +18,6 @@ const (
 	CmdGC     = "GC"
 )
 
-// SupportedVersions are the CNI spec versions whose configurations and
-// results seine accepts and produces, newest first.
-var SupportedVersions = []string{"1.1.0", "1.0.0", "0.4.0", "0.3.1", "0.3.0"}
-
 // Request is one parsed CNI invocation as the daemon sees it.
 type Request struct {
 	// Command is one of CmdAdd, CmdDel, CmdCheck, CmdStatus, CmdGC.
