@@ -66,3 +66,37 @@ func TestPluginRoleBeforeMain(t *testing.T) {
 		})
 	}
 }
+
+// TestPluginStartsEarly runs this test binary, which links the same
+// packages as seine, with GODEBUG=inittrace=1 (Go runtime, "Environment
+// Variables"): one line per package initializer that has run. As the plugin
+// the binary may run only a fraction of them before the plugin's
+// initializer exits: those sorting before it, and its imports (see package
+// plugin; an import such as path/filepath once put it behind 117 of 311).
+func TestPluginStartsEarly(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	inits := func(cniCommand string) int {
+		cmd := exec.Command(exe, "-test.run=^$")
+		cmd.Env = append(os.Environ(), "GODEBUG=inittrace=1", "CNI_COMMAND="+cniCommand)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("CNI_COMMAND=%q: %v; stderr: %s", cniCommand, err, stderr.String())
+		}
+		n := 0
+		for line := range strings.Lines(stderr.String()) {
+			if strings.HasPrefix(line, "init ") {
+				n++
+			}
+		}
+		return n
+	}
+	all, asPlugin := inits(""), inits("VERSION")
+	t.Logf("initializers before the plugin's: %d of %d", asPlugin, all)
+	if all < 100 || asPlugin*3 > all {
+		t.Errorf("the plugin runs after %d of the binary's %d initializers, want at most a third", asPlugin, all)
+	}
+}

@@ -18,6 +18,8 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/invoke"
+
+	"github.com/seine-net/seine/node/cni/wire"
 )
 
 const (
@@ -402,9 +404,6 @@ func atomicWrite(path string, r io.Reader, mode fs.FileMode) (err error) {
 	return os.Rename(tmp.Name(), path)
 }
 
-// seineVersions are the spec versions the seine plugin supports, newest first.
-var seineVersions = []string{"1.1.0", "1.0.0", "0.4.0", "0.3.1", "0.3.0"}
-
 // negotiateVersion asks every chained plugin for its supported versions
 // (CNI_COMMAND=VERSION) and returns the newest version all of them and
 // seine support. A runtime rejects a conflist whose version a plugin does
@@ -415,6 +414,7 @@ func negotiateVersion(o Options) (string, error) {
 	if len(dirs) == 0 {
 		dirs = []string{o.BinDir}
 	}
+	seineVersions := wire.SupportedVersions()
 	common := map[string]bool{}
 	for _, v := range seineVersions {
 		common[v] = true

@@ -4,16 +4,18 @@
 // JSON on stdout, or a CNI error object on stdout with exit status 1 (CNI
 // spec, section "Error").
 //
-// The seine binary is also the daemon, and Go runs the initializers of all
-// of its roughly 350 packages before main; they cost about 8 ms of CPU,
+// The seine binary is also the daemon, and Go runs the initializers of
+// about 310 of its packages before main; they cost about 8 ms of CPU,
 // paid on every exec. So the plugin does not wait for main: this package's
 // initializer runs the invocation and exits. Go initialises packages in
 // the order of their import paths, each once its imports are done (Go
 // spec, "Package initialization"), so this package and everything it
-// imports must stay clear of heavy packages and of package net, whose
-// vendored dependencies sort after the daemon's (TestImportsStayLight
-// guards that). With nothing else to wait for, seine-cni starts in about a
-// quarter of the daemon's start-up time (docs/benchmarks.md).
+// imports must stay clear of heavy packages, of package net, whose
+// vendored imports sort after every other path, and of any package whose
+// own initializer sorts late, such as path/filepath (TestImportsStayLight
+// here and TestPluginStartsEarly in package main guard that). With nothing
+// else to wait for, seine-cni starts in about a quarter of the daemon's
+// start-up time (docs/benchmarks.md).
 package plugin
 
 import (
@@ -23,7 +25,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -45,6 +46,7 @@ const (
 	codeInvalidEnvironment = 4
 	codeIOFailure          = 5
 	codeDecodingFailure    = 6
+	codeInvalidConfig      = 7
 	codeTryAgainLater      = 11
 	codeNotAvailable       = 50
 	codeInternal           = 999 // types.ErrInternal of the reference library
@@ -60,7 +62,9 @@ func init() {
 // executed as seine-cni, or with CNI_COMMAND set (runtimes execute the
 // plugin under the conflist's "type", which may be any name).
 func Invoked(argv0, cniCommand string) bool {
-	return filepath.Base(argv0) == "seine-cni" || cniCommand != ""
+	// Not filepath.Base: package path/filepath has an initializer of
+	// its own that sorts late, and would hold this package's back.
+	return argv0[strings.LastIndexByte(argv0, '/')+1:] == "seine-cni" || cniCommand != ""
 }
 
 // Run runs one CNI invocation: getenv gives the CNI_* parameters, stdin
@@ -74,12 +78,15 @@ func Run(getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) 
 			version.Version(), strings.Join(supported(), ", "))
 		return 0
 	}
-	conf, err := io.ReadAll(io.LimitReader(stdin, wire.MaxMessageBytes))
+	if cmd == "VERSION" {
+		return printVersion(stdout) // stdin is not needed (and may be a terminal)
+	}
+	conf, err := io.ReadAll(io.LimitReader(stdin, wire.MaxConfigBytes+1))
 	if err != nil {
 		return fail(stdout, nil, &wire.Error{Code: codeIOFailure, Msg: "reading the network configuration from stdin", Details: err.Error()})
 	}
-	if cmd == "VERSION" {
-		return printVersion(stdout)
+	if len(conf) > wire.MaxConfigBytes {
+		return fail(stdout, nil, &wire.Error{Code: codeInvalidConfig, Msg: fmt.Sprintf("network configuration on stdin exceeds %d bytes", wire.MaxConfigBytes)})
 	}
 	req := &wire.Request{
 		Command:     cmd,
@@ -106,10 +113,11 @@ func Run(getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) 
 
 // Forward sends req to the daemon whose socket the configuration names
 // (socketPath, default DefaultSocketPath) and returns the ADD result (nil
-// for the other commands) or the CNI error to report: the daemon's own, 6
-// for a configuration that is not JSON, 11 (try again later) when the
-// daemon cannot be reached or the exchange breaks off, and 50 (plugin not
-// available) for a STATUS the daemon cannot answer.
+// for the other commands) or the CNI error to report: the daemon's own; 4
+// for an unknown command; 6 for a configuration that is not JSON; when
+// the daemon's socket cannot be reached, 11 (try again later), or 50
+// (plugin not available) for STATUS (CNI spec, section "STATUS"); and 11
+// when the exchange breaks off.
 func Forward(ctx context.Context, req *wire.Request) (json.RawMessage, *wire.Error) {
 	switch req.Command {
 	case "ADD", "DEL", "CHECK", "STATUS", "GC":

@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -23,6 +22,7 @@ import (
 	// Its initializer runs the plugin when this binary is executed as one.
 	_ "github.com/seine-net/seine/node/cni/plugin"
 	"github.com/seine-net/seine/node/cni/server"
+	"github.com/seine-net/seine/node/cni/wire"
 )
 
 // The test binary doubles as the plugin: when a runtime (or a test)
@@ -38,7 +38,7 @@ import (
 func TestImportsStayLight(t *testing.T) {
 	gobin, err := exec.LookPath("go")
 	if err != nil {
-		gobin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		t.Fatalf("go list needs the go command: %v", err)
 	}
 	out, err := exec.Command(gobin, "list", "-deps", "-f", "{{.ImportPath}} {{.Standard}}", "github.com/seine-net/seine/node/cni/plugin").Output()
 	if err != nil {
@@ -353,6 +353,41 @@ func TestStatusAndVersion(t *testing.T) {
 	}
 	if err := json.Unmarshal(out, &vi); !ok || err != nil || strings.Join(vi.Supported, ",") != "0.3.0,0.3.1,0.4.0,1.0.0,1.1.0" {
 		t.Errorf("VERSION: ok=%v err=%v out=%s", ok, err, out)
+	}
+}
+
+// TestVersionIgnoresStdin: VERSION answers at once even when stdin never
+// ends (a terminal, or a runtime that keeps the pipe open).
+func TestVersionIgnoresStdin(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, exe)
+	cmd.Env = append(os.Environ(), "CNI_COMMAND=VERSION")
+	cmd.Stdin = r
+	out, err := cmd.Output()
+	if err != nil || !strings.Contains(string(out), "supportedVersions") {
+		t.Fatalf("VERSION with an open stdin: %v: %s", err, out)
+	}
+}
+
+// TestOversizedConfig: a configuration beyond wire.MaxConfigBytes is
+// refused as invalid (7), not retried as if the daemon were away.
+func TestOversizedConfig(t *testing.T) {
+	sock := startDaemon(t, &recordingBackend{})
+	big := `{"cniVersion":"1.0.0","name":"seine","type":"seine","socketPath":"` + sock + `","pad":"` + strings.Repeat("x", wire.MaxConfigBytes) + `"}`
+	out, ok := runPlugin(t, invocation{cmd: "ADD", containerID: "c1", conf: big})
+	if e := cniError(t, out); ok || e.Code != types.ErrInvalidNetworkConfig || !strings.Contains(e.Msg, "exceeds") {
+		t.Errorf("oversized config: ok=%v %+v", ok, e)
 	}
 }
 

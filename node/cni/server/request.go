@@ -8,6 +8,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/utils"
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/seine-net/seine/node/cni/wire"
@@ -26,6 +27,13 @@ var minVersion = map[string]string{
 // 7 for an invalid configuration, 1 for an unsupported cniVersion and 4 for
 // missing or malformed CNI_* parameters.
 func parseRequest(in *wire.Request) (*Request, *Error) {
+	if in.Version != wire.ProtocolVersion {
+		return nil, &Error{
+			Code:    types.ErrTryAgainLater,
+			Msg:     fmt.Sprintf("the plugin speaks seine CNI protocol version %d, this daemon version %d", in.Version, wire.ProtocolVersion),
+			Details: "plugin and daemon differ while an upgrade replaces them; the daemon's install-cni step installs the matching plugin",
+		}
+	}
 	cmd := in.Command
 	switch cmd {
 	case CmdAdd, CmdDel, CmdCheck, CmdStatus, CmdGC:
@@ -56,6 +64,15 @@ func parseRequest(in *wire.Request) (*Request, *Error) {
 		}
 		if req.Netns == "" && cmd != CmdDel {
 			return nil, &Error{Code: types.ErrInvalidEnvironmentVariables, Msg: "CNI_NETNS is required"}
+		}
+		// The reference library's rules (cni pkg/utils), which its
+		// plugin skeleton applies: container IDs and interface names
+		// end up in OVS external IDs, file names and link names.
+		if e := utils.ValidateContainerID(req.ContainerID); e != nil {
+			return nil, &Error{Code: e.Code, Msg: "CNI_CONTAINERID: " + e.Msg, Details: e.Details}
+		}
+		if e := utils.ValidateInterfaceName(req.IfName); e != nil {
+			return nil, &Error{Code: e.Code, Msg: "CNI_IFNAME: " + e.Msg, Details: e.Details}
 		}
 	}
 	if err := parseK8sArgs(in.Args, req); err != nil {
@@ -91,6 +108,9 @@ func parseNetConf(cmd string, raw []byte) (*NetConf, *Error) {
 	}
 	if conf.Name == "" {
 		return nil, &Error{Code: types.ErrInvalidNetworkConfig, Msg: "invalid network configuration: missing network name"}
+	}
+	if e := utils.ValidateNetworkName(conf.Name); e != nil {
+		return nil, &Error{Code: e.Code, Msg: "invalid network configuration: " + e.Msg, Details: e.Details}
 	}
 	if conf.Type == "" {
 		return nil, &Error{Code: types.ErrInvalidNetworkConfig, Msg: "invalid network configuration: missing plugin type"}

@@ -1,7 +1,8 @@
 // Package server is the node daemon's side of the seine CNI protocol
-// (package wire): a server on a root-only unix socket that validates each invocation the seine
-// CNI plugin forwards, hands it to a Backend, and returns the result encoded
-// in the cniVersion the runtime asked for, or a CNI error.
+// (package wire): a server on a root-only unix socket that validates each
+// invocation the seine CNI plugin forwards, hands it to a Backend, and
+// returns the result encoded in the cniVersion the runtime asked for, or a
+// CNI error.
 package server
 
 import (
@@ -43,7 +44,7 @@ type Option func(*Server)
 
 // WithRegistry registers the server's metrics on reg:
 // seine_cni_request_duration_seconds, a histogram labelled by command (ADD,
-// DEL, CHECK, STATUS, GC) and result ("success", or the CNI error code as a
+// DEL, CHECK, STATUS, GC, or "unknown" for anything else) and result ("success", or the CNI error code as a
 // decimal string), and seine_cni_errors_total, a counter of failed requests
 // labelled by command and code. Without this option the metrics are
 // collected but not exported.
@@ -104,8 +105,9 @@ func New(backend Backend, log *zap.Logger, opts ...Option) *Server {
 
 // Serve listens on socketPath and serves the seine CNI protocol (package
 // wire: one JSON request and one JSON response per connection) until ctx
-// ends; then it stops accepting, waits at most the shutdown grace for
-// in-flight requests, cancels the rest, and returns nil. It creates the
+// ends; then it stops accepting, waits the shutdown grace for in-flight
+// requests, cancels the rest, waits as long again for them to go, and
+// returns nil (or the error that stopped it accepting). It creates the
 // socket's parent directory with mode 0750, removes a stale socket left by
 // a previous daemon (but fails if a live server still answers on it, or if
 // the path is not a socket), and sets the socket's mode to 0600 so that
@@ -134,7 +136,8 @@ func (s *Server) Serve(ctx context.Context, socketPath string) error {
 				serveErr = fmt.Errorf("serving CNI on %s: %w", socketPath, err)
 				break
 			}
-			// Out of descriptors or memory: back off, as net/http does.
+			// Out of descriptors or memory: back off and retry,
+			// until ctx ends.
 			s.log.Warn("cni server: accept failed, retrying", zap.Error(err), zap.Duration("pause", pause))
 			time.Sleep(pause)
 			pause = min(2*pause, time.Second)
@@ -155,7 +158,12 @@ func (s *Server) Serve(ctx context.Context, socketPath string) error {
 	case <-time.After(s.grace):
 		s.log.Warn("cni server: in-flight requests did not finish in time, cancelling them", zap.Duration("grace", s.grace))
 		cancelRequests()
-		<-drained
+		select {
+		case <-drained:
+		case <-time.After(s.grace):
+			// A backend call that ignores its context: leave it.
+			s.log.Error("cni server: cancelled requests did not return, stopping without them", zap.Duration("grace", s.grace))
+		}
 	}
 	s.log.Info("cni server stopped", zap.String("socket", socketPath))
 	return serveErr
@@ -173,25 +181,38 @@ const (
 // up on it), so that the backend abandons and rolls back the work.
 func (s *Server) serveConn(ctx context.Context, conn net.Conn) {
 	defer conn.Close()
-	var resp *wire.Response
+	// Cancelling ctx (shutdown) also ends a read still in progress.
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetReadDeadline(time.Unix(1, 0)) })
+	defer stop()
 	var in wire.Request
 	_ = conn.SetReadDeadline(time.Now().Add(readTimeout))
 	dec := json.NewDecoder(io.LimitReader(conn, wire.MaxMessageBytes))
-	if err := dec.Decode(&in); err != nil {
-		s.log.Warn("cni request", zap.String("result", "error"), zap.Uint("error_code", types.ErrDecodingFailure),
-			zap.String("error", "malformed request"), zap.Error(err))
-		resp = &wire.Response{Error: &wire.Error{Code: types.ErrDecodingFailure, Msg: "malformed seine CNI request", Details: err.Error()}}
+	derr := dec.Decode(&in)
+	if errors.Is(derr, io.EOF) {
+		// Connected and closed without a byte: a liveness probe, such
+		// as a second daemon's check that this socket is in use.
+		s.log.Debug("cni server: connection closed without a request")
+		return
+	}
+	var resp *wire.Response
+	if derr != nil {
+		resp = s.handle(ctx, &in, derr)
 	} else {
 		_ = conn.SetReadDeadline(time.Time{})
 		ctx, cancel := context.WithCancel(ctx)
 		go func() {
-			// The plugin sends nothing more: this read returns when
-			// it closes the connection, or when serveConn does.
-			var b [1]byte
-			_, _ = conn.Read(b[:])
+			// The plugin sends nothing more: the read fails when it
+			// closes or shuts down its side, or when serveConn
+			// closes the connection.
+			var b [512]byte
+			for {
+				if _, err := conn.Read(b[:]); err != nil {
+					break
+				}
+			}
 			cancel()
 		}()
-		resp = s.handle(ctx, &in)
+		resp = s.handle(ctx, &in, nil)
 		cancel()
 	}
 	out, err := json.Marshal(resp)
@@ -207,16 +228,27 @@ func (s *Server) serveConn(ctx context.Context, conn net.Conn) {
 }
 
 // handle runs one command end to end; errors travel in the response.
-func (s *Server) handle(ctx context.Context, in *wire.Request) *wire.Response {
+// decodeErr is why in could not be decoded, if it could not.
+func (s *Server) handle(ctx context.Context, in *wire.Request, decodeErr error) *wire.Response {
 	start := time.Now()
-	cmd := in.Command
-	req, perr := parseRequest(in)
+	var req *Request
 	var out []byte
 	var err error
-	if perr != nil {
+	if decodeErr != nil {
+		err = &Error{Code: types.ErrDecodingFailure, Msg: "malformed seine CNI request", Err: decodeErr}
+	} else if r, perr := parseRequest(in); perr != nil {
 		err = perr
 	} else {
+		req = r
 		out, err = s.dispatch(ctx, req)
+	}
+	// The command labels metrics: only the five the spec names, so a
+	// client cannot make up label values.
+	cmd := in.Command
+	switch cmd {
+	case CmdAdd, CmdDel, CmdCheck, CmdStatus, CmdGC:
+	default:
+		cmd = "unknown"
 	}
 	cerr := toCNIError(err)
 	elapsed := time.Since(start)

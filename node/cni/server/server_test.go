@@ -209,14 +209,17 @@ func TestValidationErrors(t *testing.T) {
 		req  *wire.Request
 		code uint
 	}{
-		{"bad json", addReq("c1", `{"cniVersion":`), (types.ErrDecodingFailure)},
-		{"no name", addReq("c1", `{"cniVersion":"1.0.0","type":"seine"}`), (types.ErrInvalidNetworkConfig)},
-		{"bad mtu", addReq("c1", `{"cniVersion":"1.0.0","name":"n","type":"seine","mtu":70000}`), (types.ErrInvalidNetworkConfig)},
-		{"old version", addReq("c1", `{"cniVersion":"0.2.0","name":"n","type":"seine"}`), (types.ErrIncompatibleCNIVersion)},
-		{"future version", addReq("c1", `{"cniVersion":"2.0.0","name":"n","type":"seine"}`), (types.ErrIncompatibleCNIVersion)},
-		{"no version", addReq("c1", `{"name":"n","type":"seine"}`), (types.ErrIncompatibleCNIVersion)},
-		{"no container id", addReq("", goodConf), (types.ErrInvalidEnvironmentVariables)},
-		{"bad args", &wire.Request{ContainerID: "c1", Netns: "/n", IfName: "eth0", Args: "K8S_POD_NAME", Config: []byte(goodConf)}, (types.ErrInvalidEnvironmentVariables)},
+		{"bad json", addReq("c1", `{"cniVersion":`), types.ErrDecodingFailure},
+		{"no name", addReq("c1", `{"cniVersion":"1.0.0","type":"seine"}`), types.ErrInvalidNetworkConfig},
+		{"bad mtu", addReq("c1", `{"cniVersion":"1.0.0","name":"n","type":"seine","mtu":70000}`), types.ErrInvalidNetworkConfig},
+		{"old version", addReq("c1", `{"cniVersion":"0.2.0","name":"n","type":"seine"}`), types.ErrIncompatibleCNIVersion},
+		{"future version", addReq("c1", `{"cniVersion":"2.0.0","name":"n","type":"seine"}`), types.ErrIncompatibleCNIVersion},
+		{"no version", addReq("c1", `{"name":"n","type":"seine"}`), types.ErrIncompatibleCNIVersion},
+		{"no container id", addReq("", goodConf), types.ErrInvalidEnvironmentVariables},
+		{"slash in container id", addReq("c/1", goodConf), types.ErrInvalidEnvironmentVariables},
+		{"long ifname", &wire.Request{ContainerID: "c1", Netns: "/n", IfName: "eth0-much-too-long", Config: []byte(goodConf)}, types.ErrInvalidEnvironmentVariables},
+		{"bad network name", addReq("c1", `{"cniVersion":"1.0.0","name":"a b","type":"seine"}`), types.ErrInvalidNetworkConfig},
+		{"bad args", &wire.Request{ContainerID: "c1", Netns: "/n", IfName: "eth0", Args: "K8S_POD_NAME", Config: []byte(goodConf)}, types.ErrInvalidEnvironmentVariables},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -354,7 +357,7 @@ func TestParseRequestPodArgsAndPrevResult(t *testing.T) {
 	conf := `{"cniVersion":"1.0.0","name":"n","type":"seine","mtu":1400,"runtimeConfig":{"portMappings":[]},
 	  "prevResult":{"cniVersion":"1.0.0","ips":[{"address":"10.1.2.3/24"}]}}`
 	req, perr := parseRequest(&wire.Request{
-		Command: CmdCheck, ContainerID: "c1", Netns: "/n", IfName: "eth0",
+		Version: wire.ProtocolVersion, Command: CmdCheck, ContainerID: "c1", Netns: "/n", IfName: "eth0",
 		Args:   "IgnoreUnknown=1;K8S_POD_NAMESPACE=kube-system;K8S_POD_NAME=dns-1;K8S_POD_INFRA_CONTAINER_ID=c1;K8S_POD_UID=u-1",
 		Config: []byte(conf),
 	})
@@ -523,6 +526,19 @@ func TestMalformedRequests(t *testing.T) {
 	if code(&resp) != types.ErrDecodingFailure || !strings.Contains(resp.Error.Msg, "malformed") {
 		t.Errorf("answer to garbage = %+v, want code 6", resp.Error)
 	}
+	// A request of another protocol version (here none) is refused.
+	conn2, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn2.Close()
+	if _, err := conn2.Write([]byte(`{"command":"ADD","containerID":"c9","netns":"/n","ifName":"eth0"}`)); err != nil {
+		t.Fatal(err)
+	}
+	resp = wire.Response{}
+	if err := json.NewDecoder(conn2).Decode(&resp); err != nil || code(&resp) != types.ErrTryAgainLater || !strings.Contains(resp.Error.Msg, "protocol version 0") {
+		t.Errorf("answer to a version 0 request = %+v, %v; want code 11 naming the versions", resp.Error, err)
+	}
 	c := client(t, sock)
 	r, err := c.call(context.Background(), "VERSION", addReq("c1", goodConf))
 	if err != nil || code(r) != types.ErrInvalidEnvironmentVariables || !strings.Contains(r.Error.Msg, "VERSION") {
@@ -533,5 +549,66 @@ func TestMalformedRequests(t *testing.T) {
 	}
 	if got := be.snapshot(); strings.Join(got, ",") != "ADD c1" {
 		t.Errorf("backend calls = %v, want only the good ADD", got)
+	}
+}
+
+// slowBackend's Add takes a while and fails if its context ends first.
+type slowBackend struct{ blockingBackend }
+
+func (b *slowBackend) Add(ctx context.Context, req *Request) (*current.Result, error) {
+	select {
+	case <-time.After(200 * time.Millisecond):
+		return &current.Result{CNIVersion: current.ImplementedSpecVersion}, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// TestTrailingBytesDoNotCancel: bytes after the request (a client ending it
+// with a newline) are not a close; only the end of the connection cancels.
+// Unknown commands are counted under "unknown", never under a label the
+// client made up.
+func TestTrailingBytesDoNotCancel(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	sock := startServer(t, New(&slowBackend{}, zaptest.NewLogger(t), WithRegistry(reg)))
+	conn, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	req, _ := json.Marshal(&wire.Request{Version: wire.ProtocolVersion, Command: CmdAdd, ContainerID: "c1", Netns: "/n", IfName: "eth0", Config: []byte(goodConf)})
+	if _, err := conn.Write(append(req, '\n')); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if _, err := conn.Write([]byte("\n")); err != nil {
+		t.Fatal(err)
+	}
+	var resp wire.Response
+	if err := json.NewDecoder(conn).Decode(&resp); err != nil || code(&resp) != 0 {
+		t.Fatalf("ADD with trailing newlines: %+v, %v", resp.Error, err)
+	}
+	if _, err := client(t, sock).call(context.Background(), "BOGUS", addReq("c2", goodConf)); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var commands []string
+	for _, mf := range mfs {
+		if mf.GetName() != "seine_cni_errors_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "command" {
+					commands = append(commands, l.GetValue())
+				}
+			}
+		}
+	}
+	if strings.Join(commands, ",") != "unknown" {
+		t.Errorf("error series by command = %v, want only unknown", commands)
 	}
 }

@@ -5,14 +5,15 @@
 // one Request as a JSON object and reads one Response, a JSON object the
 // daemon writes before closing the connection. One connection carries one
 // CNI invocation. The plugin keeps its side open until it has read the
-// answer: closing the connection, or shutting down its write side, before
-// then abandons the request, and the daemon cancels the work in progress
-// (an ADD rolls back). Both messages are at most MaxMessageBytes long. To
+// answer and sends nothing more: closing the connection, or shutting down
+// its write side, before then abandons the request, and the daemon cancels
+// the work in progress (an ADD rolls back). Both messages are at most MaxMessageBytes long. To
 // ask a daemon by hand whether it serves ADDs (config is the plugin's
 // network configuration, base64-encoded):
 //
 //	conf=$(printf '{"cniVersion":"1.1.0","name":"seine","type":"seine"}' | base64 -w0)
-//	echo '{"command":"STATUS","config":"'$conf'"}' | socat -t5 - UNIX-CONNECT:/var/run/seine/cni.sock
+//	echo '{"version":1,"command":"STATUS","config":"'$conf'"}' |
+//	  socat -t5 - UNIX-CONNECT:/var/run/seine/cni.sock,shut-none
 //
 // The package imports nothing but a few standard packages that initialise
 // early, none that pull in package net: the plugin runs from a package
@@ -31,13 +32,27 @@ import (
 	"time"
 )
 
-// MaxMessageBytes bounds a Request or a Response on the wire, 4 MiB: a
-// network configuration with a prevResult and runtimeConfig is a few KiB.
-const MaxMessageBytes = 4 << 20
+// Size limits. A network configuration with a prevResult and
+// runtimeConfig is a few KiB.
+const (
+	// MaxConfigBytes bounds the network configuration, 1 MiB.
+	MaxConfigBytes = 1 << 20
+	// MaxMessageBytes bounds a Request or a Response on the wire, 4 MiB
+	// (a Request carries the configuration in base64).
+	MaxMessageBytes = 4 << 20
+)
+
+// ProtocolVersion is the version of this protocol, sent in every Request.
+// A daemon refuses a request of another version with CNI error 11 (try
+// again later): plugin and daemon differ only while an upgrade replaces
+// them.
+const ProtocolVersion = 1
 
 // Request is one CNI invocation: the CNI_* parameters and stdin (CNI spec,
 // section "Parameters").
 type Request struct {
+	// Version is the sender's ProtocolVersion.
+	Version int `json:"version"`
 	// Command is CNI_COMMAND: ADD, DEL, CHECK, STATUS or GC (VERSION is
 	// answered by the plugin itself).
 	Command string `json:"command"`
@@ -51,9 +66,8 @@ type Request struct {
 	Args string `json:"args,omitempty"`
 	// Path is CNI_PATH, the colon-separated plugin search path.
 	Path string `json:"path,omitempty"`
-	// Config is the network configuration exactly as read from stdin
-	// (base64 in JSON, so that even undecodable input reaches the daemon,
-	// which reports it with CNI error 6).
+	// Config is the network configuration exactly as read from stdin,
+	// byte for byte (base64 in JSON), at most MaxConfigBytes.
 	Config []byte `json:"config"`
 }
 
@@ -105,6 +119,7 @@ type ConnectError struct {
 	Err error
 }
 
+// Error returns "cannot connect to <socket>: <cause>".
 func (e *ConnectError) Error() string {
 	return fmt.Sprintf("cannot connect to %s: %v", e.Socket, e.Err)
 }
@@ -121,7 +136,9 @@ func (e *ConnectError) Unwrap() error { return e.Err }
 // non-blocking descriptor) rather than package net; see the package
 // documentation for why.
 func Call(ctx context.Context, socket string, req *Request) (*Response, error) {
-	body, err := json.Marshal(req)
+	r := *req
+	r.Version = ProtocolVersion
+	body, err := json.Marshal(&r)
 	if err != nil {
 		return nil, fmt.Errorf("encoding request: %w", err)
 	}
@@ -133,12 +150,8 @@ func Call(ctx context.Context, socket string, req *Request) (*Response, error) {
 		return nil, err
 	}
 	defer conn.Close()
-	if dl, ok := ctx.Deadline(); ok {
-		if err := conn.SetDeadline(dl); err != nil {
-			return nil, fmt.Errorf("setting the call deadline: %w", err)
-		}
-	}
-	// Ending ctx interrupts a read or write in progress.
+	// Ending ctx (its deadline included) interrupts a read or write in
+	// progress, so the error names ctx's end.
 	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 
@@ -177,7 +190,7 @@ func callError(ctx context.Context, what string, err error) error {
 func dial(ctx context.Context, path string) (*os.File, error) {
 	fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_NONBLOCK|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
-		return nil, &ConnectError{Socket: path, Err: os.NewSyscallError("socket", err)}
+		return nil, os.NewSyscallError("socket", err)
 	}
 	deadline := time.Now().Add(ConnectTimeout)
 	for pause := time.Millisecond; ; pause = min(2*pause, 50*time.Millisecond) {
