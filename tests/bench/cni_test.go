@@ -449,26 +449,37 @@ func (m *cniMeter) cpu() map[string]time.Duration {
 		"ovs-vswitchd": filepath.Join(m.node.OVSRunDir, "ovs-vswitchd.pid"),
 		"ovsdb-server": filepath.Join(m.node.OVSRunDir, "ovsdb-server.pid"),
 	} {
-		raw, err := os.ReadFile(pidfile)
+		d, err := processCPU(pidfile)
 		if err != nil {
 			m.b.Fatal(err)
 		}
-		stat, err := os.ReadFile("/proc/" + strings.TrimSpace(string(raw)) + "/stat")
-		if err != nil {
-			m.b.Fatal(err)
-		}
-		// Fields after the command (which may hold spaces): state is 3,
-		// utime 14 and stime 15, in clock ticks (USER_HZ, 100 on Linux).
-		f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+2:]))
-		ut, _ := strconv.ParseUint(f[11], 10, 64)
-		st, _ := strconv.ParseUint(f[12], 10, 64)
-		out[proc] = time.Duration(ut+st) * 10 * time.Millisecond
+		out[proc] = d
 	}
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_CHILDREN, &ru); err == nil {
 		out["plugins"] = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	}
 	return out
+}
+
+// processCPU returns the CPU time (user + system, all threads) so far of
+// the process whose pid pidfile holds, at the kernel's clock-tick
+// resolution (10 ms).
+func processCPU(pidfile string) (time.Duration, error) {
+	raw, err := os.ReadFile(pidfile)
+	if err != nil {
+		return 0, err
+	}
+	stat, err := os.ReadFile("/proc/" + strings.TrimSpace(string(raw)) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	// Fields after the command (which may hold spaces): state is 3,
+	// utime 14 and stime 15, in clock ticks (USER_HZ, 100 on Linux).
+	f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+2:]))
+	ut, _ := strconv.ParseUint(f[11], 10, 64)
+	st, _ := strconv.ParseUint(f[12], 10, 64)
+	return time.Duration(ut+st) * 10 * time.Millisecond, nil
 }
 
 // leftovers counts what attachments leave on the Node: IP allocations,

@@ -282,6 +282,13 @@ func subtablesPerHit(stats string) float64 {
 // streams and returns the received throughput in Gbit/s.
 func iperf3Run(b *testing.B, serverNS, clientNS, dst string, streams int) float64 {
 	b.Helper()
+	gbps, _ := iperf3Transfer(b, serverNS, clientNS, dst, streams)
+	return gbps
+}
+
+// iperf3Transfer is iperf3Run returning the bytes received too.
+func iperf3Transfer(b *testing.B, serverNS, clientNS, dst string, streams int) (gbps, bytes float64) {
+	b.Helper()
 	srv := exec.Command("ip", "netns", "exec", serverNS, "iperf3", "-s", "-1", "-p", "5201")
 	if err := srv.Start(); err != nil {
 		b.Fatal(err)
@@ -304,13 +311,14 @@ func iperf3Run(b *testing.B, serverNS, clientNS, dst string, streams int) float6
 		End struct {
 			SumReceived struct {
 				BitsPerSecond float64 `json:"bits_per_second"`
+				Bytes         float64 `json:"bytes"`
 			} `json:"sum_received"`
 		} `json:"end"`
 	}
 	if err := json.Unmarshal(out, &r); err != nil {
 		b.Fatal(err)
 	}
-	return r.End.SumReceived.BitsPerSecond / 1e9
+	return r.End.SumReceived.BitsPerSecond / 1e9, r.End.SumReceived.Bytes
 }
 
 // tcprrRun runs tcprr for dpRRSeconds and returns p50 and p99 in µs.
