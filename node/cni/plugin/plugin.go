@@ -119,9 +119,7 @@ func Run(getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) 
 // (plugin not available) for STATUS (CNI spec, section "STATUS"); and 11
 // when the exchange breaks off.
 func Forward(ctx context.Context, req *wire.Request) (json.RawMessage, *wire.Error) {
-	switch req.Command {
-	case "ADD", "DEL", "CHECK", "STATUS", "GC":
-	default:
+	if !wire.Forwarded(req.Command) {
 		return nil, &wire.Error{Code: codeInvalidEnvironment, Msg: fmt.Sprintf("unknown CNI_COMMAND %q", req.Command)}
 	}
 	var conf struct {

@@ -35,9 +35,7 @@ func parseRequest(in *wire.Request) (*Request, *Error) {
 		}
 	}
 	cmd := in.Command
-	switch cmd {
-	case CmdAdd, CmdDel, CmdCheck, CmdStatus, CmdGC:
-	default:
+	if !wire.Forwarded(cmd) {
 		return nil, &Error{Code: types.ErrInvalidEnvironmentVariables, Msg: fmt.Sprintf("unknown CNI command %q", cmd)}
 	}
 	conf, err := parseNetConf(cmd, in.Config)

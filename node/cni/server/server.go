@@ -44,8 +44,9 @@ type Option func(*Server)
 
 // WithRegistry registers the server's metrics on reg:
 // seine_cni_request_duration_seconds, a histogram labelled by command (ADD,
-// DEL, CHECK, STATUS, GC, or "unknown" for anything else) and result ("success", or the CNI error code as a
-// decimal string), and seine_cni_errors_total, a counter of failed requests
+// DEL, CHECK, STATUS, GC, or "unknown" for anything else) and result
+// ("success", or the CNI error code as a decimal string), and
+// seine_cni_errors_total, a counter of failed requests
 // labelled by command and code. Without this option the metrics are
 // collected but not exported.
 func WithRegistry(reg *prometheus.Registry) Option {
@@ -245,9 +246,7 @@ func (s *Server) handle(ctx context.Context, in *wire.Request, decodeErr error) 
 	// The command labels metrics: only the five the spec names, so a
 	// client cannot make up label values.
 	cmd := in.Command
-	switch cmd {
-	case CmdAdd, CmdDel, CmdCheck, CmdStatus, CmdGC:
-	default:
+	if !wire.Forwarded(cmd) {
 		cmd = "unknown"
 	}
 	cerr := toCNIError(err)

@@ -99,6 +99,17 @@ func (e *Error) Error() string {
 	return e.Msg + "; " + e.Details
 }
 
+// Forwarded reports whether command is one the plugin forwards to the
+// daemon: ADD, DEL, CHECK, STATUS or GC (CNI spec, section "Parameters";
+// VERSION the plugin answers itself).
+func Forwarded(command string) bool {
+	switch command {
+	case "ADD", "DEL", "CHECK", "STATUS", "GC":
+		return true
+	}
+	return false
+}
+
 // SupportedVersions returns the CNI spec versions whose configurations and
 // results seine accepts and produces, newest first.
 func SupportedVersions() []string {
