@@ -23,7 +23,6 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
-	"github.com/containernetworking/plugins/pkg/ip"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
@@ -359,17 +358,24 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 	// A leftover host veth of an earlier failed attempt would make the
 	// pair creation fail; remove it first.
 	_ = deleteLink(hostName)
-	var hostIf, podIf net.Interface
-	err = podNS.Do(func(hostNS ns.NetNS) error {
-		var err error
-		hostIf, podIf, err = ip.SetupVethWithName(req.IfName, hostName, mtu, "", hostNS)
-		if err != nil {
-			return fmt.Errorf("creating veth pair: %w", err)
+	host, err := createVeth(podNS, hostName, req.IfName, mtu)
+	if err != nil {
+		return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "configuring the Pod interface: %w", err)
+	}
+	undo.add(func() {
+		if err := deleteLink(hostName); err != nil {
+			b.log.Error("rollback: deleting veth", zap.String("veth", hostName), zap.Error(err))
 		}
+	})
+	// The Pod's end is configured and up before the host end comes up,
+	// so the host end's carrier and state change in one notification.
+	var podIf net.Interface
+	err = podNS.Do(func(ns.NetNS) error {
 		link, err := netlink.LinkByName(req.IfName)
 		if err != nil {
 			return err
 		}
+		podIf = interfaceOf(link)
 		if err := netlink.AddrAdd(link, &netlink.Addr{IPNet: podAddr}); err != nil {
 			return fmt.Errorf("adding %s to %s: %w", podAddr, req.IfName, err)
 		}
@@ -395,13 +401,6 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 		}
 		return nil
 	})
-	if hostIf.Name != "" || err != nil {
-		undo.add(func() {
-			if err := deleteLink(hostName); err != nil {
-				b.log.Error("rollback: deleting veth", zap.String("veth", hostName), zap.Error(err))
-			}
-		})
-	}
 	if err != nil {
 		return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "configuring the Pod interface: %w", err)
 	}
@@ -410,6 +409,10 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 			return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "%w", err)
 		}
 	}
+	if err := netlink.LinkSetUp(host); err != nil {
+		return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "bringing up %s: %w", hostName, err)
+	}
+	hostIf := interfaceOf(host)
 
 	st.done(StepVeth)
 

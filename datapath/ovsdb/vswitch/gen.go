@@ -5,4 +5,4 @@
 // `go generate ./datapath/ovsdb/vswitch/`; do not edit the generated files.
 package vswitch
 
-//go:generate go run github.com/ovn-org/libovsdb/cmd/modelgen -p vswitch -o . vswitch.ovsschema
+//go:generate go run github.com/ovn-org/libovsdb/cmd/modelgen -extended -p vswitch -o . vswitch.ovsschema

@@ -1,0 +1,77 @@
+package podnet
+
+import (
+	"errors"
+	"fmt"
+	"net"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// createVeth creates a Pod's veth pair from the daemon's own network
+// namespace: hostName stays here, its peer podIfName is created directly
+// in podNS, both with mtu. It returns the host end, still down.
+//
+// The host end is a bridge port and nothing more, so before it comes up
+// it is made ready for ovs-vswitchd:
+//   - It generates no IPv6 address (IFLA_INET6_ADDR_GEN_MODE none; ip-link
+//     addrgenmode). Otherwise the kernel gives it a link-local address,
+//     runs duplicate address detection from it into the bridge, and
+//     announces the address about two seconds later. (Writing the
+//     disable_ipv6 sysctl instead costs the kernel about 0.6 ms a Pod.)
+//   - It is put in promiscuous mode, which ovs-vswitchd sets on every port
+//     it opens anyway (dpif-netdev).
+//
+// Both matter because ovs-vswitchd reconfigures every bridge, each port's
+// state read back from the kernel, on any link or address notification
+// in its namespace (vswitchd/bridge.c, bridge_run: if_notifier_changed).
+// Done first, they cost it no reconfiguration of their own, and the
+// kernel then has one fewer notification per Pod for it.
+//
+// The caller deletes hostName on a later failure; an error here leaves
+// nothing behind. A podIfName that already exists in podNS fails with
+// the kernel's EEXIST, wrapped.
+func createVeth(podNS ns.NetNS, hostName, podIfName string, mtu int) (netlink.Link, error) {
+	attrs := netlink.NewLinkAttrs()
+	attrs.Name = hostName
+	attrs.MTU = mtu
+	veth := &netlink.Veth{LinkAttrs: attrs, PeerName: podIfName, PeerNamespace: netlink.NsFd(podNS.Fd())}
+	if err := netlink.LinkAdd(veth); err != nil {
+		return nil, fmt.Errorf("creating veth pair %s, %s in %s: %w", hostName, podIfName, podNS.Path(), err)
+	}
+	host, err := netlink.LinkByName(hostName)
+	if err == nil {
+		err = prepareHostEnd(host)
+	}
+	if err != nil {
+		_ = netlink.LinkDel(veth)
+		return nil, fmt.Errorf("veth %s: %w", hostName, err)
+	}
+	return host, nil
+}
+
+// prepareHostEnd keeps the host end of a Pod's veth from generating IPv6
+// addresses and makes it promiscuous (see createVeth). A kernel without
+// IPv6 refuses the address generation mode with EAFNOSUPPORT, which is
+// fine.
+func prepareHostEnd(host netlink.Link) error {
+	if err := netlink.LinkSetIP6AddrGenMode(host, in6AddrGenModeNone); err != nil && !errors.Is(err, unix.EAFNOSUPPORT) {
+		return fmt.Errorf("IPv6 address generation mode: %w", err)
+	}
+	if err := netlink.SetPromiscOn(host); err != nil {
+		return fmt.Errorf("promiscuous mode: %w", err)
+	}
+	return nil
+}
+
+// in6AddrGenModeNone is IN6_ADDR_GEN_MODE_NONE (linux/if_link.h), which
+// golang.org/x/sys/unix does not name.
+const in6AddrGenModeNone = 1
+
+// interfaceOf returns link as the CNI result's interface description.
+func interfaceOf(link netlink.Link) net.Interface {
+	a := link.Attrs()
+	return net.Interface{Index: a.Index, MTU: a.MTU, Name: a.Name, HardwareAddr: a.HardwareAddr, Flags: a.Flags}
+}
