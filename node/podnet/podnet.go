@@ -355,10 +355,16 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 	}
 	routes := gatewayRoutes(br.GatewayIP, routeMTU)
 
+	// The Pod end's MAC is chosen here, so that the port's flows and
+	// external_ids need not wait for the Pod's end to be configured.
+	podMAC, err := randomMAC()
+	if err != nil {
+		return nil, cniserver.Errorf(cniserver.ErrCodeInternal, "choosing the Pod's MAC: %w", err)
+	}
 	// A leftover host veth of an earlier failed attempt would make the
 	// pair creation fail; remove it first.
 	_ = deleteLink(hostName)
-	host, err := createVeth(podNS, hostName, req.IfName, mtu)
+	host, err := createVeth(podNS, hostName, req.IfName, podMAC, mtu)
 	if err != nil {
 		return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "configuring the Pod interface: %w", err)
 	}
@@ -367,64 +373,28 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 			b.log.Error("rollback: deleting veth", zap.String("veth", hostName), zap.Error(err))
 		}
 	})
-	// The Pod's end is configured and up before the host end comes up,
-	// so the host end's carrier and state change in one notification.
-	var podIf net.Interface
-	err = podNS.Do(func(ns.NetNS) error {
-		link, err := netlink.LinkByName(req.IfName)
-		if err != nil {
-			return err
-		}
-		podIf = interfaceOf(link)
-		if err := netlink.AddrAdd(link, &netlink.Addr{IPNet: podAddr}); err != nil {
-			return fmt.Errorf("adding %s to %s: %w", podAddr, req.IfName, err)
-		}
-		if err := netlink.LinkSetUp(link); err != nil {
-			return fmt.Errorf("bringing up %s: %w", req.IfName, err)
-		}
-		for _, r := range routes {
-			nr := &netlink.Route{LinkIndex: link.Attrs().Index, Dst: &r.Dst, Gw: r.GW, MTU: r.MTU}
-			if r.Scope != nil {
-				nr.Scope = netlink.Scope(*r.Scope)
-			}
-			if err := netlink.RouteAdd(nr); err != nil {
-				return fmt.Errorf("route %s: %w", r, err)
-			}
-		}
-		if b.cfg.DisableTxChecksum {
-			if err := offload.DisableTx(req.IfName); err != nil {
-				return err
-			}
-		}
-		if limits.EgressRate > 0 {
-			return bandwidth.Shape(req.IfName, limits.EgressRate, limits.EgressBurst)
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "configuring the Pod interface: %w", err)
-	}
-	if b.cfg.DisableTxChecksum {
-		if err := offload.DisableTx(hostName); err != nil {
-			return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "%w", err)
-		}
-	}
-	if err := netlink.LinkSetUp(host); err != nil {
-		return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "bringing up %s: %w", hostName, err)
-	}
 	hostIf := interfaceOf(host)
-
 	st.done(StepVeth)
 
-	podMAC := podIf.HardwareAddr
+	// The Pod's end is configured while the host end becomes a port:
+	// ovs-vswitchd can open a port that is still down.
+	podEnd := make(chan error, 1)
+	go func() {
+		podEnd <- b.configurePodEnd(podNS, req.IfName, podAddr, routes, limits.EgressRate, limits.EgressBurst, host)
+	}()
 	var extra map[string]string
 	if limits.IngressRate > 0 {
 		extra = map[string]string{ExtIDIngressBandwidth: fmt.Sprintf("%d/%d", limits.IngressRate, limits.IngressBurst)}
 	}
 	port, err := b.attach(ctx, req, hostName, podIP, podMAC, extra, &undo, st, durable)
+	// Waited for in any case: the rollback must not race it.
+	if perr := <-podEnd; perr != nil {
+		return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "configuring the Pod interface: %w", perr)
+	}
 	if err != nil {
 		return nil, err
 	}
+	st.done(StepPodInterface)
 	// ovs-vswitchd resets the root qdisc of a port it adds: the host
 	// end is shaped once it is a port.
 	if limits.IngressRate > 0 {
@@ -456,6 +426,58 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 		IPs:    []*current.IPConfig{{Address: *podAddr, Gateway: br.GatewayIP, Interface: &idx}},
 		Routes: routes,
 	}, nil
+}
+
+// configurePodEnd configures the Pod's end of a new veth pair inside
+// podNS (address, routes, checksum offload, egress shaping at rate/burst,
+// bits/s and bits, when rate is set) and brings it up, then brings host,
+// the host end, up: last, so that its state and carrier change in one
+// notification (see createVeth).
+func (b *Backend) configurePodEnd(podNS ns.NetNS, ifName string, addr *net.IPNet, routes []*types.Route,
+	rate, burst uint64, host netlink.Link) error {
+	err := podNS.Do(func(ns.NetNS) error {
+		link, err := netlink.LinkByName(ifName)
+		if err != nil {
+			return err
+		}
+		if err := netlink.AddrAdd(link, &netlink.Addr{IPNet: addr}); err != nil {
+			return fmt.Errorf("adding %s to %s: %w", addr, ifName, err)
+		}
+		if err := netlink.LinkSetUp(link); err != nil {
+			return fmt.Errorf("bringing up %s: %w", ifName, err)
+		}
+		for _, r := range routes {
+			nr := &netlink.Route{LinkIndex: link.Attrs().Index, Dst: &r.Dst, Gw: r.GW, MTU: r.MTU}
+			if r.Scope != nil {
+				nr.Scope = netlink.Scope(*r.Scope)
+			}
+			if err := netlink.RouteAdd(nr); err != nil {
+				return fmt.Errorf("route %s: %w", r, err)
+			}
+		}
+		if b.cfg.DisableTxChecksum {
+			if err := offload.DisableTx(ifName); err != nil {
+				return err
+			}
+		}
+		if rate > 0 {
+			return bandwidth.Shape(ifName, rate, burst)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	name := host.Attrs().Name
+	if b.cfg.DisableTxChecksum {
+		if err := offload.DisableTx(name); err != nil {
+			return err
+		}
+	}
+	if err := netlink.LinkSetUp(host); err != nil {
+		return fmt.Errorf("bringing up %s: %w", name, err)
+	}
+	return nil
 }
 
 // runtimeConfig returns the port mappings and bandwidth limits the runtime

@@ -15,8 +15,8 @@ const (
 	// StepIPAM is reserving the Pod's address (in memory; its write to
 	// disk starts then).
 	StepIPAM = "ipam"
-	// StepVeth is creating the veth pair and configuring the Pod's end
-	// (address, route, MTU, checksum offload).
+	// StepVeth is creating the veth pair (the Pod's end is configured
+	// while the later steps run: StepPodInterface).
 	StepVeth = "veth"
 	// StepOVSDB is the OVSDB transaction that adds the port, until
 	// ovsdb-server confirms it.
@@ -33,20 +33,25 @@ const (
 	StepIPAMSync = "ipam_sync"
 	// StepPolicy is waiting for the Pod's NetworkPolicies to be realized.
 	StepPolicy = "policy"
+	// StepPodInterface is what is left, after the policy, of configuring
+	// the Pod's end of the veth (address, routes, MTU, checksum offload,
+	// egress shaping) and bringing both ends up, which runs from
+	// StepOVSDB on.
+	StepPodInterface = "pod_interface"
 	// StepHostPorts is mapping the Pod's hostPorts (one nftables
 	// transaction; only Pods that have hostPorts).
 	StepHostPorts = "hostports"
 )
 
 // Steps lists the step labels in order.
-var Steps = []string{StepIPAM, StepVeth, StepOVSDB, StepApply, StepOFPort, StepFlows, StepIPAMSync, StepPolicy, StepHostPorts}
+var Steps = []string{StepIPAM, StepVeth, StepOVSDB, StepApply, StepOFPort, StepFlows, StepIPAMSync, StepPolicy, StepPodInterface, StepHostPorts}
 
 // newStepHistogram returns seine_cni_add_step_duration_seconds, registered
 // on reg when reg is not nil (an already registered one is reused).
 func newStepHistogram(reg prometheus.Registerer) *prometheus.HistogramVec {
 	h := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "seine_cni_add_step_duration_seconds",
-		Help:    "Time one CNI ADD spent in each step (ipam, veth, ovsdb_transaction, vswitchd_apply, ofport, flows, ipam_sync, policy, hostports), successful ADDs only.",
+		Help:    "Time one CNI ADD spent in each step (ipam, veth, ovsdb_transaction, vswitchd_apply, ofport, flows, ipam_sync, policy, pod_interface, hostports), successful ADDs only.",
 		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 	}, []string{"step"})
 	if reg == nil {

@@ -1,6 +1,7 @@
 package podnet
 
 import (
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"net"
@@ -11,8 +12,9 @@ import (
 )
 
 // createVeth creates a Pod's veth pair from the daemon's own network
-// namespace: hostName stays here, its peer podIfName is created directly
-// in podNS, both with mtu. It returns the host end, still down.
+// namespace: hostName stays here, its peer podIfName (with podMAC) is
+// created directly in podNS, both with mtu. It returns the host end,
+// still down.
 //
 // The host end is a bridge port and nothing more, so before it comes up
 // it is made ready for ovs-vswitchd:
@@ -33,11 +35,12 @@ import (
 // The caller deletes hostName on a later failure; an error here leaves
 // nothing behind. A podIfName that already exists in podNS fails with
 // the kernel's EEXIST, wrapped.
-func createVeth(podNS ns.NetNS, hostName, podIfName string, mtu int) (netlink.Link, error) {
+func createVeth(podNS ns.NetNS, hostName, podIfName string, podMAC net.HardwareAddr, mtu int) (netlink.Link, error) {
 	attrs := netlink.NewLinkAttrs()
 	attrs.Name = hostName
 	attrs.MTU = mtu
-	veth := &netlink.Veth{LinkAttrs: attrs, PeerName: podIfName, PeerNamespace: netlink.NsFd(podNS.Fd())}
+	veth := &netlink.Veth{LinkAttrs: attrs, PeerName: podIfName,
+		PeerHardwareAddr: podMAC, PeerNamespace: netlink.NsFd(podNS.Fd())}
 	if err := netlink.LinkAdd(veth); err != nil {
 		return nil, fmt.Errorf("creating veth pair %s, %s in %s: %w", hostName, podIfName, podNS.Path(), err)
 	}
@@ -69,6 +72,18 @@ func prepareHostEnd(host netlink.Link) error {
 // in6AddrGenModeNone is IN6_ADDR_GEN_MODE_NONE (linux/if_link.h), which
 // golang.org/x/sys/unix does not name.
 const in6AddrGenModeNone = 1
+
+// randomMAC returns a random unicast, locally administered MAC address
+// (IEEE 802: bit 0 of the first octet clear, bit 1 set), as the kernel
+// gives a veth end it is not told the address of.
+func randomMAC() (net.HardwareAddr, error) {
+	mac := make(net.HardwareAddr, 6)
+	if _, err := rand.Read(mac); err != nil {
+		return nil, err
+	}
+	mac[0] = mac[0]&^0x01 | 0x02
+	return mac, nil
+}
 
 // interfaceOf returns link as the CNI result's interface description.
 func interfaceOf(link netlink.Link) net.Interface {

@@ -2,6 +2,7 @@ package podnet
 
 import (
 	"errors"
+	"net"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -17,7 +18,7 @@ import (
 // TestCreateVeth creates a Pod's veth pair from a fresh namespace standing
 // in for the host's: the host end stays there, down, promiscuous and with
 // no IPv6 address generation; the Pod's end is in the Pod's namespace
-// with the requested name and MTU. Once both ends are up the host end
+// with the requested name, MAC and MTU. Once both ends are up the host end
 // still has no IPv6 address. A second pair whose Pod end would clash
 // fails with EEXIST and leaves no host end behind.
 func TestCreateVeth(t *testing.T) {
@@ -31,7 +32,14 @@ func TestCreateVeth(t *testing.T) {
 			_ = testutils.UnmountNS(podNS)
 		}()
 
-		if _, err := createVeth(podNS, "svtest0", "eth0", 1400); err != nil {
+		mac, err := randomMAC()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if mac[0]&0x03 != 0x02 {
+			t.Errorf("MAC %s is not unicast and locally administered", mac)
+		}
+		if _, err := createVeth(podNS, "svtest0", "eth0", mac, 1400); err != nil {
 			t.Fatal(err)
 		}
 		host, err := netlink.LinkByName("svtest0")
@@ -39,7 +47,7 @@ func TestCreateVeth(t *testing.T) {
 			t.Fatal(err)
 		}
 		a := host.Attrs()
-		if a.Name != "svtest0" || a.MTU != 1400 || a.Promisc != 1 || a.Flags&(1<<0) != 0 {
+		if a.Name != "svtest0" || a.MTU != 1400 || a.Promisc != 1 || a.Flags&net.FlagUp != 0 {
 			t.Errorf("host end: name %s, MTU %d, promisc %d, flags %v; want svtest0, 1400, promiscuous, down",
 				a.Name, a.MTU, a.Promisc, a.Flags)
 		}
@@ -58,8 +66,8 @@ func TestCreateVeth(t *testing.T) {
 		}); err != nil {
 			t.Fatalf("Pod end: %v", err)
 		}
-		if pod.Attrs().MTU != 1400 {
-			t.Errorf("Pod end MTU %d, want 1400", pod.Attrs().MTU)
+		if pod.Attrs().MTU != 1400 || pod.Attrs().HardwareAddr.String() != mac.String() {
+			t.Errorf("Pod end MTU %d, MAC %s; want 1400, %s", pod.Attrs().MTU, pod.Attrs().HardwareAddr, mac)
 		}
 		if err := netlink.LinkSetUp(host); err != nil {
 			t.Fatal(err)
@@ -74,7 +82,7 @@ func TestCreateVeth(t *testing.T) {
 			t.Errorf("host end has IPv6 addresses %v, want none", addrs)
 		}
 
-		_, err = createVeth(podNS, "svtest1", "eth0", 1400)
+		_, err = createVeth(podNS, "svtest1", "eth0", mac, 1400)
 		if !errors.Is(err, syscall.EEXIST) {
 			t.Errorf("second pair with the same Pod end: err %v, want EEXIST", err)
 		}
