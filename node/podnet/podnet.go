@@ -20,6 +20,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"syscall"
 
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
@@ -355,16 +356,22 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 	}
 	routes := gatewayRoutes(br.GatewayIP, routeMTU)
 
-	// The Pod end's MAC is chosen here, so that the port's flows and
-	// external_ids need not wait for the Pod's end to be configured.
+	// The MACs are chosen here, so that the port's flows and external_ids
+	// need not wait for the Pod's end to be configured, nor the result
+	// for a lookup.
 	podMAC, err := randomMAC()
-	if err != nil {
-		return nil, cniserver.Errorf(cniserver.ErrCodeInternal, "choosing the Pod's MAC: %w", err)
+	hostMAC, err2 := randomMAC()
+	if err = errors.Join(err, err2); err != nil {
+		return nil, cniserver.Errorf(cniserver.ErrCodeInternal, "choosing the veth's MACs: %w", err)
 	}
-	// A leftover host veth of an earlier failed attempt would make the
-	// pair creation fail; remove it first.
-	_ = deleteLink(hostName)
-	host, err := createVeth(podNS, hostName, req.IfName, podMAC, mtu)
+	host, err := createVeth(podNS, hostName, hostMAC, req.IfName, podMAC, mtu)
+	if errors.Is(err, syscall.EEXIST) {
+		// Perhaps the host end of an earlier failed attempt: remove it
+		// and try once more (a clash in the Pod's namespace stays).
+		if derr := deleteLink(hostName); derr == nil {
+			host, err = createVeth(podNS, hostName, hostMAC, req.IfName, podMAC, mtu)
+		}
+	}
 	if err != nil {
 		return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "configuring the Pod interface: %w", err)
 	}

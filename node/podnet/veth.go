@@ -12,9 +12,9 @@ import (
 )
 
 // createVeth creates a Pod's veth pair from the daemon's own network
-// namespace: hostName stays here, its peer podIfName (with podMAC) is
-// created directly in podNS, both with mtu. It returns the host end,
-// still down.
+// namespace: hostName (with hostMAC) stays here, its peer podIfName
+// (with podMAC) is created directly in podNS, both with mtu. It returns
+// the host end, still down.
 //
 // The host end is a bridge port and nothing more, so before it comes up
 // it is made ready for ovs-vswitchd:
@@ -35,24 +35,22 @@ import (
 // The caller deletes hostName on a later failure; an error here leaves
 // nothing behind. A podIfName that already exists in podNS fails with
 // the kernel's EEXIST, wrapped.
-func createVeth(podNS ns.NetNS, hostName, podIfName string, podMAC net.HardwareAddr, mtu int) (netlink.Link, error) {
+func createVeth(podNS ns.NetNS, hostName string, hostMAC net.HardwareAddr, podIfName string, podMAC net.HardwareAddr, mtu int) (netlink.Link, error) {
 	attrs := netlink.NewLinkAttrs()
 	attrs.Name = hostName
+	attrs.HardwareAddr = hostMAC
 	attrs.MTU = mtu
 	veth := &netlink.Veth{LinkAttrs: attrs, PeerName: podIfName,
 		PeerHardwareAddr: podMAC, PeerNamespace: netlink.NsFd(podNS.Fd())}
+	// LinkAdd looks the new link up for its index.
 	if err := netlink.LinkAdd(veth); err != nil {
 		return nil, fmt.Errorf("creating veth pair %s, %s in %s: %w", hostName, podIfName, podNS.Path(), err)
 	}
-	host, err := netlink.LinkByName(hostName)
-	if err == nil {
-		err = prepareHostEnd(host)
-	}
-	if err != nil {
+	if err := prepareHostEnd(veth); err != nil {
 		_ = netlink.LinkDel(veth)
 		return nil, fmt.Errorf("veth %s: %w", hostName, err)
 	}
-	return host, nil
+	return veth, nil
 }
 
 // prepareHostEnd keeps the host end of a Pod's veth from generating IPv6

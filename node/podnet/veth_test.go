@@ -1,23 +1,28 @@
 package podnet
 
 import (
+	"context"
 	"errors"
 	"net"
+	"os"
 	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
+	"go.uber.org/zap/zaptest"
 
+	cniserver "github.com/seine-net/seine/node/cni/server"
 	"github.com/seine-net/seine/tests/netnstest"
 )
 
 // TestCreateVeth creates a Pod's veth pair from a fresh namespace standing
-// in for the host's: the host end stays there, down, promiscuous and with
-// no IPv6 address generation; the Pod's end is in the Pod's namespace
+// in for the host's: the host end stays there with its MAC, down,
+// promiscuous and with no IPv6 address generation; the Pod's end is in the Pod's namespace
 // with the requested name, MAC and MTU. Once both ends are up the host end
 // still has no IPv6 address. A second pair whose Pod end would clash
 // fails with EEXIST and leaves no host end behind.
@@ -36,10 +41,14 @@ func TestCreateVeth(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		hostMAC, err := randomMAC()
+		if err != nil {
+			t.Fatal(err)
+		}
 		if mac[0]&0x03 != 0x02 {
 			t.Errorf("MAC %s is not unicast and locally administered", mac)
 		}
-		if _, err := createVeth(podNS, "svtest0", "eth0", mac, 1400); err != nil {
+		if _, err := createVeth(podNS, "svtest0", hostMAC, "eth0", mac, 1400); err != nil {
 			t.Fatal(err)
 		}
 		host, err := netlink.LinkByName("svtest0")
@@ -47,9 +56,9 @@ func TestCreateVeth(t *testing.T) {
 			t.Fatal(err)
 		}
 		a := host.Attrs()
-		if a.Name != "svtest0" || a.MTU != 1400 || a.Promisc != 1 || a.Flags&net.FlagUp != 0 {
-			t.Errorf("host end: name %s, MTU %d, promisc %d, flags %v; want svtest0, 1400, promiscuous, down",
-				a.Name, a.MTU, a.Promisc, a.Flags)
+		if a.Name != "svtest0" || a.MTU != 1400 || a.Promisc != 1 || a.Flags&net.FlagUp != 0 || a.HardwareAddr.String() != hostMAC.String() {
+			t.Errorf("host end: name %s, MTU %d, promisc %d, flags %v, MAC %s; want svtest0, 1400, promiscuous, down, %s",
+				a.Name, a.MTU, a.Promisc, a.Flags, a.HardwareAddr, hostMAC)
 		}
 		out, err := exec.Command("ip", "-d", "link", "show", "svtest0").CombinedOutput()
 		if err != nil || !strings.Contains(string(out), "addrgenmode none") {
@@ -82,7 +91,7 @@ func TestCreateVeth(t *testing.T) {
 			t.Errorf("host end has IPv6 addresses %v, want none", addrs)
 		}
 
-		_, err = createVeth(podNS, "svtest1", "eth0", mac, 1400)
+		_, err = createVeth(podNS, "svtest1", hostMAC, "eth0", mac, 1400)
 		if !errors.Is(err, syscall.EEXIST) {
 			t.Errorf("second pair with the same Pod end: err %v, want EEXIST", err)
 		}
@@ -90,4 +99,54 @@ func TestCreateVeth(t *testing.T) {
 			t.Error("the failed pair left its host end svtest1")
 		}
 	})
+}
+
+// TestAddOverLeftovers adds Pods on a real bridge where earlier attempts
+// left things behind. A host end of the same name (as an ADD that died
+// before its rollback leaves) is replaced, and the ADD succeeds. An
+// interface that already has the requested name in the Pod's namespace
+// fails the ADD with the datapath error naming it, and the ADD leaves
+// nothing behind.
+func TestAddOverLeftovers(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (links, OVS)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	h := newHarness(t, ctx, zaptest.NewLogger(t))
+
+	req := h.request(0, h.netns().Path())
+	stale := HostVethName(req.ContainerID, req.IfName)
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: stale}, PeerName: "lo" + h.prefix[1:9]}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = deleteLink(stale) })
+	res, err := h.be.Add(ctx, req)
+	if err != nil {
+		t.Fatalf("ADD over a leftover host end: %v", err)
+	}
+	if link, err := netlink.LinkByName(stale); err != nil || link.Attrs().HardwareAddr.String() != res.Interfaces[0].Mac {
+		t.Errorf("host end %s after the ADD: %v %v, want the new veth with MAC %s", stale, link, err, res.Interfaces[0].Mac)
+	}
+	if _, err := netlink.LinkByName("lo" + h.prefix[1:9]); err == nil {
+		t.Error("the leftover pair is still there")
+	}
+	if err := h.be.Del(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+
+	podNS := h.netns()
+	if err := podNS.Do(func(ns.NetNS) error {
+		return netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "eth1"})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = h.be.Add(ctx, h.request(1, podNS.Path()))
+	var cerr *cniserver.Error
+	if !errors.As(err, &cerr) || cerr.Code != cniserver.ErrCodeDatapath || !strings.Contains(cerr.Msg, "eth0") || !errors.Is(err, syscall.EEXIST) {
+		t.Errorf("ADD with eth0 taken in the Pod's namespace: %v, want a datapath error naming eth0, wrapping EEXIST", err)
+	}
+	if left := h.leftovers(ctx); len(left) != 0 {
+		t.Errorf("left behind: %v", left)
+	}
 }
