@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -71,47 +72,72 @@ var cniLevels = []int{1, 10, 50, 200}
 // as P-cN-cpu-<process>-ms. After each level every attachment is DELeted
 // and the benchmark fails if an IP, OVS port or Pod flow is left.
 //
-// With SEINE_BENCH_BASELINE=<seine binary> the same is measured first for
-// that binary ("baseline"), then for bin/seine ("current").
+// With SEINE_BENCH_BASELINE=<seine binary> that binary ("baseline") runs
+// on a second sandbox beside bin/seine's ("current"), and the two take
+// turns level by level: every level runs cniRounds times on each, the
+// order alternating between rounds, so the machine's drift over the run
+// falls on both alike. Figures pool the rounds (percentiles over every
+// ADD, ADDs/s over the summed wall time, step and CPU means over every
+// ADD).
 func BenchmarkCNIAddConcurrent(b *testing.B) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	var meters []*cniMeter
 	if base := os.Getenv(envBaseline); base != "" {
-		b.Run("baseline", func(b *testing.B) { cniAddConcurrent(b, "bcnb", base) })
+		meters = append(meters, newCNIMeter(ctx, b, "baseline", "bcnb", base))
 	}
-	b.Run("current", func(b *testing.B) { cniAddConcurrent(b, "bcnc", filepath.Join(repoRoot(), "bin", "seine")) })
+	meters = append(meters, newCNIMeter(ctx, b, "current", "bcnc", filepath.Join(repoRoot(), "bin", "seine")))
+	for round := range cniRounds {
+		order := slices.Clone(meters)
+		if round%2 == 1 {
+			slices.Reverse(order)
+		}
+		for _, path := range []string{"cni", "daemon"} {
+			for _, level := range cniLevels {
+				for _, m := range order {
+					if slices.Contains(m.paths, path) {
+						m.level(ctx, path, level, m.nss[:max(level, 50)], nil)
+					}
+				}
+			}
+		}
+	}
+	// Once: it stops each Node's kubelet and creates Pods for good.
+	for _, m := range meters {
+		m.policyLevel(ctx, m.cluster, m.nss[:50], m.paths)
+	}
+	for _, m := range meters {
+		b.Run(m.name, func(b *testing.B) { m.report(b) })
+	}
 }
 
-func cniAddConcurrent(b *testing.B, name, binary string) {
+// cniRounds is how many times each level runs on each binary.
+const cniRounds = 3
+
+// newCNIMeter brings up sandbox name, one Node running binary, and
+// returns the meter that measures it under label (the sub-benchmark's
+// name).
+func newCNIMeter(ctx context.Context, b *testing.B, label, name, binary string) *cniMeter {
 	c := upWith(b, name, 1, binary)
 	node := c.Nodes()[0]
 	cc, err := c.CNI(node.Name, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
-	defer cancel()
-	m := &cniMeter{b: b, node: node, cc: cc, plugin: daemonPluginConf(b, node)}
+	m := &cniMeter{b: b, name: label, cluster: c, node: node, cc: cc, plugin: daemonPluginConf(b, node),
+		paths: []string{"cni", "daemon"}, results: map[string]*levelResult{}}
 	m.before = m.leftovers()
-	paths := []string{"cni", "daemon"}
 	if !speaksWire(ctx, m.plugin) {
 		// A baseline from before the wire protocol (gRPC until
 		// 2026-11-26): the in-process client cannot call it.
 		b.Logf("%s does not speak the current plugin protocol: measuring the cni path only", binary)
-		paths = paths[:1]
+		m.paths = m.paths[:1]
 	}
-	nss := make([]string, cniLevels[len(cniLevels)-1])
-	for i := range nss {
-		nss[i] = netns(b, fmt.Sprintf("seine-%s-%03d", name, i))
+	m.nss = make([]string, cniLevels[len(cniLevels)-1])
+	for i := range m.nss {
+		m.nss[i] = netns(b, fmt.Sprintf("seine-%s-%03d", name, i))
 	}
-	for i := 0; i < b.N; i++ {
-		for _, path := range paths {
-			for _, level := range cniLevels {
-				m.level(ctx, path, level, nss[:max(level, 50)], nil)
-			}
-		}
-		if i == 0 { // it stops the kubelet and creates Pods for good
-			m.policyLevel(ctx, c, nss[:50], paths)
-		}
-	}
+	return m
 }
 
 // upWith is up with a given seine binary.
@@ -183,12 +209,55 @@ func speaksWire(ctx context.Context, conf []byte) bool {
 
 // cniMeter runs and measures ADD levels on one Node.
 type cniMeter struct {
-	b      *testing.B
-	node   sandbox.Node
-	cc     *sandbox.CNIClient
-	plugin []byte
-	before map[string]int
-	seq    int
+	b       *testing.B
+	name    string
+	cluster *sandbox.Cluster
+	node    sandbox.Node
+	cc      *sandbox.CNIClient
+	plugin  []byte
+	paths   []string // "cni", and "daemon" when the daemon speaks package wire
+	nss     []string // Pod network namespaces, one per ADD of the largest level
+	before  map[string]int
+	seq     int
+	results map[string]*levelResult // by label, e.g. "cni-c50"
+	labels  []string                // in the order first measured
+}
+
+// levelResult is what every run of one level measured, summed.
+type levelResult struct {
+	lat   []time.Duration // of every ADD
+	wall  time.Duration   // of every run, each from its first ADD's start to its last ADD's end
+	steps map[string]stepSum
+	cpu   map[string]time.Duration
+}
+
+// result returns the accumulator of label, creating it.
+func (m *cniMeter) result(label string) *levelResult {
+	r := m.results[label]
+	if r == nil {
+		r = &levelResult{steps: map[string]stepSum{}, cpu: map[string]time.Duration{}}
+		m.results[label] = r
+		m.labels = append(m.labels, label)
+	}
+	return r
+}
+
+// report reports every level measured (see level for the metrics).
+func (m *cniMeter) report(b *testing.B) {
+	for _, label := range m.labels {
+		r := m.results[label]
+		b.ReportMetric(ms(percentile(r.lat, 0.5)), label+"-p50-ms")
+		b.ReportMetric(ms(percentile(r.lat, 0.99)), label+"-p99-ms")
+		b.ReportMetric(float64(len(r.lat))/r.wall.Seconds(), label+"-adds/s")
+		for step, d := range r.steps {
+			if d.count > 0 {
+				b.ReportMetric(d.sum/float64(d.count)*1000, label+"-"+step+"-ms")
+			}
+		}
+		for proc, t := range r.cpu {
+			b.ReportMetric(ms(t)/float64(len(r.lat)), label+"-cpu-"+proc+"-ms")
+		}
+	}
 }
 
 // attachment is one ADD of a level.
@@ -197,8 +266,9 @@ type attachment struct {
 	args      [][2]string // K8S_POD_* for the policy level
 }
 
-// level runs len(nss) ADDs along path with n in flight, reports, DELs them
-// all and checks nothing is left.
+// level runs len(nss) ADDs along path with n in flight, adds what it
+// measured to the level's result, DELs them all and checks nothing is
+// left.
 func (m *cniMeter) level(ctx context.Context, path string, n int, nss []string, args func(i int) [][2]string) {
 	b := m.b
 	label := fmt.Sprintf("%s-c%d", path, n)
@@ -237,19 +307,20 @@ func (m *cniMeter) level(ctx context.Context, path string, n int, nss []string, 
 			b.Fatalf("%s: ADD %d: %v", label, i, err)
 		}
 	}
-	b.ReportMetric(ms(percentile(lat, 0.5)), label+"-p50-ms")
-	b.ReportMetric(ms(percentile(lat, 0.99)), label+"-p99-ms")
-	b.ReportMetric(float64(len(atts))/wall.Seconds(), label+"-adds/s")
+	r := m.result(label)
+	r.lat = append(r.lat, lat...)
+	r.wall += wall
 	for step, d := range steps1 {
 		if c := d.count - steps0[step].count; c > 0 {
-			b.ReportMetric((d.sum-steps0[step].sum)/float64(c)*1000, label+"-"+step+"-ms")
+			acc := r.steps[step]
+			r.steps[step] = stepSum{sum: acc.sum + d.sum - steps0[step].sum, count: acc.count + c}
 		}
 	}
 	for proc, t := range cpu1 {
 		if (path == "daemon" || strings.HasSuffix(path, "-daemon")) && proc == "plugins" {
 			continue
 		}
-		b.ReportMetric(ms(t-cpu0[proc])/float64(len(atts)), label+"-cpu-"+proc+"-ms")
+		r.cpu[proc] += t - cpu0[proc]
 	}
 
 	for i := range atts {
