@@ -380,6 +380,13 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 			b.log.Error("rollback: deleting veth", zap.String("veth", hostName), zap.Error(err))
 		}
 	})
+	// Before the host end is a port: ovs-vswitchd may read its offloads
+	// when it opens it.
+	if b.cfg.DisableTxChecksum {
+		if err := offload.DisableTx(hostName); err != nil {
+			return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "%w", err)
+		}
+	}
 	hostIf := interfaceOf(host)
 	st.done(StepVeth)
 
@@ -475,14 +482,8 @@ func (b *Backend) configurePodEnd(podNS ns.NetNS, ifName string, addr *net.IPNet
 	if err != nil {
 		return err
 	}
-	name := host.Attrs().Name
-	if b.cfg.DisableTxChecksum {
-		if err := offload.DisableTx(name); err != nil {
-			return err
-		}
-	}
 	if err := netlink.LinkSetUp(host); err != nil {
-		return fmt.Errorf("bringing up %s: %w", name, err)
+		return fmt.Errorf("bringing up %s: %w", host.Attrs().Name, err)
 	}
 	return nil
 }
