@@ -366,8 +366,9 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 	}
 	host, err := createVeth(podNS, hostName, hostMAC, req.IfName, podMAC, mtu)
 	if errors.Is(err, syscall.EEXIST) {
-		// Perhaps the host end of an earlier failed attempt: remove it
-		// and try once more (a clash in the Pod's namespace stays).
+		// Perhaps the host end of an attempt that died before its
+		// rollback (its Pod end goes with it): remove it and try once
+		// more. A clash in the Pod's namespace alone fails again.
 		if derr := deleteLink(hostName); derr == nil {
 			host, err = createVeth(podNS, hostName, hostMAC, req.IfName, podMAC, mtu)
 		}
@@ -401,12 +402,14 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 		extra = map[string]string{ExtIDIngressBandwidth: fmt.Sprintf("%d/%d", limits.IngressRate, limits.IngressBurst)}
 	}
 	port, err := b.attach(ctx, req, hostName, podIP, podMAC, extra, &undo, st, durable)
-	// Waited for in any case: the rollback must not race it.
-	if perr := <-podEnd; perr != nil {
-		return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "configuring the Pod interface: %w", perr)
-	}
+	// Waited for in any case: the rollback must not race it. attach's
+	// error comes first: its code may tell the runtime to try again.
+	perr := <-podEnd
 	if err != nil {
 		return nil, err
+	}
+	if perr != nil {
+		return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "configuring the Pod interface: %w", perr)
 	}
 	st.done(StepPodInterface)
 	// ovs-vswitchd resets the root qdisc of a port it adds: the host
@@ -445,8 +448,8 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 // configurePodEnd configures the Pod's end of a new veth pair inside
 // podNS (address, routes, checksum offload, egress shaping at rate/burst,
 // bits/s and bits, when rate is set) and brings it up, then brings host,
-// the host end, up: last, so that its state and carrier change in one
-// notification (see createVeth).
+// the host end, up: last, so that it comes up with its carrier, its peer
+// being up already.
 func (b *Backend) configurePodEnd(podNS ns.NetNS, ifName string, addr *net.IPNet, routes []*types.Route,
 	rate, burst uint64, host netlink.Link) error {
 	err := podNS.Do(func(ns.NetNS) error {

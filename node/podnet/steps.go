@@ -34,7 +34,7 @@ const (
 	// StepPolicy is waiting for the Pod's NetworkPolicies to be realized.
 	StepPolicy = "policy"
 	// StepPodInterface is what is left, after the policy, of configuring
-	// the Pod's end of the veth (address, routes, MTU, checksum offload,
+	// the Pod's end of the veth (address, routes, checksum offload,
 	// egress shaping) and bringing both ends up, which runs from
 	// StepOVSDB on.
 	StepPodInterface = "pod_interface"

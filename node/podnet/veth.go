@@ -23,8 +23,9 @@ import (
 //     runs duplicate address detection from it into the bridge, and
 //     announces the address about two seconds later. (Writing the
 //     disable_ipv6 sysctl instead costs the kernel about 0.6 ms a Pod.)
-//   - It is put in promiscuous mode, which ovs-vswitchd sets on every port
-//     it opens anyway (dpif-netdev).
+//   - It is put in promiscuous mode, which OVS sets on every port it adds
+//     anyway (dpif-netdev on the userspace datapath, the openvswitch
+//     module's netdev vport on the kernel one).
 //
 // Both matter because ovs-vswitchd reconfigures every bridge, each port's
 // state read back from the kernel, on any link or address notification
@@ -35,7 +36,7 @@ import (
 // instead of four).
 //
 // The caller deletes hostName on a later failure; an error here leaves
-// nothing behind. A podIfName that already exists in podNS fails with
+// nothing behind, or says it could not delete the pair again. A podIfName that already exists in podNS fails with
 // the kernel's EEXIST, wrapped.
 func createVeth(podNS ns.NetNS, hostName string, hostMAC net.HardwareAddr, podIfName string, podMAC net.HardwareAddr, mtu int) (netlink.Link, error) {
 	attrs := netlink.NewLinkAttrs()
@@ -49,7 +50,9 @@ func createVeth(podNS ns.NetNS, hostName string, hostMAC net.HardwareAddr, podIf
 		return nil, fmt.Errorf("creating veth pair %s, %s in %s: %w", hostName, podIfName, podNS.Path(), err)
 	}
 	if err := prepareHostEnd(veth); err != nil {
-		_ = netlink.LinkDel(veth)
+		if derr := netlink.LinkDel(veth); derr != nil {
+			err = errors.Join(err, fmt.Errorf("deleting it again: %w", derr))
+		}
 		return nil, fmt.Errorf("veth %s: %w", hostName, err)
 	}
 	return veth, nil

@@ -24,7 +24,7 @@ import (
 // in for the host's: the host end stays there with its MAC, down,
 // promiscuous and with no IPv6 address generation; the Pod's end is in the Pod's namespace
 // with the requested name, MAC and MTU. Once both ends are up the host end
-// still has no IPv6 address. A second pair whose Pod end would clash
+// gets no IPv6 address. A second pair whose Pod end would clash
 // fails with EEXIST and leaves no host end behind.
 func TestCreateVeth(t *testing.T) {
 	netnstest.Run(t, func() {
@@ -81,14 +81,20 @@ func TestCreateVeth(t *testing.T) {
 		if err := netlink.LinkSetUp(host); err != nil {
 			t.Fatal(err)
 		}
-		// The kernel adds a link-local address (tentative) as soon as an
-		// interface that generates one has a carrier.
-		addrs, err := netlink.AddrList(host, netlink.FAMILY_V6)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(addrs) != 0 {
-			t.Errorf("host end has IPv6 addresses %v, want none", addrs)
+		// The kernel adds a link-local address up to a few seconds after
+		// an interface that generates one gets its carrier (it waits for
+		// the link to settle), so absence is watched for 3 seconds.
+		if _, err := os.Stat("/proc/sys/net/ipv6"); err == nil {
+			for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+				addrs, err := netlink.AddrList(host, netlink.FAMILY_V6)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(addrs) != 0 {
+					t.Errorf("host end has IPv6 addresses %v, want none", addrs)
+					break
+				}
+			}
 		}
 
 		_, err = createVeth(podNS, "svtest1", hostMAC, "eth0", mac, 1400)
@@ -145,6 +151,46 @@ func TestAddOverLeftovers(t *testing.T) {
 	var cerr *cniserver.Error
 	if !errors.As(err, &cerr) || cerr.Code != cniserver.ErrCodeDatapath || !strings.Contains(cerr.Msg, "eth0") || !errors.Is(err, syscall.EEXIST) {
 		t.Errorf("ADD with eth0 taken in the Pod's namespace: %v, want a datapath error naming eth0, wrapping EEXIST", err)
+	}
+	if left := h.leftovers(ctx); len(left) != 0 {
+		t.Errorf("left behind: %v", left)
+	}
+}
+
+// TestAddRollsBackWhenThePodEndFails adds a Pod whose namespace already
+// has a default route, so configuring the Pod's end fails (EEXIST) while
+// the host end is attached to the bridge concurrently. The ADD fails with
+// the datapath error naming the route, and the rollback leaves no IP, OVS
+// port, flow or veth.
+func TestAddRollsBackWhenThePodEndFails(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (links, OVS)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	h := newHarness(t, ctx, zaptest.NewLogger(t))
+	podNS := h.netns()
+	if err := podNS.Do(func(ns.NetNS) error {
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "x0", Flags: net.FlagUp}, PeerName: "x1"}); err != nil {
+			return err
+		}
+		x0, err := netlink.LinkByName("x0")
+		if err != nil {
+			return err
+		}
+		addr, _ := netlink.ParseAddr("198.18.255.1/30")
+		if err := netlink.AddrAdd(x0, addr); err != nil {
+			return err
+		}
+		return netlink.RouteAdd(&netlink.Route{LinkIndex: x0.Attrs().Index, Gw: net.ParseIP("198.18.255.2")})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := h.be.Add(ctx, h.request(0, podNS.Path()))
+	var cerr *cniserver.Error
+	if !errors.As(err, &cerr) || cerr.Code != cniserver.ErrCodeDatapath || !strings.Contains(cerr.Msg, "route") ||
+		!errors.Is(err, syscall.EEXIST) {
+		t.Errorf("ADD into a namespace that has a default route: %v, want a datapath error about the route, wrapping EEXIST", err)
 	}
 	if left := h.leftovers(ctx); len(left) != 0 {
 		t.Errorf("left behind: %v", left)

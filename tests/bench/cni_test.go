@@ -39,9 +39,11 @@ import (
 	"github.com/seine-net/seine/tests/sandbox"
 )
 
-// envBaseline names a seine binary (an older build) to measure first, in
-// the same run, on a sandbox of its own: BenchmarkCNIAddConcurrent then
-// reports it under the sub-benchmark "baseline" next to "current".
+// envBaseline names a seine binary (an older build) that a benchmark
+// measures in the same run as bin/seine, on a sandbox of its own, and
+// reports under the sub-benchmark "baseline" next to "current"
+// (BenchmarkCNIAddConcurrent takes turns between the two; the others
+// measure the baseline first).
 const envBaseline = "SEINE_BENCH_BASELINE"
 
 // cniLevels are the numbers of ADDs in flight at once.
@@ -76,9 +78,11 @@ var cniLevels = []int{1, 10, 50, 200}
 // on a second sandbox beside bin/seine's ("current"), and the two take
 // turns level by level: every level runs cniRounds times on each, the
 // order alternating between rounds, so the machine's drift over the run
-// falls on both alike. Figures pool the rounds (percentiles over every
-// ADD, ADDs/s over the summed wall time, step and CPU means over every
-// ADD).
+// falls on both alike (the policy level runs once on each, baseline
+// first). Figures pool the rounds (percentiles over every ADD, ADDs/s
+// over the summed wall time, step and CPU means over every ADD). The
+// parent benchmark measures; the sub-benchmarks only report, so run it
+// with -benchtime 1x and select it whole.
 func BenchmarkCNIAddConcurrent(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
@@ -111,8 +115,9 @@ func BenchmarkCNIAddConcurrent(b *testing.B) {
 	}
 }
 
-// cniRounds is how many times each level runs on each binary.
-const cniRounds = 3
+// cniRounds is how many times each level runs on each binary: even, so
+// that each goes first equally often.
+const cniRounds = 4
 
 // newCNIMeter brings up sandbox name, one Node running binary, and
 // returns the meter that measures it under label (the sub-benchmark's
