@@ -388,7 +388,6 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 			return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "%w", err)
 		}
 	}
-	hostIf := interfaceOf(host)
 	st.done(StepVeth)
 
 	// The Pod's end is configured while the host end becomes a port:
@@ -437,7 +436,7 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 	return &current.Result{
 		CNIVersion: current.ImplementedSpecVersion,
 		Interfaces: []*current.Interface{
-			{Name: hostIf.Name, Mac: hostIf.HardwareAddr.String()},
+			{Name: hostName, Mac: hostMAC.String()},
 			{Name: req.IfName, Mac: podMAC.String(), Sandbox: req.Netns},
 		},
 		IPs:    []*current.IPConfig{{Address: *podAddr, Gateway: br.GatewayIP, Interface: &idx}},

@@ -87,9 +87,3 @@ func randomMAC() (net.HardwareAddr, error) {
 	mac[0] = mac[0]&^0x01 | 0x02
 	return mac, nil
 }
-
-// interfaceOf returns link as the CNI result's interface description.
-func interfaceOf(link netlink.Link) net.Interface {
-	a := link.Attrs()
-	return net.Interface{Index: a.Index, MTU: a.MTU, Name: a.Name, HardwareAddr: a.HardwareAddr, Flags: a.Flags}
-}

@@ -108,7 +108,7 @@ func BenchmarkCNIAddConcurrent(b *testing.B) {
 	}
 	// Once: it stops each Node's kubelet and creates Pods for good.
 	for _, m := range meters {
-		m.policyLevel(ctx, m.cluster, m.nss[:50], m.paths)
+		m.policyLevel(ctx, m.nss[:50])
 	}
 	for _, m := range meters {
 		b.Run(m.name, func(b *testing.B) { m.report(b) })
@@ -225,7 +225,6 @@ type cniMeter struct {
 	before  map[string]int
 	seq     int
 	results map[string]*levelResult // by label, e.g. "cni-c50"
-	labels  []string                // in the order first measured
 }
 
 // levelResult is what every run of one level measured, summed.
@@ -242,15 +241,14 @@ func (m *cniMeter) result(label string) *levelResult {
 	if r == nil {
 		r = &levelResult{steps: map[string]stepSum{}, cpu: map[string]time.Duration{}}
 		m.results[label] = r
-		m.labels = append(m.labels, label)
 	}
 	return r
 }
 
-// report reports every level measured (see level for the metrics).
+// report reports every level measured (see level for the metrics; the
+// testing package prints them sorted by name).
 func (m *cniMeter) report(b *testing.B) {
-	for _, label := range m.labels {
-		r := m.results[label]
+	for label, r := range m.results {
 		b.ReportMetric(ms(percentile(r.lat, 0.5)), label+"-p50-ms")
 		b.ReportMetric(ms(percentile(r.lat, 0.99)), label+"-p99-ms")
 		b.ReportMetric(float64(len(r.lat))/r.wall.Seconds(), label+"-adds/s")
@@ -374,8 +372,8 @@ func (m *cniMeter) del(ctx context.Context, a attachment) error {
 
 // policyLevel ADDs 50 Pods at once that a default-deny and an allow
 // policy select, through the conflist.
-func (m *cniMeter) policyLevel(ctx context.Context, c *sandbox.Cluster, nss, paths []string) {
-	b := m.b
+func (m *cniMeter) policyLevel(ctx context.Context, nss []string) {
+	b, c := m.b, m.cluster
 	const namespace = "cnibench"
 	if err := c.StopKubelet(m.node.Name); err != nil {
 		b.Fatal(err)
@@ -438,7 +436,7 @@ func (m *cniMeter) policyLevel(ctx context.Context, c *sandbox.Cluster, nss, pat
 	if err != nil {
 		b.Fatalf("PodRealization of %s never listed the %d Pods: %v", m.node.Name, len(nss), err)
 	}
-	for _, path := range paths {
+	for _, path := range m.paths {
 		path = "policy-" + path
 		m.level(ctx, path, len(nss), nss, func(i int) [][2]string {
 			return [][2]string{{"K8S_POD_NAMESPACE", namespace}, {"K8S_POD_NAME", fmt.Sprintf("web-%03d", i)}, {"K8S_POD_UID", uids[i]}}
