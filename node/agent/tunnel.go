@@ -21,6 +21,7 @@ import (
 	opsv1alpha1 "github.com/seine-net/seine/node/apis/ops/v1alpha1"
 	opsclient "github.com/seine-net/seine/node/client/clientset/versioned"
 	"github.com/seine-net/seine/node/config"
+	"github.com/seine-net/seine/node/info"
 	"github.com/seine-net/seine/node/noderoute"
 	"github.com/seine-net/seine/tunnel"
 )
@@ -238,14 +239,7 @@ func chooseTunnelType(ctx context.Context, cfg config.Config, ovs *ovsdb.Client,
 		}
 		log.Warn("could not read the AgentInfos: the other Nodes' tunnel types are unknown", zap.Error(err))
 	}
-	ev.Peers = map[string]int{}
-	for _, a := range list {
-		if a.Name == cfg.NodeName {
-			ev.Reported = a.Status.TunnelType
-		} else {
-			ev.Peers[a.Status.TunnelType]++
-		}
-	}
+	ev.Reported, ev.Peers = tunnelVotes(list, cfg.NodeName, time.Now(), staleAgentInfo)
 	typ, from := tunnel.PickType(ev)
 	log.Info("tunnel type chosen", zap.String("tunnel_type", typ), zap.String("tunnel_type_source", string(from)),
 		zap.String("bridge_tunnel_type", ev.Bridge), zap.String("reported_tunnel_type", ev.Reported),
@@ -270,6 +264,39 @@ func chooseTunnelType(ctx context.Context, cfg config.Config, ovs *ovsdb.Client,
 		}
 	}
 	return typ, nil
+}
+
+// staleAgentInfo is how long an AgentInfo may go unwritten before its Node
+// no longer counts in a joining Node's choice of tunnel type: three
+// heartbeats (a daemon writes its AgentInfo at least every
+// info.DefaultHeartbeat).
+const staleAgentInfo = 3 * info.DefaultHeartbeat
+
+// tunnelVotes returns the tunnel type self's own AgentInfo in list
+// reports ("" when it has none) and the other Nodes counted by the type
+// they report. A Node whose daemon has not written its AgentInfo for
+// staleAfter before now (LastHeartbeatTime) is down or gone: its type is
+// not what the running cluster speaks, so it does not count. When no peer
+// is live (the whole cluster starting again, or an API server that was
+// unreachable for a while) every peer counts, as stale evidence still
+// beats the datapath's default.
+func tunnelVotes(list []opsv1alpha1.AgentInfo, self string, now time.Time, staleAfter time.Duration) (string, map[string]int) {
+	var reported string
+	live, all := map[string]int{}, map[string]int{}
+	for _, a := range list {
+		if a.Name == self {
+			reported = a.Status.TunnelType
+			continue
+		}
+		all[a.Status.TunnelType]++
+		if now.Sub(a.Status.LastHeartbeatTime.Time) <= staleAfter {
+			live[a.Status.TunnelType]++
+		}
+	}
+	if len(live) > 0 {
+		return reported, live
+	}
+	return reported, all
 }
 
 // listAgentInfos lists the AgentInfos: once (with a short deadline), or,
