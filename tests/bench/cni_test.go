@@ -249,8 +249,8 @@ func (m *cniMeter) result(label string) *levelResult {
 // testing package prints them sorted by name).
 func (m *cniMeter) report(b *testing.B) {
 	for label, r := range m.results {
-		b.ReportMetric(ms(percentile(r.lat, 0.5)), label+"-p50-ms")
-		b.ReportMetric(ms(percentile(r.lat, 0.99)), label+"-p99-ms")
+		b.ReportMetric(ms(quantile(r.lat, 0.5)), label+"-p50-ms")
+		b.ReportMetric(ms(quantile(r.lat, 0.99)), label+"-p99-ms")
 		b.ReportMetric(float64(len(r.lat))/r.wall.Seconds(), label+"-adds/s")
 		for step, d := range r.steps {
 			if d.count > 0 {

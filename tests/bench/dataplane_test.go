@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -254,12 +253,6 @@ func measurePath(b *testing.B, rr, serverNS, clientNS, dst string, node *sandbox
 	}
 	r.Gbps, r.GbpsMany, r.P50, r.P99 = median(one), median(many), median(p50), median(p99)
 	return r
-}
-
-func median(v []float64) float64 {
-	s := slices.Clone(v)
-	slices.Sort(s)
-	return s[len(s)/2]
 }
 
 func appctl(b *testing.B, n sandbox.Node, args ...string) string {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -199,10 +198,7 @@ func vswitchdCPU(b *testing.B, runDirs ...string) time.Duration {
 // quartiles returns the first quartile, the median and the third quartile
 // of v (nearest rank).
 func quartiles(v []float64) (q1, q2, q3 float64) {
-	s := slices.Clone(v)
-	slices.Sort(s)
-	at := func(p float64) float64 { return s[int(p*float64(len(s)-1)+0.5)] }
-	return at(0.25), at(0.5), at(0.75)
+	return quantile(v, 0.25), quantile(v, 0.5), quantile(v, 0.75)
 }
 
 func TestClassificationAdd(t *testing.T) {
