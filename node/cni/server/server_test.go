@@ -612,3 +612,42 @@ func TestTrailingBytesDoNotCancel(t *testing.T) {
 		t.Errorf("error series by command = %v, want only unknown", commands)
 	}
 }
+
+// TestDispatch: every command the plugin forwards reaches its backend
+// method, and one without a handler (a wire.Forwarded out of step with
+// dispatch) is an internal error that names it, not the runtime's fault.
+func TestDispatch(t *testing.T) {
+	be := &blockingBackend{}
+	s := New(be, zaptest.NewLogger(t))
+	ctx := context.Background()
+	prev := `{"cniVersion":"1.1.0","name":"seine","type":"seine","prevResult":{"cniVersion":"1.1.0"}}`
+	for _, tc := range []struct {
+		cmd, conf, want string
+	}{
+		{CmdAdd, goodConf, "ADD c1"},
+		{CmdDel, goodConf, "DEL c1"},
+		{CmdCheck, prev, "CHECK c1"},
+		{CmdGC, goodConf, "GC "},
+	} {
+		in := addReq("c1", tc.conf)
+		in.Command, in.Version = tc.cmd, wire.ProtocolVersion // wire.Call sets the version
+		req, perr := parseRequest(in)
+		if perr != nil {
+			t.Fatalf("%s: %v", tc.cmd, perr)
+		}
+		if _, err := s.dispatch(ctx, req); err != nil {
+			t.Errorf("%s: %v", tc.cmd, err)
+		}
+		if calls := be.snapshot(); len(calls) == 0 || calls[len(calls)-1] != tc.want {
+			t.Errorf("%s: backend calls %v; want the last to be %q", tc.cmd, calls, tc.want)
+		}
+	}
+	if !wire.Forwarded(CmdStatus) {
+		t.Error("STATUS is not forwarded")
+	}
+	_, err := s.dispatch(ctx, &Request{Command: "REBOOT"})
+	var e *Error
+	if !errors.As(err, &e) || e.Code != types.ErrInternal || !strings.Contains(e.Msg, `"REBOOT"`) {
+		t.Errorf("unhandled command: %v; want an internal error naming it", err)
+	}
+}
