@@ -50,10 +50,16 @@ func TestAllocateIsIdempotentPerOwner(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ip1, _ := a.Allocate(owner(1))
-	ip2, _ := a.Allocate(owner(1))
+	ip1, err1 := a.Allocate(owner(1))
+	ip2, err2 := a.Allocate(owner(1))
+	if err := errors.Join(err1, err2); err != nil || ip1 == nil {
+		t.Fatalf("allocating twice for one owner: %s, %v", ip1, err)
+	}
 	if !ip1.Equal(ip2) {
 		t.Fatalf("same owner got %s then %s", ip1, ip2)
+	}
+	if ip3, err := a.Allocate(owner(2)); err != nil || ip3.Equal(ip1) {
+		t.Fatalf("another owner got %s (%v), the first owner's is %s", ip3, err, ip1)
 	}
 }
 

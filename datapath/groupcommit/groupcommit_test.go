@@ -85,7 +85,17 @@ func TestCancelledRequestsLeaveTheQueue(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ctx, cancel := context.WithTimeout(context.Background(), time.Duration(rand.IntN(500))*time.Microsecond)
+			// Every tenth has already given up and every tenth waits as
+			// long as it takes, so that both outcomes occur whatever the
+			// scheduling; the rest give up after a random wait.
+			timeout := time.Duration(rand.IntN(500)) * time.Microsecond
+			switch i % 10 {
+			case 0:
+				timeout = 0
+			case 5:
+				timeout = time.Minute
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
 			defer cancel()
 			errs[i] = c.Do(ctx, i)
 		}()
@@ -107,6 +117,9 @@ func TestCancelledRequestsLeaveTheQueue(t *testing.T) {
 		case err != nil:
 			failed++
 		}
+	}
+	if failed < n/10 || failed > n-n/10 {
+		t.Errorf("%d of %d requests gave up; want at least the %d that had given up before they asked, and not the %d that wait", failed, n, n/10, n/10)
 	}
 	t.Logf("%d requests, %d gave up while queued, %d commits", n, failed, c.Commits())
 }

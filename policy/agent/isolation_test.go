@@ -73,6 +73,16 @@ func (h *isoHarness) round(t *testing.T) ([]string, error) {
 	return h.calls, err
 }
 
+// ok is round for a round that must succeed.
+func (h *isoHarness) ok(t *testing.T) []string {
+	t.Helper()
+	calls, err := h.round(t)
+	if err != nil {
+		t.Fatalf("round failed: %v (calls %v)", err, calls)
+	}
+	return calls
+}
+
 func (h *isoHarness) pending(name string) bool {
 	h.a.mu.Lock()
 	defer h.a.mu.Unlock()
@@ -89,18 +99,18 @@ func TestIsolationUnionAndChanges(t *testing.T) {
 		t.Fatalf("first round: %v, %v", calls, err)
 	}
 	// Nothing changed: no call.
-	if calls, _ := h.round(t); len(calls) != 0 {
+	if calls := h.ok(t); len(calls) != 0 {
 		t.Errorf("unchanged isolation called %v", calls)
 	}
 	// p-in goes away: a is released, b keeps egress.
 	h.install("p-in", false, false)
-	calls, _ = h.round(t)
+	calls = h.ok(t)
 	if !reflect.DeepEqual(calls, []string{"a false false", "b false true"}) {
 		t.Errorf("after removing p-in: %v", calls)
 	}
 	// A policy that isolates for nothing (no policy type) changes nothing.
 	h.install("p-none", false, false, "c")
-	if calls, _ := h.round(t); len(calls) != 0 {
+	if calls := h.ok(t); len(calls) != 0 {
 		t.Errorf("a policy isolating nothing called %v", calls)
 	}
 }
@@ -124,9 +134,11 @@ func TestIsolationFailureIsPendingAndRetried(t *testing.T) {
 	// A failed change that is no longer wanted is no longer pending.
 	h.install("p", false, false)
 	h.fail["a"] = true
-	_, _ = h.round(t)
+	if _, err := h.round(t); err == nil {
+		t.Fatal("failed OnIsolation of an unwanted change not reported")
+	}
 	h.install("p", true, false, "a")
-	if calls, _ := h.round(t); len(calls) != 0 || h.pending("a") {
+	if calls := h.ok(t); len(calls) != 0 || h.pending("a") {
 		t.Errorf("isolation back to the applied one: calls %v, pending %v", calls, h.pending("a"))
 	}
 }
@@ -135,18 +147,18 @@ func TestIsolationFollowsAttachments(t *testing.T) {
 	h := newIsoHarness(t)
 	h.attach("a")
 	h.install("p", true, true, "a")
-	if calls, _ := h.round(t); len(calls) != 1 {
+	if calls := h.ok(t); len(calls) != 1 {
 		t.Fatalf("calls %v", calls)
 	}
 	// Detached: forgotten, no call. Attached again: a fresh attachment is
 	// not isolated, so it is isolated again.
 	h.a.PodDetached("ns", "a")
-	if calls, _ := h.round(t); len(calls) != 0 {
+	if calls := h.ok(t); len(calls) != 0 {
 		t.Errorf("detached Pod called %v", calls)
 	}
 	h.attach("a")
 	h.install("p", true, true, "a")
-	if calls, _ := h.round(t); !reflect.DeepEqual(calls, []string{"a true true"}) {
+	if calls := h.ok(t); !reflect.DeepEqual(calls, []string{"a true true"}) {
 		t.Errorf("re-attached Pod: %v", calls)
 	}
 	// Attached again while a call for the earlier attachment runs: the
@@ -154,16 +166,16 @@ func TestIsolationFollowsAttachments(t *testing.T) {
 	// isolation even though it equals "not isolated".
 	h.install("p", false, false)
 	h.during = func(name string) { h.attach(name); h.during = nil }
-	if calls, _ := h.round(t); !reflect.DeepEqual(calls, []string{"a false false"}) {
+	if calls := h.ok(t); !reflect.DeepEqual(calls, []string{"a false false"}) {
 		t.Fatalf("calls %v", calls)
 	}
 	if !h.a.isoRetry {
 		t.Error("no retry scheduled for the unknown attachment")
 	}
-	if calls, _ := h.round(t); !reflect.DeepEqual(calls, []string{"a false false"}) {
+	if calls := h.ok(t); !reflect.DeepEqual(calls, []string{"a false false"}) {
 		t.Errorf("unknown attachment: %v, want the isolation applied again", calls)
 	}
-	if calls, _ := h.round(t); len(calls) != 0 {
+	if calls := h.ok(t); len(calls) != 0 {
 		t.Errorf("then nothing: %v", calls)
 	}
 }

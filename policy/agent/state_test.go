@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"reflect"
 	"runtime"
@@ -21,14 +22,18 @@ import (
 // table is a fake switch for the pure tests: it applies flow mods to a map
 // keyed like the switch keys entries.
 type table struct {
-	flows map[string]of.Flow
-	mods  int
+	flows  map[string]of.Flow
+	mods   int
+	modsOf map[string]int // by key; nil: not counted
 }
 
 func (t *table) Apply(_ context.Context, mods []of.FlowMod) error {
 	for _, m := range mods {
 		t.mods++
 		k := flowsync.Key(m.Flow)
+		if t.modsOf != nil {
+			t.modsOf[k]++
+		}
 		if m.Op == of.OpDelete {
 			delete(t.flows, k)
 		} else {
@@ -66,17 +71,23 @@ func testSource() *flows.MapSource {
 // and that unrelated policies' entries are never touched.
 func TestFlowStateMatchesMerge(t *testing.T) {
 	ctx := context.Background()
-	sw := &table{flows: map[string]of.Flow{}}
+	sw := &table{flows: map[string]of.Flow{}, modsOf: map[string]int{}}
 	s := newFlowState(flowsync.New(sw))
 	src := testSource()
 	ids := flows.NewAllocator[flows.ConjKey](0)
 	cur := map[string][]of.Flow{}
+	others := map[string]bool{} // keys any policy but "unrelated" ever had
 	step := func(name string, np *v1alpha1.NetworkPolicy) {
 		t.Helper()
 		var fl []of.Flow
 		if np != nil {
 			fl = flows.Translate(np, uint64(len(name)), src, ids).Flows
 			cur[name] = fl
+			if name != "unrelated" {
+				for _, f := range fl {
+					others[flowsync.Key(f)] = true
+				}
+			}
 		} else {
 			delete(cur, name)
 		}
@@ -115,13 +126,28 @@ func TestFlowStateMatchesMerge(t *testing.T) {
 	}
 	step("a", testPolicy("a", "t01", "g1", 80))
 	step("unrelated", testPolicy("unrelated", "t3", "g2", 9000))
-	before := sw.mods
+	before := maps.Clone(sw.modsOf)
 	step("b", testPolicy("b", "t12", "g1", 443)) // shares p1 and g1's peers with a
 	step("b", testPolicy("b", "t12", "g2", 443)) // now shares 10.244.2.2 with a
 	step("a", nil)
 	step("a", testPolicy("a", "t01", "g1", 80))
 	step("b", nil)
-	_ = before
+	// The entries only "unrelated" has (b's peers share some of its
+	// address entries, whose conjunctions change) were never written again.
+	exclusive := 0
+	for _, f := range cur["unrelated"] {
+		k := flowsync.Key(f)
+		if others[k] {
+			continue
+		}
+		exclusive++
+		if sw.modsOf[k] != before[k] {
+			t.Errorf("entry %s of the unrelated policy was written %d times while the others changed", k, sw.modsOf[k]-before[k])
+		}
+	}
+	if exclusive == 0 {
+		t.Fatal("the unrelated policy has no entry of its own: the check above checked nothing")
+	}
 	// Removing the last policies leaves nothing.
 	step("a", nil)
 	step("unrelated", nil)

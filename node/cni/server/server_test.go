@@ -54,7 +54,10 @@ func (b *blockingBackend) Check(ctx context.Context, req *Request, prev *current
 	b.record(CmdCheck, req.ContainerID)
 	return nil
 }
-func (b *blockingBackend) Status(ctx context.Context) error { return nil }
+func (b *blockingBackend) Status(ctx context.Context) error {
+	b.record(CmdStatus, "")
+	return nil
+}
 func (b *blockingBackend) GC(ctx context.Context, req *Request, valid []types.GCAttachment) error {
 	b.record(CmdGC, "")
 	return nil
@@ -614,36 +617,34 @@ func TestTrailingBytesDoNotCancel(t *testing.T) {
 }
 
 // TestDispatch: every command the plugin forwards reaches its backend
-// method, and one without a handler (a wire.Forwarded out of step with
-// dispatch) is an internal error that names it, not the runtime's fault.
+// method, and one without a handler (wire.ForwardedCommands out of step
+// with dispatch) is an internal error that names it, not the runtime's
+// fault.
 func TestDispatch(t *testing.T) {
 	be := &blockingBackend{}
 	s := New(be, zaptest.NewLogger(t))
 	ctx := context.Background()
-	prev := `{"cniVersion":"1.1.0","name":"seine","type":"seine","prevResult":{"cniVersion":"1.1.0"}}`
-	for _, tc := range []struct {
-		cmd, conf, want string
-	}{
-		{CmdAdd, goodConf, "ADD c1"},
-		{CmdDel, goodConf, "DEL c1"},
-		{CmdCheck, prev, "CHECK c1"},
-		{CmdGC, goodConf, "GC "},
-	} {
-		in := addReq("c1", tc.conf)
-		in.Command, in.Version = tc.cmd, wire.ProtocolVersion // wire.Call sets the version
+	confs := map[string]string{
+		CmdCheck: `{"cniVersion":"1.1.0","name":"seine","type":"seine","prevResult":{"cniVersion":"1.1.0"}}`,
+	}
+	want := map[string]string{CmdAdd: "ADD c1", CmdDel: "DEL c1", CmdCheck: "CHECK c1", CmdStatus: "STATUS ", CmdGC: "GC "}
+	for _, cmd := range wire.ForwardedCommands() {
+		conf, ok := confs[cmd]
+		if !ok {
+			conf = goodConf
+		}
+		in := addReq("c1", conf)
+		in.Command, in.Version = cmd, wire.ProtocolVersion // wire.Call sets the version
 		req, perr := parseRequest(in)
 		if perr != nil {
-			t.Fatalf("%s: %v", tc.cmd, perr)
+			t.Fatalf("%s: %v", cmd, perr)
 		}
 		if _, err := s.dispatch(ctx, req); err != nil {
-			t.Errorf("%s: %v", tc.cmd, err)
+			t.Errorf("%s: %v", cmd, err)
 		}
-		if calls := be.snapshot(); len(calls) == 0 || calls[len(calls)-1] != tc.want {
-			t.Errorf("%s: backend calls %v; want the last to be %q", tc.cmd, calls, tc.want)
+		if calls := be.snapshot(); len(calls) == 0 || calls[len(calls)-1] != want[cmd] {
+			t.Errorf("%s: backend calls %v; want the last to be %q", cmd, calls, want[cmd])
 		}
-	}
-	if !wire.Forwarded(CmdStatus) {
-		t.Error("STATUS is not forwarded")
 	}
 	_, err := s.dispatch(ctx, &Request{Command: "REBOOT"})
 	var e *Error

@@ -99,13 +99,17 @@ func (e *Error) Error() string {
 	return e.Msg + "; " + e.Details
 }
 
-// Forwarded reports whether command is one the plugin forwards to the
-// daemon: ADD, DEL, CHECK, STATUS or GC (CNI spec, section "Parameters";
+// ForwardedCommands returns the commands the plugin forwards to the
+// daemon: ADD, DEL, CHECK, STATUS and GC (CNI spec, section "Parameters";
 // VERSION the plugin answers itself).
+func ForwardedCommands() []string { return []string{"ADD", "DEL", "CHECK", "STATUS", "GC"} }
+
+// Forwarded reports whether command is one of ForwardedCommands.
 func Forwarded(command string) bool {
-	switch command {
-	case "ADD", "DEL", "CHECK", "STATUS", "GC":
-		return true
+	for _, c := range ForwardedCommands() {
+		if c == command {
+			return true
+		}
 	}
 	return false
 }
