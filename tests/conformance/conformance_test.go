@@ -11,7 +11,9 @@ package conformance
 import (
 	"context"
 	"encoding/xml"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -127,6 +129,10 @@ func TestConformance(t *testing.T) {
 		// others would see -1 and skip every spec that needs two Nodes.
 		"--num-nodes=" + strconv.Itoa(len(c.Nodes())),
 	}
+	// A report left by an earlier run must not stand in for this one's.
+	if err := os.Remove(filepath.Join(out, "junit.xml")); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		t.Fatal(err)
+	}
 	cmd := exec.Command("nsenter", args...)
 	cmd.Env = append(os.Environ(), "PATH="+nodeBin+":"+os.Getenv("PATH"))
 	cmd.Stdout, cmd.Stderr = logFile, logFile
@@ -172,5 +178,10 @@ func TestConformance(t *testing.T) {
 	}
 	if len(passed) == 0 {
 		t.Errorf("no spec passed (ginkgo: %v)", runErr)
+	}
+	if runErr != nil && len(failed) == 0 {
+		// ginkgo failed without a failed spec: a suite-level failure
+		// (setup, timeout, interruption) the report does not list.
+		t.Errorf("ginkgo failed with no failed spec in its report: %v; log %s", runErr, logFile.Name())
 	}
 }

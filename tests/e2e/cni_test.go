@@ -73,9 +73,11 @@ func snapshot(t *testing.T, c *sandbox.Cluster, n sandbox.Node) nodeState {
 	s.Ports = countLines(ovs(t, n, "ovs-vsctl", "list-ports", "br-int"))
 	s.Flows = countLines(ovs(t, n, "ovs-ofctl", "--no-stats", "dump-flows", brInt(n)))
 	s.IPs = strings.Count(ipamAllocations(t, c, n), `"containerID"`)
-	if out, err := c.NodeExec(ctx, n.Name, "nft", "list", "ruleset"); err == nil {
-		s.NATRules = countLines(string(out))
+	out, err = c.NodeExec(ctx, n.Name, "nft", "list", "ruleset")
+	if err != nil {
+		t.Fatalf("listing nftables rules: %v", err)
 	}
+	s.NATRules = countLines(string(out))
 	return s
 }
 

@@ -347,6 +347,9 @@ func (e *netpolEnv) resetPolicies(t *testing.T, st *netpol.State, lastWant []net
 // A connection answered by the wrong Pod is an error.
 func (e *netpolEnv) socketProbe(ctx context.Context, from, to *netpol.Pod, pp netpol.PortProto) (bool, error) {
 	r := e.c.Probe(ctx, from.Namespace, from.Name, to.IP.String(), int(pp.Port), pp.Protocol, netpolProbeTimeout)
+	if r.Outcome == echo.Failed {
+		return false, r.Err
+	}
 	if r.Outcome != echo.Connected {
 		return false, nil
 	}
@@ -564,6 +567,9 @@ func (e *netpolEnv) serviceProbe(ctx context.Context, from, to *netpol.Pod, pp n
 		return false, fmt.Errorf("no Service for %s/%s", to.Namespace, to.Name)
 	}
 	r := e.c.Probe(ctx, from.Namespace, from.Name, ip, int(pp.Port), pp.Protocol, netpolProbeTimeout)
+	if r.Outcome == echo.Failed {
+		return false, r.Err
+	}
 	if r.Outcome != echo.Connected {
 		return false, nil
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
@@ -228,6 +229,9 @@ func TestSeinectl(t *testing.T) {
 		}
 		var ingress []localapi.Flow
 		ctlJSON(t, c, n0, &ingress, "get", "ovsflows", "--table", "IngressRule")
+		if len(ingress) == 0 {
+			t.Error("--table IngressRule returned no flow; the policy above needs some")
+		}
 		for _, f := range ingress {
 			if f.Table != "IngressRule" || f.TableID != uint8(pipeline.IngressRule) {
 				t.Errorf("--table IngressRule returned %+v", f)
@@ -569,8 +573,11 @@ func TestAgentInfo(t *testing.T) {
 	}
 	eventually(t, 60*time.Second, "the AgentInfo of a removed Node deleted", func() error {
 		_, err := ops.OpsV1alpha1().AgentInfos().Get(testCtx(t, 10*time.Second), "e2e-removed-node", metav1.GetOptions{})
-		if err == nil {
+		switch {
+		case err == nil:
 			return fmt.Errorf("still there")
+		case !apierrors.IsNotFound(err):
+			return fmt.Errorf("reading it: %w", err)
 		}
 		return nil
 	})

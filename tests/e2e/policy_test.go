@@ -48,6 +48,9 @@ func probeUntil(t *testing.T, c *sandbox.Cluster, from podRef, ip string, want e
 	start := time.Now()
 	for {
 		r := c.Probe(context.Background(), from.ns, from.name, ip, tcpPort, corev1.ProtocolTCP, 300*time.Millisecond)
+		if r.Outcome == echo.Failed {
+			t.Fatalf("%s/%s -> %s: %v", from.ns, from.name, ip, r.Err)
+		}
 		if r.Outcome == want {
 			return time.Since(start)
 		}
@@ -65,9 +68,14 @@ func probeUntil(t *testing.T, c *sandbox.Cluster, from podRef, ip string, want e
 func TestPolicyControllerFailover(t *testing.T) {
 	c := shared
 	ns := "failover"
-	pods := createPods(t, c, ns, 0, 1, 2)
+	pods := createPods(t, c, ns, 0, 1, 2, 1)
+	pods, friend := pods[:3], pods[3]
 	ctx := testCtx(t, 3*time.Minute)
 	np := c.Client().NetworkingV1().NetworkPolicies(ns)
+	if _, err := c.Client().CoreV1().Pods(ns).Patch(ctx, friend.name, "application/merge-patch+json",
+		[]byte(`{"metadata":{"labels":{"role":"friend"}}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	// Existing policy: only Pods labelled role=friend may reach p0.
 	if _, err := np.Create(ctx, allowFrom(ns, "before", map[string]string{"e2e-target": "p0"}, map[string]string{"role": "friend"}), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -77,6 +85,7 @@ func TestPolicyControllerFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	probeUntil(t, c, pods[1], pods[0].ip, echo.TimedOut, 10*time.Second)
+	probeUntil(t, c, friend, pods[0].ip, echo.Connected, 10*time.Second)
 
 	holder := leaseHolder(t, c)
 	if holder == "" {
@@ -135,8 +144,11 @@ func TestPolicyControllerFailover(t *testing.T) {
 		t.Errorf("takeover %s after the last renewal, more than the lease duration plus one jittered retry period", gap)
 	}
 	// The old policy is still enforced (by its Node's flows; no object vanished).
-	if r := c.Probe(ctx, ns, pods[1].name, pods[0].ip, tcpPort, corev1.ProtocolTCP, time.Second); r.Outcome == echo.Connected {
-		t.Fatal("an existing policy stopped being enforced during the hand-over")
+	if r := c.Probe(ctx, ns, pods[1].name, pods[0].ip, tcpPort, corev1.ProtocolTCP, time.Second); r.Outcome != echo.TimedOut {
+		t.Fatalf("an existing policy stopped being enforced during the hand-over: %s (%v)", r, r.Err)
+	}
+	if r := c.Probe(ctx, ns, friend.name, pods[0].ip, tcpPort, corev1.ProtocolTCP, 2*time.Second); r.Outcome != echo.Connected {
+		t.Fatalf("what an existing policy allows stopped during the hand-over: %s (%v)", r, r.Err)
 	}
 	// A policy created now is enforced: isolate p2 (on a Node whose daemon
 	// is alive) too.
@@ -159,6 +171,7 @@ func TestPolicyControllerFailover(t *testing.T) {
 	}
 	d := probeUntil(t, c, src, target.ip, echo.TimedOut, 10*time.Second)
 	t.Logf("policy created after the failover enforced in %s", d.Round(time.Millisecond))
+	probeUntil(t, c, friend, target.ip, echo.Connected, 10*time.Second)
 	if ci := checkControllerInfo(t, c); ci.Status.Leader != newHolder {
 		t.Errorf("after the failover the ControllerInfo names %s, the Lease %s", ci.Status.Leader, newHolder)
 	}

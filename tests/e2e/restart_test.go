@@ -32,9 +32,9 @@ func TestRestartKeepsTraffic(t *testing.T) {
 		for ctx.Err() == nil {
 			r := c.Probe(context.Background(), pods[0].ns, pods[0].name, pods[1].ip, tcpPort, corev1.ProtocolTCP, 2*time.Second)
 			sent.Add(1)
-			if r.Outcome != echo.Connected {
+			if r.Outcome != echo.Connected || r.Reply != pods[1].name {
 				failed.Add(1)
-				firstFailure.CompareAndSwap(nil, r.String())
+				firstFailure.CompareAndSwap(nil, fmt.Sprintf("%s (%v)", r, r.Err))
 			}
 			time.Sleep(50 * time.Millisecond)
 		}

@@ -24,9 +24,16 @@ func machineState(t *testing.T) string {
 		sort.Strings(lines)
 		parts = append(parts, title+":\n  "+strings.Join(lines, "\n  "))
 	}
-	out, _ := exec.Command("ip", "netns", "list").Output()
+	run := func(args ...string) []byte {
+		out, err := exec.Command(args[0], args[1:]...).Output()
+		if err != nil {
+			t.Fatalf("%s: %v", strings.Join(args, " "), err)
+		}
+		return out
+	}
+	out := run("ip", "netns", "list")
 	add("netns", strings.Split(strings.TrimSpace(string(out)), "\n"))
-	out, _ = exec.Command("ip", "-o", "link", "show").Output()
+	out = run("ip", "-o", "link", "show")
 	var links []string
 	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		if f := strings.Fields(l); len(f) > 1 {
@@ -34,7 +41,10 @@ func machineState(t *testing.T) string {
 		}
 	}
 	add("links", links)
-	mounts, _ := os.ReadFile("/proc/mounts")
+	mounts, err := os.ReadFile("/proc/mounts")
+	if err != nil {
+		t.Fatal(err)
+	}
 	var ms []string
 	for _, l := range strings.Split(string(mounts), "\n") {
 		if strings.Contains(l, "netns") || strings.Contains(l, "seine") {
@@ -43,7 +53,10 @@ func machineState(t *testing.T) string {
 	}
 	add("mounts", ms)
 	var procs []string
-	entries, _ := os.ReadDir("/proc")
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, e := range entries {
 		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
 		if err != nil || len(b) == 0 {

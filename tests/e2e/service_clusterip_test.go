@@ -301,7 +301,12 @@ func TestServiceInternalTrafficPolicyLocal(t *testing.T) {
 		return nil
 	})
 	if r := probeSvc(t, c, clients[1], svc.Spec.ClusterIP, 80, corev1.ProtocolTCP, time.Second); r.Outcome != echo.TimedOut {
-		t.Errorf("from a Node without local endpoint: %s, want the connection dropped", r)
+		t.Errorf("from a Node without local endpoint: %s (%v), want the connection dropped", r, r.Err)
+	}
+	// That client reaches the remote endpoint itself: only the Service
+	// drops it.
+	if r := probeSvc(t, c, clients[1], pods[1].ip, tcpPort, corev1.ProtocolTCP, 2*time.Second); r.Outcome != echo.Connected || r.Reply != pods[1].name {
+		t.Errorf("from a Node without local endpoint to the endpoint's Pod IP: %s (%v), want %s to answer", r, r.Err, pods[1].name)
 	}
 }
 

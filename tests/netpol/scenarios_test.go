@@ -40,8 +40,7 @@ func TestScenarioCatalogue(t *testing.T) {
 	// this repository; compare names when it is there.
 	f, err := os.Open(filepath.Join("..", "..", "..", "shared", "conformance", "upstream-netpol-e2e.txt"))
 	if err != nil {
-		t.Logf("upstream list not found (%v); names not compared", err)
-		return
+		t.Skipf("counts checked; upstream list not found (%v), so its names were not compared", err)
 	}
 	defer f.Close()
 	item := regexp.MustCompile(`^\d+\. (.+)$`)

@@ -256,6 +256,7 @@ const (
 	Connected = echo.Connected
 	Refused   = echo.Refused
 	TimedOut  = echo.TimedOut
+	Failed    = echo.Failed
 )
 
 // Probe connects from the Pod's namespace to host:port over proto and
@@ -264,7 +265,7 @@ const (
 func (c *Cluster) Probe(ctx context.Context, namespace, pod, host string, port int, proto corev1.Protocol, timeout time.Duration) ProbeResult {
 	ns, err := c.podNetNS(namespace, pod)
 	if err != nil {
-		return ProbeResult{Outcome: TimedOut, Err: err}
+		return ProbeResult{Outcome: Failed, Err: err}
 	}
 	return c.ProbeFrom(ctx, ns, host, port, proto, timeout)
 }

@@ -505,7 +505,8 @@ func TestReinstallKeepsPodsConnected(t *testing.T) {
 // TestRollingUpdateKeepsPodsConnected: a new image tag rolls the
 // DaemonSet over the Nodes one by one; a TCP connection between Pods on
 // different Nodes opened before the update is still carrying data after
-// it, and every Pod reaches every other. The longest run of failed
+// it, every seine Pod runs the new image, and a new connection crosses the
+// Nodes. The longest run of failed
 // probes during the update is logged (with the userspace datapath each
 // Node's data plane pauses while its openvswitch container is replaced).
 func TestRollingUpdateKeepsPodsConnected(t *testing.T) {
@@ -603,5 +604,29 @@ func TestRollingUpdateKeepsPodsConnected(t *testing.T) {
 	p, err := cluster.Client().CoreV1().Pods("roll").Get(ctx, "stream", metav1.GetOptions{})
 	if err != nil || p.Status.Phase != corev1.PodRunning {
 		t.Errorf("stream Pod: %v, %v", p.Status.Phase, err)
+	}
+	// Every seine Pod runs the new image, and a new connection crosses
+	// the Nodes.
+	seine, err := cluster.Client().CoreV1().Pods(sandbox.SeineNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=seine"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	running := 0
+	for _, sp := range seine.Items {
+		if sp.DeletionTimestamp != nil {
+			continue // an old Pod still terminating
+		}
+		running++
+		for _, ctr := range append(sp.Spec.InitContainers, sp.Spec.Containers...) {
+			if ctr.Image != image {
+				t.Errorf("%s container %s runs %s, want %s", sp.Name, ctr.Name, ctr.Image, image)
+			}
+		}
+	}
+	if running != len(nodes) {
+		t.Errorf("%d seine Pods after the update, want one per Node (%d)", running, len(nodes))
+	}
+	if err := connect(ctx, "roll", "stream", server.Status.PodIP+":8080"); err != nil {
+		t.Errorf("stream (%s) -> echo (%s) after the update: %v", nodes[1].Name, nodes[0].Name, err)
 	}
 }

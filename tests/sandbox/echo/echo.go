@@ -212,6 +212,10 @@ const (
 	Refused Outcome = "refused"
 	// TimedOut: nothing came back within the timeout.
 	TimedOut Outcome = "timed out"
+	// Failed: the probe could not be made (its namespace could not be
+	// entered, a protocol or size it does not support); Err says why. It
+	// says nothing about the network, so it is neither of the above.
+	Failed Outcome = "probe failed"
 )
 
 // Result is the outcome of one probe.
@@ -222,8 +226,7 @@ type Result struct {
 	// Client is the address ("ip:port") the server saw the probe come
 	// from, after any NAT on the way; empty if the server did not say.
 	Client string
-	// Err is the underlying error for Refused and TimedOut (and for setup
-	// failures, which are reported as TimedOut with Err set).
+	// Err is the underlying error for Refused, TimedOut and Failed.
 	Err error
 	// Bytes is the size of a UDP answer in bytes.
 	Bytes int
@@ -252,7 +255,7 @@ func Probe(ctx context.Context, netnsPath, host string, port int, proto corev1.P
 // fragments both ways.
 func ProbeDatagram(ctx context.Context, netnsPath, host string, port, size int, timeout time.Duration) Result {
 	if size < len(probeLine) || size > maxDatagram {
-		return Result{Outcome: TimedOut, Err: fmt.Errorf("probe: datagram size %d outside %d..%d", size, len(probeLine), maxDatagram)}
+		return Result{Outcome: Failed, Err: fmt.Errorf("probe: datagram size %d outside %d..%d", size, len(probeLine), maxDatagram)}
 	}
 	return probeIn(ctx, netnsPath, host, port, corev1.ProtocolUDP, size, timeout)
 }
@@ -272,7 +275,7 @@ func probeIn(ctx context.Context, netnsPath, host string, port int, proto corev1
 		return nil
 	}, &nsErr)
 	if nsErr != nil {
-		return Result{Outcome: TimedOut, Err: nsErr}
+		return Result{Outcome: Failed, Err: nsErr}
 	}
 	return res
 }
@@ -291,7 +294,7 @@ func probeHere(ctx context.Context, host string, port int, proto corev1.Protocol
 	case corev1.ProtocolUDP:
 		network = "udp"
 	default:
-		return Result{Outcome: TimedOut, Err: fmt.Errorf("probe: protocol %q not supported", proto)}
+		return Result{Outcome: Failed, Err: fmt.Errorf("probe: protocol %q not supported", proto)}
 	}
 	var d net.Dialer
 	c, err := d.DialContext(ctx, network, addr)
