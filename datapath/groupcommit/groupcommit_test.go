@@ -65,11 +65,20 @@ func TestQueuedRequestsShareACommit(t *testing.T) {
 // TestCancelledRequestsLeaveTheQueue runs many requests with random
 // commit times and random cancellations: every call returns, cancelled
 // ones that were never committed fail with their context's error, and
-// every successful item was committed exactly once.
+// every successful item was committed exactly once. Both outcomes occur
+// whatever the scheduling: a first commit holds the committer while every
+// tenth request, whose context has already ended, gives up behind it, and
+// every tenth of the others waits as long as it takes.
 func TestCancelledRequestsLeaveTheQueue(t *testing.T) {
 	var mu sync.Mutex
 	committed := map[int]int{}
+	started, release := make(chan struct{}), make(chan struct{})
 	c := New(func(_ context.Context, items []int) []error {
+		select {
+		case started <- struct{}{}:
+			<-release
+		default:
+		}
 		time.Sleep(time.Duration(rand.IntN(300)) * time.Microsecond)
 		mu.Lock()
 		for _, it := range items {
@@ -78,27 +87,38 @@ func TestCancelledRequestsLeaveTheQueue(t *testing.T) {
 		mu.Unlock()
 		return make([]error, len(items))
 	})
+	first := make(chan error, 1)
+	go func() { first <- c.Do(context.Background(), -1) }()
+	<-started
 	const n = 2000
 	errs := make([]error, n)
 	var wg sync.WaitGroup
-	for i := 0; i < n; i++ {
+	do := func(i int, timeout time.Duration) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			// Every tenth has already given up and every tenth waits as
-			// long as it takes, so that both outcomes occur whatever the
-			// scheduling; the rest give up after a random wait.
-			timeout := time.Duration(rand.IntN(500)) * time.Microsecond
-			switch i % 10 {
-			case 0:
-				timeout = 0
-			case 5:
-				timeout = time.Minute
-			}
 			ctx, cancel := context.WithTimeout(context.Background(), timeout)
 			defer cancel()
 			errs[i] = c.Do(ctx, i)
 		}()
+	}
+	// Every tenth request has given up before it asks, while the first
+	// commit holds the committer: all of them must fail.
+	for i := 0; i < n; i += 10 {
+		do(i, 0)
+	}
+	wg.Wait()
+	close(release)
+	// The rest ask while commits come and go: every tenth of them waits
+	// as long as it takes, the others give up after a random wait.
+	for i := 0; i < n; i++ {
+		switch i % 10 {
+		case 0:
+		case 5:
+			do(i, time.Minute)
+		default:
+			do(i, time.Duration(rand.IntN(500))*time.Microsecond)
+		}
 	}
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
@@ -107,9 +127,16 @@ func TestCancelledRequestsLeaveTheQueue(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatalf("requests still waiting after 30 s (%d queued)", c.Queued())
 	}
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
 	failed := 0
 	for i, err := range errs {
 		switch {
+		case i%10 == 0 && err == nil:
+			t.Errorf("item %d gave up before it asked, yet succeeded", i)
+		case i%10 == 5 && err != nil:
+			t.Errorf("item %d waits as long as it takes, yet failed: %v", i, err)
 		case err == nil && committed[i] != 1:
 			t.Errorf("item %d succeeded but was committed %d times", i, committed[i])
 		case err != nil && (committed[i] != 0 || !errors.Is(err, context.DeadlineExceeded)):
@@ -117,9 +144,6 @@ func TestCancelledRequestsLeaveTheQueue(t *testing.T) {
 		case err != nil:
 			failed++
 		}
-	}
-	if failed < n/10 || failed > n-n/10 {
-		t.Errorf("%d of %d requests gave up; want at least the %d that had given up before they asked, and not the %d that wait", failed, n, n/10, n/10)
 	}
 	t.Logf("%d requests, %d gave up while queued, %d commits", n, failed, c.Commits())
 }

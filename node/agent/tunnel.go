@@ -276,13 +276,15 @@ const staleAgentInfo = 3 * info.DefaultHeartbeat
 // reports ("" when it has none) and the other Nodes counted by the type
 // they report. A Node whose daemon has not written its AgentInfo for
 // staleAfter before now (LastHeartbeatTime) is down or gone: its type is
-// not what the running cluster speaks, so it does not count. When no peer
-// is live (the whole cluster starting again, or an API server that was
-// unreachable for a while) every peer counts, as stale evidence still
-// beats the datapath's default.
+// not what the running cluster speaks, so it does not count. When no live
+// peer reports a type (the whole cluster starting again, an API server
+// that was unreachable for a while, live peers not yet past their start)
+// every peer counts, as stale evidence still beats the datapath's default.
+// The heartbeats are the writers' clocks, read against this Node's.
 func tunnelVotes(list []opsv1alpha1.AgentInfo, self string, now time.Time, staleAfter time.Duration) (string, map[string]int) {
 	var reported string
 	live, all := map[string]int{}, map[string]int{}
+	liveKnown := 0
 	for _, a := range list {
 		if a.Name == self {
 			reported = a.Status.TunnelType
@@ -291,9 +293,12 @@ func tunnelVotes(list []opsv1alpha1.AgentInfo, self string, now time.Time, stale
 		all[a.Status.TunnelType]++
 		if now.Sub(a.Status.LastHeartbeatTime.Time) <= staleAfter {
 			live[a.Status.TunnelType]++
+			if tunnel.Known(a.Status.TunnelType) {
+				liveKnown++
+			}
 		}
 	}
-	if len(live) > 0 {
+	if liveKnown > 0 {
 		return reported, live
 	}
 	return reported, all

@@ -282,7 +282,7 @@ func (c *Cluster) ProbeFrom(ctx context.Context, netnsName, host string, port in
 func (c *Cluster) ProbeDatagram(ctx context.Context, namespace, pod, host string, port, size int, timeout time.Duration) ProbeResult {
 	ns, err := c.podNetNS(namespace, pod)
 	if err != nil {
-		return ProbeResult{Outcome: TimedOut, Err: err}
+		return ProbeResult{Outcome: Failed, Err: err}
 	}
 	return c.ProbeDatagramFrom(ctx, ns, host, port, size, timeout)
 }

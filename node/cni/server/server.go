@@ -325,7 +325,7 @@ func (s *Server) dispatch(ctx context.Context, req *Request) ([]byte, error) {
 	// parseRequest admits only the commands above (wire.Forwarded): one
 	// forwarded without a case here is this daemon's fault, not the
 	// runtime's.
-	return nil, &Error{Code: types.ErrInternal, Msg: fmt.Sprintf("CNI command %q is forwarded but has no handler in this daemon", req.Command)}
+	return nil, &Error{Code: ErrCodeInternal, Msg: fmt.Sprintf("CNI command %q is forwarded but has no handler in this daemon", req.Command)}
 }
 
 // toCNIError maps err to the error sent back: an *Error (anywhere in the

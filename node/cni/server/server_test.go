@@ -648,7 +648,7 @@ func TestDispatch(t *testing.T) {
 	}
 	_, err := s.dispatch(ctx, &Request{Command: "REBOOT"})
 	var e *Error
-	if !errors.As(err, &e) || e.Code != types.ErrInternal || !strings.Contains(e.Msg, `"REBOOT"`) {
+	if !errors.As(err, &e) || e.Code != ErrCodeInternal || !strings.Contains(e.Msg, `"REBOOT"`) {
 		t.Errorf("unhandled command: %v; want an internal error naming it", err)
 	}
 }

@@ -634,7 +634,7 @@ func parseTarget(s string) (string, int, echo.Port, error) {
 func probeCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "probe",
-		Usage:     "connect from a Pod (or --from-node/--from-ext) and print connected <reply>, refused or timed out",
+		Usage:     "connect from a Pod (or --from-node/--from-ext) and print connected <reply>, refused, timed out or probe failed",
 		ArgsUsage: "NAMESPACE/POD HOST:PORT[/PROTO]",
 		Flags: sandboxFlags(
 			&cli.DurationFlag{Name: "timeout", Value: 2 * time.Second},

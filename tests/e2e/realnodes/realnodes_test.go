@@ -626,7 +626,11 @@ func TestRollingUpdateKeepsPodsConnected(t *testing.T) {
 	if running != len(nodes) {
 		t.Errorf("%d seine Pods after the update, want one per Node (%d)", running, len(nodes))
 	}
-	if err := connect(ctx, "roll", "stream", server.Status.PodIP+":8080"); err != nil {
-		t.Errorf("stream (%s) -> echo (%s) after the update: %v", nodes[1].Name, nodes[0].Name, err)
+	var lastErr error
+	if err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 15*time.Second, true, func(ctx context.Context) (bool, error) {
+		lastErr = connect(ctx, "roll", "stream", server.Status.PodIP+":8080")
+		return lastErr == nil, nil
+	}); err != nil {
+		t.Errorf("stream (%s) -> echo (%s) after the update: %v", nodes[1].Name, nodes[0].Name, lastErr)
 	}
 }

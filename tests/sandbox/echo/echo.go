@@ -4,7 +4,8 @@
 // A server answers every TCP connection and every UDP datagram with a fixed
 // reply line (in the sandbox: "<pod name>\n") and, for TCP, closes the
 // connection. A probe connects from inside a network namespace, reads that
-// line and classifies the outcome as connected, refused or timed out.
+// line and classifies the outcome as connected, refused or timed out, or
+// as failed when the probe itself could not be made.
 //
 // Sockets are created inside the target namespace by switching the calling
 // OS thread into it (github.com/containernetworking/plugins/pkg/ns); a
@@ -233,7 +234,7 @@ type Result struct {
 }
 
 // String renders the result as the CLI prints it: "connected <reply>",
-// "refused" or "timed out".
+// "refused", "timed out" or "probe failed".
 func (r Result) String() string {
 	if r.Outcome == Connected {
 		return "connected " + r.Reply
