@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"net"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -64,9 +63,6 @@ func (m *recordingMapper) Owners() []string {
 // mapping that fails, and a bad bandwidth, roll the ADD back completely,
 // the latter with CNI error 7 naming the field.
 func TestRuntimeCapabilities(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (links, OVS)")
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	mapper := &recordingMapper{mapped: map[string][]hostport.Mapping{}}

@@ -42,6 +42,8 @@ type harness struct {
 	ids    []string // container IDs requested
 }
 
+// newHarness starts the harness's OVS and backend; without root it skips
+// the test (ovstest.Start).
 func newHarness(t testing.TB, ctx context.Context, log *zap.Logger, opts ...func(*Config)) *harness {
 	t.Helper()
 	o := ovstest.Start(t)

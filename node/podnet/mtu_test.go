@@ -3,7 +3,6 @@ package podnet
 import (
 	"context"
 	"net"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -23,9 +22,6 @@ import (
 // MTU. The second Pod's network configuration sets mtu 1400, which then
 // holds everywhere: no route MTU, no gateway route.
 func TestRouteMTU(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (links, OVS)")
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	h := newHarness(t, ctx, zaptest.NewLogger(t), func(c *Config) { c.MTU, c.RouteMTU = 1500, 1450 })

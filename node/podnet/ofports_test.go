@@ -3,7 +3,6 @@ package podnet
 import (
 	"context"
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -18,9 +17,6 @@ import (
 // another number from ovs-vswitchd, and its flows are installed again for
 // that number.
 func TestRequestedOFPortTaken(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (links, OVS)")
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	h := newHarness(t, ctx, zaptest.NewLogger(t))

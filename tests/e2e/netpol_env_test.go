@@ -347,14 +347,20 @@ func (e *netpolEnv) resetPolicies(t *testing.T, st *netpol.State, lastWant []net
 // A connection answered by the wrong Pod is an error.
 func (e *netpolEnv) socketProbe(ctx context.Context, from, to *netpol.Pod, pp netpol.PortProto) (bool, error) {
 	r := e.c.Probe(ctx, from.Namespace, from.Name, to.IP.String(), int(pp.Port), pp.Protocol, netpolProbeTimeout)
-	if r.Outcome == echo.Failed {
+	return answeredBy(r, to.Name, "")
+}
+
+// answeredBy reads a probe's result as the verdict tables do: connected
+// (an error unless want answered; via names what was probed when it was
+// not the Pod IP), blocked, or an error when the probe could not be made.
+func answeredBy(r echo.Result, want, via string) (bool, error) {
+	switch {
+	case r.Outcome == echo.Failed:
 		return false, r.Err
-	}
-	if r.Outcome != echo.Connected {
+	case r.Outcome != echo.Connected:
 		return false, nil
-	}
-	if r.Reply != to.Name {
-		return true, fmt.Errorf("answered by %q, want %q", r.Reply, to.Name)
+	case r.Reply != want:
+		return true, fmt.Errorf("%sanswered by %q, want %q", via, r.Reply, want)
 	}
 	return true, nil
 }
@@ -567,16 +573,7 @@ func (e *netpolEnv) serviceProbe(ctx context.Context, from, to *netpol.Pod, pp n
 		return false, fmt.Errorf("no Service for %s/%s", to.Namespace, to.Name)
 	}
 	r := e.c.Probe(ctx, from.Namespace, from.Name, ip, int(pp.Port), pp.Protocol, netpolProbeTimeout)
-	if r.Outcome == echo.Failed {
-		return false, r.Err
-	}
-	if r.Outcome != echo.Connected {
-		return false, nil
-	}
-	if r.Reply != to.Name {
-		return true, fmt.Errorf("ClusterIP %s answered by %q, want %q", ip, r.Reply, to.Name)
-	}
-	return true, nil
+	return answeredBy(r, to.Name, "ClusterIP "+ip+" ")
 }
 
 // noEnforcement reports whether observed tables show no denial at all
