@@ -28,6 +28,11 @@ import (
 // its in_port, sets NATChecksumDone and runs it through the whole pipeline
 // again, where conntrack NATs it with a complete checksum, which OVS
 // updates correctly.
+//
+// Where the kernel accepts it, a tc program on those ports' devices
+// rewrites the seed of a partial checksum from the packet's headers instead
+// (datapath/csumseed, Bridge.PartialChecksumsRewritten), and none of this
+// is installed: NATed packets leave as they are, at TSO speed.
 
 // natDetourMAC is the eth_dst prefix of a packet on the NAT checksum
 // detour; its low 16 bits carry the packet's in_port.
@@ -36,8 +41,10 @@ var natDetourMAC = net.HardwareAddr{0x0e, 0x5f, 0xff, 0xff, 0x00, 0x00}
 var natDetourMask = net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0x00, 0x00}
 
 // NATChecksumDetour reports whether the bridge sends NATed packets through
-// the segmentation port before they leave (the bridge has one).
-func (b Bridge) NATChecksumDetour() bool { return b.SegmentPort != 0 }
+// the segmentation port before they leave: it has one (userspace TSO), and
+// no tc program rewrites partial checksums where packets leave
+// (PartialChecksumsRewritten, the default where the kernel loads it).
+func (b Bridge) NATChecksumDetour() bool { return b.SegmentPort != 0 && !b.PartialChecksumsRewritten }
 
 // regMove copies a register field into bits [ofs, ofs+width) of a header
 // field, or the reverse (toReg).

@@ -56,8 +56,15 @@ type Bridge struct {
 	// datapath with userspace TSO; 0 without): a packet output to it comes
 	// back on it segmented, with complete checksums (tunnel.SegmentPair).
 	// Packets for the tunnel pass through it with TunnelSegmented, and
-	// NATed packets leaving the Node always (NATChecksumDetour).
+	// NATed packets leaving the Node unless PartialChecksumsRewritten
+	// (NATChecksumDetour).
 	SegmentPort uint32
+	// PartialChecksumsRewritten: every device through which packets leave
+	// the bridge (the gateway, a kernel tunnel device, the segmentation
+	// port) has the tc program that writes a partial checksum's
+	// pseudo-header seed anew (datapath/csumseed), so NATed packets leave
+	// directly, without the NAT checksum detour.
+	PartialChecksumsRewritten bool
 	// PolicyOnly: the bridge sits between a routed primary CNI's Pods and
 	// the host (trafficEncapMode networkPolicyOnly). It answers every ARP
 	// request with VirtualMAC, routes by destination IP to local Pods

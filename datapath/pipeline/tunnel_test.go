@@ -212,3 +212,55 @@ func TestNATChecksumDetour(t *testing.T) {
 		t.Fatalf("back from the detour: want the pipeline again as from port 3, out to the tunnel without a second detour:\n%s", back)
 	}
 }
+
+// TestPartialChecksumsRewrittenNeedNoDetour traces the same NATed packets
+// on a bridge whose leaving devices rewrite partial checksums
+// (PartialChecksumsRewritten): they leave straight through the tunnel or
+// the gateway, nothing is saved, and the detour's tables keep only their miss flows.
+func TestPartialChecksumsRewrittenNeedNoDetour(t *testing.T) {
+	o := ovstest.Start(t)
+	o.Run("ovs-vsctl", "add-br", "br-int", "--", "set", "bridge", "br-int", "datapath_type=netdev",
+		"fail_mode=secure", "protocols=OpenFlow10,OpenFlow13,OpenFlow15")
+	for name, port := range map[string]string{"tun0": "1", "gw0": "2", "p1": "3", "seg0": "5"} {
+		o.Run("ovs-vsctl", "add-port", "br-int", name, "--", "set", "interface", name, "type=internal", "ofport_request="+port)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := of.Dial(ctx, o.MgmtSocket("br-int"), zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	br := pipeline.Bridge{Round: 1, GatewayPort: 2, GatewayMAC: mustMAC("0a:00:00:00:00:01"),
+		GatewayIP: net.ParseIP("10.244.1.1"), PodCIDR: mustCIDR("10.244.1.0/24"),
+		NodeIP: net.ParseIP("198.18.0.11"), TunnelPort: 1, Tunnel: pipeline.TunnelByMAC, SegmentPort: 5,
+		PartialChecksumsRewritten: true}
+	if br.NATChecksumDetour() {
+		t.Fatal("a bridge whose leaving devices rewrite partial checksums must not detour")
+	}
+	p1 := pipeline.Pod{OFPort: 3, IP: net.ParseIP("10.244.1.5"), MAC: mustMAC("0a:00:00:00:01:05")}
+	peer := pipeline.PeerNode{ID: 9, PodCIDR: mustCIDR("10.244.2.0/24"), NodeIP: net.ParseIP("198.18.0.12"),
+		GatewayIP: net.ParseIP("10.244.2.1")}
+	var mods []of.FlowMod
+	for _, fs := range [][]of.Flow{pipeline.BaseFlows(br), pipeline.PodFlows(br, p1), pipeline.PeerNodeFlows(br, peer)} {
+		for _, f := range fs {
+			if (f.Table == uint8(pipeline.NATLookup) || f.Table == uint8(pipeline.SaveHeaders)) && f.Priority > 0 {
+				t.Errorf("a flow in the detour's table %s: %+v", pipeline.Table(f.Table), f)
+			}
+			mods = append(mods, of.FlowMod{Op: of.OpAdd, Flow: f})
+		}
+	}
+	if err := c.Apply(ctx, mods); err != nil {
+		t.Fatal(err)
+	}
+	fromPod := "in_port=3,dl_src=0a:00:00:00:01:05,dl_dst=0a:00:00:00:00:01,tcp,nw_ttl=64,nw_src=10.244.1.5,tp_src=40000,tp_dst=80,nw_dst="
+	for dst, port := range map[string]string{"10.244.2.7": "1", "198.19.0.10": "2"} {
+		out := o.Run("ovs-appctl", "ofproto/trace", "br-int", fromPod+dst, "--ct-next", "trk,est,dnat")
+		if !regexp.MustCompile(`(output:|output port is )`+port+`\b`).MatchString(out) || strings.Contains(out, "output:5") {
+			t.Errorf("NATed packet to %s: want it out of port %s, not the segmentation port:\n%s", dst, port, out)
+		}
+		if strings.Contains(out, "NXM_NX_REG7") || regexp.MustCompile(`Megaflow:.*tp_src=`).MatchString(out) {
+			t.Errorf("NATed packet to %s: headers saved (registers or an exact-port datapath flow):\n%s", dst, out)
+		}
+	}
+}

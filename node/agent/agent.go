@@ -206,12 +206,22 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 	var syncer *flowsync.Syncer
 	var replayProxy atomic.Pointer[proxy.Proxier]  // set once the proxy exists
 	var reshapePods atomic.Pointer[podnet.Backend] // set once the Pods are restored
+	var seedAgain atomic.Pointer[func() error]     // set once the bridge is known
 	ofc, err := of.Dial(ctx, cfg.BridgeMgmtSocket(), log.Named("openflow"),
 		of.WithOnReconnect(func(ctx context.Context) error {
 			log.Warn("OpenFlow connection re-established; replaying all groups and flows")
 			if cfg.OVSDatapathType == config.DatapathNetdev && cfg.TrafficEncapMode.UsesTunnel() && tunnelKind == tunnel.KindOVSPort {
 				if _, err := attachNetdevTransport(ctx, cfg, ovs, nodeIP, log); err != nil {
 					return fmt.Errorf("attaching the transport again: %w", err)
+				}
+			}
+			// Before the flows, which send NATed packets out directly. The
+			// filters outlive ovs-vswitchd (its taps persist); this is for
+			// a device it made anew. A failure must not hold up the flows.
+			if f := seedAgain.Load(); f != nil {
+				if err := (*f)(); err != nil {
+					log.Error("attaching the checksum seed program again failed: NATed packets with partial checksums leave with wrong checksums until seine restarts",
+						zap.Error(err))
 				}
 			}
 			if p := replayProxy.Load(); p != nil {
@@ -248,6 +258,13 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 	if err := tunnelEgress(ctx, cfg, tunnelKind, tso, ovs, mtu.Tunnel, &bridge); err != nil {
 		return err
 	}
+	if seed := partialChecksums(cfg, tunnelKind, &bridge, log); seed != nil {
+		defer seed.Close()
+		b := bridge
+		reattach := func() error { return reattachSeed(seed, cfg, tunnelKind, b) }
+		seedAgain.Store(&reattach)
+	}
+	registerNATChecksumMetric(reg, bridge)
 	if cfg.TrafficEncapMode.UsesTunnel() {
 		log.Info("tunnel", zap.String("kind", tunnelKind.String()), zap.Stringer("egress", bridge.Tunnel),
 			zap.Bool("userspace_tso", tso))

@@ -86,6 +86,11 @@ type Config struct {
 	// (datapath/rxbuf). They raise it, never lower it; 0 leaves it alone.
 	// Default 4194304 (4 MiB). Unused with "system".
 	NetdevReceiveBuffer *int `json:"netdevReceiveBuffer,omitempty"`
+	// NATChecksum, with the netdev datapath and userspace TSO, is how a
+	// packet that OVS NATed with a partial checksum is made right before
+	// it leaves the Node: NATChecksumRewrite (the default) or
+	// NATChecksumDetour. Unused with "system" or without userspace TSO.
+	NATChecksum string `json:"natChecksum,omitempty"`
 
 	// ClusterCIDR is the cluster's Pod CIDR; traffic from Pods to anything
 	// outside it (and outside the Node IPs) is masqueraded. Default
@@ -329,6 +334,11 @@ func (c Config) Validate() error {
 	default:
 		bad("ovsDatapathType", "%q is not one of system, netdev", c.OVSDatapathType)
 	}
+	switch c.NATChecksum {
+	case "", NATChecksumRewrite, NATChecksumDetour:
+	default:
+		bad("natChecksum", "%q is not one of %s, %s", c.NATChecksum, NATChecksumRewrite, NATChecksumDetour)
+	}
 	switch c.TunnelType {
 	case "", TunnelGeneve, TunnelVXLAN, TunnelGRE:
 	default:
@@ -405,6 +415,28 @@ func (c Config) Validate() error {
 	}
 	c.validateMode(bad)
 	return errors.Join(errs...)
+}
+
+// Values of NATChecksum (docs/configuration.md, "NAT of offloaded
+// packets").
+const (
+	// NATChecksumRewrite: a tc program (datapath/csumseed) on each device
+	// through which packets leave the bridge writes a partial checksum's
+	// pseudo-header seed anew from the packet's headers. Where the kernel
+	// refuses the program, the Node falls back to NATChecksumDetour.
+	NATChecksumRewrite = "rewrite"
+	// NATChecksumDetour: NATed packets that leave the Node are restored,
+	// sent through the segmentation port for the kernel to checksum (and
+	// segment) them, and NATed again (pipeline.NATChecksumDetour).
+	NATChecksumDetour = "detour"
+)
+
+// NATChecksumMode is NATChecksum with its default filled in.
+func (c Config) NATChecksumMode() string {
+	if c.NATChecksum == "" {
+		return NATChecksumRewrite
+	}
+	return c.NATChecksum
 }
 
 // UserspaceTSOEnabled reports whether the netdev datapath should run with

@@ -51,6 +51,7 @@ func TestErrorsNameTheKey(t *testing.T) {
 		{"nodeName: a\ntunelType: vxlan\n", "tunelType"},
 		{"nodeName: a\ntunnelType: ipip\n", "tunnelType"},
 		{"nodeName: a\novsDatapathType: dpdk\n", "ovsDatapathType"},
+		{"nodeName: a\nnatChecksum: ignore\n", "natChecksum"},
 		{"nodeName: a\nclusterCIDR: 10.244.0.0\n", "clusterCIDR"},
 		{"nodeName: a\nmtu: 100\n", "mtu"},
 		{"nodeName: a\ngatewayName: a-very-long-interface-name\n", "gatewayName"},

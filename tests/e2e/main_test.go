@@ -18,6 +18,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/seine-net/seine/node/config"
 	"github.com/seine-net/seine/tests/sandbox"
 )
 
@@ -68,7 +69,13 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	c, err := sandbox.Up(ctx, sandbox.Options{Name: sharedName, Nodes: 3, Mode: e2eMode, Subnets: e2eSubnets, Log: log})
+	// Hybrid, which leaves Nodes through both the tunnel and the gateway,
+	// runs the NAT checksum detour; the other modes the default rewrite.
+	var set map[string]string
+	if e2eMode == config.ModeHybrid {
+		set = map[string]string{"natChecksum": config.NATChecksumDetour}
+	}
+	c, err := sandbox.Up(ctx, sandbox.Options{Name: sharedName, Nodes: 3, Mode: e2eMode, Subnets: e2eSubnets, Set: set, Log: log})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "sandbox up: %v\n", err)
 		dumpLogs(sharedName)

@@ -156,6 +156,11 @@ func TestModeReported(t *testing.T) {
 				want["underlay"]++
 			}
 		}
+		// The e2e run gives hybrid the NAT checksum detour (main_test.go).
+		natMode := map[bool]string{true: config.NATChecksumDetour, false: config.NATChecksumRewrite}[e2eMode == config.ModeHybrid]
+		if line := fmt.Sprintf(`seine_nat_checksum_info{mode=%q} 1`, natMode); !strings.Contains(m, line) {
+			t.Errorf("%s: no %q in its metrics:\n%s", n.Name, line, grepLines(m, "seine_nat_checksum_info"))
+		}
 		for _, r := range []string{"tunnel", "direct", "underlay"} {
 			line := fmt.Sprintf(`seine_peer_node_routes{route=%q} %d`, r, want[r])
 			if !strings.Contains(m, line) {

@@ -1,0 +1,131 @@
+package agent
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/seine-net/seine/datapath/csumseed"
+	"github.com/seine-net/seine/datapath/pipeline"
+	"github.com/seine-net/seine/node/config"
+	"github.com/seine-net/seine/tunnel"
+)
+
+// seedHook is one device hook of the checksum seed program.
+type seedHook struct {
+	device string
+	dir    csumseed.Direction
+}
+
+// seedHooks returns where packets leave b (docs/configuration.md, "NAT of
+// offloaded packets"): the gateway, a tap whose ingress is where the host
+// receives them; the kernel tunnel device; and the segmentation port, both
+// at egress, before the kernel segments.
+func seedHooks(cfg config.Config, kind tunnel.Kind, b pipeline.Bridge) []seedHook {
+	hooks := []seedHook{{cfg.GatewayName, csumseed.Ingress}}
+	if b.TunnelPort != 0 && kind == tunnel.KindKernelDevice {
+		hooks = append(hooks, seedHook{cfg.TunnelName, csumseed.Egress})
+	}
+	if b.SegmentPort != 0 {
+		hooks = append(hooks, seedHook{tunnel.DefaultSegmentPair.Port, csumseed.Egress})
+	}
+	return hooks
+}
+
+// partialChecksums decides how NATed packets with partial checksums leave
+// the Node and sets b.PartialChecksumsRewritten. They have partial
+// checksums only with the userspace datapath and userspace TSO (b has a
+// segmentation port); then, with natChecksum "rewrite", it loads the
+// checksum seed program and attaches it to every hook of seedHooks. If the
+// kernel refuses, it logs why and the Node keeps the NAT checksum detour.
+// Otherwise it removes the program from the hooks an earlier run used.
+//
+// It returns the loaded program (nil when unused), which the caller keeps
+// to attach again (reattachSeed) when ovs-vswitchd recreates the gateway,
+// and closes at exit; the filters stay behind the process, so a restart
+// leaves no moment without them.
+func partialChecksums(cfg config.Config, kind tunnel.Kind, b *pipeline.Bridge, log *zap.Logger) *csumseed.Program {
+	b.PartialChecksumsRewritten = false
+	hooks := seedHooks(cfg, kind, *b)
+	if b.SegmentPort == 0 || cfg.NATChecksumMode() != config.NATChecksumRewrite {
+		detachSeed(cfg, log)
+		return nil
+	}
+	prog, err := csumseed.Load()
+	if err == nil {
+		err = attachSeed(prog, hooks)
+	}
+	if err != nil {
+		log.Warn("partial checksums cannot be rewritten where packets leave; NATed packets take the slower checksum detour",
+			zap.String("nat_checksum", config.NATChecksumDetour), zap.Error(err))
+		if prog != nil {
+			_ = prog.Close()
+		}
+		detachSeed(cfg, log)
+		return nil
+	}
+	b.PartialChecksumsRewritten = true
+	devices := make([]string, 0, len(hooks))
+	for _, h := range hooks {
+		devices = append(devices, h.device+" "+h.dir.String())
+	}
+	log.Info("partial checksums rewritten where packets leave", zap.String("nat_checksum", config.NATChecksumRewrite),
+		zap.Strings("hooks", devices))
+	return prog
+}
+
+func attachSeed(prog *csumseed.Program, hooks []seedHook) error {
+	for _, h := range hooks {
+		if err := prog.Attach(h.device, h.dir); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// reattachSeed attaches prog again where b's packets leave (after
+// ovs-vswitchd restarted, its gateway tap is a new device). A nil prog
+// (the detour) does nothing.
+func reattachSeed(prog *csumseed.Program, cfg config.Config, kind tunnel.Kind, b pipeline.Bridge) error {
+	if prog == nil {
+		return nil
+	}
+	return attachSeed(prog, seedHooks(cfg, kind, b))
+}
+
+// detachSeed removes the program from every hook it may have been left
+// on; failures are logged (a filter left behind only rewrites partial
+// seeds, which is never wrong).
+func detachSeed(cfg config.Config, log *zap.Logger) {
+	for _, h := range []seedHook{{cfg.GatewayName, csumseed.Ingress}, {cfg.TunnelName, csumseed.Egress},
+		{tunnel.DefaultSegmentPair.Port, csumseed.Egress}} {
+		if err := csumseed.Detach(h.device, h.dir); err != nil {
+			log.Warn("removing the checksum seed filter", zap.String("device", h.device), zap.Error(err))
+		}
+	}
+}
+
+// natChecksumInEffect names how b makes NATed partial checksums right:
+// "rewrite" (the checksum seed program), "detour" (the pipeline's), or
+// "none" (no partial checksums cross the bridge: the kernel datapath, or
+// no userspace TSO).
+func natChecksumInEffect(b pipeline.Bridge) string {
+	switch {
+	case b.PartialChecksumsRewritten:
+		return config.NATChecksumRewrite
+	case b.NATChecksumDetour():
+		return config.NATChecksumDetour
+	}
+	return "none"
+}
+
+// registerNATChecksumMetric exports natChecksumInEffect, which may differ
+// from the configuration (a kernel that refuses the program):
+//
+//	seine_nat_checksum_info{mode="rewrite"} 1
+func registerNATChecksumMetric(reg *prometheus.Registry, b pipeline.Bridge) {
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name:        "seine_nat_checksum_info",
+		Help:        "How NATed packets with partial checksums are made right before they leave the Node (natChecksum in effect: rewrite, detour, or none without userspace TSO); always 1.",
+		ConstLabels: prometheus.Labels{"mode": natChecksumInEffect(b)},
+	}, func() float64 { return 1 }))
+}
