@@ -281,5 +281,8 @@ func TestPartialSeedRewritten(t *testing.T) {
 		if err := Detach("no-such-dev", Egress); err != nil {
 			t.Fatalf("Detach of a missing device: %v", err)
 		}
+		if err := Detach("cs-b", Ingress); err != nil {
+			t.Fatalf("Detach from a device without a clsact qdisc: %v", err)
+		}
 	})
 }

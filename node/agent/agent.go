@@ -276,6 +276,9 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 	if err := syncer.Set(ctx, "pipeline", baseFlows); err != nil {
 		return err
 	}
+	if !bridge.PartialChecksumsRewritten {
+		detachSeed(cfg, log) // now that the flows take the detour, if any
+	}
 
 	// The Service proxy first: it needs only the bridge and the pipeline,
 	// and its informers' initial lists and its programming overlap the

@@ -37,7 +37,9 @@ func seedHooks(cfg config.Config, kind tunnel.Kind, b pipeline.Bridge) []seedHoo
 // segmentation port); then, with natChecksum "rewrite", it loads the
 // checksum seed program and attaches it to every hook of seedHooks. If the
 // kernel refuses, it logs why and the Node keeps the NAT checksum detour.
-// Otherwise it removes the program from the hooks an earlier run used.
+// Removing the program from the hooks an earlier run used is left to the
+// caller, once the flows that take the detour are in place
+// (detachSeed): until then the old flows send NATed packets out directly.
 //
 // It returns the loaded program (nil when unused), which the caller keeps
 // to attach again (reattachSeed) when ovs-vswitchd recreates the gateway,
@@ -47,7 +49,6 @@ func partialChecksums(cfg config.Config, kind tunnel.Kind, b *pipeline.Bridge, l
 	b.PartialChecksumsRewritten = false
 	hooks := seedHooks(cfg, kind, *b)
 	if b.SegmentPort == 0 || cfg.NATChecksumMode() != config.NATChecksumRewrite {
-		detachSeed(cfg, log)
 		return nil
 	}
 	prog, err := csumseed.Load()
@@ -60,7 +61,6 @@ func partialChecksums(cfg config.Config, kind tunnel.Kind, b *pipeline.Bridge, l
 		if prog != nil {
 			_ = prog.Close()
 		}
-		detachSeed(cfg, log)
 		return nil
 	}
 	b.PartialChecksumsRewritten = true
@@ -93,7 +93,8 @@ func reattachSeed(prog *csumseed.Program, cfg config.Config, kind tunnel.Kind, b
 }
 
 // detachSeed removes the program from every hook it may have been left
-// on; failures are logged (a filter left behind only rewrites partial
+// on, for a Node that does not rewrite (b.PartialChecksumsRewritten
+// false); failures are logged (a filter left behind only rewrites partial
 // seeds, which is never wrong).
 func detachSeed(cfg config.Config, log *zap.Logger) {
 	for _, h := range []seedHook{{cfg.GatewayName, csumseed.Ingress}, {cfg.TunnelName, csumseed.Egress},

@@ -35,8 +35,8 @@ type crrResult struct {
 // Paths: a veth pair, the fastest bare netdev bridge (one NORMAL flow,
 // userspace TSO), and Seine on a 2-Node sandbox (VXLAN, the default with
 // this datapath): Pod to Pod on one Node, across Nodes, and to a
-// ClusterIP whose endpoint is on the other Node (conntrack DNAT, the NAT
-// checksum detour). With SEINE_BENCH_BASELINE=<seine binary> a second
+// ClusterIP whose endpoint is on the other Node (conntrack DNAT; with
+// natChecksum: detour, also the NAT checksum detour). With SEINE_BENCH_BASELINE=<seine binary> a second
 // sandbox runs that binary and its Seine paths are measured too, taking
 // turns with the current ones. Each path is measured once per round for
 // crrRounds rounds; the figures are medians.
@@ -44,8 +44,8 @@ type crrResult struct {
 // Metrics: <path>-conns/s and <path>-p50-us (one whole connection, not
 // halved), <seine path>-megaflows (datapath flows on the client's Node
 // right after the path's last run: without per-connection flows this
-// stays small; a Service's connections are NATed there, so they keep
-// theirs), and
+// stays small; with the NAT checksum detour, a Service's connections,
+// NATed there, keep theirs), and
 // current/baseline and same/bare-fast ratios of the connection rate.
 func BenchmarkConnectionRate(b *testing.B) {
 	if os.Geteuid() != 0 {
