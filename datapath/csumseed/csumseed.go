@@ -110,12 +110,20 @@ func (p *Program) Close() error { return p.prog.Close() }
 
 // Attach puts the program on device's hook, replacing seine's earlier
 // filter there, and adds the device's clsact qdisc if it has none. It is
-// idempotent. Errors name the device and the step; a kernel without clsact
-// or cls_bpf (CONFIG_NET_SCH_INGRESS, CONFIG_NET_CLS_BPF) fails here.
+// idempotent. The program reads frames as Ethernet, so device must be an
+// Ethernet device (veth, tap, VXLAN); and an Ingress hook belongs only on
+// a device whose driver never hands the stack CHECKSUM_COMPLETE packets
+// (a tap), where a partial checksum can arrive at all. Errors name the
+// device and the step; a device of another link type is refused; a kernel
+// without clsact or cls_bpf (CONFIG_NET_SCH_INGRESS, CONFIG_NET_CLS_BPF)
+// fails here.
 func (p *Program) Attach(device string, dir Direction) error {
 	link, err := netlink.LinkByName(device)
 	if err != nil {
 		return fmt.Errorf("checksum seed filter: device %s: %w", device, err)
+	}
+	if t := link.Attrs().EncapType; t != "ether" {
+		return fmt.Errorf("checksum seed filter: device %s has link type %q, not Ethernet", device, t)
 	}
 	idx := link.Attrs().Index
 	clsact := &netlink.GenericQdisc{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: idx,
@@ -139,11 +147,11 @@ func (p *Program) Attach(device string, dir Direction) error {
 func Attached(device string, dir Direction) (bool, error) {
 	link, err := netlink.LinkByName(device)
 	if err != nil {
-		return false, fmt.Errorf("device %s: %w", device, err)
+		return false, fmt.Errorf("checksum seed filter: device %s: %w", device, err)
 	}
 	filters, err := netlink.FilterList(link, dir.parent())
 	if err != nil {
-		return false, fmt.Errorf("tc filters of %s %s: %w", device, dir, err)
+		return false, fmt.Errorf("checksum seed filter: tc filters of %s %s: %w", device, dir, err)
 	}
 	for _, f := range filters {
 		if b, ok := f.(*netlink.BpfFilter); ok && b.Priority == filterPriority && b.Name == ProgramName {
@@ -154,8 +162,9 @@ func Attached(device string, dir Direction) (bool, error) {
 }
 
 // Detach removes seine's filter from device's hook; a missing device,
-// qdisc or filter is not an error. The clsact qdisc stays (other filters
-// may use it).
+// qdisc or filter is not an error (the kernel answers ENOENT, or EINVAL
+// without a clsact qdisc; both are taken as "nothing to remove"). The
+// clsact qdisc stays (other filters may use it).
 func Detach(device string, dir Direction) error {
 	link, err := netlink.LinkByName(device)
 	if err != nil {
@@ -163,7 +172,7 @@ func Detach(device string, dir Direction) error {
 		if errors.As(err, &nf) {
 			return nil
 		}
-		return fmt.Errorf("device %s: %w", device, err)
+		return fmt.Errorf("checksum seed filter: device %s: %w", device, err)
 	}
 	filter := &netlink.BpfFilter{FilterAttrs: netlink.FilterAttrs{LinkIndex: link.Attrs().Index,
 		Parent: dir.parent(), Handle: filterHandle, Priority: filterPriority, Protocol: unix.ETH_P_ALL}}
@@ -199,18 +208,29 @@ const probeDelta = 0x0100
 
 // BPF helper flags (include/uapi/linux/bpf.h).
 const (
-	fPseudoHdr = 1 << 4 // BPF_F_PSEUDO_HDR
-	fieldSize2 = 2      // BPF_F_HDR_FIELD_MASK: a 2-byte field
+	fPseudoHdr     = 1 << 4 // BPF_F_PSEUDO_HDR
+	fieldSize2     = 2      // BPF_F_HDR_FIELD_MASK: a 2-byte field
+	fRecomputeCsum = 1      // BPF_F_RECOMPUTE_CSUM
 )
 
-// etherTypeIPv4 is 0x0800 as a native-endian load of its wire bytes.
-var etherTypeIPv4 = int32(binary.NativeEndian.Uint16([]byte{0x08, 0x00}))
+// tc verdicts (include/uapi/linux/pkt_cls.h).
+const (
+	tcActOK   = 0 // TC_ACT_OK
+	tcActShot = 2 // TC_ACT_SHOT
+)
+
+// skbLen is the offset of struct __sk_buff's len (the frame's length,
+// GSO packets whole).
+const skbLen = 0
 
 // Instructions returns the program (a tc classifier in direct-action mode
-// that always returns TC_ACT_OK). Registers: R6 the skb, R7 the checksum
+// that returns TC_ACT_OK, or TC_ACT_SHOT for the packet it could not
+// restore after probing it). Registers: R6 the skb, R7 the checksum
 // field's offset, R8 the protocol, R9 the IPv4 header length in bytes.
 func Instructions() asm.Instructions {
-	const out = "out"
+	const out, drop = "out", "drop"
+	// 0x0800 as a native-endian load of its wire bytes.
+	etherTypeIPv4 := int32(binary.NativeEndian.Uint16([]byte{0x08, 0x00}))
 	load := func(off asm.Register, stack int16, n int32) asm.Instructions {
 		return asm.Instructions{
 			asm.Mov.Reg(asm.R1, asm.R6),
@@ -222,14 +242,14 @@ func Instructions() asm.Instructions {
 			asm.JNE.Imm(asm.R0, 0, out),
 		}
 	}
-	store := func(stack int16) asm.Instructions {
+	store := func(stack int16, flags int32) asm.Instructions {
 		return asm.Instructions{
 			asm.Mov.Reg(asm.R1, asm.R6),
 			asm.Mov.Reg(asm.R2, asm.R7),
 			asm.Mov.Reg(asm.R3, asm.RFP),
 			asm.Add.Imm(asm.R3, int32(stack)),
 			asm.Mov.Imm(asm.R4, 2),
-			asm.Mov.Imm(asm.R5, 0),
+			asm.Mov.Imm(asm.R5, flags),
 			asm.FnSkbStoreBytes.Call(),
 		}
 	}
@@ -275,10 +295,19 @@ func Instructions() asm.Instructions {
 		asm.Mov.Imm(asm.R7, 14+6),
 		asm.JNE.Imm(asm.R8, unix.IPPROTO_UDP, out),
 		asm.Add.Reg(asm.R7, asm.R9).WithSymbol("proto_ok"),
-		// The seed: protocol, transport length, source, destination.
+		// The IPv4 total length (R5) must hold the checksum field (0: a
+		// GSO packet larger than IPv4 can say), and the frame the whole
+		// packet (not truncated; a GSO skb's len is the whole packet).
 		asm.LoadMem(asm.R5, asm.RFP, stackHdr+hdrTotLen, asm.Half),
 		asm.HostTo(asm.BE, asm.R5, asm.Half),
-		asm.JLE.Reg(asm.R5, asm.R9, out), // 0 (a larger packet than IPv4 can say) or no transport header
+		asm.Mov.Reg(asm.R1, asm.R7),
+		asm.Add.Imm(asm.R1, 2-14),
+		asm.JGT.Reg(asm.R1, asm.R5, out),
+		asm.LoadMem(asm.R2, asm.R6, skbLen, asm.Word),
+		asm.Mov.Reg(asm.R1, asm.R5),
+		asm.Add.Imm(asm.R1, 14),
+		asm.JGT.Reg(asm.R1, asm.R2, out),
+		// The seed: protocol, transport length, source, destination.
 		asm.Sub.Reg(asm.R5, asm.R9),
 		asm.Add.Reg(asm.R5, asm.R8),
 	)
@@ -304,11 +333,14 @@ func Instructions() asm.Instructions {
 	)
 	// Read the field back, then undo the probe byte for byte whatever
 	// the read found (R8, the protocol, is no longer needed: it keeps the
-	// read's result across the undo).
+	// read's result across the undo). BPF_F_RECOMPUTE_CSUM undoes what the
+	// probe did to a CHECKSUM_COMPLETE skb's csum as well. A packet the
+	// undo failed on would leave with a wrong checksum: it is dropped.
 	p = append(p, load(asm.R7, stackProbe, 2)[:6]...)
 	p = append(p, asm.Mov.Reg(asm.R8, asm.R0))
-	p = append(p, store(stackField)...)
+	p = append(p, store(stackField, fRecomputeCsum)...)
 	p = append(p,
+		asm.JNE.Imm(asm.R0, 0, drop),
 		asm.JNE.Imm(asm.R8, 0, out),
 		asm.LoadMem(asm.R1, asm.RFP, stackProbe, asm.Half),
 		asm.LoadMem(asm.R2, asm.RFP, stackField, asm.Half),
@@ -325,9 +357,11 @@ func Instructions() asm.Instructions {
 		asm.HostTo(asm.BE, asm.R5, asm.Half),
 		asm.StoreMem(asm.RFP, stackProbe, asm.R5, asm.Half),
 	)
-	p = append(p, store(stackProbe)...)
+	p = append(p, store(stackProbe, 0)...)
 	p = append(p,
-		asm.Mov.Imm(asm.R0, 0).WithSymbol(out), // TC_ACT_OK
+		asm.Mov.Imm(asm.R0, tcActOK).WithSymbol(out),
+		asm.Return(),
+		asm.Mov.Imm(asm.R0, tcActShot).WithSymbol(drop),
 		asm.Return(),
 	)
 	return p

@@ -31,66 +31,91 @@ func ones(sum uint32, b []byte) uint32 {
 	return sum
 }
 
-// seed is the pseudo-header sum of a UDP datagram (RFC 768), what a partial
-// checksum field holds.
-func seed(src, dst net.IP, udpLen int) uint16 {
+// seed is the pseudo-header sum of a TCP segment or UDP datagram of l4Len
+// bytes (RFC 793 section 3.1, RFC 768), what a partial checksum field
+// holds.
+func seed(proto byte, src, dst net.IP, l4Len int) uint16 {
 	ph := append(append([]byte{}, src.To4()...), dst.To4()...)
-	ph = append(ph, 0, unix.IPPROTO_UDP, byte(udpLen>>8), byte(udpLen))
+	ph = append(ph, 0, proto, byte(l4Len>>8), byte(l4Len))
 	return uint16(ones(0, ph))
 }
 
-// frame is an Ethernet frame with an IPv4 UDP datagram whose checksum
+// csumOffset is where the checksum field sits in the transport header.
+func csumOffset(proto byte) int {
+	if proto == unix.IPPROTO_TCP {
+		return 16
+	}
+	return 6
+}
+
+// frame is an Ethernet frame with an IPv4 header of 20+len(options)
+// bytes and a UDP datagram, or a TCP SYN, carrying payload, whose checksum
 // field is field.
-func frame(dstMAC net.HardwareAddr, src, dst net.IP, sport, dport uint16, payload []byte, field uint16) []byte {
-	udpLen := 8 + len(payload)
-	f := make([]byte, 14+20+udpLen)
+func frame(proto byte, dstMAC net.HardwareAddr, src, dst net.IP, options []byte, sport, dport uint16, payload []byte, field uint16) []byte {
+	hl := 20 + len(options)
+	l4Hdr := 8
+	if proto == unix.IPPROTO_TCP {
+		l4Hdr = 20
+	}
+	l4Len := l4Hdr + len(payload)
+	f := make([]byte, 14+hl+l4Len)
 	copy(f[0:6], dstMAC)
 	copy(f[6:12], net.HardwareAddr{0x0e, 0x5f, 0xcc, 0, 0, 1})
 	binary.BigEndian.PutUint16(f[12:], unix.ETH_P_IP)
-	ip := f[14:34]
-	ip[0], ip[8], ip[9] = 0x45, 64, unix.IPPROTO_UDP
-	binary.BigEndian.PutUint16(ip[2:], uint16(20+udpLen))
+	ip := f[14 : 14+hl]
+	ip[0], ip[8], ip[9] = 0x40|byte(hl/4), 64, proto
+	binary.BigEndian.PutUint16(ip[2:], uint16(hl+l4Len))
 	copy(ip[12:16], src.To4())
 	copy(ip[16:20], dst.To4())
+	copy(ip[20:], options)
 	binary.BigEndian.PutUint16(ip[10:], ^uint16(ones(0, ip)))
-	udp := f[34:]
-	binary.BigEndian.PutUint16(udp[0:], sport)
-	binary.BigEndian.PutUint16(udp[2:], dport)
-	binary.BigEndian.PutUint16(udp[4:], uint16(udpLen))
-	copy(udp[8:], payload)
-	binary.BigEndian.PutUint16(udp[6:], field)
+	l4 := f[14+hl:]
+	binary.BigEndian.PutUint16(l4[0:], sport)
+	binary.BigEndian.PutUint16(l4[2:], dport)
+	if proto == unix.IPPROTO_TCP {
+		binary.BigEndian.PutUint32(l4[4:], 1000) // sequence number
+		l4[12], l4[13] = 5<<4, 0x02              // data offset 5, SYN
+		binary.BigEndian.PutUint16(l4[14:], 64240)
+	} else {
+		binary.BigEndian.PutUint16(l4[4:], uint16(l4Len))
+	}
+	copy(l4[l4Hdr:], payload)
+	binary.BigEndian.PutUint16(l4[csumOffset(proto):], field)
 	return f
 }
 
-// fullChecksum is the complete UDP checksum of f (built by frame with
-// field 0).
-func fullChecksum(f []byte, src, dst net.IP) uint16 {
-	udp := f[34:]
-	return ^uint16(ones(uint32(seed(src, dst, len(udp))), udp))
+// fullChecksum is the complete checksum of f's transport header and
+// payload (f built by frame with field 0).
+func fullChecksum(proto byte, f []byte, src, dst net.IP) uint16 {
+	l4 := f[14+int(f[14]&0x0f)*4:]
+	return ^uint16(ones(uint32(seed(proto, src, dst, len(l4))), l4))
 }
 
 // vnetHdr is a virtio_net_hdr (include/uapi/linux/virtio_net.h) in the
 // packet socket's byte order (the host's, on little-endian machines);
-// partial sets NEEDS_CSUM for a UDP checksum at byte 34+6.
-func vnetHdr(partial bool) []byte {
+// partial sets NEEDS_CSUM for a checksum at byte csumAt, counted from
+// csumStart.
+func vnetHdr(partial bool, csumStart, csumAt int) []byte {
 	h := make([]byte, 10)
 	if partial {
 		h[0] = 1 // VIRTIO_NET_HDR_F_NEEDS_CSUM
-		binary.NativeEndian.PutUint16(h[6:], 34)
-		binary.NativeEndian.PutUint16(h[8:], 6)
+		binary.NativeEndian.PutUint16(h[6:], uint16(csumStart))
+		binary.NativeEndian.PutUint16(h[8:], uint16(csumAt))
 	}
 	return h
 }
 
-func udpCsumErrors(t *testing.T) int {
+// snmp returns the counter name of protocol proto ("Udp", "Tcp") in this
+// thread's network namespace (/proc/net is the main thread's).
+func snmp(t *testing.T, proto, name string) int {
 	t.Helper()
-	b, err := os.ReadFile("/proc/net/snmp")
+	b, err := os.ReadFile("/proc/thread-self/net/snmp")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var head []string
 	for _, line := range strings.Split(string(b), "\n") {
-		if !strings.HasPrefix(line, "Udp: ") {
+		if !strings.HasPrefix(line, proto+": ") {
 			continue
 		}
 		fields := strings.Fields(line)[1:]
@@ -99,7 +124,7 @@ func udpCsumErrors(t *testing.T) int {
 			continue
 		}
 		for i, h := range head {
-			if h == "InCsumErrors" {
+			if h == name {
 				n, err := strconv.Atoi(fields[i])
 				if err != nil {
 					t.Fatal(err)
@@ -108,7 +133,7 @@ func udpCsumErrors(t *testing.T) int {
 			}
 		}
 	}
-	t.Fatal("no Udp InCsumErrors in /proc/net/snmp")
+	t.Fatalf("no %s %s in /proc/thread-self/net/snmp", proto, name)
 	return 0
 }
 
@@ -126,13 +151,15 @@ func TestProgramLoads(t *testing.T) {
 	}
 }
 
-// TestPartialSeedRewritten writes UDP datagrams, as OVS does, through an
-// AF_PACKET socket with a virtio-net header into one end of a veth pair
-// whose transmit checksum offload is off, so the kernel completes partial
-// checksums there and the other end's UDP checks them. A partial checksum
-// whose seed is wrong (what OVS 3.1's NAT leaves) is dropped without the
-// program and arrives with it; a complete checksum, right or wrong, is
-// left as it came.
+// TestPartialSeedRewritten writes UDP datagrams and TCP SYNs, as OVS does,
+// through an AF_PACKET socket with a virtio-net header into one end of a
+// veth pair whose transmit checksum offload is off, so the kernel
+// completes partial checksums there and the other end checks them (the
+// datagram reaches its socket, the SYN to a closed port is answered with a
+// RST, and the namespace's InCsumErrors counters agree). A partial
+// checksum whose seed is wrong (what OVS 3.1's NAT leaves) is dropped
+// without the program and gets through with it, behind IP options too; a
+// complete checksum, right or wrong, is left as it came.
 func TestPartialSeedRewritten(t *testing.T) {
 	netnstest.Run(t, func() {
 		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "cs-a"}, PeerName: "cs-b"}); err != nil {
@@ -164,7 +191,6 @@ func TestPartialSeedRewritten(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer conn.Close()
-		dport := uint16(conn.LocalAddr().(*net.UDPAddr).Port)
 
 		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, 0)
 		if err != nil {
@@ -179,49 +205,77 @@ func TestPartialSeedRewritten(t *testing.T) {
 		}
 		bMAC := b.Attrs().HardwareAddr
 
-		// send writes one datagram with payload; partial marks its
-		// checksum as the sender's to complete.
-		send := func(payload string, partial bool, field uint16) {
+		// A packet to send: UDP to the listener (payload tells them
+		// apart), or a TCP SYN to a closed port (answered by a RST when
+		// its checksum holds); IP options optional.
+		type pkt struct {
+			proto   byte
+			payload string
+			options []byte
+		}
+		l4Len := func(k pkt) int {
+			if k.proto == unix.IPPROTO_TCP {
+				return 20 + len(k.payload)
+			}
+			return 8 + len(k.payload)
+		}
+		build := func(k pkt, field uint16) []byte {
+			dport := uint16(conn.LocalAddr().(*net.UDPAddr).Port)
+			if k.proto == unix.IPPROTO_TCP {
+				dport = 9 // nothing listens
+			}
+			return frame(k.proto, bMAC, src, dst, k.options, 40000, dport, []byte(k.payload), field)
+		}
+		rightSeed := func(k pkt) uint16 { return seed(k.proto, src, dst, l4Len(k)) }
+		wrongSeed := func(k pkt) uint16 { return seed(k.proto, src, elsewhere, l4Len(k)) }
+		complete := func(k pkt) uint16 { return fullChecksum(k.proto, build(k, 0), src, dst) }
+		// send writes k with its checksum field set to field; partial
+		// marks the checksum as the sender's to complete.
+		send := func(k pkt, partial bool, field uint16) {
 			t.Helper()
-			f := frame(bMAC, src, dst, 40000, dport, []byte(payload), field)
-			if _, err := unix.Write(fd, append(vnetHdr(partial), f...)); err != nil {
-				t.Fatalf("writing %q: %v", payload, err)
+			l4 := 14 + 20 + len(k.options)
+			if _, err := unix.Write(fd, append(vnetHdr(partial, l4, csumOffset(k.proto)), build(k, field)...)); err != nil {
+				t.Fatalf("writing %q: %v", k.payload, err)
 			}
 		}
-		// arrives reports whether the datagram with payload reaches the
-		// socket (anything else that arrives first fails the test).
-		arrives := func(payload string) bool {
+		// arrives reports whether k got through its receiver's checksum:
+		// the datagram reaches the socket (anything else arriving first
+		// fails the test), or the SYN is answered with a RST. It also
+		// checks the protocol's checksum error counter agrees.
+		arrives := func(k pkt, sendIt func()) bool {
 			t.Helper()
-			buf := make([]byte, 256)
-			_ = conn.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
-			n, _, err := conn.ReadFromUDP(buf)
-			if err != nil {
-				return false
+			proto := map[byte]string{unix.IPPROTO_TCP: "Tcp", unix.IPPROTO_UDP: "Udp"}[k.proto]
+			errs0, rsts0 := snmp(t, proto, "InCsumErrors"), snmp(t, "Tcp", "OutRsts")
+			sendIt()
+			var got bool
+			if k.proto == unix.IPPROTO_UDP {
+				buf := make([]byte, 256)
+				_ = conn.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+				n, _, err := conn.ReadFromUDP(buf)
+				if err == nil && string(buf[:n]) != k.payload {
+					t.Fatalf("expected %q, got %q", k.payload, buf[:n])
+				}
+				got = err == nil
+			} else {
+				time.Sleep(200 * time.Millisecond)
+				got = snmp(t, "Tcp", "OutRsts") > rsts0
 			}
-			if got := string(buf[:n]); got != payload {
-				t.Fatalf("expected %q, got %q", payload, got)
+			if errs := snmp(t, proto, "InCsumErrors") - errs0; got == (errs != 0) {
+				t.Fatalf("%s %q: got through %v, but %d checksum errors", proto, k.payload, got, errs)
 			}
-			return true
+			return got
 		}
-		udpLen := func(payload string) int { return 8 + len(payload) }
-		rightSeed := func(p string) uint16 { return seed(src, dst, udpLen(p)) }
-		wrongSeed := func(p string) uint16 { return seed(src, elsewhere, udpLen(p)) }
-		complete := func(p string) uint16 {
-			return fullChecksum(frame(bMAC, src, dst, 40000, dport, []byte(p), 0), src, dst)
-		}
+		udp := pkt{proto: unix.IPPROTO_UDP, payload: "udp"}
+		tcp := pkt{proto: unix.IPPROTO_TCP}
 
 		// Without the program: the method itself.
-		send("partial, right seed", true, rightSeed("partial, right seed"))
-		if !arrives("partial, right seed") {
-			t.Fatal("a partial checksum with the right seed did not arrive")
-		}
-		before := udpCsumErrors(t)
-		send("partial, wrong seed", true, wrongSeed("partial, wrong seed"))
-		if arrives("partial, wrong seed") {
-			t.Fatal("a partial checksum with a wrong seed arrived without the program")
-		}
-		if after := udpCsumErrors(t); after != before+1 {
-			t.Fatalf("UDP InCsumErrors went from %d to %d, expected one more", before, after)
+		for _, k := range []pkt{udp, tcp} {
+			if !arrives(k, func() { send(k, true, rightSeed(k)) }) {
+				t.Fatalf("proto %d: a partial checksum with the right seed did not get through", k.proto)
+			}
+			if arrives(k, func() { send(k, true, wrongSeed(k)) }) {
+				t.Fatalf("proto %d: a partial checksum with a wrong seed got through without the program", k.proto)
+			}
 		}
 
 		p, err := Load()
@@ -241,26 +295,28 @@ func TestPartialSeedRewritten(t *testing.T) {
 			t.Fatalf("Attached on the other hook: %v, %v", ok, err)
 		}
 
+		withOptions := pkt{proto: unix.IPPROTO_UDP, payload: "udp, IP options", options: []byte{1, 1, 1, 0}}
 		for _, c := range []struct {
-			payload string
+			name    string
+			k       pkt
 			partial bool
-			field   func(string) uint16
+			field   func(pkt) uint16
 			want    bool
 		}{
-			{"fixed: partial, wrong seed", true, wrongSeed, true},
-			{"kept: partial, right seed", true, rightSeed, true},
-			{"kept: complete", false, complete, true},
-			{"kept: no checksum", false, func(string) uint16 { return 0 }, true},
+			{"UDP, partial, wrong seed: rewritten", pkt{unix.IPPROTO_UDP, "fixed", nil}, true, wrongSeed, true},
+			{"TCP, partial, wrong seed: rewritten", tcp, true, wrongSeed, true},
+			{"UDP with IP options, partial, wrong seed: rewritten", withOptions, true, wrongSeed, true},
+			{"UDP, partial, right seed: kept", pkt{unix.IPPROTO_UDP, "kept", nil}, true, rightSeed, true},
+			{"TCP, partial, right seed: kept", tcp, true, rightSeed, true},
+			{"UDP, complete: kept", pkt{unix.IPPROTO_UDP, "complete", nil}, false, complete, true},
+			{"TCP, complete: kept", tcp, false, complete, true},
 			// A complete checksum is never rewritten, even a wrong one.
-			{"kept: complete, wrong", false, func(p string) uint16 { return complete(p) ^ 0x0f0f }, false},
+			{"UDP, complete, wrong: kept", pkt{unix.IPPROTO_UDP, "complete, wrong", nil}, false,
+				func(k pkt) uint16 { return complete(k) ^ 0x0f0f }, false},
+			{"TCP, complete, wrong: kept", tcp, false, func(k pkt) uint16 { return complete(k) ^ 0x0f0f }, false},
 		} {
-			before := udpCsumErrors(t)
-			send(c.payload, c.partial, c.field(c.payload))
-			if got := arrives(c.payload); got != c.want {
-				t.Fatalf("%s: arrived %v, want %v", c.payload, got, c.want)
-			}
-			if errs := udpCsumErrors(t) - before; (errs == 0) != c.want {
-				t.Fatalf("%s: %d checksum errors", c.payload, errs)
+			if got := arrives(c.k, func() { send(c.k, c.partial, c.field(c.k)) }); got != c.want {
+				t.Fatalf("%s: got through %v, want %v", c.name, got, c.want)
 			}
 		}
 
@@ -274,9 +330,8 @@ func TestPartialSeedRewritten(t *testing.T) {
 		if ok, err := Attached("cs-a", Egress); err != nil || ok {
 			t.Fatalf("Attached after Detach: %v, %v", ok, err)
 		}
-		send("after detach", true, wrongSeed("after detach"))
-		if arrives("after detach") {
-			t.Fatal("a wrong seed arrived after Detach")
+		if arrives(udp, func() { send(udp, true, wrongSeed(udp)) }) {
+			t.Fatal("a wrong seed got through after Detach")
 		}
 		if err := Detach("no-such-dev", Egress); err != nil {
 			t.Fatalf("Detach of a missing device: %v", err)

@@ -253,6 +253,28 @@ func TestPartialChecksumsRewrittenNeedNoDetour(t *testing.T) {
 	if err := c.Apply(ctx, mods); err != nil {
 		t.Fatal(err)
 	}
+	// A Service's flows save headers only for the detour.
+	sp := pipeline.ServicePort{ID: 7, VIPs: []net.IP{net.ParseIP("10.96.0.10")}, Protocol: 6, Port: 80,
+		Endpoints: []pipeline.ServiceEndpoint{{IP: net.ParseIP("10.244.2.5"), Port: 8080}}}
+	saves := func(b pipeline.Bridge) bool {
+		fs, _, err := pipeline.ServicePortFlows(b, sp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range fs {
+			for _, a := range f.Actions {
+				if l, ok := a.(of.LoadReg); ok && l == pipeline.HeadersSaved.Load(1) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	detour := br
+	detour.PartialChecksumsRewritten = false
+	if saves(br) || !saves(detour) {
+		t.Errorf("Service flows save headers: %v rewriting, %v with the detour; want false, true", saves(br), saves(detour))
+	}
 	fromPod := "in_port=3,dl_src=0a:00:00:00:01:05,dl_dst=0a:00:00:00:00:01,tcp,nw_ttl=64,nw_src=10.244.1.5,tp_src=40000,tp_dst=80,nw_dst="
 	for dst, port := range map[string]string{"10.244.2.7": "1", "198.19.0.10": "2"} {
 		out := o.Run("ovs-appctl", "ofproto/trace", "br-int", fromPod+dst, "--ct-next", "trk,est,dnat")

@@ -276,9 +276,6 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 	if err := syncer.Set(ctx, "pipeline", baseFlows); err != nil {
 		return err
 	}
-	if !bridge.PartialChecksumsRewritten {
-		detachSeed(cfg, log) // now that the flows take the detour, if any
-	}
 
 	// The Service proxy first: it needs only the bridge and the pipeline,
 	// and its informers' initial lists and its programming overlap the
@@ -434,6 +431,12 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 		if err := ofc.DeleteMatching(ctx, uint64(prevRound)<<pipeline.CookieRoundShift, pipeline.CookieRoundMask); err != nil {
 			return fmt.Errorf("removing flows of round %d: %w", prevRound, err)
 		}
+	}
+	// Only now that no earlier round's flow sends NATed packets out
+	// directly (the Services' flows save their headers again, if this
+	// round takes the detour).
+	if !bridge.PartialChecksumsRewritten {
+		detachSeed(cfg, log)
 	}
 	// An ovs-vswitchd restarted with the kernel datapath held its old
 	// flows until now (see datapath/ovsdaemon).

@@ -38,8 +38,8 @@ func seedHooks(cfg config.Config, kind tunnel.Kind, b pipeline.Bridge) []seedHoo
 // checksum seed program and attaches it to every hook of seedHooks. If the
 // kernel refuses, it logs why and the Node keeps the NAT checksum detour.
 // Removing the program from the hooks an earlier run used is left to the
-// caller, once the flows that take the detour are in place
-// (detachSeed): until then the old flows send NATed packets out directly.
+// caller, once no flow of the earlier round is left (detachSeed): those
+// send NATed packets out directly.
 //
 // It returns the loaded program (nil when unused), which the caller keeps
 // to attach again (reattachSeed) when ovs-vswitchd recreates the gateway,
@@ -82,13 +82,10 @@ func attachSeed(prog *csumseed.Program, hooks []seedHook) error {
 	return nil
 }
 
-// reattachSeed attaches prog again where b's packets leave (after
-// ovs-vswitchd restarted, its gateway tap is a new device). A nil prog
-// (the detour) does nothing.
+// reattachSeed attaches prog again where b's packets leave, for a device
+// made anew while the daemon ran (ovs-vswitchd's taps persist across its
+// restarts, but a bridge it re-creates has new ones).
 func reattachSeed(prog *csumseed.Program, cfg config.Config, kind tunnel.Kind, b pipeline.Bridge) error {
-	if prog == nil {
-		return nil
-	}
 	return attachSeed(prog, seedHooks(cfg, kind, b))
 }
 
@@ -100,7 +97,8 @@ func detachSeed(cfg config.Config, log *zap.Logger) {
 	for _, h := range []seedHook{{cfg.GatewayName, csumseed.Ingress}, {cfg.TunnelName, csumseed.Egress},
 		{tunnel.DefaultSegmentPair.Port, csumseed.Egress}} {
 		if err := csumseed.Detach(h.device, h.dir); err != nil {
-			log.Warn("removing the checksum seed filter", zap.String("device", h.device), zap.Error(err))
+			log.Warn("removing the checksum seed filter", zap.String("interface", h.device),
+				zap.Stringer("direction", h.dir), zap.Error(err))
 		}
 	}
 }
