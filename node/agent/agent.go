@@ -260,8 +260,8 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 	}
 	if seed := partialChecksums(cfg, tunnelKind, &bridge, log); seed != nil {
 		defer seed.Close()
-		b := bridge
-		reattach := func() error { return reattachSeed(seed, cfg, tunnelKind, b) }
+		hooks := seedHooks(cfg, tunnelKind, bridge)
+		reattach := func() error { return attachSeed(seed, hooks) }
 		seedAgain.Store(&reattach)
 	}
 	registerNATChecksumMetric(reg, bridge)

@@ -42,15 +42,16 @@ func seedHooks(cfg config.Config, kind tunnel.Kind, b pipeline.Bridge) []seedHoo
 // send NATed packets out directly.
 //
 // It returns the loaded program (nil when unused), which the caller keeps
-// to attach again (reattachSeed) when ovs-vswitchd recreates the gateway,
-// and closes at exit; the filters stay behind the process, so a restart
-// leaves no moment without them.
+// to attach again (attachSeed) to a device made anew while the daemon runs
+// (ovs-vswitchd's taps persist across its restarts, but a bridge it
+// re-creates has new ones), and closes at exit; the filters stay behind
+// the process, so a restart leaves no moment without them.
 func partialChecksums(cfg config.Config, kind tunnel.Kind, b *pipeline.Bridge, log *zap.Logger) *csumseed.Program {
 	b.PartialChecksumsRewritten = false
-	hooks := seedHooks(cfg, kind, *b)
 	if b.SegmentPort == 0 || cfg.NATChecksumMode() != config.NATChecksumRewrite {
 		return nil
 	}
+	hooks := seedHooks(cfg, kind, *b)
 	prog, err := csumseed.Load()
 	if err == nil {
 		err = attachSeed(prog, hooks)
@@ -73,6 +74,7 @@ func partialChecksums(cfg config.Config, kind tunnel.Kind, b *pipeline.Bridge, l
 	return prog
 }
 
+// attachSeed attaches prog to every hook; the first failure stops it.
 func attachSeed(prog *csumseed.Program, hooks []seedHook) error {
 	for _, h := range hooks {
 		if err := prog.Attach(h.device, h.dir); err != nil {
@@ -80,13 +82,6 @@ func attachSeed(prog *csumseed.Program, hooks []seedHook) error {
 		}
 	}
 	return nil
-}
-
-// reattachSeed attaches prog again where b's packets leave, for a device
-// made anew while the daemon ran (ovs-vswitchd's taps persist across its
-// restarts, but a bridge it re-creates has new ones).
-func reattachSeed(prog *csumseed.Program, cfg config.Config, kind tunnel.Kind, b pipeline.Bridge) error {
-	return attachSeed(prog, seedHooks(cfg, kind, b))
 }
 
 // detachSeed removes the program from every hook it may have been left
