@@ -117,6 +117,27 @@ func TestTunnelEgress(t *testing.T) {
 	}
 }
 
+// internalPortsBridge starts OVS with a netdev bridge br-int whose ports
+// are internal ports (name → ofport), dials its OpenFlow socket, and
+// returns both with a context for the test's calls; all end with the test.
+func internalPortsBridge(t *testing.T, ports map[string]string) (*ovstest.OVS, *of.Client, context.Context) {
+	t.Helper()
+	o := ovstest.Start(t)
+	o.Run("ovs-vsctl", "add-br", "br-int", "--", "set", "bridge", "br-int", "datapath_type=netdev",
+		"fail_mode=secure", "protocols=OpenFlow10,OpenFlow13,OpenFlow15")
+	for name, port := range ports {
+		o.Run("ovs-vsctl", "add-port", "br-int", name, "--", "set", "interface", name, "type=internal", "ofport_request="+port)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	c, err := of.Dial(ctx, o.MgmtSocket("br-int"), zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return o, c, ctx
+}
+
 // TestNATChecksumDetour traces TCP packets on a bridge with the
 // segmentation pair: a packet conntrack NATed (--ct-next ...,dnat) that
 // leaves for a peer Node or the gateway goes to the segmentation port with
@@ -124,19 +145,7 @@ func TestTunnelEgress(t *testing.T) {
 // local Pod, is not detoured; and a packet back from the detour re-enters
 // the pipeline as coming from the port named in its destination MAC.
 func TestNATChecksumDetour(t *testing.T) {
-	o := ovstest.Start(t)
-	o.Run("ovs-vsctl", "add-br", "br-int", "--", "set", "bridge", "br-int", "datapath_type=netdev",
-		"fail_mode=secure", "protocols=OpenFlow10,OpenFlow13,OpenFlow15")
-	for name, port := range map[string]string{"tun0": "1", "gw0": "2", "p1": "3", "p2": "4", "seg0": "5"} {
-		o.Run("ovs-vsctl", "add-port", "br-int", name, "--", "set", "interface", name, "type=internal", "ofport_request="+port)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	c, err := of.Dial(ctx, o.MgmtSocket("br-int"), zaptest.NewLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	o, c, ctx := internalPortsBridge(t, map[string]string{"tun0": "1", "gw0": "2", "p1": "3", "p2": "4", "seg0": "5"})
 	br := pipeline.Bridge{Round: 1, GatewayPort: 2, GatewayMAC: mustMAC("0a:00:00:00:00:01"),
 		GatewayIP: net.ParseIP("10.244.1.1"), PodCIDR: mustCIDR("10.244.1.0/24"),
 		NodeIP: net.ParseIP("198.18.0.11"), TunnelPort: 1, Tunnel: pipeline.TunnelByMAC, SegmentPort: 5}
@@ -218,19 +227,7 @@ func TestNATChecksumDetour(t *testing.T) {
 // (PartialChecksumsRewritten): they leave straight through the tunnel or
 // the gateway, nothing is saved, and the detour's tables keep only their miss flows.
 func TestPartialChecksumsRewrittenNeedNoDetour(t *testing.T) {
-	o := ovstest.Start(t)
-	o.Run("ovs-vsctl", "add-br", "br-int", "--", "set", "bridge", "br-int", "datapath_type=netdev",
-		"fail_mode=secure", "protocols=OpenFlow10,OpenFlow13,OpenFlow15")
-	for name, port := range map[string]string{"tun0": "1", "gw0": "2", "p1": "3", "seg0": "5"} {
-		o.Run("ovs-vsctl", "add-port", "br-int", name, "--", "set", "interface", name, "type=internal", "ofport_request="+port)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	c, err := of.Dial(ctx, o.MgmtSocket("br-int"), zaptest.NewLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	o, c, ctx := internalPortsBridge(t, map[string]string{"tun0": "1", "gw0": "2", "p1": "3", "seg0": "5"})
 	br := pipeline.Bridge{Round: 1, GatewayPort: 2, GatewayMAC: mustMAC("0a:00:00:00:00:01"),
 		GatewayIP: net.ParseIP("10.244.1.1"), PodCIDR: mustCIDR("10.244.1.0/24"),
 		NodeIP: net.ParseIP("198.18.0.11"), TunnelPort: 1, Tunnel: pipeline.TunnelByMAC, SegmentPort: 5,
