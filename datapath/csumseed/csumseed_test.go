@@ -268,6 +268,34 @@ func TestPartialSeedRewritten(t *testing.T) {
 		udp := pkt{proto: unix.IPPROTO_UDP, payload: "udp"}
 		tcp := pkt{proto: unix.IPPROTO_TCP}
 
+		// The kernel activates a veth's qdisc asynchronously once both
+		// ends are up (linkwatch); until then frames are dropped without
+		// a counter. Wait until a datagram with a complete checksum gets
+		// through before asserting anything.
+		ready := pkt{proto: unix.IPPROTO_UDP, payload: "ready"}
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			send(ready, false, complete(ready))
+			buf := make([]byte, 256)
+			_ = conn.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+			if n, _, err := conn.ReadFromUDP(buf); err == nil {
+				if string(buf[:n]) != ready.payload {
+					t.Fatalf("expected %q, got %q", ready.payload, buf[:n])
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the veth pair carried no datagram within 10s")
+			}
+		}
+		// Drain any duplicate of the probe that arrived late.
+		for {
+			_ = conn.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+			if _, _, err := conn.ReadFromUDP(make([]byte, 256)); err != nil {
+				break
+			}
+		}
+
 		// Without the program: the method itself.
 		for _, k := range []pkt{udp, tcp} {
 			if !arrives(k, func() { send(k, true, rightSeed(k)) }) {
