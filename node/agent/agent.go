@@ -206,7 +206,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 	var syncer *flowsync.Syncer
 	var replayProxy atomic.Pointer[proxy.Proxier]  // set once the proxy exists
 	var reshapePods atomic.Pointer[podnet.Backend] // set once the Pods are restored
-	var seedAgain atomic.Pointer[func() error]     // set once the bridge is known
+	var seedAgain atomic.Pointer[seedKeeper]       // set once the bridge is known
 	ofc, err := of.Dial(ctx, cfg.BridgeMgmtSocket(), log.Named("openflow"),
 		of.WithOnReconnect(func(ctx context.Context) error {
 			log.Warn("OpenFlow connection re-established; replaying all groups and flows")
@@ -217,12 +217,10 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 			}
 			// Before the flows, which send NATed packets out directly. The
 			// filters outlive ovs-vswitchd (its taps persist); this is for
-			// a device it made anew. A failure must not hold up the flows.
-			if f := seedAgain.Load(); f != nil {
-				if err := (*f)(); err != nil {
-					log.Error("attaching the checksum seed program again failed: NATed packets with partial checksums leave with wrong checksums until seine restarts",
-						zap.Error(err))
-				}
+			// a device it made anew. A failure must not hold up the flows:
+			// the keeper logs it, exports it and tries again.
+			if k := seedAgain.Load(); k != nil {
+				k.ensure()
 			}
 			if p := replayProxy.Load(); p != nil {
 				if err := p.ReplayGroups(ctx); err != nil {
@@ -260,9 +258,9 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 	}
 	if seed := partialChecksums(cfg, tunnelKind, &bridge, log); seed != nil {
 		defer seed.Close()
-		hooks := seedHooks(cfg, tunnelKind, bridge)
-		reattach := func() error { return attachSeed(seed, hooks) }
-		seedAgain.Store(&reattach)
+		keeper := newSeedKeeper(seed, seedHooks(cfg, tunnelKind, bridge), reg, log)
+		seedAgain.Store(keeper)
+		go keeper.run(ctx, 30*time.Second)
 	}
 	registerNATChecksumMetric(reg, bridge)
 	if cfg.TrafficEncapMode.UsesTunnel() {

@@ -1,8 +1,13 @@
 package agent
 
 import (
+	"context"
+	"sync"
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/seine-net/seine/datapath/csumseed"
 	"github.com/seine-net/seine/datapath/pipeline"
@@ -82,6 +87,73 @@ func attachSeed(prog *csumseed.Program, hooks []seedHook) error {
 		}
 	}
 	return nil
+}
+
+// seedKeeper keeps the checksum seed program on its hooks while the
+// daemon runs: a device made anew (ovs-vswitchd re-creating its bridge,
+// an operator re-creating the tunnel device) comes without the filter, and
+// so does a hook whose filter someone removed. Each check attaches the
+// program where it is missing and exports how many hooks still lack it.
+type seedKeeper struct {
+	prog    *csumseed.Program
+	hooks   []seedHook
+	missing prometheus.Gauge
+	log     *zap.Logger
+
+	mu     sync.Mutex
+	failed map[seedHook]bool // hooks the last check could not mend
+}
+
+// newSeedKeeper returns a keeper of prog on hooks, its gauge registered
+// with reg:
+//
+//	seine_nat_checksum_hooks_missing 0
+func newSeedKeeper(prog *csumseed.Program, hooks []seedHook, reg prometheus.Registerer, log *zap.Logger) *seedKeeper {
+	k := &seedKeeper{prog: prog, hooks: hooks, log: log, failed: map[seedHook]bool{},
+		missing: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "seine_nat_checksum_hooks_missing",
+			Help: "Devices where packets leave the bridge that lack the checksum seed filter although natChecksum rewrite is in effect (seine attaches it again every 30 s and on OpenFlow reconnect); above 0, NATed packets with partial checksums leave there with wrong checksums.",
+		})}
+	reg.MustRegister(k.missing)
+	return k
+}
+
+// ensure attaches the program to every hook that lacks it and returns how
+// many hooks still lack it. A hook it mends is logged at warning level; a
+// hook it cannot mend at error level, once until it is mended.
+func (k *seedKeeper) ensure() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	missing := 0
+	for _, h := range k.hooks {
+		ok, err := csumseed.Attached(h.device, h.dir)
+		if err == nil && ok {
+			k.failed[h] = false
+			continue
+		}
+		if err == nil {
+			err = k.prog.Attach(h.device, h.dir)
+		}
+		if err != nil {
+			missing++
+			if !k.failed[h] {
+				k.log.Error("the checksum seed filter is missing and cannot be attached: NATed packets with partial checksums leave here with wrong checksums",
+					zap.String("interface", h.device), zap.Stringer("direction", h.dir), zap.Error(err))
+			}
+			k.failed[h] = true
+			continue
+		}
+		k.log.Warn("the checksum seed filter was missing; attached again",
+			zap.String("interface", h.device), zap.Stringer("direction", h.dir))
+		k.failed[h] = false
+	}
+	k.missing.Set(float64(missing))
+	return missing
+}
+
+// run checks the hooks every period until ctx ends.
+func (k *seedKeeper) run(ctx context.Context, period time.Duration) {
+	wait.UntilWithContext(ctx, func(context.Context) { k.ensure() }, period)
 }
 
 // detachSeed removes the program from every hook it may have been left

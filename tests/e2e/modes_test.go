@@ -161,6 +161,13 @@ func TestModeReported(t *testing.T) {
 		if line := fmt.Sprintf(`seine_nat_checksum_info{mode=%q} 1`, natMode); !strings.Contains(m, line) {
 			t.Errorf("%s: no %q in its metrics:\n%s", n.Name, line, grepLines(m, "seine_nat_checksum_info"))
 		}
+		// With the rewrite, every hook has its filter; with the detour,
+		// the keeper does not run.
+		hooksMissing := strings.Contains(m, "seine_nat_checksum_hooks_missing ")
+		if natMode == config.NATChecksumRewrite && !strings.Contains(m, "seine_nat_checksum_hooks_missing 0\n") ||
+			natMode == config.NATChecksumDetour && hooksMissing {
+			t.Errorf("%s (%s): seine_nat_checksum_hooks_missing: %q", n.Name, natMode, grepLines(m, "seine_nat_checksum_hooks_missing"))
+		}
 		for _, r := range []string{"tunnel", "direct", "underlay"} {
 			line := fmt.Sprintf(`seine_peer_node_routes{route=%q} %d`, r, want[r])
 			if !strings.Contains(m, line) {
