@@ -2,14 +2,17 @@ package csumseed
 
 import (
 	"encoding/binary"
+	"fmt"
 	"net"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/seine-net/seine/datapath/offload"
@@ -105,13 +108,12 @@ func vnetHdr(partial bool, csumStart, csumAt int) []byte {
 	return h
 }
 
-// snmp returns the counter name of protocol proto ("Udp", "Tcp") in this
-// thread's network namespace (/proc/net is the main thread's).
-func snmp(t *testing.T, proto, name string) int {
-	t.Helper()
+// readSNMP returns the counter name of protocol proto ("Udp", "Tcp") in
+// the calling thread's network namespace (/proc/net is the main thread's).
+func readSNMP(proto, name string) (int, error) {
 	b, err := os.ReadFile("/proc/thread-self/net/snmp")
 	if err != nil {
-		t.Fatal(err)
+		return 0, err
 	}
 	var head []string
 	for _, line := range strings.Split(string(b), "\n") {
@@ -125,16 +127,21 @@ func snmp(t *testing.T, proto, name string) int {
 		}
 		for i, h := range head {
 			if h == name {
-				n, err := strconv.Atoi(fields[i])
-				if err != nil {
-					t.Fatal(err)
-				}
-				return n
+				return strconv.Atoi(fields[i])
 			}
 		}
 	}
-	t.Fatalf("no %s %s in /proc/thread-self/net/snmp", proto, name)
-	return 0
+	return 0, fmt.Errorf("no %s %s in /proc/thread-self/net/snmp", proto, name)
+}
+
+// snmp is readSNMP for the test's goroutine, failing t on error.
+func snmp(t *testing.T, proto, name string) int {
+	t.Helper()
+	n, err := readSNMP(proto, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 // TestProgramLoads checks that the kernel's verifier accepts the program.
@@ -367,5 +374,190 @@ func TestPartialSeedRewritten(t *testing.T) {
 		if err := Detach("cs-b", Ingress); err != nil {
 			t.Fatalf("Detach from a device without a clsact qdisc: %v", err)
 		}
+	})
+}
+
+// otherNamespace starts a goroutine locked to an OS thread in a new
+// network namespace and returns do, which runs f on that thread, and the
+// namespace's handle. The thread ends (and the namespace with its last
+// reference) at the test's cleanup.
+func otherNamespace(t *testing.T) (do func(f func() error) error, ns netns.NsHandle) {
+	t.Helper()
+	work := make(chan func(), 1)
+	ready := make(chan error, 1)
+	var handle netns.NsHandle
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
+		h, err := netns.New()
+		handle = h
+		ready <- err
+		for f := range work {
+			f()
+		}
+		h.Close()
+	}()
+	if err := <-ready; err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { close(work) })
+	return func(f func() error) error {
+		errc := make(chan error, 1)
+		work <- func() { errc <- f() }
+		return <-errc
+	}, handle
+}
+
+// TestGatewayIngress checks the Ingress hook on a tap, the gateway's kind
+// of device: ovs-vswitchd writes the packet into the tap with a
+// virtio-net header, the host forwards it out of a device without
+// checksum offload, where the kernel completes the checksum from the seed,
+// and a second namespace checks it. (A packet the host delivers locally
+// proves nothing: the stack trusts a partial checksum.) A wrong seed is
+// dropped there without the program and gets through with it.
+func TestGatewayIngress(t *testing.T) {
+	netnstest.Run(t, func() {
+		tap := &netlink.Tuntap{LinkAttrs: netlink.LinkAttrs{Name: "cs-gw"}, Mode: netlink.TUNTAP_MODE_TAP,
+			Queues: 1, // the library keeps the queues' files only when asked for a number
+			Flags:  netlink.TUNTAP_DEFAULTS | netlink.TUNTAP_NO_PI | netlink.TUNTAP_VNET_HDR, NonPersist: true}
+		if err := netlink.LinkAdd(tap); err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			for _, f := range tap.Fds {
+				f.Close()
+			}
+		}()
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "cs-o"}, PeerName: "cs-p"}); err != nil {
+			t.Fatal(err)
+		}
+		gwIP, podIP := net.IPv4(198, 18, 78, 1), net.IPv4(198, 18, 78, 2)
+		outIP, dst, elsewhere := net.IPv4(198, 18, 79, 1), net.IPv4(198, 18, 79, 2), net.IPv4(198, 18, 79, 99)
+		for name, ip := range map[string]net.IP{"cs-gw": gwIP, "cs-o": outIP} {
+			l, err := netlink.LinkByName(name)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: ip, Mask: net.CIDRMask(24, 32)}}); err != nil {
+				t.Fatal(err)
+			}
+			if err := netlink.LinkSetUp(l); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := offload.DisableTx("cs-o"); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		gw, err := netlink.LinkByName("cs-gw")
+		if err != nil {
+			t.Fatal(err)
+		}
+
+		// The receiver: cs-p in a namespace of its own, a UDP socket there.
+		inPeer, peerNS := otherNamespace(t)
+		peer, err := netlink.LinkByName("cs-p")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := netlink.LinkSetNsFd(peer, int(peerNS)); err != nil {
+			t.Fatal(err)
+		}
+		var conn *net.UDPConn
+		if err := inPeer(func() error {
+			l, err := netlink.LinkByName("cs-p")
+			if err != nil {
+				return err
+			}
+			if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: dst, Mask: net.CIDRMask(24, 32)}}); err != nil {
+				return err
+			}
+			if err := netlink.LinkSetUp(l); err != nil {
+				return err
+			}
+			conn, err = net.ListenUDP("udp4", &net.UDPAddr{IP: dst})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		csumErrors := func() int {
+			t.Helper()
+			var n int
+			if err := inPeer(func() (err error) { n, err = readSNMP("Udp", "InCsumErrors"); return err }); err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+
+		dport := uint16(conn.LocalAddr().(*net.UDPAddr).Port)
+		build := func(payload string, field uint16) []byte {
+			return frame(unix.IPPROTO_UDP, gw.Attrs().HardwareAddr, podIP, dst, nil, 40000, dport, []byte(payload), field)
+		}
+		l4Len := func(payload string) int { return 8 + len(payload) }
+		// send writes a frame into the tap as ovs-vswitchd does.
+		send := func(partial bool, f []byte) {
+			t.Helper()
+			if _, err := tap.Fds[0].Write(append(vnetHdr(partial, 14+20, csumOffset(unix.IPPROTO_UDP)), f...)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// arrives reports whether payload reached the receiver within
+		// wait; anything else arriving fails the test.
+		arrives := func(payload string, wait time.Duration) bool {
+			t.Helper()
+			buf := make([]byte, 256)
+			_ = conn.SetReadDeadline(time.Now().Add(wait))
+			n, _, err := conn.ReadFromUDP(buf)
+			if err == nil && string(buf[:n]) != payload {
+				t.Fatalf("expected %q, got %q", payload, buf[:n])
+			}
+			return err == nil
+		}
+		// Ready once a complete checksum gets through (the peer's address
+		// resolved, both veth ends active).
+		for deadline := time.Now().Add(10 * time.Second); ; {
+			f := build("ready", 0)
+			binary.BigEndian.PutUint16(f[14+20+6:], fullChecksum(unix.IPPROTO_UDP, f, podIP, dst))
+			send(false, f)
+			if arrives("ready", 100*time.Millisecond) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("nothing forwarded from the tap to the peer within 10s")
+			}
+		}
+		for arrives("ready", 50*time.Millisecond) { // late duplicates of the probe
+		}
+
+		check := func(name, payload string, field uint16, want bool) {
+			t.Helper()
+			errs0 := csumErrors()
+			send(true, build(payload, field))
+			got := arrives(payload, 500*time.Millisecond)
+			if errs := csumErrors() - errs0; got == (errs != 0) {
+				t.Fatalf("%s: got through %v, but %d checksum errors at the receiver", name, got, errs)
+			}
+			if got != want {
+				t.Fatalf("%s: got through %v, want %v", name, got, want)
+			}
+		}
+		right := func(p string) uint16 { return seed(unix.IPPROTO_UDP, podIP, dst, l4Len(p)) }
+		wrong := func(p string) uint16 { return seed(unix.IPPROTO_UDP, podIP, elsewhere, l4Len(p)) }
+
+		check("without the program, right seed", "right", right("right"), true)
+		check("without the program, wrong seed", "wrong", wrong("wrong"), false)
+
+		p, err := Load()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		if err := p.Attach("cs-gw", Ingress); err != nil {
+			t.Fatal(err)
+		}
+		check("with the program, wrong seed", "fixed", wrong("fixed"), true)
+		check("with the program, right seed", "kept", right("kept"), true)
 	})
 }
