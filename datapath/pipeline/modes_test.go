@@ -1,14 +1,10 @@
 package pipeline_test
 
 import (
-	"context"
 	"net"
 	"regexp"
 	"strings"
 	"testing"
-	"time"
-
-	"go.uber.org/zap/zaptest"
 
 	of "github.com/seine-net/seine/datapath/openflow"
 	"github.com/seine-net/seine/datapath/ovstest"
@@ -23,36 +19,17 @@ type modeBridge struct {
 
 func newModeBridge(t *testing.T, tunnel bool, flows []of.Flow, groups []of.GroupEntry) *modeBridge {
 	t.Helper()
-	o := ovstest.Start(t)
-	o.Run("ovs-vsctl", "add-br", "br-int", "--", "set", "bridge", "br-int", "datapath_type=netdev",
-		"fail_mode=secure", "protocols=OpenFlow10,OpenFlow13,OpenFlow15")
+	var ports []testPort
 	if tunnel {
-		o.Run("ovs-vsctl", "add-port", "br-int", "tun0", "--", "set", "interface", "tun0", "type=geneve",
-			"options:remote_ip=flow", "options:key=flow", "ofport_request=1")
+		ports = append(ports, geneveTun0)
 	}
-	for i, p := range []string{"gw0", "p1", "p2"} {
-		o.Run("ovs-vsctl", "add-port", "br-int", p, "--", "set", "interface", p, "type=internal",
-			"ofport_request="+string(rune('2'+i)))
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	c, err := of.Dial(ctx, o.MgmtSocket("br-int"), zaptest.NewLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	o, c, ctx := testBridge(t, append(ports, gw0, podPort("p1", 3), podPort("p2", 4))...)
 	for _, g := range groups {
 		if err := c.ApplyGroups(ctx, []of.GroupMod{{Op: of.GroupOpAdd, Group: g}}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	var mods []of.FlowMod
-	for _, f := range flows {
-		mods = append(mods, of.FlowMod{Op: of.OpAdd, Flow: f})
-	}
-	if err := c.Apply(ctx, mods); err != nil {
-		t.Fatal(err)
-	}
+	addFlows(ctx, t, c, flows)
 	return &modeBridge{o: o}
 }
 

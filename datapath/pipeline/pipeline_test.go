@@ -1,18 +1,12 @@
 package pipeline_test
 
 import (
-	"context"
 	"net"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
-	"go.uber.org/zap/zaptest"
-
-	of "github.com/seine-net/seine/datapath/openflow"
-	"github.com/seine-net/seine/datapath/ovstest"
 	"github.com/seine-net/seine/datapath/pipeline"
 )
 
@@ -90,22 +84,7 @@ func TestCookieLayout(t *testing.T) {
 // TestPipelineForwarding installs the pipeline on a real OVS bridge and
 // checks the forwarding decisions with ofproto/trace.
 func TestPipelineForwarding(t *testing.T) {
-	o := ovstest.Start(t)
-	o.Run("ovs-vsctl", "add-br", "br-int", "--", "set", "bridge", "br-int", "datapath_type=netdev",
-		"fail_mode=secure", "protocols=OpenFlow10,OpenFlow13,OpenFlow15")
-	o.Run("ovs-vsctl", "add-port", "br-int", "tun0", "--", "set", "interface", "tun0", "type=geneve",
-		"options:remote_ip=flow", "options:key=flow", "ofport_request=1")
-	o.Run("ovs-vsctl", "add-port", "br-int", "gw0", "--", "set", "interface", "gw0", "type=internal", "ofport_request=2")
-	o.Run("ovs-vsctl", "add-port", "br-int", "p1", "--", "set", "interface", "p1", "type=internal", "ofport_request=3")
-	o.Run("ovs-vsctl", "add-port", "br-int", "p2", "--", "set", "interface", "p2", "type=internal", "ofport_request=4")
-
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	c, err := of.Dial(ctx, o.MgmtSocket("br-int"), zaptest.NewLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	o, c, ctx := testBridge(t, geneveTun0, gw0, podPort("p1", 3), podPort("p2", 4))
 
 	gwMAC := mustMAC("0a:00:00:00:00:01")
 	br := pipeline.Bridge{Round: 1, GatewayPort: 2, GatewayMAC: gwMAC, GatewayIP: net.ParseIP("10.244.1.1"),
@@ -114,18 +93,8 @@ func TestPipelineForwarding(t *testing.T) {
 	p2 := pipeline.Pod{OFPort: 4, IP: net.ParseIP("10.244.1.6"), MAC: mustMAC("0a:00:00:00:01:06")}
 	peer := pipeline.PeerNode{ID: 9, PodCIDR: mustCIDR("10.244.2.0/24"), NodeIP: net.ParseIP("198.18.0.12"),
 		GatewayIP: net.ParseIP("10.244.2.1")}
-	var flows []of.Flow
-	flows = append(flows, pipeline.BaseFlows(br)...)
-	flows = append(flows, pipeline.PodFlows(br, p1)...)
-	flows = append(flows, pipeline.PodFlows(br, p2)...)
-	flows = append(flows, pipeline.PeerNodeFlows(br, peer)...)
-	var mods []of.FlowMod
-	for _, f := range flows {
-		mods = append(mods, of.FlowMod{Op: of.OpAdd, Flow: f})
-	}
-	if err := c.Apply(ctx, mods); err != nil {
-		t.Fatal(err)
-	}
+	addFlows(ctx, t, c, pipeline.BaseFlows(br), pipeline.PodFlows(br, p1), pipeline.PodFlows(br, p2),
+		pipeline.PeerNodeFlows(br, peer))
 
 	trace := func(flow string) string {
 		return o.Run("ovs-appctl", "ofproto/trace", "br-int", flow)

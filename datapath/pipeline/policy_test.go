@@ -1,19 +1,14 @@
 package pipeline_test
 
 import (
-	"context"
 	"net"
 	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
-
-	"go.uber.org/zap/zaptest"
 
 	of "github.com/seine-net/seine/datapath/openflow"
-	"github.com/seine-net/seine/datapath/ovstest"
 	"github.com/seine-net/seine/datapath/pipeline"
 )
 
@@ -143,23 +138,7 @@ func TestPodFlowsCarryIsolation(t *testing.T) {
 // two Pods, p1 isolated for ingress and p2 for egress, with no allow rule,
 // and checks with ofproto/trace which new connections get through.
 func TestIsolationInOVS(t *testing.T) {
-	o := ovstest.Start(t)
-	o.Run("ovs-vsctl", "add-br", "br-int", "--", "set", "bridge", "br-int", "datapath_type=netdev",
-		"fail_mode=secure", "protocols=OpenFlow10,OpenFlow13,OpenFlow15")
-	o.Run("ovs-vsctl", "add-port", "br-int", "tun0", "--", "set", "interface", "tun0", "type=geneve",
-		"options:remote_ip=flow", "options:key=flow", "ofport_request=1")
-	o.Run("ovs-vsctl", "add-port", "br-int", "gw0", "--", "set", "interface", "gw0", "type=internal", "ofport_request=2")
-	for _, p := range []string{"p1:3", "p2:4", "p3:5"} {
-		name, port, _ := strings.Cut(p, ":")
-		o.Run("ovs-vsctl", "add-port", "br-int", name, "--", "set", "interface", name, "type=internal", "ofport_request="+port)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	c, err := of.Dial(ctx, o.MgmtSocket("br-int"), zaptest.NewLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	o, c, ctx := testBridge(t, geneveTun0, gw0, podPort("p1", 3), podPort("p2", 4), podPort("p3", 5))
 
 	br := pipeline.Bridge{Round: 1, GatewayPort: 2, GatewayMAC: mustMAC("0a:00:00:00:00:01"), GatewayIP: net.ParseIP("10.244.1.1"),
 		PodCIDR: mustCIDR("10.244.1.0/24"), NodeIP: net.ParseIP("198.18.0.11"), TunnelPort: 1}
@@ -172,13 +151,7 @@ func TestIsolationInOVS(t *testing.T) {
 		flows = append(flows, pipeline.PodFlows(br, p)...)
 	}
 	flows = append(flows, pipeline.PeerNodeFlows(br, peer)...)
-	mods := make([]of.FlowMod, len(flows))
-	for i, f := range flows {
-		mods[i] = of.FlowMod{Op: of.OpAdd, Flow: f}
-	}
-	if err := c.Apply(ctx, mods); err != nil {
-		t.Fatal(err)
-	}
+	addFlows(ctx, t, c, flows)
 	trace := func(flow, ct string) string {
 		out := o.Run("ovs-appctl", "ofproto/trace", "br-int", flow, "--ct-next", ct)
 		lines := strings.Split(strings.TrimSpace(out), "\n")

@@ -1,17 +1,12 @@
 package pipeline_test
 
 import (
-	"context"
 	"fmt"
 	"net"
 	"strings"
 	"testing"
-	"time"
-
-	"go.uber.org/zap/zaptest"
 
 	of "github.com/seine-net/seine/datapath/openflow"
-	"github.com/seine-net/seine/datapath/ovstest"
 	"github.com/seine-net/seine/datapath/pipeline"
 )
 
@@ -19,18 +14,7 @@ import (
 // second-level groups for large endpoint sets), and a new connection to
 // the VIP is DNATed to an endpoint and continues at EgressRule.
 func TestServiceFlowsInOVS(t *testing.T) {
-	o := ovstest.Start(t)
-	o.Run("ovs-vsctl", "add-br", "br-int", "--", "set", "bridge", "br-int", "datapath_type=netdev",
-		"fail_mode=secure", "protocols=OpenFlow10,OpenFlow13,OpenFlow15")
-	o.Run("ovs-vsctl", "add-port", "br-int", "gw0", "--", "set", "interface", "gw0", "type=internal", "ofport_request=2")
-	o.Run("ovs-vsctl", "add-port", "br-int", "p1", "--", "set", "interface", "p1", "type=internal", "ofport_request=3")
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	c, err := of.Dial(ctx, o.MgmtSocket("br-int"), zaptest.NewLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	o, c, ctx := testBridge(t, gw0, podPort("p1", 3))
 	br := pipeline.Bridge{Round: 1, GatewayPort: 2, GatewayMAC: mustMAC("0a:00:00:00:00:01"), GatewayIP: net.ParseIP("10.244.1.1"),
 		PodCIDR: mustCIDR("10.244.1.0/24"), NodeIP: net.ParseIP("198.18.0.11")}
 	p1 := pipeline.Pod{OFPort: 3, IP: net.ParseIP("10.244.1.5"), MAC: mustMAC("0a:00:00:00:01:05")}
@@ -76,13 +60,7 @@ func TestServiceFlowsInOVS(t *testing.T) {
 			t.Fatalf("group %d (%d buckets): %v", g.Group.ID, len(g.Group.Buckets), err)
 		}
 	}
-	var mods []of.FlowMod
-	for _, f := range flows {
-		mods = append(mods, of.FlowMod{Op: of.OpAdd, Flow: f})
-	}
-	if err := c.Apply(ctx, mods); err != nil {
-		t.Fatal(err)
-	}
+	addFlows(ctx, t, c, flows)
 	dump := o.Run("ovs-ofctl", "-O", "OpenFlow13", "dump-groups", o.MgmtSocket("br-int"))
 	if n := strings.Count(dump, "bucket="); n != 2+2500+3+2+2+1 {
 		t.Errorf("%d buckets installed, want %d", n, 2+2500+3+2+2+1)

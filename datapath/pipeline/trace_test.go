@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap/zaptest"
-
 	of "github.com/seine-net/seine/datapath/openflow"
 	"github.com/seine-net/seine/datapath/ovstest"
 	"github.com/seine-net/seine/datapath/packet"
@@ -41,29 +39,16 @@ type traceBridge struct {
 // egress picks the tunnel egress; TunnelSegmented adds the segmentation
 // ports (ofports 5 and 6).
 func newTraceBridge(t *testing.T, isolateP2 bool, egress ...pipeline.TunnelEgress) *traceBridge {
-	o := ovstest.Start(t)
-	o.Run("ovs-vsctl", "add-br", "br-int", "--", "set", "bridge", "br-int", "datapath_type=netdev",
-		"fail_mode=secure", "protocols=OpenFlow10,OpenFlow13,OpenFlow15")
-	o.Run("ovs-vsctl", "add-port", "br-int", "tun0", "--", "set", "interface", "tun0", "type=geneve",
-		"options:remote_ip=flow", "options:key=flow", "ofport_request=1")
-	o.Run("ovs-vsctl", "add-port", "br-int", "gw0", "--", "set", "interface", "gw0", "type=internal", "ofport_request=2")
-	o.Run("ovs-vsctl", "add-port", "br-int", "p1", "--", "set", "interface", "p1", "type=internal", "ofport_request=3")
-	o.Run("ovs-vsctl", "add-port", "br-int", "p2", "--", "set", "interface", "p2", "type=internal", "ofport_request=4")
 	var eg pipeline.TunnelEgress
 	if len(egress) > 0 {
 		eg = egress[0]
 	}
 	seg := eg == pipeline.TunnelSegmented
+	ports := []testPort{geneveTun0, gw0, podPort("p1", 3), podPort("p2", 4)}
 	if seg {
-		o.Run("ovs-vsctl", "add-port", "br-int", "seg0", "--", "set", "interface", "seg0", "type=internal", "ofport_request=5")
+		ports = append(ports, seg0)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	c, err := of.Dial(ctx, o.MgmtSocket("br-int"), zaptest.NewLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	o, c, ctx := testBridge(t, ports...)
 	tb := &traceBridge{c: c, ins: make(chan of.PacketIn, 64), omgr: o}
 	c.SubscribePacketIns(func(pi of.PacketIn) { tb.ins <- pi })
 	tb.br = pipeline.Bridge{Round: 1, GatewayPort: 2, GatewayMAC: mustMAC("0a:00:00:00:00:01"), GatewayIP: net.ParseIP("10.244.1.1"),
@@ -82,13 +67,7 @@ func newTraceBridge(t *testing.T, isolateP2 bool, egress ...pipeline.TunnelEgres
 	flows = append(flows, pipeline.PodFlows(tb.br, tb.p1)...)
 	flows = append(flows, pipeline.PodFlows(tb.br, tb.p2)...)
 	flows = append(flows, pipeline.PeerNodeFlows(tb.br, peer)...)
-	var mods []of.FlowMod
-	for _, f := range flows {
-		mods = append(mods, of.FlowMod{Op: of.OpAdd, Flow: f})
-	}
-	if err := c.Apply(ctx, mods); err != nil {
-		t.Fatal(err)
-	}
+	addFlows(ctx, t, c, flows)
 	return tb
 }
 

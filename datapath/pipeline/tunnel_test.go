@@ -1,17 +1,12 @@
 package pipeline_test
 
 import (
-	"context"
 	"net"
 	"regexp"
 	"strings"
 	"testing"
-	"time"
-
-	"go.uber.org/zap/zaptest"
 
 	of "github.com/seine-net/seine/datapath/openflow"
-	"github.com/seine-net/seine/datapath/ovstest"
 	"github.com/seine-net/seine/datapath/pipeline"
 )
 
@@ -39,25 +34,11 @@ func TestPeerMAC(t *testing.T) {
 func TestTunnelEgress(t *testing.T) {
 	for _, egress := range []pipeline.TunnelEgress{pipeline.TunnelByTunDst, pipeline.TunnelByMAC, pipeline.TunnelSegmented} {
 		t.Run(egress.String(), func(t *testing.T) {
-			o := ovstest.Start(t)
-			o.Run("ovs-vsctl", "add-br", "br-int", "--", "set", "bridge", "br-int", "datapath_type=netdev",
-				"fail_mode=secure", "protocols=OpenFlow10,OpenFlow13,OpenFlow15")
-			tunType := "type=geneve"
+			tun := geneveTun0
 			if egress == pipeline.TunnelByMAC {
-				tunType = "type=internal" // stands for the kernel VXLAN device: an ordinary port
+				tun = internalTun0
 			}
-			o.Run("ovs-vsctl", "add-port", "br-int", "tun0", "--", "set", "interface", "tun0", tunType,
-				"options:remote_ip=flow", "options:key=flow", "ofport_request=1")
-			for name, port := range map[string]string{"gw0": "2", "p1": "3", "seg0": "5"} {
-				o.Run("ovs-vsctl", "add-port", "br-int", name, "--", "set", "interface", name, "type=internal", "ofport_request="+port)
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			c, err := of.Dial(ctx, o.MgmtSocket("br-int"), zaptest.NewLogger(t))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
+			o, c, ctx := testBridge(t, tun, gw0, podPort("p1", 3), seg0)
 			br := pipeline.Bridge{Round: 1, GatewayPort: 2, GatewayMAC: mustMAC("0a:00:00:00:00:01"),
 				GatewayIP: net.ParseIP("10.244.1.1"), PodCIDR: mustCIDR("10.244.1.0/24"),
 				NodeIP: net.ParseIP("198.18.0.11"), TunnelPort: 1, Tunnel: egress}
@@ -67,15 +48,7 @@ func TestTunnelEgress(t *testing.T) {
 			pod := pipeline.Pod{OFPort: 3, IP: net.ParseIP("10.244.1.5"), MAC: mustMAC("0a:00:00:00:01:05")}
 			peer := pipeline.PeerNode{ID: 9, PodCIDR: mustCIDR("10.244.2.0/24"), NodeIP: net.ParseIP("198.18.0.12"),
 				GatewayIP: net.ParseIP("10.244.2.1")}
-			var mods []of.FlowMod
-			for _, fs := range [][]of.Flow{pipeline.BaseFlows(br), pipeline.PodFlows(br, pod), pipeline.PeerNodeFlows(br, peer)} {
-				for _, f := range fs {
-					mods = append(mods, of.FlowMod{Op: of.OpAdd, Flow: f})
-				}
-			}
-			if err := c.Apply(ctx, mods); err != nil {
-				t.Fatal(err)
-			}
+			addFlows(ctx, t, c, pipeline.BaseFlows(br), pipeline.PodFlows(br, pod), pipeline.PeerNodeFlows(br, peer))
 			last := func(s string) string {
 				lines := strings.Split(strings.TrimSpace(s), "\n")
 				return lines[len(lines)-1]
@@ -117,27 +90,6 @@ func TestTunnelEgress(t *testing.T) {
 	}
 }
 
-// internalPortsBridge starts OVS with a netdev bridge br-int whose ports
-// are internal ports (name → ofport), dials its OpenFlow socket, and
-// returns both with a context for the test's calls; all end with the test.
-func internalPortsBridge(t *testing.T, ports map[string]string) (*ovstest.OVS, *of.Client, context.Context) {
-	t.Helper()
-	o := ovstest.Start(t)
-	o.Run("ovs-vsctl", "add-br", "br-int", "--", "set", "bridge", "br-int", "datapath_type=netdev",
-		"fail_mode=secure", "protocols=OpenFlow10,OpenFlow13,OpenFlow15")
-	for name, port := range ports {
-		o.Run("ovs-vsctl", "add-port", "br-int", name, "--", "set", "interface", name, "type=internal", "ofport_request="+port)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	c, err := of.Dial(ctx, o.MgmtSocket("br-int"), zaptest.NewLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return o, c, ctx
-}
-
 // TestNATChecksumDetour traces TCP packets on a bridge with the
 // segmentation pair: a packet conntrack NATed (--ct-next ...,dnat) that
 // leaves for a peer Node or the gateway goes to the segmentation port with
@@ -145,7 +97,7 @@ func internalPortsBridge(t *testing.T, ports map[string]string) (*ovstest.OVS, *
 // local Pod, is not detoured; and a packet back from the detour re-enters
 // the pipeline as coming from the port named in its destination MAC.
 func TestNATChecksumDetour(t *testing.T) {
-	o, c, ctx := internalPortsBridge(t, map[string]string{"tun0": "1", "gw0": "2", "p1": "3", "p2": "4", "seg0": "5"})
+	o, c, ctx := testBridge(t, internalTun0, gw0, podPort("p1", 3), podPort("p2", 4), seg0)
 	br := pipeline.Bridge{Round: 1, GatewayPort: 2, GatewayMAC: mustMAC("0a:00:00:00:00:01"),
 		GatewayIP: net.ParseIP("10.244.1.1"), PodCIDR: mustCIDR("10.244.1.0/24"),
 		NodeIP: net.ParseIP("198.18.0.11"), TunnelPort: 1, Tunnel: pipeline.TunnelByMAC, SegmentPort: 5}
@@ -156,16 +108,8 @@ func TestNATChecksumDetour(t *testing.T) {
 	p2 := pipeline.Pod{OFPort: 4, IP: net.ParseIP("10.244.1.6"), MAC: mustMAC("0a:00:00:00:01:06")}
 	peer := pipeline.PeerNode{ID: 9, PodCIDR: mustCIDR("10.244.2.0/24"), NodeIP: net.ParseIP("198.18.0.12"),
 		GatewayIP: net.ParseIP("10.244.2.1")}
-	var mods []of.FlowMod
-	for _, fs := range [][]of.Flow{pipeline.BaseFlows(br), pipeline.PodFlows(br, p1), pipeline.PodFlows(br, p2),
-		pipeline.PeerNodeFlows(br, peer)} {
-		for _, f := range fs {
-			mods = append(mods, of.FlowMod{Op: of.OpAdd, Flow: f})
-		}
-	}
-	if err := c.Apply(ctx, mods); err != nil {
-		t.Fatal(err)
-	}
+	addFlows(ctx, t, c, pipeline.BaseFlows(br), pipeline.PodFlows(br, p1), pipeline.PodFlows(br, p2),
+		pipeline.PeerNodeFlows(br, peer))
 	outputs := func(trace, port string) bool {
 		return regexp.MustCompile(`(output:|output port is )` + port + `\b`).MatchString(trace)
 	}
@@ -227,7 +171,7 @@ func TestNATChecksumDetour(t *testing.T) {
 // (PartialChecksumsRewritten): they leave straight through the tunnel or
 // the gateway, nothing is saved, and the detour's tables keep only their miss flows.
 func TestPartialChecksumsRewrittenNeedNoDetour(t *testing.T) {
-	o, c, ctx := internalPortsBridge(t, map[string]string{"tun0": "1", "gw0": "2", "p1": "3", "seg0": "5"})
+	o, c, ctx := testBridge(t, internalTun0, gw0, podPort("p1", 3), seg0)
 	br := pipeline.Bridge{Round: 1, GatewayPort: 2, GatewayMAC: mustMAC("0a:00:00:00:00:01"),
 		GatewayIP: net.ParseIP("10.244.1.1"), PodCIDR: mustCIDR("10.244.1.0/24"),
 		NodeIP: net.ParseIP("198.18.0.11"), TunnelPort: 1, Tunnel: pipeline.TunnelByMAC, SegmentPort: 5,
