@@ -74,8 +74,8 @@ type dpResult struct {
 // NetworkPolicies selecting the server Pod (against one Node measured
 // again just before, in the same VXLAN configuration, as their baseline);
 // and, the figures least moved by the machine's background, the one-Node
-// ratio once more with the fastest bare bridge and Seine taking turns
-// (same/bare-fast-interleaved-Gbps), and the policies' cost with the
+// ratios once more with the fastest bare bridge and Seine taking turns
+// (same/bare-fast-interleaved-{Gbps,p50}), and the policies' cost with the
 // server they select and a Pod beside it that none selects taking turns
 // (1000np-{same,cross-vxlan}-interleaved-{Gbps,p50}-cost).
 // Metrics per path: <path>-Gbps
@@ -146,11 +146,15 @@ func BenchmarkDataplane(b *testing.B) {
 		// stays up beside the sandbox and the two paths take turns, one
 		// one-stream run each per round, so both see the same drift of
 		// the machine's background.
-		bareRuns, seineRuns := interleave(b, dpInterleaveRounds, bareBridge{Fast: true}, srvNS, localNS, srvIP)
-		b.ReportMetric(median(bareRuns), "bare-fast-interleaved-Gbps")
-		b.ReportMetric(median(seineRuns), "seine-same-interleaved-Gbps")
-		b.ReportMetric(median(seineRuns)/median(bareRuns), "same/bare-fast-interleaved-Gbps")
-		b.Logf("interleaved, %d rounds: bare %v Gbit/s, Seine %v Gbit/s", dpInterleaveRounds, bareRuns, seineRuns)
+		bareRuns, seineRuns := interleave(b, rr, dpInterleaveRounds, bareBridge{Fast: true}, srvNS, localNS, srvIP)
+		b.ReportMetric(median(bareRuns.Gbps), "bare-fast-interleaved-Gbps")
+		b.ReportMetric(median(seineRuns.Gbps), "seine-same-interleaved-Gbps")
+		b.ReportMetric(median(seineRuns.Gbps)/median(bareRuns.Gbps), "same/bare-fast-interleaved-Gbps")
+		b.ReportMetric(median(bareRuns.P50), "bare-fast-interleaved-p50-us")
+		b.ReportMetric(median(seineRuns.P50), "seine-same-interleaved-p50-us")
+		b.ReportMetric(median(seineRuns.P50)/median(bareRuns.P50), "same/bare-fast-interleaved-p50")
+		b.Logf("interleaved, %d rounds: bare %v Gbit/s p50 %v µs, Seine %v Gbit/s p50 %v µs",
+			dpInterleaveRounds, bareRuns.Gbps, bareRuns.P50, seineRuns.Gbps, seineRuns.P50)
 		report("seine-cross-geneve", seine(remoteNS, srvIP))
 		report("seine-svc-same", seine(localNS, vip))
 
@@ -546,16 +550,28 @@ func bareBridgeUp(b *testing.B, cfg bareBridge) (client, server, dst string, dow
 	}
 }
 
-// interleave measures, rounds times, one one-stream iperf3 run through
-// a bare bridge of cfg and then one from client to dst (a server in
-// server), and returns both series in Gbit/s.
-func interleave(b *testing.B, rounds int, cfg bareBridge, server, client, dst string) (bare, other []float64) {
+// turns are the series of an interleaved comparison: one-stream
+// throughput in Gbit/s and tcprr's p50 in µs, one entry per round.
+type turns struct {
+	Gbps, P50 []float64
+}
+
+// interleave measures, rounds times, one one-stream iperf3 run and one
+// tcprr run through a bare bridge of cfg, then the same from client to dst
+// (a server in server), and returns both paths' series.
+func interleave(b *testing.B, rr string, rounds int, cfg bareBridge, server, client, dst string) (bare, other turns) {
 	b.Helper()
 	bc, bs, bdst, down := bareBridgeUp(b, cfg)
 	defer down()
 	for range rounds {
-		bare = append(bare, iperf3Run(b, bs, bc, bdst, 1))
-		other = append(other, iperf3Run(b, server, client, dst, 1))
+		for _, p := range []struct {
+			t                   *turns
+			server, client, dst string
+		}{{&bare, bs, bc, bdst}, {&other, server, client, dst}} {
+			p.t.Gbps = append(p.t.Gbps, iperf3Run(b, p.server, p.client, p.dst, 1))
+			p50, _ := tcprrRun(b, rr, p.server, p.client, p.dst)
+			p.t.P50 = append(p.t.P50, p50)
+		}
 	}
 	return bare, other
 }
