@@ -391,6 +391,9 @@ func otherNamespace(t *testing.T) (do func(f func() error) error, ns netns.NsHan
 		h, err := netns.New()
 		handle = h
 		ready <- err
+		if err != nil {
+			return // the locked thread exits with the goroutine
+		}
 		for f := range work {
 			f()
 		}
@@ -474,6 +477,11 @@ func TestGatewayIngress(t *testing.T) {
 				return err
 			}
 			if err := netlink.LinkSetUp(l); err != nil {
+				return err
+			}
+			// A route back to the sender, for hosts whose namespaces
+			// inherit a strict rp_filter.
+			if err := netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: outIP}); err != nil {
 				return err
 			}
 			conn, err = net.ListenUDP("udp4", &net.UDPAddr{IP: dst})

@@ -31,13 +31,14 @@ var (
 	seg0         = testPort{"seg0", 5, false}
 )
 
-// podPort is Pod port name at ofport.
+// podPort returns a Pod's port (internal), name, at ofport.
 func podPort(name string, ofport int) testPort { return testPort{name, ofport, false} }
 
 // testBridge starts OVS with a netdev bridge br-int (secure fail mode,
 // OpenFlow 1.0, 1.3 and 1.5) holding ports at their requested ofports,
 // dials its OpenFlow socket, and returns both with a context for the
-// test's calls (2 minutes); all end with the test. Each port is added in
+// test's calls (2 minutes; the client itself lives until the test ends);
+// all end with the test. Each port is added in
 // a transaction of its own, so the datapath numbers them in the order
 // given (br-int first), as traces that read datapath actions expect.
 func testBridge(t *testing.T, ports ...testPort) (*ovstest.OVS, *of.Client, context.Context) {
@@ -52,9 +53,11 @@ func testBridge(t *testing.T, ports ...testPort) (*ovstest.OVS, *of.Client, cont
 		}
 		o.Run("ovs-vsctl", append(args, "ofport_request="+strconv.Itoa(p.ofport))...)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	life, end := context.WithCancel(context.Background())
+	t.Cleanup(end)
+	ctx, cancel := context.WithTimeout(life, 2*time.Minute)
 	t.Cleanup(cancel)
-	c, err := of.Dial(ctx, o.MgmtSocket("br-int"), zaptest.NewLogger(t))
+	c, err := of.Dial(life, o.MgmtSocket("br-int"), zaptest.NewLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -257,8 +257,8 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 		return err
 	}
 	if seed := partialChecksums(cfg, tunnelKind, &bridge, log); seed != nil {
-		defer seed.Close()
 		keeper := newSeedKeeper(seed, seedHooks(cfg, tunnelKind, bridge), reg, log)
+		defer keeper.close()
 		seedAgain.Store(keeper)
 		go keeper.run(ctx, 30*time.Second)
 	}

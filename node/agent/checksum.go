@@ -46,9 +46,9 @@ func seedHooks(cfg config.Config, kind tunnel.Kind, b pipeline.Bridge) []seedHoo
 // caller, once no flow of the earlier round is left (detachSeed): those
 // send NATed packets out directly.
 //
-// It returns the loaded program (nil when unused), which the caller keeps
-// to attach again (attachSeed) to a device made anew while the daemon runs
-// (ovs-vswitchd's taps persist across its restarts, but a bridge it
+// It returns the loaded program (nil when unused), which the caller hands
+// to a seedKeeper, to attach again to a device made anew while the daemon
+// runs (ovs-vswitchd's taps persist across its restarts, but a bridge it
 // re-creates has new ones), and closes at exit; the filters stay behind
 // the process, so a restart leaves no moment without them.
 func partialChecksums(cfg config.Config, kind tunnel.Kind, b *pipeline.Bridge, log *zap.Logger) *csumseed.Program {
@@ -102,10 +102,12 @@ type seedKeeper struct {
 
 	mu     sync.Mutex
 	failed map[seedHook]bool // hooks the last check could not mend
+	closed bool              // prog is closed: ensure does nothing
 }
 
-// newSeedKeeper returns a keeper of prog on hooks, its gauge registered
-// with reg:
+// newSeedKeeper returns a keeper of prog on hooks, which owns prog from
+// then on (close releases it), its gauge registered with reg (which
+// panics if one is registered there already):
 //
 //	seine_nat_checksum_hooks_missing 0
 func newSeedKeeper(prog *csumseed.Program, hooks []seedHook, reg prometheus.Registerer, log *zap.Logger) *seedKeeper {
@@ -124,6 +126,9 @@ func newSeedKeeper(prog *csumseed.Program, hooks []seedHook, reg prometheus.Regi
 func (k *seedKeeper) ensure() int {
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	if k.closed {
+		return 0
+	}
 	missing := 0
 	for _, h := range k.hooks {
 		ok, err := csumseed.Attached(h.device, h.dir)
@@ -149,6 +154,15 @@ func (k *seedKeeper) ensure() int {
 	}
 	k.missing.Set(float64(missing))
 	return missing
+}
+
+// close waits for a check under way, stops later ones (the reconnect hook
+// may still call ensure) and releases the program; the filters stay.
+func (k *seedKeeper) close() error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.closed = true
+	return k.prog.Close()
 }
 
 // run checks the hooks every period until ctx ends.

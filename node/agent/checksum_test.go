@@ -89,5 +89,20 @@ func TestSeedKeeper(t *testing.T) {
 		if n := k.ensure(); n != 0 || logs.Len() != before {
 			t.Fatalf("a check with every filter in place: %d missing, %d new log lines", n, logs.Len()-before)
 		}
+
+		// Closed, the keeper leaves the hooks alone (the reconnect hook
+		// may still call it while the daemon stops); the filters stay.
+		if err := k.close(); err != nil {
+			t.Fatal(err)
+		}
+		if !attached("sk-x") {
+			t.Fatal("close removed a filter")
+		}
+		if err := csumseed.Detach("sk-a", csumseed.Egress); err != nil {
+			t.Fatal(err)
+		}
+		if n := k.ensure(); n != 0 || attached("sk-a") {
+			t.Fatalf("ensure after close: %d missing, sk-a attached %v; want it to do nothing", n, attached("sk-a"))
+		}
 	})
 }

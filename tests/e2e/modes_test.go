@@ -161,8 +161,9 @@ func TestModeReported(t *testing.T) {
 		if line := fmt.Sprintf(`seine_nat_checksum_info{mode=%q} 1`, natMode); !strings.Contains(m, line) {
 			t.Errorf("%s: no %q in its metrics:\n%s", n.Name, line, grepLines(m, "seine_nat_checksum_info"))
 		}
-		// With the rewrite, every hook has its filter; with the detour,
-		// the keeper does not run.
+		// With the rewrite, every hook has its filter (the gauge starts
+		// at 0, and the keeper's checks keep it there); with the detour,
+		// the keeper does not run and the gauge does not exist.
 		hooksMissing := strings.Contains(m, "seine_nat_checksum_hooks_missing ")
 		if natMode == config.NATChecksumRewrite && !strings.Contains(m, "seine_nat_checksum_hooks_missing 0\n") ||
 			natMode == config.NATChecksumDetour && hooksMissing {
