@@ -93,16 +93,45 @@ func startOVS(ctx context.Context, n *Node) error {
 			"--log-file=" + filepath.Join(d, "ovsdb-server.log"), "--detach"},
 		{"ovs-vsctl", "--db=unix:" + sock, "--no-wait", "init", "--",
 			"set", "Open_vSwitch", ".", "other_config:userspace-tso-enable=true"},
-		{"ip", "netns", "exec", n.NetNS, "ovs-vswitchd", "unix:" + sock,
-			"--unixctl=" + filepath.Join(d, "ovs-vswitchd.ctl"),
-			"--pidfile=" + filepath.Join(d, "ovs-vswitchd.pid"),
-			"--log-file=" + filepath.Join(d, "ovs-vswitchd.log"),
-			"--disable-system", "--detach"},
+		vswitchdArgv(n),
 	}
 	for _, argv := range steps {
 		if _, err := run(ctx, env, argv...); err != nil {
 			return fmt.Errorf("start OVS: %w", err)
 		}
+	}
+	return nil
+}
+
+// vswitchdArgv is the command that starts n's ovs-vswitchd (detached).
+func vswitchdArgv(n *Node) []string {
+	d := n.OVSRunDir
+	return []string{"ip", "netns", "exec", n.NetNS, "ovs-vswitchd", "unix:" + filepath.Join(d, "db.sock"),
+		"--unixctl=" + filepath.Join(d, "ovs-vswitchd.ctl"),
+		"--pidfile=" + filepath.Join(d, "ovs-vswitchd.pid"),
+		"--log-file=" + filepath.Join(d, "ovs-vswitchd.log"),
+		"--disable-system", "--detach"}
+}
+
+// RestartVSwitchd stops node's ovs-vswitchd with SIGTERM (SIGKILL after
+// 10 s), as a package upgrade or a container restart does, and starts it
+// again from the same database; the seine daemon keeps running and must
+// notice on its own. Only in the sandbox's own CNI mode with processes
+// (not real Nodes, where OVS runs in the DaemonSet's Pod).
+func (c *Cluster) RestartVSwitchd(ctx context.Context, node string) error {
+	n, err := c.Node(node)
+	if err != nil {
+		return err
+	}
+	if c.st.Kubelet || c.st.CNIMode != CNIModeSeine {
+		return fmt.Errorf("restart ovs-vswitchd on %s: the sandbox does not run it", n.Name)
+	}
+	if err := stopPidfile(filepath.Join(n.OVSRunDir, "ovs-vswitchd.pid"), 10*time.Second); err != nil {
+		return fmt.Errorf("restart ovs-vswitchd on %s: %w", n.Name, err)
+	}
+	d := n.OVSRunDir
+	if _, err := run(ctx, []string{"OVS_RUNDIR=" + d, "OVS_DBDIR=" + d, "OVS_LOGDIR=" + d}, vswitchdArgv(&n)...); err != nil {
+		return fmt.Errorf("restart ovs-vswitchd on %s: %w", n.Name, err)
 	}
 	return nil
 }
