@@ -134,33 +134,8 @@ func TestVSwitchdRestart(t *testing.T) {
 	node := c.Nodes()[0]
 	ctx := testCtx(t, 3*time.Minute)
 
-	var sent, failed atomic.Int64
-	var mu sync.Mutex
-	var firstFail, lastFail time.Time
-	pctx, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for pctx.Err() == nil {
-			r := c.Probe(pctx, client.ns, client.name, server.ip, tcpPort, corev1.ProtocolTCP, time.Second)
-			sent.Add(1)
-			if r.Outcome != echo.Connected || r.Reply != server.name {
-				failed.Add(1)
-				mu.Lock()
-				if firstFail.IsZero() {
-					firstFail = time.Now()
-				}
-				lastFail = time.Now()
-				mu.Unlock()
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}()
 	restarted := time.Now()
 	if err := c.RestartVSwitchd(ctx, node.Name); err != nil {
-		stop()
-		wg.Wait()
 		t.Fatal(err)
 	}
 	eventually(t, time.Minute, "Pod to Pod across Nodes after ovs-vswitchd restarted", func() error {
@@ -169,14 +144,8 @@ func TestVSwitchdRestart(t *testing.T) {
 		}
 		return nil
 	})
-	back := time.Since(restarted)
-	stop()
-	wg.Wait()
-	mu.Lock()
-	t.Logf("ovs-vswitchd restarted on %s: traffic back after %s; %d of %d probes failed (from %s to %s after the restart began)",
-		node.Name, back.Round(time.Millisecond), failed.Load(), sent.Load(),
-		firstFail.Sub(restarted).Round(time.Millisecond), lastFail.Sub(restarted).Round(time.Millisecond))
-	mu.Unlock()
+	t.Logf("ovs-vswitchd restarted on %s: Pod traffic across Nodes back %s after the restart began",
+		node.Name, time.Since(restarted).Round(time.Millisecond))
 	if !c.NodeProcesses(node)["seine"] {
 		t.Fatalf("seine on %s is not running after ovs-vswitchd restarted", node.Name)
 	}
