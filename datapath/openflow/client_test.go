@@ -676,3 +676,76 @@ func TestDumpFlowsMultipart(t *testing.T) {
 		t.Fatalf("%d flows left after deleting all", len(got))
 	}
 }
+
+// TestMeters adds a meter, a flow through it, changes the meter's rate in
+// place (the flow must stay: a delete and add would take it along) and
+// deletes it, on the userspace datapath.
+func TestMeters(t *testing.T) {
+	o, sock := startBridge(t)
+	c := dial(t, sock)
+	ctx := testCtx(t)
+	f, err := c.MeterFeatures(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !f.Usable(65279) {
+		t.Fatalf("netdev bridge meter features %+v: want kbps drop bands with bursts up to id 65279", f)
+	}
+	m := MeterEntry{ID: 7, RateKbps: 20000, BurstKbits: 4000}
+	if err := c.EnsureMeter(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	flow := Flow{Table: 0, Priority: 100, Cookie: 0x70, Match: Match{InPort: 3}, Actions: []Action{Meter{7}, LoadReg{Reg: 0, Value: 1}, GotoTable{10}}}
+	if err := c.Apply(ctx, adds([]Flow{flow})); err != nil {
+		t.Fatal(err)
+	}
+	meters := func() string {
+		return o.Run("ovs-ofctl", "-O", "OpenFlow13", "dump-meters", sock)
+	}
+	if out := meters(); !strings.Contains(out, "meter=7 kbps burst stats bands=\ntype=drop rate=20000 burst_size=4000") {
+		t.Fatalf("meter 7 not as added:\n%s", out)
+	}
+	if l := ofctlFlows(t, o, sock); len(l) != 1 || !strings.Contains(l[0], "actions=meter:7,load:0x1->NXM_NX_REG0[],goto_table:10") &&
+		!strings.Contains(l[0], "actions=meter:7,set_field:0x1->reg0,goto_table:10") {
+		t.Fatalf("flows: %q", l)
+	}
+	m.RateKbps, m.BurstKbits = 50000, 8000
+	if err := c.EnsureMeter(ctx, m); err != nil {
+		t.Fatalf("ensure again (modify): %v", err)
+	}
+	if out := meters(); !strings.Contains(out, "rate=50000 burst_size=8000") {
+		t.Fatalf("meter 7 not modified:\n%s", out)
+	}
+	if l := ofctlFlows(t, o, sock); len(l) != 1 {
+		t.Fatalf("modifying the meter took its flow along: %q", l)
+	}
+
+	// Bad input is refused before it reaches the switch, or by the switch
+	// with a named error.
+	if err := c.Apply(ctx, adds([]Flow{{Table: 0, Priority: 90, Actions: []Action{LoadReg{Reg: 0, Value: 1}, Meter{7}}}})); err == nil || !strings.Contains(err.Error(), "meter must be the first action") {
+		t.Errorf("meter after another action: %v", err)
+	}
+	if err := c.Apply(ctx, adds([]Flow{{Table: 0, Priority: 90, Actions: []Action{Meter{8}, Output{1}}}})); err == nil {
+		t.Error("a flow through a meter that does not exist was accepted")
+	}
+	if err := c.EnsureMeter(ctx, MeterEntry{ID: 9}); err == nil || !strings.Contains(err.Error(), "must both be positive") {
+		t.Errorf("meter without a rate: %v", err)
+	}
+	if err := c.ApplyGroups(ctx, []GroupMod{{Op: GroupOpAdd, Group: GroupEntry{ID: 1, Type: GroupAll,
+		Buckets: []Bucket{{Actions: []Action{Meter{7}}}}}}}); err == nil {
+		t.Error("a meter in a group bucket was accepted")
+	}
+
+	if err := c.DeleteMeter(ctx, 7); err != nil {
+		t.Fatal(err)
+	}
+	if out := meters(); strings.Contains(out, "meter=7") {
+		t.Fatalf("meter 7 still there:\n%s", out)
+	}
+	if l := ofctlFlows(t, o, sock); len(l) != 0 {
+		t.Fatalf("the meter's flow outlived it: %q", l)
+	}
+	if err := c.DeleteMeter(ctx, 7); err != nil {
+		t.Errorf("deleting a meter that is gone: %v", err)
+	}
+}

@@ -332,13 +332,25 @@ func prefixTLV(n *net.IPNet, v4, v6 fieldID, name string) (*of13.MatchField, err
 	return &t, nil
 }
 
-// encodeActions turns a flow's action list into OpenFlow 1.3 instructions:
-// one apply-actions with everything but GotoTable, then goto-table.
+// encodeInstructions turns a flow's action list into OpenFlow 1.3
+// instructions in the order the switch runs them (OpenFlow 1.3 section
+// 5.9): meter, then one apply-actions with everything but Meter and
+// GotoTable, then goto-table.
 func encodeInstructions(f *Flow) ([]of13.Instruction, error) {
 	var instrs []of13.Instruction
 	var gotoTable *GotoTable
 	var acts []of13.Action
 	for i, a := range f.Actions {
+		if m, ok := a.(Meter); ok {
+			if i != 0 {
+				return nil, errors.New("meter must be the first action")
+			}
+			if m.ID == 0 || m.ID > of13.OFPM13_MAX {
+				return nil, fmt.Errorf("meter:%d: no such meter id", m.ID)
+			}
+			instrs = append(instrs, of13.NewInstrMeter(m.ID))
+			continue
+		}
 		if g, ok := a.(GotoTable); ok {
 			if i != len(f.Actions)-1 {
 				return nil, errors.New("goto_table must be the last action")
@@ -374,8 +386,11 @@ func encodeInstructions(f *Flow) ([]of13.Instruction, error) {
 func encodeActionList(actions []Action) ([]of13.Action, error) {
 	out := make([]of13.Action, 0, len(actions))
 	for _, a := range actions {
-		if _, ok := a.(GotoTable); ok {
+		switch a.(type) {
+		case GotoTable:
 			return nil, errors.New("goto_table is an instruction and cannot appear in a group bucket")
+		case Meter:
+			return nil, errors.New("meter is an instruction and cannot appear in a group bucket")
 		}
 		oa, err := encodeAction(a)
 		if err != nil {

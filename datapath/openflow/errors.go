@@ -85,7 +85,12 @@ var errorCodes = map[uint16][]string{
 	6: {"GROUP_EXISTS", "INVALID_GROUP", "WEIGHT_UNSUPPORTED", "OUT_OF_GROUPS", "OUT_OF_BUCKETS",
 		"CHAINING_UNSUPPORTED", "WATCH_UNSUPPORTED", "LOOP", "UNKNOWN_GROUP", "CHAINED_GROUP", "BAD_TYPE",
 		"BAD_COMMAND", "BAD_BUCKET", "BAD_WATCH", "EPERM"},
+	12: {"UNKNOWN", "METER_EXISTS", "INVALID_METER", "UNKNOWN_METER", "BAD_COMMAND", "BAD_FLAGS", "BAD_RATE",
+		"BAD_BURST", "BAD_BAND", "BAD_BAND_VALUE", "OUT_OF_METERS", "OUT_OF_BANDS"},
 }
+
+// OFPMMFC_METER_EXISTS: an add of a meter id already in use.
+const meterExists = 1
 
 // ONF extension 230 (bundles in OpenFlow 1.3) error codes.
 var onfBundleErrors = map[uint16]string{

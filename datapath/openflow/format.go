@@ -224,6 +224,8 @@ func formatAction(a Action, table func(uint8) string) string {
 		return "output:" + bitRange(fmt.Sprintf("reg%d", a.Reg), a.Ofs, a.NBits)
 	case GotoTable:
 		return "goto_table:" + table(a.Table)
+	case Meter:
+		return fmt.Sprintf("meter:%d", a.ID)
 	case Resubmit:
 		return "resubmit(," + table(a.Table) + ")"
 	case SetEthSrc:

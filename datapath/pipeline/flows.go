@@ -144,6 +144,11 @@ type Pod struct {
 	// which the default deny of PolicyBaseFlows drops unless a policy rule
 	// allowed it.
 	IngressIsolated, EgressIsolated bool
+	// EgressMeter, when not 0, is the OpenFlow meter every packet from the
+	// Pod's port passes first (its Classifier flow): the backstop of the
+	// Pod's egress limit, which its own qdisc enforces (node/bandwidth).
+	// The meter must exist before the flows are added.
+	EgressMeter uint32
 }
 
 // PeerNode is another Node whose podCIDR is reached through the tunnel.
@@ -238,11 +243,16 @@ func BaseFlows(b Bridge) []of.Flow {
 // its spoof guard, ARP delivery to it, and L3/L2 forwarding to it. The
 // Classifier flow also loads EgressIsolated=1 when p.EgressIsolated, and the
 // L2Forwarding flow IngressIsolated=1 when p.IngressIsolated, so changing a
-// Pod's isolation changes only those two flows.
+// Pod's isolation changes only those two flows. With p.EgressMeter the
+// Classifier flow meters the Pod's traffic before anything else.
 func PodFlows(b Bridge, p Pod) []of.Flow {
 	ck := Cookie(b.Round, CategoryPod, uint64(p.OFPort))
 	ip := p.IP.To4()
-	classify := []of.Action{PktSource.Load(FromPod)}
+	var classify []of.Action
+	if p.EgressMeter != 0 {
+		classify = append(classify, of.Meter{ID: p.EgressMeter})
+	}
+	classify = append(classify, PktSource.Load(FromPod))
 	if p.EgressIsolated {
 		classify = append(classify, EgressIsolated.Load(1))
 	}

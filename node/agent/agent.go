@@ -227,6 +227,12 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 					return fmt.Errorf("replaying service groups: %w", err)
 				}
 			}
+			// Before the flows that use them.
+			if b := reshapePods.Load(); b != nil {
+				if err := b.ReplayMeters(ctx); err != nil {
+					return fmt.Errorf("replaying Pod egress meters: %w", err)
+				}
+			}
 			if err := syncer.Replay(ctx); err != nil {
 				return err
 			}
@@ -334,6 +340,10 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 	if err != nil {
 		return err
 	}
+	meters, err := podMeters(ctx, ownsPods, ofc, log)
+	if err != nil {
+		return err
+	}
 	backend = podnet.New(podnet.Config{
 		BridgeName:        cfg.BridgeName,
 		Bridge:            bridge,
@@ -346,6 +356,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 		NodeIP:            nodeIP,
 		Metrics:           reg,
 		HostPorts:         hostPorts,
+		Meters:            meters,
 	}, alloc, ovs, syncer, log.Named("podnet"))
 	restored, err := backend.RestorePods(ctx)
 	if err != nil {
@@ -750,3 +761,26 @@ func startHostPorts(ctx context.Context, ownsPods bool, cfg hostport.Config) (po
 	}
 	return m, nil
 }
+
+// podMeters returns the meters that back up Pods' egress limits, or nil
+// (and says why at warning level) when the bridge's datapath has none the
+// size of the ofport space; chained, the primary's chain shapes instead.
+func podMeters(ctx context.Context, ownsPods bool, ofc *of.Client, log *zap.Logger) (podnet.Meters, error) {
+	if !ownsPods {
+		return nil, nil
+	}
+	f, err := ofc.MeterFeatures(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("reading the bridge's meter features: %w", err)
+	}
+	if !f.Usable(maxOFPort) {
+		log.Warn("the datapath has no meters for Pod egress limits: a Pod with CAP_NET_ADMIN can lift its own limit",
+			zap.Uint32("max_meter", f.MaxMeter), zap.Bool("drop_band", f.DropBand), zap.Bool("kbps", f.Kbps), zap.Bool("burst", f.Burst))
+		return nil, nil
+	}
+	return ofc, nil
+}
+
+// maxOFPort is the largest port number of a physical port (OpenFlow 1.3
+// section 7.2.1, OFPP_MAX is 0xffffff00; OVS gives ports at most 0xfeff).
+const maxOFPort = 0xfeff

@@ -18,9 +18,11 @@
 // AF_PACKET socket, which gets every packet before tc's ingress hook runs,
 // so the bridge forwards the Pod's traffic unshaped (measured: 7 Gbit/s
 // through a 100 Mbit/s limit). Shaping at the Pod's interface works with
-// both datapaths and pushes back on the Pod's sockets instead of dropping;
-// a Pod with CAP_NET_ADMIN can replace its own qdisc, as it could change
-// its own interface's other settings.
+// both datapaths and pushes back on the Pod's sockets instead of dropping.
+//
+// A Pod with CAP_NET_ADMIN can replace its own qdisc. An OpenFlow meter on
+// the Pod's port (EgressMeter gives its band) backs the limit up: it
+// drops what exceeds the limit by more than the tbf ever lets through.
 package bandwidth
 
 import (
@@ -96,13 +98,7 @@ func Parse(raw json.RawMessage) (Limits, error) {
 // holds what the rate sends in 25 ms beside the bucket.
 func tbf(linkIndex int, rate, burst uint64) *netlink.Tbf {
 	bytesPerSec := rate / 8
-	bucket := burst / 8
-	if burst == 0 || burst == math.MaxUint32 {
-		bucket = uint64(float64(bytesPerSec) * defaultBurstSeconds)
-	}
-	// At least a TSO segment, at most 60 s at the rate (which still holds
-	// an MTU-sized packet at the slowest rate).
-	bucket = min(max(bucket, minBurst), uint64(float64(bytesPerSec)*maxBurstSeconds), math.MaxUint32)
+	bucket := bucketBytes(rate, burst)
 	limit := min(uint64(float64(bytesPerSec)*latencySeconds)+bucket, math.MaxUint32)
 	return &netlink.Tbf{
 		QdiscAttrs: netlink.QdiscAttrs{LinkIndex: linkIndex, Handle: netlink.MakeHandle(1, 0), Parent: netlink.HANDLE_ROOT},
@@ -110,6 +106,37 @@ func tbf(linkIndex int, rate, burst uint64) *netlink.Tbf {
 		Limit:      uint32(limit),
 		Buffer:     netlink.Xmittime(bytesPerSec, uint32(bucket)),
 	}
+}
+
+// bucketBytes is the token bucket, in bytes, of a limit of rate bits/s
+// with a burst of burst bits (0 or 2^32-1: 100 ms at the rate): at least a
+// TSO segment, at most 60 s at the rate (which still holds an MTU-sized
+// packet at the slowest rate).
+func bucketBytes(rate, burst uint64) uint64 {
+	bytesPerSec := rate / 8
+	bucket := burst / 8
+	if burst == 0 || burst == math.MaxUint32 {
+		bucket = uint64(float64(bytesPerSec) * defaultBurstSeconds)
+	}
+	return min(max(bucket, minBurst), uint64(float64(bytesPerSec)*maxBurstSeconds), math.MaxUint32)
+}
+
+// meterSlack is how far above the limit the egress meter's rate lies, so
+// that packets the Pod's tbf let through on time are never dropped when
+// they reach the bridge bunched together.
+const meterSlack = 1.1
+
+// EgressMeter returns the band of the OpenFlow meter that backs up the
+// egress limit rate (bits/s) with burst (bits; 0 or 2^32-1: the default),
+// in kilobits per second and kilobits: the rate plus 10%, and twice the
+// tbf's bucket. A Pod whose own qdisc shapes its traffic never reaches
+// the band; one that removed the qdisc (it needs CAP_NET_ADMIN in its
+// network namespace) is policed to the band's rate. A policer drops where
+// tbf queues, so TCP through the meter alone runs below the limit.
+func EgressMeter(rate, burst uint64) (rateKbps, burstKbits uint32) {
+	r := math.Ceil(float64(rate) * meterSlack / 1000)
+	b := math.Ceil(float64(2*bucketBytes(rate, burst)) * 8 / 1000)
+	return uint32(min(r, math.MaxUint32)), uint32(min(b, math.MaxUint32))
 }
 
 // Shape makes a tbf the root qdisc of the link named ifName (in the

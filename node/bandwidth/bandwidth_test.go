@@ -89,3 +89,32 @@ func TestShape(t *testing.T) {
 		}
 	})
 }
+
+func TestEgressMeter(t *testing.T) {
+	for _, c := range []struct {
+		rate, burst      uint64
+		wantKbps, wantKb uint32
+	}{
+		// 20 Mbit/s, default burst (100 ms: 250,000 bytes): 22,000 kbps
+		// and twice 2,000 kbits.
+		{20_000_000, 0, 22_000, 4_000},
+		{20_000_000, math.MaxUint32, 22_000, 4_000},
+		// A small burst is raised to a 64 KiB segment: 2 × 524.288 kbits.
+		{1_000_000, 8_000, 1_100, 1_049},
+		// The slowest rate: 1.1 kbps, rounded up; the bucket is 60 s at
+		// the rate (7,500 bytes), twice that is 120 kbits.
+		{1_000, 0, 2, 120},
+		// 10 Gbit/s with a 1 Gbit burst: the bucket is 125 MB, twice that
+		// is 2,000,000 kbits.
+		{10_000_000_000, 1_000_000_000, 11_000_000, 2_000_000},
+	} {
+		kbps, kb := EgressMeter(c.rate, c.burst)
+		if kbps != c.wantKbps || kb != c.wantKb {
+			t.Errorf("EgressMeter(%d, %d) = %d kbps, %d kbits; want %d, %d", c.rate, c.burst, kbps, kb, c.wantKbps, c.wantKb)
+		}
+		// Never below the tbf it backs up.
+		if uint64(kbps)*1000 < c.rate || uint64(kb)*1000 < 8*bucketBytes(c.rate, c.burst) {
+			t.Errorf("EgressMeter(%d, %d) = %d kbps, %d kbits: below the tbf", c.rate, c.burst, kbps, kb)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/seine-net/seine/datapath/pipeline"
 	cniserver "github.com/seine-net/seine/node/cni/server"
 	"github.com/seine-net/seine/node/hostport"
 )
@@ -67,6 +69,7 @@ func TestRuntimeCapabilities(t *testing.T) {
 	defer cancel()
 	mapper := &recordingMapper{mapped: map[string][]hostport.Mapping{}}
 	h := newHarness(t, ctx, zaptest.NewLogger(t), func(c *Config) { c.HostPorts = mapper })
+	h.be.cfg.Meters = h.of
 
 	n0 := h.netns()
 	req := h.request(0, n0.Path())
@@ -108,6 +111,38 @@ func TestRuntimeCapabilities(t *testing.T) {
 	if rate := rootTBFRate(t, res.Interfaces[0].Name); rate != 20e6/8 {
 		t.Errorf("after ReshapePods: host veth tbf rate %d bytes/s", rate)
 	}
+
+	// The egress limit's meter (10 Mbit/s: 11,000 kbps, twice the default
+	// 125,000-byte bucket) is on the Pod's port, before anything else.
+	if port.ExternalIDs[ExtIDEgressBandwidth] != "10000000/4294967295" {
+		t.Errorf("port external_ids %v: no egress bandwidth", port.ExternalIDs)
+	}
+	wantMeter := fmt.Sprintf("meter=%d kbps burst stats bands=type=drop rate=11000 burst_size=2000", port.OFPort)
+	if ms := h.meters(); len(ms) != 1 || ms[0] != wantMeter {
+		t.Errorf("meters %q, want [%s]", ms, wantMeter)
+	}
+	classifier := func() string {
+		return h.ovs.Run("ovs-ofctl", "-O", "OpenFlow13", "--no-stats", "dump-flows", h.ovs.MgmtSocket("br-int"),
+			fmt.Sprintf("table=%d,in_port=%d", pipeline.Classifier, port.OFPort))
+	}
+	if out := classifier(); !strings.Contains(out, fmt.Sprintf("actions=meter:%d,", port.OFPort)) {
+		t.Errorf("the Pod's Classifier flow does not go through its meter:\n%s", out)
+	}
+	// A restarted ovs-vswitchd has neither: the meter comes back first,
+	// then the flows (what the daemon's reconnect does).
+	h.ovs.Run("ovs-ofctl", "-O", "OpenFlow13", "del-meters", h.ovs.MgmtSocket("br-int"))
+	if err := h.be.ReplayMeters(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.flows.Replay(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ms := h.meters(); len(ms) != 1 || ms[0] != wantMeter {
+		t.Errorf("after ReplayMeters: meters %q, want [%s]", ms, wantMeter)
+	}
+	if out := classifier(); !strings.Contains(out, fmt.Sprintf("actions=meter:%d,", port.OFPort)) {
+		t.Errorf("after the replay, the Classifier flow does not go through the meter:\n%s", out)
+	}
 	if err := h.be.Del(ctx, req); err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +154,8 @@ func TestRuntimeCapabilities(t *testing.T) {
 	mapper.fail = errors.New("host port taken")
 	n1 := h.netns()
 	req = h.request(1, n1.Path())
-	req.NetConf.RuntimeConfig = map[string]json.RawMessage{"portMappings": json.RawMessage(`[{"hostPort":8080,"containerPort":80}]`)}
+	req.NetConf.RuntimeConfig = map[string]json.RawMessage{"portMappings": json.RawMessage(`[{"hostPort":8080,"containerPort":80}]`),
+		"bandwidth": json.RawMessage(`{"egressRate":10000000}`)}
 	if _, err := h.be.Add(ctx, req); err == nil || !strings.Contains(err.Error(), "host port taken") {
 		t.Errorf("ADD with a failing mapping: %v", err)
 	}

@@ -38,6 +38,7 @@ import (
 
 	"github.com/seine-net/seine/datapath/ovsdb"
 	"github.com/seine-net/seine/datapath/pipeline"
+	"github.com/seine-net/seine/node/bandwidth"
 	cniserver "github.com/seine-net/seine/node/cni/server"
 )
 
@@ -208,7 +209,8 @@ func (b *Backend) addChained(ctx context.Context, req *cniserver.Request) (_ *cu
 			return nil, cniserver.Errorf(cniserver.ErrCodeDatapath, "%w", err)
 		}
 	}
-	port, err := b.attach(ctx, req, hostName, podIP, podMAC,
+	// The primary's chain shapes the Pod's traffic.
+	port, err := b.attach(ctx, req, hostName, podIP, podMAC, bandwidth.Limits{},
 		map[string]string{ExtIDAttachment: AttachmentChained, ExtIDHostSysctls: recorded}, &undo, newStepTimes(), nil)
 	if err != nil {
 		return nil, err

@@ -33,6 +33,7 @@ type harness struct {
 	ovs   *ovstest.OVS
 	db    *ovsdb.Client
 	flows *flowsync.Syncer
+	of    *of.Client
 	ipam  *ipam.Allocator
 	be    *Backend
 	reg   *prometheus.Registry
@@ -69,14 +70,34 @@ func newHarness(t testing.TB, ctx context.Context, log *zap.Logger, opts ...func
 	cfg := Config{BridgeName: "br-int", MTU: 1450, DisableTxChecksum: true, Metrics: reg,
 		Bridge: pipeline.Bridge{Round: 1, GatewayPort: 2, GatewayMAC: gwMAC,
 			GatewayIP: net.ParseIP("10.244.0.1"), PodCIDR: podCIDR}}
+	h := &harness{t: t, ovs: o, db: db, flows: syncer, of: ofc, ipam: alloc, reg: reg}
 	for _, o := range opts {
 		o(&cfg)
 	}
+
 	be := New(cfg, alloc, db, syncer, log.Named("podnet"))
 	be.MarkReady()
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
-	return &harness{t: t, ovs: o, db: db, flows: syncer, ipam: alloc, be: be, reg: reg, prefix: "c" + hex.EncodeToString(b)}
+	h.be, h.prefix = be, "c"+hex.EncodeToString(b)
+	return h
+}
+
+// meters returns the meters on the harness's bridge, one line each
+// ("meter=7 kbps burst stats bands=type=drop rate=... burst_size=...").
+func (h *harness) meters() []string {
+	h.t.Helper()
+	out := h.ovs.Run("ovs-ofctl", "-O", "OpenFlow13", "dump-meters", h.ovs.MgmtSocket("br-int"))
+	var ms []string
+	for _, l := range strings.Split(out, "\n") {
+		switch l = strings.TrimSpace(l); {
+		case strings.HasPrefix(l, "meter="):
+			ms = append(ms, l)
+		case strings.HasPrefix(l, "type=") && len(ms) > 0:
+			ms[len(ms)-1] += l
+		}
+	}
+	return ms
 }
 
 // netns creates a Pod network namespace, removed at cleanup.
@@ -130,6 +151,9 @@ func (h *harness) leftovers(ctx context.Context) []string {
 		if strings.Contains(l, "cookie=") {
 			out = append(out, "flow "+strings.TrimSpace(l))
 		}
+	}
+	for _, m := range h.meters() {
+		out = append(out, m)
 	}
 	for _, id := range h.ids {
 		if _, err := os.Stat("/sys/class/net/" + HostVethName(id, "eth0")); err == nil {

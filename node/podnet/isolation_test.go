@@ -17,11 +17,14 @@ import (
 // TestSetIsolation restores a Pod port (a veth attached to a real
 // OVS bridge, as a daemon restart finds it), then isolates it: the Pod's
 // Classifier and L2Forwarding flows on the switch carry the isolation
-// bits, and after DEL a late SetIsolation installs nothing.
+// bits, and after DEL a late SetIsolation installs nothing. The port
+// records an egress limit: the restore adds its meter, the Classifier flow
+// keeps going through it whatever the isolation, and DEL removes it.
 func TestSetIsolation(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	h := newHarness(t, ctx, zaptest.NewLogger(t))
+	h.be.cfg.Meters = h.of
 	o, be, alloc := h.ovs, h.be, h.ipam
 
 	// The host end of the Pod: a veth with a unique name (its peer stands
@@ -38,7 +41,8 @@ func TestSetIsolation(t *testing.T) {
 	o.Run("ovs-vsctl", "add-port", "br-int", link, "--", "set", "port", link,
 		"external_ids:"+ExtIDContainerID+"="+cid, "external_ids:"+ExtIDIfName+"="+ifn,
 		"external_ids:"+ExtIDPodNamespace+"=ns", "external_ids:"+ExtIDPodName+"=web",
-		"external_ids:"+ExtIDIP+"=10.244.1.5", "external_ids:"+ExtIDMAC+"="+mac)
+		"external_ids:"+ExtIDIP+"=10.244.1.5", "external_ids:"+ExtIDMAC+"="+mac,
+		"external_ids:"+ExtIDEgressBandwidth+"=1000000/0")
 
 	if n, err := be.RestorePods(ctx); err != nil || n != 1 {
 		t.Fatalf("RestorePods = %d, %v; want 1 Pod", n, err)
@@ -81,6 +85,14 @@ func TestSetIsolation(t *testing.T) {
 	if !bit(d, "24") || !bit(d, "25") {
 		t.Errorf("after isolating for both:\n%s", d)
 	}
+	// 1 Mbit/s: 1,100 kbps, twice a 64 KiB bucket.
+	ofport := strings.TrimSpace(o.Run("ovs-vsctl", "get", "Interface", link, "ofport"))
+	if ms := h.meters(); len(ms) != 1 || ms[0] != "meter="+ofport+" kbps burst stats bands=type=drop rate=1100 burst_size=1049" {
+		t.Errorf("meters after the restore: %q", ms)
+	}
+	if !strings.Contains(d, "actions=meter:"+ofport+",") {
+		t.Errorf("the isolated Classifier flow does not go through meter %s:\n%s", ofport, d)
+	}
 	t.Logf("isolated Pod flows:\n%s", d)
 	if err := be.SetIsolation(ctx, "ns", "other", true, true); err != nil {
 		t.Errorf("unknown Pod: %v", err)
@@ -95,5 +107,8 @@ func TestSetIsolation(t *testing.T) {
 	}
 	if d := podFlows(); d != "" {
 		t.Errorf("flows of a released Pod:\n%s", d)
+	}
+	if ms := h.meters(); len(ms) != 0 {
+		t.Errorf("meters of a released Pod: %q", ms)
 	}
 }

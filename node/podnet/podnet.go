@@ -57,6 +57,10 @@ const (
 	// qdisc of every port it adds, at its own start too, so the daemon
 	// shapes the host veth again after either restart.
 	ExtIDIngressBandwidth = "seine.io/ingress-bandwidth"
+	// ExtIDEgressBandwidth records the limit of traffic out of the Pod
+	// ("<rate>/<burst>", bits/s and bits), whose OpenFlow meter (id: the
+	// port's ofport) a restarted daemon or ovs-vswitchd needs again.
+	ExtIDEgressBandwidth = "seine.io/egress-bandwidth"
 )
 
 // Ports is the OVSDB part the backend needs.
@@ -66,6 +70,13 @@ type Ports interface {
 	GetPort(ctx context.Context, name string) (*ovsdb.Port, error)
 	DeletePort(ctx context.Context, bridge, name string) error
 	ListPorts(ctx context.Context, bridge string) ([]ovsdb.Port, error)
+}
+
+// Meters adds and removes the OpenFlow meters behind Pods' egress limits
+// (datapath/openflow.Client).
+type Meters interface {
+	EnsureMeter(ctx context.Context, m of.MeterEntry) error
+	DeleteMeter(ctx context.Context, id uint32) error
 }
 
 // Flows is the flow store the backend needs (datapath/flowsync.Syncer).
@@ -128,6 +139,11 @@ type Config struct {
 	// Pods' hostPorts; see node/hostport). Without it, an ADD that
 	// carries port mappings is refused.
 	HostPorts HostPortMapper
+	// Meters, when set, backs up each Pod's egress limit with an OpenFlow
+	// meter on its port (see node/bandwidth), its id the port's ofport.
+	// Without it (a datapath without meters, or chained) the Pod's own
+	// qdisc is the only limit.
+	Meters Meters
 }
 
 // HostPortMapper maps host ports to Pods (node/hostport's Mapper). Owners
@@ -396,11 +412,14 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 	go func() {
 		podEnd <- b.configurePodEnd(podNS, req.IfName, podAddr, routes, limits.EgressRate, limits.EgressBurst, host)
 	}()
-	var extra map[string]string
+	extra := map[string]string{}
 	if limits.IngressRate > 0 {
-		extra = map[string]string{ExtIDIngressBandwidth: fmt.Sprintf("%d/%d", limits.IngressRate, limits.IngressBurst)}
+		extra[ExtIDIngressBandwidth] = fmt.Sprintf("%d/%d", limits.IngressRate, limits.IngressBurst)
 	}
-	port, err := b.attach(ctx, req, hostName, podIP, podMAC, extra, &undo, st, durable)
+	if limits.EgressRate > 0 {
+		extra[ExtIDEgressBandwidth] = fmt.Sprintf("%d/%d", limits.EgressRate, limits.EgressBurst)
+	}
+	port, err := b.attach(ctx, req, hostName, podIP, podMAC, limits, extra, &undo, st, durable)
 	// Waited for in any case: the rollback must not race it. attach's
 	// error comes first: its code may tell the runtime to try again.
 	perr := <-podEnd
@@ -552,7 +571,7 @@ func (r rollback) run() {
 // flows are installed while ovs-vswitchd adds the port; a port that ends
 // up with another number gets its flows again.
 func (b *Backend) attach(ctx context.Context, req *cniserver.Request, hostName string, podIP net.IP, podMAC net.HardwareAddr,
-	extra map[string]string, undo *rollback, st *stepTimes, durable func() error) (ovsdb.Port, error) {
+	limits bandwidth.Limits, extra map[string]string, undo *rollback, st *stepTimes, durable func() error) (ovsdb.Port, error) {
 	var port ovsdb.Port
 	ofport, err := b.ofports.get()
 	if err != nil {
@@ -562,6 +581,12 @@ func (b *Backend) attach(ctx context.Context, req *cniserver.Request, hostName s
 	// A new attachment starts isolated for neither direction; the policy
 	// agent isolates it (SetIsolation) before WaitRealized returns.
 	pod := pipeline.Pod{OFPort: ofport, IP: podIP, MAC: podMAC}
+	// The meter comes before the flows that use it, and goes after them
+	// (the undo runs backwards).
+	if err := b.addMeter(ctx, ofport, limits, undo); err != nil {
+		return port, err
+	}
+	pod.EgressMeter = b.meterOf(ofport, limits)
 	key := owner(req.ContainerID, req.IfName)
 	flowsDone := make(chan error, 1)
 	go func() { flowsDone <- b.flows.Set(ctx, key, pipeline.PodFlows(b.cfg.Bridge, pod)) }()
@@ -599,9 +624,14 @@ func (b *Backend) attach(ctx context.Context, req *cniserver.Request, hostName s
 			zap.String("port", hostName), zap.Uint32("requested", ofport), zap.Uint32("ofport", got))
 		b.ofports.mark(got)
 		pod.OFPort = got
+		if err := b.addMeter(ctx, got, limits, undo); err != nil {
+			return port, err
+		}
+		pod.EgressMeter = b.meterOf(got, limits)
 		if err := b.flows.Set(ctx, key, pipeline.PodFlows(b.cfg.Bridge, pod)); err != nil {
 			return port, cniserver.Errorf(cniserver.ErrCodeDatapath, "installing Pod flows: %w", err)
 		}
+		b.deleteMeter(ctx, ofport, limits)
 	}
 	st.done(StepFlows)
 	if durable != nil {
@@ -649,8 +679,16 @@ func (b *Backend) release(ctx context.Context, containerID, ifName string) error
 		return cniserver.Errorf(cniserver.ErrCodeDatapath, "removing Pod flows: %w", err)
 	}
 	var ofport uint32
+	metered := false
 	if p, err := b.ports.GetPort(ctx, hostName); err == nil && p != nil && p.OFPort > 0 {
 		ofport = uint32(p.OFPort)
+		metered = p.ExternalIDs[ExtIDEgressBandwidth] != ""
+	}
+	// After the flows that used it.
+	if metered && b.cfg.Meters != nil {
+		if err := b.cfg.Meters.DeleteMeter(ctx, ofport); err != nil {
+			return cniserver.Errorf(cniserver.ErrCodeDatapath, "removing the egress meter of %s: %w", hostName, err)
+		}
 	}
 	if err := b.ports.DeletePort(ctx, b.cfg.BridgeName, hostName); err != nil {
 		return cniserver.Errorf(cniserver.ErrCodeDatapath, "removing OVS port %s: %w", hostName, err)
@@ -831,6 +869,13 @@ func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 		iso := p.ExternalIDs[ExtIDIsolation]
 		pod := pipeline.Pod{OFPort: uint32(p.OFPort), IP: podIP, MAC: mac,
 			IngressIsolated: strings.Contains(iso, "ingress"), EgressIsolated: strings.Contains(iso, "egress")}
+		// A meter that cannot be put back leaves the Pod's own qdisc as
+		// its only limit, rather than the Pod without flows.
+		if err := b.remeter(ctx, p); err != nil {
+			b.log.Error("egress meter of a restored Pod; its qdisc alone limits it", zap.String("port", p.Name), zap.Error(err))
+		} else if p.ExternalIDs[ExtIDEgressBandwidth] != "" && b.cfg.Meters != nil {
+			pod.EgressMeter = uint32(p.OFPort)
+		}
 		flows := pipeline.PodFlows(b.cfg.Bridge, pod)
 		if err := b.flows.Set(ctx, owner(cid, ifn), flows); err != nil {
 			return n, err
@@ -861,6 +906,80 @@ func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// ReplayMeters adds again the egress meter of every Pod that has an egress
+// limit: run it after ovs-vswitchd restarts (meters live in its memory),
+// before the flows that use them. The error names the first port whose
+// meter the switch refused.
+func (b *Backend) ReplayMeters(ctx context.Context) error {
+	if b.cfg.Meters == nil {
+		return nil
+	}
+	ports, err := b.ports.ListPorts(ctx, b.cfg.BridgeName)
+	if err != nil {
+		return fmt.Errorf("listing ports to meter: %w", err)
+	}
+	for _, p := range ports {
+		if err := b.remeter(ctx, p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// remeter ensures the egress meter p's external_ids record, if any.
+func (b *Backend) remeter(ctx context.Context, p ovsdb.Port) error {
+	v := p.ExternalIDs[ExtIDEgressBandwidth]
+	if v == "" || b.cfg.Meters == nil || p.OFPort <= 0 {
+		return nil
+	}
+	var l bandwidth.Limits
+	if _, err := fmt.Sscanf(v, "%d/%d", &l.EgressRate, &l.EgressBurst); err != nil || l.EgressRate == 0 {
+		return fmt.Errorf("port %s: unreadable %s %q", p.Name, ExtIDEgressBandwidth, v)
+	}
+	kbps, kbits := bandwidth.EgressMeter(l.EgressRate, l.EgressBurst)
+	if err := b.cfg.Meters.EnsureMeter(ctx, of.MeterEntry{ID: uint32(p.OFPort), RateKbps: kbps, BurstKbits: kbits}); err != nil {
+		return fmt.Errorf("port %s: %w", p.Name, err)
+	}
+	return nil
+}
+
+// meterOf is the id of the egress meter of the Pod on ofport with limits:
+// the ofport, or 0 without an egress limit or meters.
+func (b *Backend) meterOf(ofport uint32, limits bandwidth.Limits) uint32 {
+	if limits.EgressRate == 0 || b.cfg.Meters == nil {
+		return 0
+	}
+	return ofport
+}
+
+// addMeter adds the egress meter of the Pod on ofport, when it has an
+// egress limit, and its removal to undo.
+func (b *Backend) addMeter(ctx context.Context, ofport uint32, limits bandwidth.Limits, undo *rollback) error {
+	id := b.meterOf(ofport, limits)
+	if id == 0 {
+		return nil
+	}
+	kbps, kbits := bandwidth.EgressMeter(limits.EgressRate, limits.EgressBurst)
+	if err := b.cfg.Meters.EnsureMeter(ctx, of.MeterEntry{ID: id, RateKbps: kbps, BurstKbits: kbits}); err != nil {
+		return cniserver.Errorf(cniserver.ErrCodeDatapath, "adding the egress meter: %w", err)
+	}
+	undo.add(func() { b.deleteMeter(context.WithoutCancel(ctx), id, limits) })
+	return nil
+}
+
+// deleteMeter removes the egress meter of ofport, if the Pod had one; a
+// failure is logged (an unused meter costs nothing, and the next Pod on
+// that ofport replaces it).
+func (b *Backend) deleteMeter(ctx context.Context, ofport uint32, limits bandwidth.Limits) {
+	id := b.meterOf(ofport, limits)
+	if id == 0 {
+		return
+	}
+	if err := b.cfg.Meters.DeleteMeter(ctx, id); err != nil {
+		b.log.Error("removing an egress meter", zap.Uint32("meter", id), zap.Error(err))
+	}
 }
 
 // ReshapePods shapes again the traffic into every Pod that has an ingress

@@ -149,6 +149,11 @@ func TestHostPorts(t *testing.T) {
 // 20 Mbit/s is 1.6 s, less the 250 KB bucket. Unshaped, it takes a few
 // milliseconds. This is a lower bound on the time, which a slow machine
 // only makes easier to meet.
+//
+// The egress limit has a backstop, the OpenFlow meter on the Pod's port:
+// it drops nothing of the shaped transfer, and once the Pod deletes its
+// own qdisc (as one with CAP_NET_ADMIN can), it holds the next 4 MB to
+// the same lower bound and drops packets.
 func TestBandwidthShaping(t *testing.T) {
 	c := shared
 	nsName := "bandwidth"
@@ -247,6 +252,39 @@ func TestBandwidthShaping(t *testing.T) {
 	if after := overlimits(hostVeth, true); after <= ingressBefore {
 		t.Errorf("ingress tbf overlimits %d → %d: the transfer did not wait for tokens", ingressBefore, after)
 	}
+
+	// The meter: 22,000 kbps, the Pod's packets only, nothing dropped yet.
+	ofport := strings.TrimSpace(ovs(t, nodes[0], "ovs-vsctl", "get", "Interface", hostVeth, "ofport"))
+	meter := func() (flows, dropped int) {
+		t.Helper()
+		out := ovs(t, nodes[0], "ovs-ofctl", "meter-stats", brInt(nodes[0]), "meter="+ofport)
+		m := regexp.MustCompile(`flow_count:(\d+) .*\n\s*0: packet_count:(\d+)`).FindStringSubmatch(out)
+		if m == nil {
+			t.Fatalf("no stats of meter %s:\n%s", ofport, out)
+		}
+		flows, _ = strconv.Atoi(m[1])
+		dropped, _ = strconv.Atoi(m[2])
+		return flows, dropped
+	}
+	if out := ovs(t, nodes[0], "ovs-ofctl", "dump-meters", brInt(nodes[0]), "meter="+ofport); !strings.Contains(out, "rate=22000 ") {
+		t.Fatalf("meter %s is not at 22,000 kbps:\n%s", ofport, out)
+	}
+	flows, dropped := meter()
+	if flows != 1 || dropped != 0 {
+		t.Errorf("meter %s: %d flows, %d packets dropped; want 1 flow (the Pod's Classifier flow) and no drop while the Pod's qdisc shapes", ofport, flows, dropped)
+	}
+	if out, err := c.Exec(testCtx(t, 10*time.Second), nsName, "shaped", "tc", "qdisc", "del", "dev", "eth0", "root"); err != nil {
+		t.Fatalf("deleting the Pod's qdisc: %v: %s", err, out)
+	}
+	d := send(nsName, "shaped", peer.ns, peer.name, peer.ip)
+	if d < 800*time.Millisecond {
+		t.Errorf("4 MB out of the Pod without its qdisc took %v, want at least 0.8 s: the meter did not hold it", d)
+	}
+	_, after := meter()
+	if after <= dropped {
+		t.Errorf("meter %s dropped %d → %d packets: the unshaped transfer never exceeded it", ofport, dropped, after)
+	}
+	t.Logf("without its qdisc, 4 MB out of the Pod took %v; the meter dropped %d packets", d.Round(time.Millisecond), after-dropped)
 }
 
 // hostVethOf returns the name of the OVS port whose external_ids carry

@@ -14,6 +14,7 @@ import (
 
 	"github.com/seine-net/seine/datapath/csumseed"
 	"github.com/seine-net/seine/node/config"
+	"github.com/seine-net/seine/tests/sandbox"
 	"github.com/seine-net/seine/tests/sandbox/echo"
 )
 
@@ -133,6 +134,16 @@ func TestVSwitchdRestart(t *testing.T) {
 	client, server := pods[0], pods[1]
 	node := c.Nodes()[0]
 	ctx := testCtx(t, 3*time.Minute)
+	// A Pod with an egress limit: its meter lives in ovs-vswitchd's memory,
+	// and its Classifier flow cannot come back without it.
+	sp, err := c.CreatePod(ctx, sandbox.PodSpec{Namespace: "vsrestart", Name: "shaped", Node: node.Name, Ports: demoPorts,
+		Annotations: map[string]string{"kubernetes.io/egress-bandwidth": "50M"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.DeletePod(context.Background(), "vsrestart", "shaped") })
+	shaped := podRef{ns: "vsrestart", name: "shaped", node: node.Name, ip: sp.Status.PodIP}
+	shapedPort := strings.TrimSpace(ovs(t, node, "ovs-vsctl", "get", "Interface", hostVethOf(t, node, shaped.ip), "ofport"))
 
 	restarted := time.Now()
 	if err := c.RestartVSwitchd(ctx, node.Name); err != nil {
@@ -149,6 +160,10 @@ func TestVSwitchdRestart(t *testing.T) {
 	if !c.NodeProcesses(node)["seine"] {
 		t.Fatalf("seine on %s is not running after ovs-vswitchd restarted", node.Name)
 	}
+	if out := ovs(t, node, "ovs-ofctl", "meter-stats", brInt(node), "meter="+shapedPort); !strings.Contains(out, "flow_count:1 ") {
+		t.Errorf("the shaped Pod's meter %s after ovs-vswitchd restarted: want it used by its Classifier flow:\n%s", shapedPort, out)
+	}
+	expectConnected(t, probe(t, c, shaped, server.ip, tcpPort, corev1.ProtocolTCP), server.name, "the shaped Pod after ovs-vswitchd restarted")
 
 	// The checksum seed filters are in place (kept by the taps, or
 	// attached again on reconnect), and the daemon says so.

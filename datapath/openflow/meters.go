@@ -1,0 +1,167 @@
+package openflow
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	of13 "github.com/contiv/libOpenflow/openflow13"
+)
+
+// MeterEntry is one OpenFlow meter (OpenFlow 1.3 section 5.7) with a
+// single drop band: packets that find the band's token bucket empty are
+// dropped. Flows send packets through it with the Meter action.
+type MeterEntry struct {
+	// ID is the meter's number, 1..0xffff0000 (OFPM_MAX).
+	ID uint32
+	// RateKbps is the band's rate in kilobits (1,000 bits) per second,
+	// at least 1.
+	RateKbps uint32
+	// BurstKbits is the band's bucket in kilobits: how much may pass at
+	// once above the rate. It must hold the largest packet the meter sees
+	// (a 64 KiB segment with userspace TSO is 525 kbits), or that packet is
+	// always dropped.
+	BurstKbits uint32
+}
+
+func (m MeterEntry) String() string {
+	return fmt.Sprintf("meter=%d kbps burst bands=type=drop rate=%d burst_size=%d", m.ID, m.RateKbps, m.BurstKbits)
+}
+
+// Meter sends the packet through meter ID before the flow's other actions
+// (the OpenFlow 1.3 meter instruction, ovs-actions(7) "meter:ID"); a
+// packet the meter drops goes no further. It must be a flow's first
+// action, and the meter must exist when the flow is added.
+type Meter struct{ ID uint32 }
+
+func (Meter) isAction() {}
+
+// MeterFeatures is what the switch reports of its meters
+// (OFPMP_METER_FEATURES, OpenFlow 1.3 section 7.3.5.13).
+type MeterFeatures struct {
+	// MaxMeter is the largest meter id; 0 means the datapath has no meters
+	// (OVS reports 0 when the kernel datapath lacks them).
+	MaxMeter uint32
+	// DropBand reports whether drop bands are supported.
+	DropBand bool
+	// Kbps and Burst report the OFPMF_KBPS and OFPMF_BURST capabilities.
+	Kbps, Burst bool
+}
+
+// Usable reports whether meters of the form MeterEntry describes (a kbps
+// drop band with a burst size) with ids up to id can be added.
+func (f MeterFeatures) Usable(id uint32) bool {
+	return f.MaxMeter >= id && f.DropBand && f.Kbps && f.Burst
+}
+
+// multipart type OFPMP_METER_FEATURES.
+const multipartMeterFeatures = 11
+
+// MeterFeatures asks the switch what meters it offers.
+func (c *Client) MeterFeatures(ctx context.Context) (MeterFeatures, error) {
+	cn, err := c.getConn(ctx)
+	if err != nil {
+		return MeterFeatures{}, err
+	}
+	req := &of13.MultipartRequest{Header: of13.NewOfp13Header(), Type: multipartMeterFeatures, Body: emptyBody{}}
+	req.Header.Type = of13.Type_MultiPartRequest
+	req.Header.Xid = cn.nextXid()
+	w := cn.register(req.Header.Xid)
+	defer cn.unregister(req.Header.Xid)
+	if err := cn.send(req); err != nil {
+		return MeterFeatures{}, err
+	}
+	for {
+		m, err := cn.next(ctx, w)
+		if err != nil {
+			return MeterFeatures{}, fmt.Errorf("openflow: meter features: %w", err)
+		}
+		switch m.typ {
+		case of13.Type_Error:
+			return MeterFeatures{}, fmt.Errorf("openflow: meter features: %w", decodeError(m))
+		case of13.Type_MultiPartReply:
+			return decodeMeterFeatures(m)
+		}
+	}
+}
+
+// decodeMeterFeatures reads an OFPMP_METER_FEATURES reply: the multipart
+// header, then max_meter(4) band_types(4) capabilities(4) max_bands(1)
+// max_color(1) pad(2).
+func decodeMeterFeatures(m message) (MeterFeatures, error) {
+	b := m.body()
+	if len(b) < 8+16 {
+		return MeterFeatures{}, fmt.Errorf("openflow: short meter features reply (%d bytes)", len(m.raw))
+	}
+	if t := binary.BigEndian.Uint16(b[0:2]); t != multipartMeterFeatures {
+		return MeterFeatures{}, fmt.Errorf("openflow: multipart reply of type %d, want %d (meter features)", t, multipartMeterFeatures)
+	}
+	b = b[8:]
+	bands, capa := binary.BigEndian.Uint32(b[4:8]), binary.BigEndian.Uint32(b[8:12])
+	return MeterFeatures{
+		MaxMeter: binary.BigEndian.Uint32(b[0:4]),
+		DropBand: bands&(1<<of13.OFPMBT13_DROP) != 0,
+		Kbps:     capa&of13.OFPMF13_KBPS != 0,
+		Burst:    capa&of13.OFPMF13_BURST != 0,
+	}, nil
+}
+
+func encodeMeterMod(cmd uint16, m MeterEntry) (*of13.MeterMod, error) {
+	if m.ID == 0 || m.ID > of13.OFPM13_MAX {
+		return nil, fmt.Errorf("meter id %d is outside 1..%d", m.ID, uint32(of13.OFPM13_MAX))
+	}
+	mm := of13.NewMeterMod()
+	mm.Command = cmd
+	mm.MeterId = m.ID
+	if cmd == of13.OFPMC_DELETE {
+		return mm, nil
+	}
+	if m.RateKbps == 0 || m.BurstKbits == 0 {
+		return nil, fmt.Errorf("meter %d: rate %d kbps and burst %d kbits must both be positive", m.ID, m.RateKbps, m.BurstKbits)
+	}
+	mm.Flags = of13.OFPMF13_KBPS | of13.OFPMF13_BURST | of13.OFPMF13_STATS
+	band := &of13.MeterBandDrop{MeterBandHeader: of13.MeterBandHeader{
+		Type: of13.OFPMBT13_DROP, Length: of13.METER_BAND_LEN, Rate: m.RateKbps, BurstSize: m.BurstKbits}}
+	mm.AddMeterBand(band)
+	return mm, nil
+}
+
+// EnsureMeter makes meter m.ID exist with m's band: it adds the meter, or
+// modifies it in place when the id is taken. It never deletes and adds
+// again, because deleting a meter deletes every flow that uses it
+// (OpenFlow 1.3 section 6.6). Meter mods travel on their own, followed by
+// a barrier: OVS does not take them in bundles. The error wraps the
+// switch's *OFError (e.g. OFPMMFC_OUT_OF_METERS).
+func (c *Client) EnsureMeter(ctx context.Context, m MeterEntry) error {
+	err := c.meterMod(ctx, of13.OFPMC_ADD, m)
+	var oe *OFError
+	if errors.As(err, &oe) && oe.Type == of13.ET_METER_MOD_FAILED && oe.Code == meterExists {
+		err = c.meterMod(ctx, of13.OFPMC_MODIFY, m)
+	}
+	if err != nil {
+		return fmt.Errorf("openflow: %s: %w", m, err)
+	}
+	return nil
+}
+
+// DeleteMeter removes meter id, and with it every flow that uses it
+// (OpenFlow 1.3 section 6.6); an id not in use is not an error for OVS.
+func (c *Client) DeleteMeter(ctx context.Context, id uint32) error {
+	if err := c.meterMod(ctx, of13.OFPMC_DELETE, MeterEntry{ID: id}); err != nil {
+		return fmt.Errorf("openflow: delete meter %d: %w", id, err)
+	}
+	return nil
+}
+
+func (c *Client) meterMod(ctx context.Context, cmd uint16, m MeterEntry) error {
+	mm, err := encodeMeterMod(cmd, m)
+	if err != nil {
+		return err
+	}
+	cn, err := c.getConn(ctx)
+	if err != nil {
+		return err
+	}
+	return cn.request(ctx, ofMessage{mm, &mm.Header})
+}
