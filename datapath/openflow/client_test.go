@@ -709,6 +709,32 @@ func TestMeters(t *testing.T) {
 		!strings.Contains(l[0], "actions=meter:7,set_field:0x1->reg0,goto_table:10") {
 		t.Fatalf("flows: %q", l)
 	}
+	// A meter of 1 kbps with a 1-kbit bucket drops a 100-byte frame (800
+	// bits) sent twice in a row: the second finds the bucket empty.
+	tiny := MeterEntry{ID: 8, RateKbps: 1, BurstKbits: 1}
+	if err := c.EnsureMeter(ctx, tiny); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Apply(ctx, adds([]Flow{{Table: 0, Priority: 100, Match: Match{InPort: 4}, Actions: []Action{Meter{8}}}})); err != nil {
+		t.Fatal(err)
+	}
+	frame := "0a00000000020a000000000108004500005600000000401100000a0000010a000002" + strings.Repeat("00", 66)
+	for range 2 {
+		o.Run("ovs-ofctl", "-O", "OpenFlow13", "packet-out", sock, "in_port=4 packet="+frame+" actions=table")
+	}
+	st, err := c.MeterStats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.SortFunc(st, func(a, b MeterStats) int { return int(a.ID) - int(b.ID) })
+	if len(st) != 2 || st[0].ID != 7 || st[0].Flows != 1 || st[0].Packets != 0 ||
+		st[1].ID != 8 || st[1].Flows != 1 || st[1].Packets != 2 || st[1].Bytes != 200 || st[1].DroppedPackets != 1 || st[1].DroppedBytes != 100 {
+		t.Fatalf("meter stats %+v; want meter 7 with one flow and no packets, meter 8 with 2 packets of 100 bytes in and 1 dropped", st)
+	}
+	if err := c.DeleteMeter(ctx, 8); err != nil {
+		t.Fatal(err)
+	}
+
 	m.RateKbps, m.BurstKbits = 50000, 8000
 	if err := c.EnsureMeter(ctx, m); err != nil {
 		t.Fatalf("ensure again (modify): %v", err)

@@ -40,8 +40,9 @@ func (Meter) isAction() {}
 // MeterFeatures is what the switch reports of its meters
 // (OFPMP_METER_FEATURES, OpenFlow 1.3 section 7.3.5.13).
 type MeterFeatures struct {
-	// MaxMeter is the largest meter id; 0 means the datapath has no meters
-	// (OVS reports 0 when the kernel datapath lacks them).
+	// MaxMeter is how many meters the switch holds (max_meter); 0 means
+	// the datapath has none (OVS reports 0 when its probe finds the kernel
+	// datapath without working meters).
 	MaxMeter uint32
 	// DropBand reports whether drop bands are supported.
 	DropBand bool
@@ -49,10 +50,10 @@ type MeterFeatures struct {
 	Kbps, Burst bool
 }
 
-// Usable reports whether meters of the form MeterEntry describes (a kbps
-// drop band with a burst size) with ids up to id can be added.
-func (f MeterFeatures) Usable(id uint32) bool {
-	return f.MaxMeter >= id && f.DropBand && f.Kbps && f.Burst
+// Usable reports whether n meters of the form MeterEntry describes (a
+// kbps drop band with a burst size) fit.
+func (f MeterFeatures) Usable(n uint32) bool {
+	return f.MaxMeter >= n && f.DropBand && f.Kbps && f.Burst
 }
 
 // multipart type OFPMP_METER_FEATURES.
@@ -164,4 +165,107 @@ func (c *Client) meterMod(ctx context.Context, cmd uint16, m MeterEntry) error {
 		return err
 	}
 	return cn.request(ctx, ofMessage{mm, &mm.Header})
+}
+
+// MeterStats are one meter's counters (OFPMP_METER, OpenFlow 1.3 section
+// 7.3.5.12): what went in, and what its drop band dropped.
+type MeterStats struct {
+	ID uint32
+	// Flows is the number of flows that use the meter.
+	Flows uint32
+	// Packets and Bytes entered the meter.
+	Packets, Bytes uint64
+	// DroppedPackets and DroppedBytes are the drop band's counters (the
+	// first band's; MeterEntry has one).
+	DroppedPackets, DroppedBytes uint64
+}
+
+// multipart type OFPMP_METER.
+const multipartMeter = 9
+
+// meterStatsRequest is the body of an OFPMP_METER request: meter_id(4)
+// pad(4).
+type meterStatsRequest struct{ id uint32 }
+
+func (meterStatsRequest) Len() uint16 { return 8 }
+func (r meterStatsRequest) MarshalBinary() ([]byte, error) {
+	b := make([]byte, 8)
+	binary.BigEndian.PutUint32(b, r.id)
+	return b, nil
+}
+func (meterStatsRequest) UnmarshalBinary([]byte) error { return nil }
+
+// MeterStats reads the counters of every meter on the switch.
+func (c *Client) MeterStats(ctx context.Context) ([]MeterStats, error) {
+	cn, err := c.getConn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	req := &of13.MultipartRequest{Header: of13.NewOfp13Header(), Type: multipartMeter, Body: meterStatsRequest{of13.OFPM13_ALL}}
+	req.Header.Type = of13.Type_MultiPartRequest
+	req.Header.Xid = cn.nextXid()
+	w := cn.register(req.Header.Xid)
+	defer cn.unregister(req.Header.Xid)
+	if err := cn.send(req); err != nil {
+		return nil, err
+	}
+	var out []MeterStats
+	for {
+		m, err := cn.next(ctx, w)
+		if err != nil {
+			return nil, fmt.Errorf("openflow: meter stats: %w", err)
+		}
+		switch m.typ {
+		case of13.Type_Error:
+			return nil, fmt.Errorf("openflow: meter stats: %w", decodeError(m))
+		case of13.Type_MultiPartReply:
+			st, more, err := decodeMeterStats(m)
+			if err != nil {
+				return nil, fmt.Errorf("openflow: meter stats: %w", err)
+			}
+			out = append(out, st...)
+			if !more {
+				return out, nil
+			}
+		}
+	}
+}
+
+// decodeMeterStats reads one OFPMP_METER reply part: after the multipart
+// header, entries of meter_id(4) len(2) pad(6) flow_count(4)
+// packet_in_count(8) byte_in_count(8) duration_sec(4) duration_nsec(4),
+// then per band packet_band_count(8) byte_band_count(8).
+func decodeMeterStats(m message) ([]MeterStats, bool, error) {
+	b := m.body()
+	if len(b) < 8 {
+		return nil, false, fmt.Errorf("short multipart reply (%d bytes)", len(m.raw))
+	}
+	if t := binary.BigEndian.Uint16(b[0:2]); t != multipartMeter {
+		return nil, false, fmt.Errorf("multipart reply of type %d, want %d (meter)", t, multipartMeter)
+	}
+	more := binary.BigEndian.Uint16(b[2:4])&mpReqMore != 0
+	b = b[8:]
+	var out []MeterStats
+	for len(b) > 0 {
+		if len(b) < 40 {
+			return nil, false, fmt.Errorf("truncated meter stats entry (%d bytes)", len(b))
+		}
+		l := int(binary.BigEndian.Uint16(b[4:6]))
+		if l < 40 || l > len(b) || (l-40)%16 != 0 {
+			return nil, false, fmt.Errorf("bad meter stats entry length %d", l)
+		}
+		s := MeterStats{
+			ID:      binary.BigEndian.Uint32(b[0:4]),
+			Flows:   binary.BigEndian.Uint32(b[12:16]),
+			Packets: binary.BigEndian.Uint64(b[16:24]),
+			Bytes:   binary.BigEndian.Uint64(b[24:32]),
+		}
+		if l >= 56 {
+			s.DroppedPackets = binary.BigEndian.Uint64(b[40:48])
+			s.DroppedBytes = binary.BigEndian.Uint64(b[48:56])
+		}
+		out = append(out, s)
+		b = b[l:]
+	}
+	return out, more, nil
 }

@@ -243,16 +243,14 @@ func BaseFlows(b Bridge) []of.Flow {
 // its spoof guard, ARP delivery to it, and L3/L2 forwarding to it. The
 // Classifier flow also loads EgressIsolated=1 when p.EgressIsolated, and the
 // L2Forwarding flow IngressIsolated=1 when p.IngressIsolated, so changing a
-// Pod's isolation changes only those two flows. With p.EgressMeter the
-// Classifier flow meters the Pod's traffic before anything else.
+// Pod's isolation changes only those flows. With p.EgressMeter the
+// Classifier flow meters the Pod's traffic before anything else, and with
+// the NAT checksum detour a second one classifies the packets back from
+// it without metering them again.
 func PodFlows(b Bridge, p Pod) []of.Flow {
 	ck := Cookie(b.Round, CategoryPod, uint64(p.OFPort))
 	ip := p.IP.To4()
-	var classify []of.Action
-	if p.EgressMeter != 0 {
-		classify = append(classify, of.Meter{ID: p.EgressMeter})
-	}
-	classify = append(classify, PktSource.Load(FromPod))
+	classify := []of.Action{PktSource.Load(FromPod)}
 	if p.EgressIsolated {
 		classify = append(classify, EgressIsolated.Load(1))
 	}
@@ -262,9 +260,13 @@ func PodFlows(b Bridge, p Pod) []of.Flow {
 		deliver = append(deliver, IngressIsolated.Load(1))
 	}
 	deliver = append(deliver, goTo(L2Forwarding.next()))
+	first := classify
+	if p.EgressMeter != 0 {
+		first = append([]of.Action{of.Meter{ID: p.EgressMeter}}, classify...)
+	}
 	fs := []of.Flow{
 		{Table: uint8(Classifier), Priority: PrioNormal, Cookie: ck, Match: of.Match{InPort: p.OFPort},
-			Actions: classify},
+			Actions: first},
 		{Table: uint8(SpoofGuard), Priority: PrioHigh, Cookie: ck,
 			Match:   of.Match{InPort: p.OFPort, EthType: EthTypeARP, ARPSPA: ip, ARPSHA: p.MAC},
 			Actions: []of.Action{goTo(ARPResponder)}},
@@ -276,6 +278,13 @@ func PodFlows(b Bridge, p Pod) []of.Flow {
 			Actions: []of.Action{of.SetEthSrc{MAC: b.GatewayMAC}, of.SetEthDst{MAC: p.MAC}, goTo(L2Forwarding)}},
 		{Table: uint8(L2Forwarding), Priority: PrioHigh, Cookie: ck,
 			Match: of.Match{EthDst: p.MAC}, Actions: deliver},
+	}
+	if p.EgressMeter != 0 && b.NATChecksumDetour() {
+		// The meter sees each packet once: one back from the NAT checksum
+		// detour (NATChecksumDone) passed it on its first way through.
+		fs = append(fs, of.Flow{Table: uint8(Classifier), Priority: PrioNormal + 1, Cookie: ck,
+			Match:   of.Match{InPort: p.OFPort, Regs: []of.RegMatch{NATChecksumDone.Match(1)}},
+			Actions: classify})
 	}
 	if b.PolicyOnly {
 		// The bridge answers every ARP request itself (BaseFlows), and

@@ -104,10 +104,15 @@ func TestNATChecksumDetour(t *testing.T) {
 	if !br.NATChecksumDetour() {
 		t.Fatal("a bridge with a segmentation pair must detour NATed packets")
 	}
-	p1 := pipeline.Pod{OFPort: 3, IP: net.ParseIP("10.244.1.5"), MAC: mustMAC("0a:00:00:00:01:05")}
+	// p1 has an egress limit: its packets pass meter 3 once, also those
+	// that take the detour.
+	p1 := pipeline.Pod{OFPort: 3, IP: net.ParseIP("10.244.1.5"), MAC: mustMAC("0a:00:00:00:01:05"), EgressMeter: 3}
 	p2 := pipeline.Pod{OFPort: 4, IP: net.ParseIP("10.244.1.6"), MAC: mustMAC("0a:00:00:00:01:06")}
 	peer := pipeline.PeerNode{ID: 9, PodCIDR: mustCIDR("10.244.2.0/24"), NodeIP: net.ParseIP("198.18.0.12"),
 		GatewayIP: net.ParseIP("10.244.2.1")}
+	if err := c.EnsureMeter(ctx, of.MeterEntry{ID: 3, RateKbps: 1_000_000, BurstKbits: 1_000_000}); err != nil {
+		t.Fatal(err)
+	}
 	addFlows(ctx, t, c, pipeline.BaseFlows(br), pipeline.PodFlows(br, p1), pipeline.PodFlows(br, p2),
 		pipeline.PeerNodeFlows(br, peer))
 	outputs := func(trace, port string) bool {
@@ -140,6 +145,9 @@ func TestNATChecksumDetour(t *testing.T) {
 			if !outputs(out, tc.port) {
 				t.Fatalf("want output to port %s:\n%s", tc.port, out)
 			}
+			if n := strings.Count(out, "meter:3"); n != 1 {
+				t.Fatalf("the packet passed its Pod's meter %d times, want once:\n%s", n, out)
+			}
 			saved := strings.Contains(out, "move:NXM_OF_IP_SRC[]->NXM_NX_REG7[]")
 			if saved != tc.saved {
 				t.Fatalf("headers saved: %v, want %v:\n%s", saved, tc.saved, out)
@@ -161,8 +169,11 @@ func TestNATChecksumDetour(t *testing.T) {
 	}
 	back := trace("in_port=5,dl_src=0a:00:00:00:01:05,dl_dst=0e:5f:ff:ff:00:03,tcp,nw_ttl=64,nw_src=10.244.1.5,nw_dst=10.244.2.7,tp_src=40000,tp_dst=80",
 		"trk,est", "trk,est,dnat")
-	if !strings.Contains(back, "in_port=3, priority 190") || !outputs(back, "1") || strings.Contains(back, "output:5") {
+	if !strings.Contains(back, "in_port=3, priority 191") || !outputs(back, "1") || strings.Contains(back, "output:5") {
 		t.Fatalf("back from the detour: want the pipeline again as from port 3, out to the tunnel without a second detour:\n%s", back)
+	}
+	if strings.Contains(back, "meter:3") {
+		t.Fatalf("back from the detour, the packet passed its Pod's meter again:\n%s", back)
 	}
 }
 

@@ -205,7 +205,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 	// OpenFlow and the pipeline.
 	var syncer *flowsync.Syncer
 	var replayProxy atomic.Pointer[proxy.Proxier]  // set once the proxy exists
-	var reshapePods atomic.Pointer[podnet.Backend] // set once the Pods are restored
+	var reshapePods atomic.Pointer[podnet.Backend] // set once the backend exists, before it restores Pods
 	var seedAgain atomic.Pointer[seedKeeper]       // set once the bridge is known
 	ofc, err := of.Dial(ctx, cfg.BridgeMgmtSocket(), log.Named("openflow"),
 		of.WithOnReconnect(func(ctx context.Context) error {
@@ -340,10 +340,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 	if err != nil {
 		return err
 	}
-	meters, err := podMeters(ctx, ownsPods, ofc, log)
-	if err != nil {
-		return err
-	}
+	meters := podMeters(ctx, ownsPods, podCIDR, ofc, log)
 	backend = podnet.New(podnet.Config{
 		BridgeName:        cfg.BridgeName,
 		Bridge:            bridge,
@@ -358,12 +355,14 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 		HostPorts:         hostPorts,
 		Meters:            meters,
 	}, alloc, ovs, syncer, log.Named("podnet"))
+	// Before the restore, which installs flows through meters: a
+	// reconnect meanwhile must put those meters back.
+	reshapePods.Store(backend)
 	restored, err := backend.RestorePods(ctx)
 	if err != nil {
 		return fmt.Errorf("restoring Pods: %w", err)
 	}
 	log.Info("restored attached Pods", zap.Int("pods", restored))
-	reshapePods.Store(backend)
 	ops.podsGate.Open()
 
 	// SNAT and peers.
@@ -763,24 +762,29 @@ func startHostPorts(ctx context.Context, ownsPods bool, cfg hostport.Config) (po
 }
 
 // podMeters returns the meters that back up Pods' egress limits, or nil
-// (and says why at warning level) when the bridge's datapath has none the
-// size of the ofport space; chained, the primary's chain shapes instead.
-func podMeters(ctx context.Context, ownsPods bool, ofc *of.Client, log *zap.Logger) (podnet.Meters, error) {
-	if !ownsPods {
-		return nil, nil
+// (and says why at warning level) when the bridge's datapath has none,
+// or too few for one per address of podCIDR; chained, the primary's chain
+// shapes instead.
+func podMeters(ctx context.Context, ownsPods bool, podCIDR *net.IPNet, ofc *of.Client, log *zap.Logger) podnet.Meters {
+	if !ownsPods || podCIDR == nil {
+		return nil
 	}
+	const why = "a Pod with CAP_NET_ADMIN can lift its own egress limit"
 	f, err := ofc.MeterFeatures(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("reading the bridge's meter features: %w", err)
+		log.Warn("reading the bridge's meter features failed; Pods get no egress meters: "+why, zap.Error(err))
+		return nil
 	}
-	if !f.Usable(maxOFPort) {
-		log.Warn("the datapath has no meters for Pod egress limits: a Pod with CAP_NET_ADMIN can lift its own limit",
+	ones, bits := podCIDR.Mask.Size()
+	if !f.Usable(uint32(min(1<<(bits-ones), maxOFPort))) {
+		log.Warn("the datapath has no meters for Pod egress limits: "+why,
 			zap.Uint32("max_meter", f.MaxMeter), zap.Bool("drop_band", f.DropBand), zap.Bool("kbps", f.Kbps), zap.Bool("burst", f.Burst))
-		return nil, nil
+		return nil
 	}
-	return ofc, nil
+	return ofc
 }
 
 // maxOFPort is the largest port number of a physical port (OpenFlow 1.3
-// section 7.2.1, OFPP_MAX is 0xffffff00; OVS gives ports at most 0xfeff).
+// section 7.2.1, OFPP_MAX is 0xffffff00; OVS gives ports at most 0xfeff):
+// the most Pods one bridge can hold, and so the most meters it needs.
 const maxOFPort = 0xfeff

@@ -7,7 +7,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
-	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/seine-net/seine/datapath/csumseed"
 	"github.com/seine-net/seine/datapath/pipeline"
@@ -165,9 +164,19 @@ func (k *seedKeeper) close() error {
 	return k.prog.Close()
 }
 
-// run checks the hooks every period until ctx ends.
+// run checks the hooks every period until ctx ends. The first check comes
+// a period after the start: partialChecksums has just attached every hook.
 func (k *seedKeeper) run(ctx context.Context, period time.Duration) {
-	wait.UntilWithContext(ctx, func(context.Context) { k.ensure() }, period)
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			k.ensure()
+		}
+	}
 }
 
 // detachSeed removes the program from every hook it may have been left

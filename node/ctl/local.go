@@ -27,13 +27,18 @@ func getPodInterface() *cli.Command {
 			ns, ref := c.String("namespace"), c.Args().First()
 			var out []localapi.PodInterface
 			t := &table{Columns: []string{"NAMESPACE", "NAME", "IP", "MAC", "OFPORT", "VETH"},
-				Wide: []string{"CONTAINER-ID", "IFNAME", "INGRESS-ISOLATED", "EGRESS-ISOLATED"}}
+				Wide: []string{"CONTAINER-ID", "IFNAME", "INGRESS-ISOLATED", "EGRESS-ISOLATED", "EGRESS-METER"}}
 			for _, p := range pis {
 				if (ns != "" && p.Namespace != ns) || (ref != "" && ref != p.Name && ref != p.Namespace+"/"+p.Name) {
 					continue
 				}
 				out = append(out, p)
-				t.add(p.Namespace, p.Name, p.IP, p.MAC, p.OFPort, p.HostVeth, shortID(p.ContainerID), p.IfName, p.IngressIsolated, p.EgressIsolated)
+				meter := "<none>"
+				if p.EgressMeter != 0 {
+					meter = fmt.Sprint(p.EgressMeter)
+				}
+				t.add(p.Namespace, p.Name, p.IP, p.MAC, p.OFPort, p.HostVeth, shortID(p.ContainerID), p.IfName,
+					p.IngressIsolated, p.EgressIsolated, meter)
 			}
 			if ref != "" && len(out) == 0 {
 				return fmt.Errorf("no Pod %q is attached to this Node", ref)

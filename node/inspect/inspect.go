@@ -71,7 +71,7 @@ func (in *Inspector) PodInterfaces() []localapi.PodInterface {
 	for _, a := range in.d.Pods.Attachments() {
 		out = append(out, localapi.PodInterface{Namespace: a.Namespace, Name: a.Name, ContainerID: a.ContainerID,
 			IfName: a.IfName, HostVeth: a.HostVeth, OFPort: a.OFPort, IP: a.IP, MAC: a.MAC,
-			IngressIsolated: a.IngressIsolated, EgressIsolated: a.EgressIsolated})
+			IngressIsolated: a.IngressIsolated, EgressIsolated: a.EgressIsolated, EgressMeter: a.EgressMeter})
 	}
 	return out
 }

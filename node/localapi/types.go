@@ -58,6 +58,9 @@ type PodInterface struct {
 	MAC             string `json:"mac"`
 	IngressIsolated bool   `json:"ingressIsolated"`
 	EgressIsolated  bool   `json:"egressIsolated"`
+	// EgressMeter is the OpenFlow meter behind the Pod's egress limit
+	// (its ofport), absent without one.
+	EgressMeter uint32 `json:"egressMeter,omitempty"`
 }
 
 // AgentPolicy is a computed NetworkPolicy as this Node's agent holds it.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/vishvananda/netlink"
 	"go.uber.org/zap/zaptest"
 
@@ -73,6 +74,7 @@ func TestRuntimeCapabilities(t *testing.T) {
 
 	n0 := h.netns()
 	req := h.request(0, n0.Path())
+	req.PodNamespace, req.PodName = "ns", "shaped"
 	req.NetConf.RuntimeConfig = map[string]json.RawMessage{
 		"portMappings": json.RawMessage(`[{"hostPort":8080,"containerPort":80,"protocol":"tcp"}]`),
 		"bandwidth":    json.RawMessage(`{"ingressRate":20000000,"ingressBurst":4294967295,"egressRate":10000000,"egressBurst":4294967295}`),
@@ -113,11 +115,12 @@ func TestRuntimeCapabilities(t *testing.T) {
 	}
 
 	// The egress limit's meter (10 Mbit/s: 11,000 kbps, twice the default
-	// 125,000-byte bucket) is on the Pod's port, before anything else.
-	if port.ExternalIDs[ExtIDEgressBandwidth] != "10000000/4294967295" {
-		t.Errorf("port external_ids %v: no egress bandwidth", port.ExternalIDs)
+	// 125,000-byte bucket; the first id, 1) is on the Pod's port, before
+	// anything else.
+	if port.ExternalIDs[ExtIDEgressBandwidth] != "10000000/4294967295" || port.ExternalIDs[ExtIDEgressMeter] != "1" {
+		t.Errorf("port external_ids %v: no egress bandwidth and meter 1", port.ExternalIDs)
 	}
-	wantMeter := fmt.Sprintf("meter=%d kbps burst stats bands=type=drop rate=11000 burst_size=2000", port.OFPort)
+	const wantMeter = "meter=1 kbps burst stats bands=type=drop rate=11000 burst_size=2000"
 	if ms := h.meters(); len(ms) != 1 || ms[0] != wantMeter {
 		t.Errorf("meters %q, want [%s]", ms, wantMeter)
 	}
@@ -125,8 +128,19 @@ func TestRuntimeCapabilities(t *testing.T) {
 		return h.ovs.Run("ovs-ofctl", "-O", "OpenFlow13", "--no-stats", "dump-flows", h.ovs.MgmtSocket("br-int"),
 			fmt.Sprintf("table=%d,in_port=%d", pipeline.Classifier, port.OFPort))
 	}
-	if out := classifier(); !strings.Contains(out, fmt.Sprintf("actions=meter:%d,", port.OFPort)) {
+	if out := classifier(); !strings.Contains(out, "actions=meter:1,") {
 		t.Errorf("the Pod's Classifier flow does not go through its meter:\n%s", out)
+	}
+	if a, ok := h.be.Attachment("ns", "shaped"); !ok || a.EgressMeter != 1 {
+		t.Errorf("attachment %+v: want egress meter 1", a)
+	}
+	// Nothing sent, nothing dropped: the counter is there at 0.
+	if err := testutil.GatherAndCompare(h.reg, strings.NewReader(`
+# HELP seine_pod_egress_meter_dropped_packets_total Packets the OpenFlow meter behind a Pod's egress limit dropped: the Pod sent above its kubernetes.io/egress-bandwidth although its own qdisc should have held it there.
+# TYPE seine_pod_egress_meter_dropped_packets_total counter
+seine_pod_egress_meter_dropped_packets_total{namespace="ns",pod="shaped"} 0
+`), "seine_pod_egress_meter_dropped_packets_total"); err != nil {
+		t.Error(err)
 	}
 	// A restarted ovs-vswitchd has neither: the meter comes back first,
 	// then the flows (what the daemon's reconnect does).
@@ -140,7 +154,7 @@ func TestRuntimeCapabilities(t *testing.T) {
 	if ms := h.meters(); len(ms) != 1 || ms[0] != wantMeter {
 		t.Errorf("after ReplayMeters: meters %q, want [%s]", ms, wantMeter)
 	}
-	if out := classifier(); !strings.Contains(out, fmt.Sprintf("actions=meter:%d,", port.OFPort)) {
+	if out := classifier(); !strings.Contains(out, "actions=meter:1,") {
 		t.Errorf("after the replay, the Classifier flow does not go through the meter:\n%s", out)
 	}
 	if err := h.be.Del(ctx, req); err != nil {

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -58,9 +59,10 @@ const (
 	// shapes the host veth again after either restart.
 	ExtIDIngressBandwidth = "seine.io/ingress-bandwidth"
 	// ExtIDEgressBandwidth records the limit of traffic out of the Pod
-	// ("<rate>/<burst>", bits/s and bits), whose OpenFlow meter (id: the
-	// port's ofport) a restarted daemon or ovs-vswitchd needs again.
+	// ("<rate>/<burst>", bits/s and bits), and ExtIDEgressMeter the id of
+	// the OpenFlow meter behind it, which a restarted daemon puts back.
 	ExtIDEgressBandwidth = "seine.io/egress-bandwidth"
+	ExtIDEgressMeter     = "seine.io/egress-meter"
 )
 
 // Ports is the OVSDB part the backend needs.
@@ -77,6 +79,7 @@ type Ports interface {
 type Meters interface {
 	EnsureMeter(ctx context.Context, m of.MeterEntry) error
 	DeleteMeter(ctx context.Context, id uint32) error
+	MeterStats(ctx context.Context) ([]of.MeterStats, error)
 }
 
 // Flows is the flow store the backend needs (datapath/flowsync.Syncer).
@@ -133,15 +136,15 @@ type Config struct {
 	// NodeIP is the source address of those routes.
 	NodeIP net.IP
 	// Metrics, when set, receives seine_cni_add_step_duration_seconds
-	// (see Steps).
+	// (see Steps) and seine_pod_egress_meter_dropped_packets_total (see
+	// meterCollector).
 	Metrics prometheus.Registerer
 	// HostPorts, when set, serves the portMappings capability (the
 	// Pods' hostPorts; see node/hostport). Without it, an ADD that
 	// carries port mappings is refused.
 	HostPorts HostPortMapper
 	// Meters, when set, backs up each Pod's egress limit with an OpenFlow
-	// meter on its port (see node/bandwidth), its id the port's ofport.
-	// Without it (a datapath without meters, or chained) the Pod's own
+	// meter on its port (see node/bandwidth and meters.go). Without it (a datapath without meters, or chained) the Pod's own
 	// qdisc is the only limit.
 	Meters Meters
 }
@@ -159,13 +162,14 @@ type HostPortMapper interface {
 
 // Backend implements the CNI commands on this Node.
 type Backend struct {
-	cfg     Config
-	ipam    *ipam.Allocator
-	ports   Ports
-	flows   Flows
-	log     *zap.Logger
-	steps   *prometheus.HistogramVec
-	ofports *ofportPool
+	cfg      Config
+	ipam     *ipam.Allocator
+	ports    Ports
+	flows    Flows
+	log      *zap.Logger
+	steps    *prometheus.HistogramVec
+	ofports  *ofportPool
+	meterTab *meterTable
 
 	mu    sync.Mutex
 	ready bool
@@ -198,8 +202,13 @@ func isolationValue(p pipeline.Pod) string {
 // New returns the backend. It is not ready (STATUS fails, ADD refuses)
 // until MarkReady. alloc is nil with cfg.Chained.
 func New(cfg Config, alloc *ipam.Allocator, ports Ports, flows Flows, log *zap.Logger) *Backend {
-	return &Backend{cfg: cfg, ipam: alloc, ports: ports, flows: flows, log: log, pods: map[string]podRecord{},
-		steps: newStepHistogram(cfg.Metrics), ofports: newOFPortPool()}
+	b := &Backend{cfg: cfg, ipam: alloc, ports: ports, flows: flows, log: log, pods: map[string]podRecord{},
+		steps: newStepHistogram(cfg.Metrics), ofports: newOFPortPool(), meterTab: newMeterTable()}
+	if cfg.Metrics != nil {
+		// A second backend on one registry (tests) keeps the first's.
+		_ = cfg.Metrics.Register(newMeterCollector(b))
+	}
+	return b
 }
 
 // remember records an attached Pod (one record per namespace/name: a newer
@@ -582,14 +591,23 @@ func (b *Backend) attach(ctx context.Context, req *cniserver.Request, hostName s
 	// agent isolates it (SetIsolation) before WaitRealized returns.
 	pod := pipeline.Pod{OFPort: ofport, IP: podIP, MAC: podMAC}
 	// The meter comes before the flows that use it, and goes after them
-	// (the undo runs backwards).
-	if err := b.addMeter(ctx, ofport, limits, undo); err != nil {
-		return port, err
+	// (the undo runs backwards). Both travel while the port is made.
+	meter := b.planMeter(ctx, limits, undo)
+	if meter.ID != 0 {
+		pod.EgressMeter = meter.ID
+		extra[ExtIDEgressMeter] = strconv.FormatUint(uint64(meter.ID), 10)
 	}
-	pod.EgressMeter = b.meterOf(ofport, limits)
 	key := owner(req.ContainerID, req.IfName)
 	flowsDone := make(chan error, 1)
-	go func() { flowsDone <- b.flows.Set(ctx, key, pipeline.PodFlows(b.cfg.Bridge, pod)) }()
+	go func() {
+		if meter.ID != 0 {
+			if err := b.cfg.Meters.EnsureMeter(ctx, meter); err != nil {
+				flowsDone <- fmt.Errorf("adding the egress meter: %w", err)
+				return
+			}
+		}
+		flowsDone <- b.flows.Set(ctx, key, pipeline.PodFlows(b.cfg.Bridge, pod))
+	}()
 	undo.add(func() {
 		if err := b.flows.Set(context.WithoutCancel(ctx), key, nil); err != nil {
 			b.log.Error("rollback: removing flows", zap.String("container_id", req.ContainerID), zap.Error(err))
@@ -624,14 +642,9 @@ func (b *Backend) attach(ctx context.Context, req *cniserver.Request, hostName s
 			zap.String("port", hostName), zap.Uint32("requested", ofport), zap.Uint32("ofport", got))
 		b.ofports.mark(got)
 		pod.OFPort = got
-		if err := b.addMeter(ctx, got, limits, undo); err != nil {
-			return port, err
-		}
-		pod.EgressMeter = b.meterOf(got, limits)
 		if err := b.flows.Set(ctx, key, pipeline.PodFlows(b.cfg.Bridge, pod)); err != nil {
 			return port, cniserver.Errorf(cniserver.ErrCodeDatapath, "installing Pod flows: %w", err)
 		}
-		b.deleteMeter(ctx, ofport, limits)
 	}
 	st.done(StepFlows)
 	if durable != nil {
@@ -679,14 +692,16 @@ func (b *Backend) release(ctx context.Context, containerID, ifName string) error
 		return cniserver.Errorf(cniserver.ErrCodeDatapath, "removing Pod flows: %w", err)
 	}
 	var ofport uint32
-	metered := false
-	if p, err := b.ports.GetPort(ctx, hostName); err == nil && p != nil && p.OFPort > 0 {
-		ofport = uint32(p.OFPort)
-		metered = p.ExternalIDs[ExtIDEgressBandwidth] != ""
+	var meter uint64
+	if p, err := b.ports.GetPort(ctx, hostName); err == nil && p != nil {
+		if p.OFPort > 0 {
+			ofport = uint32(p.OFPort)
+		}
+		meter, _ = strconv.ParseUint(p.ExternalIDs[ExtIDEgressMeter], 10, 32)
 	}
 	// After the flows that used it.
-	if metered && b.cfg.Meters != nil {
-		if err := b.cfg.Meters.DeleteMeter(ctx, ofport); err != nil {
+	if meter != 0 && b.cfg.Meters != nil {
+		if err := b.deleteMeter(ctx, uint32(meter)); err != nil {
 			return cniserver.Errorf(cniserver.ErrCodeDatapath, "removing the egress meter of %s: %w", hostName, err)
 		}
 	}
@@ -871,10 +886,8 @@ func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 			IngressIsolated: strings.Contains(iso, "ingress"), EgressIsolated: strings.Contains(iso, "egress")}
 		// A meter that cannot be put back leaves the Pod's own qdisc as
 		// its only limit, rather than the Pod without flows.
-		if err := b.remeter(ctx, p); err != nil {
+		if pod.EgressMeter, err = b.restoreMeter(ctx, p); err != nil {
 			b.log.Error("egress meter of a restored Pod; its qdisc alone limits it", zap.String("port", p.Name), zap.Error(err))
-		} else if p.ExternalIDs[ExtIDEgressBandwidth] != "" && b.cfg.Meters != nil {
-			pod.EgressMeter = uint32(p.OFPort)
 		}
 		flows := pipeline.PodFlows(b.cfg.Bridge, pod)
 		if err := b.flows.Set(ctx, owner(cid, ifn), flows); err != nil {
@@ -906,80 +919,6 @@ func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 		}
 	}
 	return n, nil
-}
-
-// ReplayMeters adds again the egress meter of every Pod that has an egress
-// limit: run it after ovs-vswitchd restarts (meters live in its memory),
-// before the flows that use them. The error names the first port whose
-// meter the switch refused.
-func (b *Backend) ReplayMeters(ctx context.Context) error {
-	if b.cfg.Meters == nil {
-		return nil
-	}
-	ports, err := b.ports.ListPorts(ctx, b.cfg.BridgeName)
-	if err != nil {
-		return fmt.Errorf("listing ports to meter: %w", err)
-	}
-	for _, p := range ports {
-		if err := b.remeter(ctx, p); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// remeter ensures the egress meter p's external_ids record, if any.
-func (b *Backend) remeter(ctx context.Context, p ovsdb.Port) error {
-	v := p.ExternalIDs[ExtIDEgressBandwidth]
-	if v == "" || b.cfg.Meters == nil || p.OFPort <= 0 {
-		return nil
-	}
-	var l bandwidth.Limits
-	if _, err := fmt.Sscanf(v, "%d/%d", &l.EgressRate, &l.EgressBurst); err != nil || l.EgressRate == 0 {
-		return fmt.Errorf("port %s: unreadable %s %q", p.Name, ExtIDEgressBandwidth, v)
-	}
-	kbps, kbits := bandwidth.EgressMeter(l.EgressRate, l.EgressBurst)
-	if err := b.cfg.Meters.EnsureMeter(ctx, of.MeterEntry{ID: uint32(p.OFPort), RateKbps: kbps, BurstKbits: kbits}); err != nil {
-		return fmt.Errorf("port %s: %w", p.Name, err)
-	}
-	return nil
-}
-
-// meterOf is the id of the egress meter of the Pod on ofport with limits:
-// the ofport, or 0 without an egress limit or meters.
-func (b *Backend) meterOf(ofport uint32, limits bandwidth.Limits) uint32 {
-	if limits.EgressRate == 0 || b.cfg.Meters == nil {
-		return 0
-	}
-	return ofport
-}
-
-// addMeter adds the egress meter of the Pod on ofport, when it has an
-// egress limit, and its removal to undo.
-func (b *Backend) addMeter(ctx context.Context, ofport uint32, limits bandwidth.Limits, undo *rollback) error {
-	id := b.meterOf(ofport, limits)
-	if id == 0 {
-		return nil
-	}
-	kbps, kbits := bandwidth.EgressMeter(limits.EgressRate, limits.EgressBurst)
-	if err := b.cfg.Meters.EnsureMeter(ctx, of.MeterEntry{ID: id, RateKbps: kbps, BurstKbits: kbits}); err != nil {
-		return cniserver.Errorf(cniserver.ErrCodeDatapath, "adding the egress meter: %w", err)
-	}
-	undo.add(func() { b.deleteMeter(context.WithoutCancel(ctx), id, limits) })
-	return nil
-}
-
-// deleteMeter removes the egress meter of ofport, if the Pod had one; a
-// failure is logged (an unused meter costs nothing, and the next Pod on
-// that ofport replaces it).
-func (b *Backend) deleteMeter(ctx context.Context, ofport uint32, limits bandwidth.Limits) {
-	id := b.meterOf(ofport, limits)
-	if id == 0 {
-		return
-	}
-	if err := b.cfg.Meters.DeleteMeter(ctx, id); err != nil {
-		b.log.Error("removing an egress meter", zap.Uint32("meter", id), zap.Error(err))
-	}
 }
 
 // ReshapePods shapes again the traffic into every Pod that has an ingress

@@ -253,25 +253,35 @@ func TestBandwidthShaping(t *testing.T) {
 		t.Errorf("ingress tbf overlimits %d → %d: the transfer did not wait for tokens", ingressBefore, after)
 	}
 
-	// The meter: 22,000 kbps, the Pod's packets only, nothing dropped yet.
-	ofport := strings.TrimSpace(ovs(t, nodes[0], "ovs-vsctl", "get", "Interface", hostVeth, "ofport"))
+	// The meter: 22,000 kbps, the Pod's packets only, nothing dropped yet
+	// (the switch's counters, and the daemon's metric of them).
+	meterID := strings.Trim(strings.TrimSpace(ovs(t, nodes[0], "ovs-vsctl", "get", "Port", hostVeth, "external_ids:seine.io/egress-meter")), `"`)
+	dropMetric := regexp.MustCompile(`(?m)^seine_pod_egress_meter_dropped_packets_total\{namespace="bandwidth",pod="shaped"\} (\d+)$`)
 	meter := func() (flows, dropped int) {
 		t.Helper()
-		out := ovs(t, nodes[0], "ovs-ofctl", "meter-stats", brInt(nodes[0]), "meter="+ofport)
+		out := ovs(t, nodes[0], "ovs-ofctl", "meter-stats", brInt(nodes[0]), "meter="+meterID)
 		m := regexp.MustCompile(`flow_count:(\d+) .*\n\s*0: packet_count:(\d+)`).FindStringSubmatch(out)
 		if m == nil {
-			t.Fatalf("no stats of meter %s:\n%s", ofport, out)
+			t.Fatalf("no stats of meter %s:\n%s", meterID, out)
 		}
 		flows, _ = strconv.Atoi(m[1])
 		dropped, _ = strconv.Atoi(m[2])
+		metrics, err := c.NodeMetrics(testCtx(t, 10*time.Second), nodes[0].Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if mm := dropMetric.FindStringSubmatch(metrics); mm == nil || mm[1] != m[2] {
+			t.Errorf("meter %s dropped %d packets, but the daemon exports %q", meterID, dropped,
+				grepLines(metrics, "seine_pod_egress_meter_dropped_packets_total"))
+		}
 		return flows, dropped
 	}
-	if out := ovs(t, nodes[0], "ovs-ofctl", "dump-meters", brInt(nodes[0]), "meter="+ofport); !strings.Contains(out, "rate=22000 ") {
-		t.Fatalf("meter %s is not at 22,000 kbps:\n%s", ofport, out)
+	if out := ovs(t, nodes[0], "ovs-ofctl", "dump-meters", brInt(nodes[0]), "meter="+meterID); !strings.Contains(out, "rate=22000 ") {
+		t.Fatalf("meter %s is not at 22,000 kbps:\n%s", meterID, out)
 	}
 	flows, dropped := meter()
 	if flows != 1 || dropped != 0 {
-		t.Errorf("meter %s: %d flows, %d packets dropped; want 1 flow (the Pod's Classifier flow) and no drop while the Pod's qdisc shapes", ofport, flows, dropped)
+		t.Errorf("meter %s: %d flows, %d packets dropped; want 1 flow (the Pod's Classifier flow) and no drop while the Pod's qdisc shapes", meterID, flows, dropped)
 	}
 	if out, err := c.Exec(testCtx(t, 10*time.Second), nsName, "shaped", "tc", "qdisc", "del", "dev", "eth0", "root"); err != nil {
 		t.Fatalf("deleting the Pod's qdisc: %v: %s", err, out)
@@ -282,7 +292,7 @@ func TestBandwidthShaping(t *testing.T) {
 	}
 	_, after := meter()
 	if after <= dropped {
-		t.Errorf("meter %s dropped %d → %d packets: the unshaped transfer never exceeded it", ofport, dropped, after)
+		t.Errorf("meter %s dropped %d → %d packets: the unshaped transfer never exceeded it", meterID, dropped, after)
 	}
 	t.Logf("without its qdisc, 4 MB out of the Pod took %v; the meter dropped %d packets", d.Round(time.Millisecond), after-dropped)
 }

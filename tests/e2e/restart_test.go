@@ -143,7 +143,7 @@ func TestVSwitchdRestart(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = c.DeletePod(context.Background(), "vsrestart", "shaped") })
 	shaped := podRef{ns: "vsrestart", name: "shaped", node: node.Name, ip: sp.Status.PodIP}
-	shapedPort := strings.TrimSpace(ovs(t, node, "ovs-vsctl", "get", "Interface", hostVethOf(t, node, shaped.ip), "ofport"))
+	shapedMeter := strings.Trim(strings.TrimSpace(ovs(t, node, "ovs-vsctl", "get", "Port", hostVethOf(t, node, shaped.ip), "external_ids:seine.io/egress-meter")), `"`)
 
 	restarted := time.Now()
 	if err := c.RestartVSwitchd(ctx, node.Name); err != nil {
@@ -160,8 +160,8 @@ func TestVSwitchdRestart(t *testing.T) {
 	if !c.NodeProcesses(node)["seine"] {
 		t.Fatalf("seine on %s is not running after ovs-vswitchd restarted", node.Name)
 	}
-	if out := ovs(t, node, "ovs-ofctl", "meter-stats", brInt(node), "meter="+shapedPort); !strings.Contains(out, "flow_count:1 ") {
-		t.Errorf("the shaped Pod's meter %s after ovs-vswitchd restarted: want it used by its Classifier flow:\n%s", shapedPort, out)
+	if out := ovs(t, node, "ovs-ofctl", "meter-stats", brInt(node), "meter="+shapedMeter); !strings.Contains(out, "flow_count:1 ") {
+		t.Errorf("the shaped Pod's meter %q after ovs-vswitchd restarted: want it used by its Classifier flow:\n%s", shapedMeter, out)
 	}
 	expectConnected(t, probe(t, c, shaped, server.ip, tcpPort, corev1.ProtocolTCP), server.name, "the shaped Pod after ovs-vswitchd restarted")
 
