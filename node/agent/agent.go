@@ -71,8 +71,18 @@ const (
 	SegmentPortOFPort int32 = 65001
 )
 
-// Run runs the daemon until ctx ends.
-func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option) error {
+// Run runs the daemon until ctx ends. It also stops, with an error, when
+// a restarted ovs-vswitchd refuses a Pod's egress meter: the flows through
+// it cannot be replayed, and a new start gives that Pod its qdisc alone
+// (the DaemonSet or the systemd unit starts seine again).
+func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option) (err error) {
+	ctx, fail := context.WithCancelCause(ctx)
+	defer func() {
+		if cause := context.Cause(ctx); errors.Is(cause, errMeterReplay) {
+			err = cause
+		}
+		fail(nil)
+	}()
 	log = log.With(zap.String("node", cfg.NodeName))
 	reg := prometheus.NewRegistry()
 	rc, err := restConfig(cfg.Kubeconfig, cfg.KubeAPIServerOverride)
@@ -230,7 +240,10 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 			// Before the flows that use them.
 			if b := reshapePods.Load(); b != nil {
 				if err := b.ReplayMeters(ctx); err != nil {
-					return fmt.Errorf("replaying Pod egress meters: %w", err)
+					err = fmt.Errorf("%w: %w", errMeterReplay, err)
+					log.Error("stopping", zap.Error(err))
+					fail(err)
+					return err
 				}
 			}
 			if err := syncer.Replay(ctx); err != nil {
@@ -760,6 +773,9 @@ func startHostPorts(ctx context.Context, ownsPods bool, cfg hostport.Config) (po
 	}
 	return m, nil
 }
+
+// errMeterReplay stops the daemon (see Run).
+var errMeterReplay = errors.New("the restarted ovs-vswitchd refuses Pod egress meters, so their flows cannot be replayed; seine restarts, and those Pods keep their qdisc alone")
 
 // podMeters returns the meters that back up Pods' egress limits, or nil
 // (and says why at warning level) when the bridge's datapath has none,

@@ -58,8 +58,8 @@ type PodInterface struct {
 	MAC             string `json:"mac"`
 	IngressIsolated bool   `json:"ingressIsolated"`
 	EgressIsolated  bool   `json:"egressIsolated"`
-	// EgressMeter is the OpenFlow meter behind the Pod's egress limit
-	// (its ofport), absent without one.
+	// EgressMeter is the id of the OpenFlow meter behind the Pod's egress
+	// limit, absent without one.
 	EgressMeter uint32 `json:"egressMeter,omitempty"`
 }
 

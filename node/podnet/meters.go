@@ -1,7 +1,6 @@
 package podnet
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -24,72 +23,112 @@ import (
 // Meter ids are the backend's own, the smallest free one for each new
 // Pod, recorded in the port's seine.io/egress-meter; not the ofport, which
 // ovs-vswitchd may give otherwise than requested. The backend keeps every
-// meter it wants (meterTable), so that a restarted ovs-vswitchd gets back
-// exactly the meters its replayed flows use. A meter exists before the
-// flows that use it and is deleted after them.
+// meter it wants and which attachment holds it (meterTable): a restarted
+// ovs-vswitchd gets back exactly the meters the replayed flows use, and a
+// DEL deletes a meter only if its attachment still holds it (deleting a
+// meter deletes the flows that use it, whoever they belong to). A meter
+// exists before the flows that use it and is deleted after them.
 
-// meterTable is the meters the backend wants on the switch, by id.
+// meterTable is the meters the backend wants on the switch: by id, and
+// the id each attachment (flow owner) holds.
 type meterTable struct {
-	mu   sync.Mutex
-	byID map[uint32]of.MeterEntry
+	mu      sync.Mutex
+	byID    map[uint32]heldMeter
+	byOwner map[string]uint32
 }
 
-func newMeterTable() *meterTable { return &meterTable{byID: map[uint32]of.MeterEntry{}} }
+type heldMeter struct {
+	of.MeterEntry
+	owner string
+}
 
-// allocate records a meter with the smallest free id and the band of
-// limits' egress rate.
-func (t *meterTable) allocate(limits bandwidth.Limits) of.MeterEntry {
+func newMeterTable() *meterTable {
+	return &meterTable{byID: map[uint32]heldMeter{}, byOwner: map[string]uint32{}}
+}
+
+// allocate gives owner a meter with the smallest free id and the band of
+// limits' egress rate (the one it holds already, if any, with that band).
+func (t *meterTable) allocate(owner string, limits bandwidth.Limits) of.MeterEntry {
 	kbps, kbits := bandwidth.EgressMeter(limits.EgressRate, limits.EgressBurst)
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	id := uint32(1)
-	for ; ; id++ {
+	id, held := t.byOwner[owner]
+	for id = max(id, 1); !held; id++ {
 		if _, taken := t.byID[id]; !taken {
 			break
 		}
 	}
 	m := of.MeterEntry{ID: id, RateKbps: kbps, BurstKbits: kbits}
-	t.byID[id] = m
+	t.byID[id] = heldMeter{m, owner}
+	t.byOwner[owner] = id
 	return m
 }
 
-// claim records m under its own id (a restored Pod's), failing if the id
-// is taken.
-func (t *meterTable) claim(m of.MeterEntry) error {
+// claim records that owner holds m (a restored attachment's meter),
+// failing if another attachment holds the id or owner holds another.
+func (t *meterTable) claim(owner string, m of.MeterEntry) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if _, taken := t.byID[m.ID]; taken {
-		return fmt.Errorf("meter %d is recorded for two ports", m.ID)
+	if h, taken := t.byID[m.ID]; taken && h.owner != owner {
+		return fmt.Errorf("meter %d is recorded for two Pods, %s and %s", m.ID, h.owner, owner)
 	}
-	t.byID[m.ID] = m
+	if id, held := t.byOwner[owner]; held && id != m.ID {
+		return fmt.Errorf("%s holds meter %d, not %d", owner, id, m.ID)
+	}
+	t.byID[m.ID] = heldMeter{m, owner}
+	t.byOwner[owner] = m.ID
 	return nil
 }
 
-func (t *meterTable) release(id uint32) {
+// held returns the meter owner holds (0: none).
+func (t *meterTable) held(owner string) uint32 {
 	t.mu.Lock()
-	delete(t.byID, id)
-	t.mu.Unlock()
+	defer t.mu.Unlock()
+	return t.byOwner[owner]
 }
 
-// all returns the meters, by id.
-func (t *meterTable) all() []of.MeterEntry {
+// release frees the meter owner holds, if any.
+func (t *meterTable) release(owner string) {
 	t.mu.Lock()
-	out := slices.Collect(maps.Values(t.byID))
+	defer t.mu.Unlock()
+	if id, ok := t.byOwner[owner]; ok {
+		delete(t.byID, id)
+		delete(t.byOwner, owner)
+	}
+}
+
+// get returns meter id, if it is wanted.
+func (t *meterTable) get(id uint32) (of.MeterEntry, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	h, ok := t.byID[id]
+	return h.MeterEntry, ok
+}
+
+// ids returns the ids of the meters, in order.
+func (t *meterTable) ids() []uint32 {
+	t.mu.Lock()
+	out := slices.Collect(maps.Keys(t.byID))
 	t.mu.Unlock()
-	slices.SortFunc(out, func(a, b of.MeterEntry) int { return cmp.Compare(a.ID, b.ID) })
+	slices.Sort(out)
 	return out
 }
 
 // ReplayMeters adds again every egress meter the backend wants: run it
 // after ovs-vswitchd restarts (meters live in its memory), before the
-// flows that use them. It tries each meter, and returns the switch's
-// refusals joined, each naming its meter.
+// flows that use them. It tries each meter (as it is at that moment: a
+// Pod may come or go meanwhile), and returns the switch's refusals joined,
+// each naming its meter: flows through a refused meter cannot be replayed.
 func (b *Backend) ReplayMeters(ctx context.Context) error {
 	if b.cfg.Meters == nil {
 		return nil
 	}
 	var errs []error
-	for _, m := range b.meterTab.all() {
+	for _, id := range b.meterTab.ids() {
+		m, ok := b.meterTab.get(id)
+		if !ok {
+			continue
+		}
 		if err := b.cfg.Meters.EnsureMeter(ctx, m); err != nil {
 			errs = append(errs, err)
 		}
@@ -97,60 +136,78 @@ func (b *Backend) ReplayMeters(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// planMeter allocates the egress meter of a Pod with limits (none, a zero
-// entry, without an egress limit or meters) and puts its removal into
-// undo; the caller adds it to the switch (EnsureMeter: the id is new to
-// this backend, but an earlier run may have left a meter of that id).
-func (b *Backend) planMeter(ctx context.Context, limits bandwidth.Limits, undo *rollback) of.MeterEntry {
+// planMeter allocates the egress meter of attachment owner with limits
+// (none, a zero entry, without an egress limit or meters) and puts its
+// removal into undo; the caller adds it to the switch (EnsureMeter: the
+// id is new to this backend, but an earlier run may have left a meter of
+// that id).
+func (b *Backend) planMeter(ctx context.Context, owner string, limits bandwidth.Limits, undo *rollback) of.MeterEntry {
 	if limits.EgressRate == 0 || b.cfg.Meters == nil {
 		return of.MeterEntry{}
 	}
-	m := b.meterTab.allocate(limits)
+	m := b.meterTab.allocate(owner, limits)
 	undo.add(func() {
 		// The id is free again either way: a meter left on the switch is
 		// used by no flow, and the next Pod given the id modifies it.
 		if err := b.cfg.Meters.DeleteMeter(context.WithoutCancel(ctx), m.ID); err != nil {
 			b.log.Error("rollback: removing the egress meter", zap.Uint32("meter", m.ID), zap.Error(err))
 		}
-		b.meterTab.release(m.ID)
+		b.meterTab.release(owner)
 	})
 	return m
 }
 
-// deleteMeter removes meter id from the switch, then from the table.
-func (b *Backend) deleteMeter(ctx context.Context, id uint32) error {
-	if err := b.cfg.Meters.DeleteMeter(ctx, id); err != nil {
-		return err
+// deleteMeter removes the meter attachment owner holds, if any, from the
+// switch, then from the table; run it once the owner's flows are gone.
+func (b *Backend) deleteMeter(ctx context.Context, owner string) error {
+	id := b.meterTab.held(owner)
+	if id == 0 || b.cfg.Meters == nil {
+		return nil
 	}
-	b.meterTab.release(id)
+	if err := b.cfg.Meters.DeleteMeter(ctx, id); err != nil {
+		return fmt.Errorf("removing egress meter %d: %w", id, err)
+	}
+	b.meterTab.release(owner)
 	return nil
 }
 
-// restoreMeter puts back the egress meter p's external_ids record, for a
-// Pod found attached at start-up, and returns its id (0: none).
-func (b *Backend) restoreMeter(ctx context.Context, p ovsdb.Port) (uint32, error) {
+// claimMeter records the egress meter port p's external_ids give the
+// attachment owner, for a Pod found attached at start-up; a record it
+// cannot read or that clashes is logged and left out.
+func (b *Backend) claimMeter(owner string, p ovsdb.Port) {
 	v, idv := p.ExternalIDs[ExtIDEgressBandwidth], p.ExternalIDs[ExtIDEgressMeter]
 	if v == "" || idv == "" || b.cfg.Meters == nil {
-		return 0, nil
+		return
 	}
 	var l bandwidth.Limits
-	if _, err := fmt.Sscanf(v, "%d/%d", &l.EgressRate, &l.EgressBurst); err != nil || l.EgressRate == 0 {
-		return 0, fmt.Errorf("unreadable %s %q", ExtIDEgressBandwidth, v)
+	_, err := fmt.Sscanf(v, "%d/%d", &l.EgressRate, &l.EgressBurst)
+	id, ierr := strconv.ParseUint(idv, 10, 32)
+	if err == nil && ierr == nil && l.EgressRate > 0 && id > 0 {
+		kbps, kbits := bandwidth.EgressMeter(l.EgressRate, l.EgressBurst)
+		err = b.meterTab.claim(owner, of.MeterEntry{ID: uint32(id), RateKbps: kbps, BurstKbits: kbits})
+	} else {
+		err = fmt.Errorf("unreadable %s %q or %s %q", ExtIDEgressBandwidth, v, ExtIDEgressMeter, idv)
 	}
-	id, err := strconv.ParseUint(idv, 10, 32)
-	if err != nil || id == 0 {
-		return 0, fmt.Errorf("unreadable %s %q", ExtIDEgressMeter, idv)
+	if err != nil {
+		b.log.Error("egress meter of an attached Pod; its qdisc alone limits it", zap.String("port", p.Name), zap.Error(err))
 	}
-	kbps, kbits := bandwidth.EgressMeter(l.EgressRate, l.EgressBurst)
-	m := of.MeterEntry{ID: uint32(id), RateKbps: kbps, BurstKbits: kbits}
-	if err := b.meterTab.claim(m); err != nil {
-		return 0, err
+}
+
+// restoreMeter puts the meter attachment owner claimed on the switch and
+// returns its id (0: none). A meter the switch refuses is released, and
+// the Pod's qdisc alone limits it.
+func (b *Backend) restoreMeter(ctx context.Context, owner string, port string) uint32 {
+	id := b.meterTab.held(owner)
+	if id == 0 {
+		return 0
 	}
+	m, _ := b.meterTab.get(id)
 	if err := b.cfg.Meters.EnsureMeter(ctx, m); err != nil {
-		b.meterTab.release(m.ID)
-		return 0, err
+		b.log.Error("egress meter of an attached Pod; its qdisc alone limits it", zap.String("port", port), zap.Error(err))
+		b.meterTab.release(owner)
+		return 0
 	}
-	return m.ID, nil
+	return id
 }
 
 // meterCollector exports what the Pods' egress meters dropped, read from
@@ -194,7 +251,9 @@ func (c *meterCollector) Collect(ch chan<- prometheus.Metric) {
 	defer cancel()
 	stats, err := m.MeterStats(ctx)
 	if err != nil {
-		ch <- prometheus.NewInvalidMetric(c.drops, err)
+		// Not an invalid metric: that would fail the whole scrape, just
+		// while ovs-vswitchd restarts, when the other metrics matter.
+		c.b.log.Debug("reading the egress meters' counters", zap.Error(err))
 		return
 	}
 	dropped := make(map[uint32]uint64, len(stats))

@@ -3,48 +3,62 @@ package podnet
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
 
 	of "github.com/seine-net/seine/datapath/openflow"
+	"github.com/seine-net/seine/datapath/pipeline"
 	"github.com/seine-net/seine/node/bandwidth"
 	cniserver "github.com/seine-net/seine/node/cni/server"
 )
 
 // TestMeterTable: new meters get the smallest free id, ids claimed from a
-// restore are kept apart, a claimed id cannot be claimed twice, and a
-// released id is handed out again.
+// restore are kept apart, an id held by one attachment cannot be claimed
+// by another, an attachment keeps its id when asked again, and only the
+// holder releases an id, which is then handed out again.
 func TestMeterTable(t *testing.T) {
 	tab := newMeterTable()
 	l := bandwidth.Limits{EgressRate: 20_000_000}
-	if err := tab.claim(of.MeterEntry{ID: 2, RateKbps: 5, BurstKbits: 5}); err != nil {
+	if err := tab.claim("pod/r/eth0", of.MeterEntry{ID: 2, RateKbps: 5, BurstKbits: 5}); err != nil {
 		t.Fatal(err)
 	}
 	var ids []uint32
-	for range 3 {
-		ids = append(ids, tab.allocate(l).ID)
+	for _, o := range []string{"pod/a/eth0", "pod/b/eth0", "pod/c/eth0"} {
+		ids = append(ids, tab.allocate(o, l).ID)
 	}
 	if ids[0] != 1 || ids[1] != 3 || ids[2] != 4 {
 		t.Fatalf("allocated %v around claimed 2, want [1 3 4]", ids)
 	}
-	if err := tab.claim(of.MeterEntry{ID: 3}); err == nil || !strings.Contains(err.Error(), "meter 3 is recorded for two ports") {
+	if m := tab.allocate("pod/b/eth0", l); m.ID != 3 {
+		t.Errorf("pod/b asked again: meter %d, want its 3", m.ID)
+	}
+	if err := tab.claim("pod/x/eth0", of.MeterEntry{ID: 3}); err == nil || !strings.Contains(err.Error(), "meter 3 is recorded for two Pods, pod/b/eth0 and pod/x/eth0") {
 		t.Errorf("claiming a taken id: %v", err)
 	}
-	tab.release(3)
-	if m := tab.allocate(l); m.ID != 3 || m.RateKbps != 22_000 || m.BurstKbits != 4_000 {
+	if err := tab.claim("pod/b/eth0", of.MeterEntry{ID: 7}); err == nil || !strings.Contains(err.Error(), "pod/b/eth0 holds meter 3, not 7") {
+		t.Errorf("claiming a second id: %v", err)
+	}
+	tab.release("pod/x/eth0") // holds nothing: frees nothing
+	if tab.held("pod/b/eth0") != 3 {
+		t.Fatal("releasing another attachment freed pod/b's meter")
+	}
+	tab.release("pod/b/eth0")
+	if tab.held("pod/b/eth0") != 0 {
+		t.Fatal("pod/b still holds a meter after its release")
+	}
+	if m := tab.allocate("pod/d/eth0", l); m.ID != 3 || m.RateKbps != 22_000 || m.BurstKbits != 4_000 {
 		t.Errorf("after releasing 3: %+v, want meter 3 at 22,000 kbps with 4,000 kbits", m)
 	}
-	var all []uint32
-	for _, m := range tab.all() {
-		all = append(all, m.ID)
-	}
-	if len(all) != 4 || all[0] != 1 || all[1] != 2 || all[2] != 3 || all[3] != 4 {
-		t.Errorf("all: %v, want [1 2 3 4]", all)
+	if got := tab.ids(); !slices.Equal(got, []uint32{1, 2, 3, 4}) {
+		t.Errorf("ids: %v, want [1 2 3 4]", got)
 	}
 }
 
@@ -102,4 +116,55 @@ func BenchmarkAddShaped(b *testing.B) {
 	b.ReportMetric(p(lat[false], 0.5), "tbf-only-p50-ms")
 	b.ReportMetric(p(lat[false], 0.99), "tbf-only-p99-ms")
 	b.ReportMetric(p(lat[true], 0.5)-p(lat[false], 0.5), "meter-cost-p50-ms")
+}
+
+// TestDelKeepsAnotherPodsMeter: a port whose external_ids name a meter
+// another attachment holds (a DEL retried after its meter was freed and
+// given away, a restore whose meter failed) is released without deleting
+// that meter, which would take the other Pod's Classifier flow with it.
+func TestDelKeepsAnotherPodsMeter(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	h := newHarness(t, ctx, zaptest.NewLogger(t))
+	h.be.cfg.Meters = h.of
+	n0 := h.netns()
+	req := h.request(0, n0.Path())
+	req.NetConf.RuntimeConfig = map[string]json.RawMessage{"bandwidth": json.RawMessage(`{"egressRate":10000000}`)}
+	res, err := h.be.Add(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port, err := h.db.GetPort(ctx, res.Interfaces[0].Name)
+	if err != nil || port.ExternalIDs[ExtIDEgressMeter] != "1" {
+		t.Fatalf("port %v, %v: want meter 1", port, err)
+	}
+
+	// The other port records meter 1 too.
+	other := h.prefix + "-other"
+	h.ids = append(h.ids, other)
+	link := HostVethName(other, "eth0")
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: link}, PeerName: "mtp" + h.prefix[1:9]}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = deleteLink(link) })
+	h.ovs.Run("ovs-vsctl", "add-port", "br-int", link, "--", "set", "port", link,
+		"external_ids:"+ExtIDContainerID+"="+other, "external_ids:"+ExtIDIfName+"=eth0",
+		"external_ids:"+ExtIDEgressBandwidth+"=10000000/0", "external_ids:"+ExtIDEgressMeter+"=1")
+	if err := h.be.Del(ctx, &cniserver.Request{ContainerID: other, IfName: "eth0"}); err != nil {
+		t.Fatal(err)
+	}
+	if ms := h.meters(); len(ms) != 1 || !strings.HasPrefix(ms[0], "meter=1 ") {
+		t.Fatalf("after the other port's DEL: meters %q, want meter 1", ms)
+	}
+	classifier := h.ovs.Run("ovs-ofctl", "-O", "OpenFlow13", "--no-stats", "dump-flows", h.ovs.MgmtSocket("br-int"),
+		fmt.Sprintf("table=%d,in_port=%d", pipeline.Classifier, port.OFPort))
+	if !strings.Contains(classifier, "actions=meter:1,") {
+		t.Fatalf("the Pod's Classifier flow went with the other port's DEL:\n%s", classifier)
+	}
+	if err := h.be.Del(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if left := h.leftovers(ctx); len(left) != 0 {
+		t.Errorf("left behind: %v", left)
+	}
 }

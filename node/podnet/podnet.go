@@ -144,8 +144,9 @@ type Config struct {
 	// carries port mappings is refused.
 	HostPorts HostPortMapper
 	// Meters, when set, backs up each Pod's egress limit with an OpenFlow
-	// meter on its port (see node/bandwidth and meters.go). Without it (a datapath without meters, or chained) the Pod's own
-	// qdisc is the only limit.
+	// meter on its port (see node/bandwidth and meters.go). Without it (a
+	// datapath without meters, or chained) the Pod's own qdisc is the
+	// only limit.
 	Meters Meters
 }
 
@@ -592,12 +593,12 @@ func (b *Backend) attach(ctx context.Context, req *cniserver.Request, hostName s
 	pod := pipeline.Pod{OFPort: ofport, IP: podIP, MAC: podMAC}
 	// The meter comes before the flows that use it, and goes after them
 	// (the undo runs backwards). Both travel while the port is made.
-	meter := b.planMeter(ctx, limits, undo)
+	key := owner(req.ContainerID, req.IfName)
+	meter := b.planMeter(ctx, key, limits, undo)
 	if meter.ID != 0 {
 		pod.EgressMeter = meter.ID
 		extra[ExtIDEgressMeter] = strconv.FormatUint(uint64(meter.ID), 10)
 	}
-	key := owner(req.ContainerID, req.IfName)
 	flowsDone := make(chan error, 1)
 	go func() {
 		if meter.ID != 0 {
@@ -692,18 +693,12 @@ func (b *Backend) release(ctx context.Context, containerID, ifName string) error
 		return cniserver.Errorf(cniserver.ErrCodeDatapath, "removing Pod flows: %w", err)
 	}
 	var ofport uint32
-	var meter uint64
-	if p, err := b.ports.GetPort(ctx, hostName); err == nil && p != nil {
-		if p.OFPort > 0 {
-			ofport = uint32(p.OFPort)
-		}
-		meter, _ = strconv.ParseUint(p.ExternalIDs[ExtIDEgressMeter], 10, 32)
+	if p, err := b.ports.GetPort(ctx, hostName); err == nil && p != nil && p.OFPort > 0 {
+		ofport = uint32(p.OFPort)
 	}
 	// After the flows that used it.
-	if meter != 0 && b.cfg.Meters != nil {
-		if err := b.deleteMeter(ctx, uint32(meter)); err != nil {
-			return cniserver.Errorf(cniserver.ErrCodeDatapath, "removing the egress meter of %s: %w", hostName, err)
-		}
+	if err := b.deleteMeter(ctx, owner(containerID, ifName)); err != nil {
+		return cniserver.Errorf(cniserver.ErrCodeDatapath, "%s: %w", hostName, err)
 	}
 	if err := b.ports.DeletePort(ctx, b.cfg.BridgeName, hostName); err != nil {
 		return cniserver.Errorf(cniserver.ErrCodeDatapath, "removing OVS port %s: %w", hostName, err)
@@ -838,6 +833,11 @@ func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 		if p.OFPort > 0 {
 			b.ofports.mark(uint32(p.OFPort))
 		}
+		// Every recorded meter first, those of stale ports too: releasing
+		// one deletes its meter only if it holds it.
+		if cid := p.ExternalIDs[ExtIDContainerID]; cid != "" {
+			b.claimMeter(owner(cid, p.ExternalIDs[ExtIDIfName]), p)
+		}
 	}
 	attached := map[string]bool{}
 	n := 0
@@ -886,9 +886,7 @@ func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 			IngressIsolated: strings.Contains(iso, "ingress"), EgressIsolated: strings.Contains(iso, "egress")}
 		// A meter that cannot be put back leaves the Pod's own qdisc as
 		// its only limit, rather than the Pod without flows.
-		if pod.EgressMeter, err = b.restoreMeter(ctx, p); err != nil {
-			b.log.Error("egress meter of a restored Pod; its qdisc alone limits it", zap.String("port", p.Name), zap.Error(err))
-		}
+		pod.EgressMeter = b.restoreMeter(ctx, owner(cid, ifn), p.Name)
 		flows := pipeline.PodFlows(b.cfg.Bridge, pod)
 		if err := b.flows.Set(ctx, owner(cid, ifn), flows); err != nil {
 			return n, err
