@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
@@ -81,6 +82,25 @@ func newHarness(t testing.TB, ctx context.Context, log *zap.Logger, opts ...func
 	_, _ = rand.Read(b)
 	h.be, h.prefix = be, "c"+hex.EncodeToString(b)
 	return h
+}
+
+// addPort makes link a port of the harness's bridge with ovs-vsctl (args
+// follow "--" in the same transaction) and waits until the backend's
+// OVSDB cache has it with its ofport: ovs-vsctl returns once
+// ovs-vswitchd has it, which may be before the cache's update arrives.
+func (h *harness) addPort(ctx context.Context, link string, args ...string) {
+	h.t.Helper()
+	h.ovs.Run("ovs-vsctl", append([]string{"add-port", "br-int", link, "--"}, args...)...)
+	for {
+		if p, err := h.db.GetPort(ctx, link); err == nil && p != nil && p.OFPort > 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			h.t.Fatalf("port %s never reached the OVSDB cache: %v", link, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
 
 // meters returns the meters on the harness's bridge, one line each

@@ -38,7 +38,7 @@ func TestSetIsolation(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = deleteLink(link) })
 	mac := "0a:58:0a:f4:01:05"
-	o.Run("ovs-vsctl", "add-port", "br-int", link, "--", "set", "port", link,
+	h.addPort(ctx, link, "set", "port", link,
 		"external_ids:"+ExtIDContainerID+"="+cid, "external_ids:"+ExtIDIfName+"="+ifn,
 		"external_ids:"+ExtIDPodNamespace+"=ns", "external_ids:"+ExtIDPodName+"=web",
 		"external_ids:"+ExtIDIP+"=10.244.1.5", "external_ids:"+ExtIDMAC+"="+mac,

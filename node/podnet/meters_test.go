@@ -147,7 +147,7 @@ func TestDelKeepsAnotherPodsMeter(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = deleteLink(link) })
-	h.ovs.Run("ovs-vsctl", "add-port", "br-int", link, "--", "set", "port", link,
+	h.addPort(ctx, link, "set", "port", link,
 		"external_ids:"+ExtIDContainerID+"="+other, "external_ids:"+ExtIDIfName+"=eth0",
 		"external_ids:"+ExtIDEgressBandwidth+"=10000000/0", "external_ids:"+ExtIDEgressMeter+"=1")
 	if err := h.be.Del(ctx, &cniserver.Request{ContainerID: other, IfName: "eth0"}); err != nil {

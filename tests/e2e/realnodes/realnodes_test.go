@@ -345,9 +345,10 @@ func TestNodePortToHostNetworkEndpoints(t *testing.T) {
 // TestHostPortAndBandwidth: containerd passes a Pod's hostPort and its
 // bandwidth annotations to seine (the conflist declares both
 // capabilities, no portmap or bandwidth plugin runs): the hostPort answers
-// on the Node's address from outside the cluster and from a Pod, and the
+// on the Node's address from outside the cluster and from a Pod, the
 // Pod's traffic gets a 10 Mbit/s token bucket each way (the host veth,
-// and the Pod's eth0).
+// and the Pod's eth0), and the egress limit its OpenFlow meter, whose
+// drops the daemon exports.
 func TestHostPortAndBandwidth(t *testing.T) {
 	createNamespace(t, "hostport")
 	ctx := testCtx(t, 3*time.Minute)
@@ -396,6 +397,11 @@ func TestHostPortAndBandwidth(t *testing.T) {
 	}
 	if got := strings.Count(string(out), "rate 10Mbit"); got != 2 {
 		t.Errorf("%d qdiscs at 10 Mbit/s on %s, want 2 (host veth, Pod eth0):\n%s", got, n.Name, out)
+	}
+	metrics, err := cluster.NodeExec(ctx, n.Name, "curl", "-s", "-m", "5", fmt.Sprintf("http://%s:9345/metrics", n.IP))
+	const meter = `seine_pod_egress_meter_dropped_packets_total{namespace="hostport",pod="hp"} 0`
+	if err != nil || !strings.Contains(string(metrics), meter+"\n") {
+		t.Errorf("metrics of %s (%v): no %s", n.Name, err, meter)
 	}
 }
 
