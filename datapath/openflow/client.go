@@ -356,32 +356,43 @@ func (c *Client) DumpFlows(ctx context.Context, table *uint8, cookie, cookieMask
 	}
 	body.Cookie = cookie & cookieMask
 	body.CookieMask = cookieMask
-	req := &of13.MultipartRequest{Header: of13.NewOfp13Header(), Type: of13.MultipartType_Flow, Body: body}
+	var out []FlowStats
+	err = cn.multipart(ctx, of13.MultipartType_Flow, body, func(m message) (bool, error) {
+		flows, more, err := decodeFlowStatsReply(m)
+		out = append(out, flows...)
+		return more, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("openflow: dump flows: %w", err)
+	}
+	return out, nil
+}
+
+// multipart sends a multipart request (OpenFlow 1.3 section 7.3.5) of type
+// typ with body and hands every reply part to part, until part reports
+// the last (more false) or fails. An error message from the switch is
+// returned as its *OFError.
+func (cn *conn) multipart(ctx context.Context, typ uint16, body util.Message, part func(message) (more bool, err error)) error {
+	req := &of13.MultipartRequest{Header: of13.NewOfp13Header(), Type: typ, Body: body}
 	req.Header.Type = of13.Type_MultiPartRequest
 	req.Header.Xid = cn.nextXid()
-
 	w := cn.register(req.Header.Xid)
 	defer cn.unregister(req.Header.Xid)
 	if err := cn.send(req); err != nil {
-		return nil, err
+		return err
 	}
-	var out []FlowStats
 	for {
 		m, err := cn.next(ctx, w)
 		if err != nil {
-			return nil, fmt.Errorf("openflow: dump flows: %w", err)
+			return err
 		}
 		switch m.typ {
 		case of13.Type_Error:
-			return nil, fmt.Errorf("openflow: dump flows: %w", decodeError(m))
+			return decodeError(m)
 		case of13.Type_MultiPartReply:
-			flows, more, err := decodeFlowStatsReply(m)
-			if err != nil {
-				return nil, fmt.Errorf("openflow: dump flows: %w", err)
-			}
-			out = append(out, flows...)
-			if !more {
-				return out, nil
+			more, err := part(m)
+			if err != nil || !more {
+				return err
 			}
 		}
 	}

@@ -141,34 +141,16 @@ func (c *Client) GroupIDs(ctx context.Context) ([]uint32, error) {
 	if err != nil {
 		return nil, err
 	}
-	req := &of13.MultipartRequest{Header: of13.NewOfp13Header(), Type: of13.MultipartType_GroupDesc, Body: emptyBody{}}
-	req.Header.Type = of13.Type_MultiPartRequest
-	req.Header.Xid = cn.nextXid()
-	w := cn.register(req.Header.Xid)
-	defer cn.unregister(req.Header.Xid)
-	if err := cn.send(req); err != nil {
-		return nil, err
-	}
 	var out []uint32
-	for {
-		m, err := cn.next(ctx, w)
-		if err != nil {
-			return nil, fmt.Errorf("openflow: dump groups: %w", err)
-		}
-		switch m.typ {
-		case of13.Type_Error:
-			return nil, fmt.Errorf("openflow: dump groups: %w", decodeError(m))
-		case of13.Type_MultiPartReply:
-			ids, more, err := decodeGroupDescReply(m)
-			if err != nil {
-				return nil, fmt.Errorf("openflow: dump groups: %w", err)
-			}
-			out = append(out, ids...)
-			if !more {
-				return out, nil
-			}
-		}
+	err = cn.multipart(ctx, of13.MultipartType_GroupDesc, emptyBody{}, func(m message) (bool, error) {
+		ids, more, err := decodeGroupDescReply(m)
+		out = append(out, ids...)
+		return more, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("openflow: dump groups: %w", err)
 	}
+	return out, nil
 }
 
 // decodeGroupDescReply returns the group IDs of one OFPMP_GROUP_DESC reply

@@ -65,26 +65,16 @@ func (c *Client) MeterFeatures(ctx context.Context) (MeterFeatures, error) {
 	if err != nil {
 		return MeterFeatures{}, err
 	}
-	req := &of13.MultipartRequest{Header: of13.NewOfp13Header(), Type: multipartMeterFeatures, Body: emptyBody{}}
-	req.Header.Type = of13.Type_MultiPartRequest
-	req.Header.Xid = cn.nextXid()
-	w := cn.register(req.Header.Xid)
-	defer cn.unregister(req.Header.Xid)
-	if err := cn.send(req); err != nil {
-		return MeterFeatures{}, err
+	var f MeterFeatures
+	err = cn.multipart(ctx, multipartMeterFeatures, emptyBody{}, func(m message) (bool, error) {
+		var derr error
+		f, derr = decodeMeterFeatures(m)
+		return false, derr
+	})
+	if err != nil {
+		return MeterFeatures{}, fmt.Errorf("openflow: meter features: %w", err)
 	}
-	for {
-		m, err := cn.next(ctx, w)
-		if err != nil {
-			return MeterFeatures{}, fmt.Errorf("openflow: meter features: %w", err)
-		}
-		switch m.typ {
-		case of13.Type_Error:
-			return MeterFeatures{}, fmt.Errorf("openflow: meter features: %w", decodeError(m))
-		case of13.Type_MultiPartReply:
-			return decodeMeterFeatures(m)
-		}
-	}
+	return f, nil
 }
 
 // decodeMeterFeatures reads an OFPMP_METER_FEATURES reply: the multipart
@@ -93,10 +83,10 @@ func (c *Client) MeterFeatures(ctx context.Context) (MeterFeatures, error) {
 func decodeMeterFeatures(m message) (MeterFeatures, error) {
 	b := m.body()
 	if len(b) < 8+16 {
-		return MeterFeatures{}, fmt.Errorf("openflow: short meter features reply (%d bytes)", len(m.raw))
+		return MeterFeatures{}, fmt.Errorf("short meter features reply (%d bytes)", len(m.raw))
 	}
 	if t := binary.BigEndian.Uint16(b[0:2]); t != multipartMeterFeatures {
-		return MeterFeatures{}, fmt.Errorf("openflow: multipart reply of type %d, want %d (meter features)", t, multipartMeterFeatures)
+		return MeterFeatures{}, fmt.Errorf("multipart reply of type %d, want %d (meter features)", t, multipartMeterFeatures)
 	}
 	b = b[8:]
 	bands, capa := binary.BigEndian.Uint32(b[4:8]), binary.BigEndian.Uint32(b[8:12])
@@ -201,34 +191,16 @@ func (c *Client) MeterStats(ctx context.Context) ([]MeterStats, error) {
 	if err != nil {
 		return nil, err
 	}
-	req := &of13.MultipartRequest{Header: of13.NewOfp13Header(), Type: multipartMeter, Body: meterStatsRequest{of13.OFPM13_ALL}}
-	req.Header.Type = of13.Type_MultiPartRequest
-	req.Header.Xid = cn.nextXid()
-	w := cn.register(req.Header.Xid)
-	defer cn.unregister(req.Header.Xid)
-	if err := cn.send(req); err != nil {
-		return nil, err
-	}
 	var out []MeterStats
-	for {
-		m, err := cn.next(ctx, w)
-		if err != nil {
-			return nil, fmt.Errorf("openflow: meter stats: %w", err)
-		}
-		switch m.typ {
-		case of13.Type_Error:
-			return nil, fmt.Errorf("openflow: meter stats: %w", decodeError(m))
-		case of13.Type_MultiPartReply:
-			st, more, err := decodeMeterStats(m)
-			if err != nil {
-				return nil, fmt.Errorf("openflow: meter stats: %w", err)
-			}
-			out = append(out, st...)
-			if !more {
-				return out, nil
-			}
-		}
+	err = cn.multipart(ctx, multipartMeter, meterStatsRequest{of13.OFPM13_ALL}, func(m message) (bool, error) {
+		st, more, err := decodeMeterStats(m)
+		out = append(out, st...)
+		return more, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("openflow: meter stats: %w", err)
 	}
+	return out, nil
 }
 
 // decodeMeterStats reads one OFPMP_METER reply part: after the multipart

@@ -214,9 +214,9 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 
 	// OpenFlow and the pipeline.
 	var syncer *flowsync.Syncer
-	var replayProxy atomic.Pointer[proxy.Proxier]  // set once the proxy exists
-	var reshapePods atomic.Pointer[podnet.Backend] // set once the backend exists, before it restores Pods
-	var seedAgain atomic.Pointer[seedKeeper]       // set once the bridge is known
+	var replayProxy atomic.Pointer[proxy.Proxier] // set once the proxy exists
+	var podBackend atomic.Pointer[podnet.Backend] // set once the backend exists, before it restores Pods
+	var seedAgain atomic.Pointer[seedKeeper]      // set once the bridge is known
 	ofc, err := of.Dial(ctx, cfg.BridgeMgmtSocket(), log.Named("openflow"),
 		of.WithOnReconnect(func(ctx context.Context) error {
 			log.Warn("OpenFlow connection re-established; replaying all groups and flows")
@@ -238,7 +238,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 				}
 			}
 			// Before the flows that use them.
-			if b := reshapePods.Load(); b != nil {
+			if b := podBackend.Load(); b != nil {
 				if err := b.ReplayMeters(ctx); err != nil {
 					err = fmt.Errorf("%w: %w", errMeterReplay, err)
 					log.Error("stopping", zap.Error(err))
@@ -250,7 +250,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 				return err
 			}
 			// Shaping comes after forwarding, and never holds it up.
-			if b := reshapePods.Load(); b != nil {
+			if b := podBackend.Load(); b != nil {
 				if err := b.ReshapePods(ctx); err != nil {
 					log.Error("shaping Pod traffic again after ovs-vswitchd restarted", zap.Error(err))
 				}
@@ -370,7 +370,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 	}, alloc, ovs, syncer, log.Named("podnet"))
 	// Before the restore, which installs flows through meters: a
 	// reconnect meanwhile must put those meters back.
-	reshapePods.Store(backend)
+	podBackend.Store(backend)
 	restored, err := backend.RestorePods(ctx)
 	if err != nil {
 		return fmt.Errorf("restoring Pods: %w", err)
