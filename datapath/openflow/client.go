@@ -2,6 +2,7 @@ package openflow
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
@@ -357,10 +358,10 @@ func (c *Client) DumpFlows(ctx context.Context, table *uint8, cookie, cookieMask
 	body.Cookie = cookie & cookieMask
 	body.CookieMask = cookieMask
 	var out []FlowStats
-	err = cn.multipart(ctx, of13.MultipartType_Flow, body, func(m message) (bool, error) {
-		flows, more, err := decodeFlowStatsReply(m)
+	err = cn.multipart(ctx, of13.MultipartType_Flow, body, func(b []byte) error {
+		flows, err := decodeFlowStats(b)
 		out = append(out, flows...)
-		return more, err
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("openflow: dump flows: %w", err)
@@ -369,10 +370,11 @@ func (c *Client) DumpFlows(ctx context.Context, table *uint8, cookie, cookieMask
 }
 
 // multipart sends a multipart request (OpenFlow 1.3 section 7.3.5) of type
-// typ with body and hands every reply part to part, until part reports
-// the last (more false) or fails. An error message from the switch is
-// returned as its *OFError.
-func (cn *conn) multipart(ctx context.Context, typ uint16, body util.Message, part func(message) (more bool, err error)) error {
+// typ with body and hands the body of every reply part, after its header
+// (type(2) flags(2) pad(4)), to part, until the part without
+// OFPMPF_REPLY_MORE or an error. An error message from the switch is
+// returned as its *OFError; a reply of another type is an error.
+func (cn *conn) multipart(ctx context.Context, typ uint16, body util.Message, part func(body []byte) error) error {
 	req := &of13.MultipartRequest{Header: of13.NewOfp13Header(), Type: typ, Body: body}
 	req.Header.Type = of13.Type_MultiPartRequest
 	req.Header.Xid = cn.nextXid()
@@ -390,9 +392,18 @@ func (cn *conn) multipart(ctx context.Context, typ uint16, body util.Message, pa
 		case of13.Type_Error:
 			return decodeError(m)
 		case of13.Type_MultiPartReply:
-			more, err := part(m)
-			if err != nil || !more {
+			b := m.body()
+			if len(b) < 8 {
+				return fmt.Errorf("short multipart reply (%d bytes)", len(m.raw))
+			}
+			if t := binary.BigEndian.Uint16(b[0:2]); t != typ {
+				return fmt.Errorf("multipart reply of type %d, want %d", t, typ)
+			}
+			if err := part(b[8:]); err != nil {
 				return err
+			}
+			if binary.BigEndian.Uint16(b[2:4])&mpReqMore == 0 {
+				return nil
 			}
 		}
 	}

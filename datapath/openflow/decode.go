@@ -8,26 +8,17 @@ import (
 	of13 "github.com/contiv/libOpenflow/openflow13"
 )
 
-// decodeFlowStatsReply parses one OFPMP_FLOW multipart reply (OpenFlow 1.3
-// section 7.3.5.2) and reports whether more parts follow.
-func decodeFlowStatsReply(m message) ([]FlowStats, bool, error) {
-	b := m.body()
-	if len(b) < 8 {
-		return nil, false, fmt.Errorf("short multipart reply (%d bytes)", len(m.raw))
-	}
-	if t := binary.BigEndian.Uint16(b[0:2]); t != of13.MultipartType_Flow {
-		return nil, false, fmt.Errorf("multipart reply of type %d, want %d (flow)", t, of13.MultipartType_Flow)
-	}
-	more := binary.BigEndian.Uint16(b[2:4])&mpReqMore != 0
-	b = b[8:]
+// decodeFlowStats parses the entries of one OFPMP_FLOW multipart reply
+// body (OpenFlow 1.3 section 7.3.5.2).
+func decodeFlowStats(b []byte) ([]FlowStats, error) {
 	var out []FlowStats
 	for len(b) > 0 {
 		if len(b) < 56 {
-			return nil, false, fmt.Errorf("truncated flow stats entry (%d bytes)", len(b))
+			return nil, fmt.Errorf("truncated flow stats entry (%d bytes)", len(b))
 		}
 		l := int(binary.BigEndian.Uint16(b[0:2]))
 		if l < 56 || l > len(b) {
-			return nil, false, fmt.Errorf("bad flow stats entry length %d", l)
+			return nil, fmt.Errorf("bad flow stats entry length %d", l)
 		}
 		e := b[:l]
 		b = b[l:]
@@ -40,14 +31,14 @@ func decodeFlowStatsReply(m message) ([]FlowStats, bool, error) {
 		match := e[48:]
 		ml := int(binary.BigEndian.Uint16(match[2:4]))
 		if binary.BigEndian.Uint16(match[0:2]) != of13.MatchType_OXM || ml < 4 || ml > len(match) {
-			return nil, false, fmt.Errorf("bad match in flow stats entry (type %d, length %d)", binary.BigEndian.Uint16(match[0:2]), ml)
+			return nil, fmt.Errorf("bad match in flow stats entry (type %d, length %d)", binary.BigEndian.Uint16(match[0:2]), ml)
 		}
 		if err := decodeMatch(match[4:ml], &fs.Match); err != nil {
-			return nil, false, fmt.Errorf("flow table=%d priority=%d: %w", fs.Table, fs.Priority, err)
+			return nil, fmt.Errorf("flow table=%d priority=%d: %w", fs.Table, fs.Priority, err)
 		}
 		out = append(out, fs)
 	}
-	return out, more, nil
+	return out, nil
 }
 
 // decodeMatch fills m from a list of OXM TLVs. Fields this package does

@@ -142,10 +142,10 @@ func (c *Client) GroupIDs(ctx context.Context) ([]uint32, error) {
 		return nil, err
 	}
 	var out []uint32
-	err = cn.multipart(ctx, of13.MultipartType_GroupDesc, emptyBody{}, func(m message) (bool, error) {
-		ids, more, err := decodeGroupDescReply(m)
+	err = cn.multipart(ctx, of13.MultipartType_GroupDesc, emptyBody{}, func(b []byte) error {
+		ids, err := decodeGroupDesc(b)
 		out = append(out, ids...)
-		return more, err
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("openflow: dump groups: %w", err)
@@ -153,31 +153,22 @@ func (c *Client) GroupIDs(ctx context.Context) ([]uint32, error) {
 	return out, nil
 }
 
-// decodeGroupDescReply returns the group IDs of one OFPMP_GROUP_DESC reply
-// part: entries of length(2) type(1) pad(1) group_id(4) buckets.
-func decodeGroupDescReply(m message) ([]uint32, bool, error) {
-	b := m.body()
-	if len(b) < 8 {
-		return nil, false, fmt.Errorf("short multipart reply (%d bytes)", len(m.raw))
-	}
-	if t := binary.BigEndian.Uint16(b[0:2]); t != of13.MultipartType_GroupDesc {
-		return nil, false, fmt.Errorf("multipart reply of type %d, want %d (group desc)", t, of13.MultipartType_GroupDesc)
-	}
-	more := binary.BigEndian.Uint16(b[2:4])&mpReqMore != 0
-	b = b[8:]
+// decodeGroupDesc returns the group IDs of one OFPMP_GROUP_DESC reply
+// body: entries of length(2) type(1) pad(1) group_id(4) buckets.
+func decodeGroupDesc(b []byte) ([]uint32, error) {
 	var ids []uint32
 	for len(b) > 0 {
 		if len(b) < 8 {
-			return nil, false, fmt.Errorf("truncated group desc entry (%d bytes)", len(b))
+			return nil, fmt.Errorf("truncated group desc entry (%d bytes)", len(b))
 		}
 		l := int(binary.BigEndian.Uint16(b[0:2]))
 		if l < 8 || l > len(b) {
-			return nil, false, fmt.Errorf("bad group desc entry length %d", l)
+			return nil, fmt.Errorf("bad group desc entry length %d", l)
 		}
 		ids = append(ids, binary.BigEndian.Uint32(b[4:8]))
 		b = b[l:]
 	}
-	return ids, more, nil
+	return ids, nil
 }
 
 // emptyBody is the empty body of a multipart request without parameters.

@@ -66,10 +66,10 @@ func (c *Client) MeterFeatures(ctx context.Context) (MeterFeatures, error) {
 		return MeterFeatures{}, err
 	}
 	var f MeterFeatures
-	err = cn.multipart(ctx, multipartMeterFeatures, emptyBody{}, func(m message) (bool, error) {
+	err = cn.multipart(ctx, multipartMeterFeatures, emptyBody{}, func(b []byte) error {
 		var derr error
-		f, derr = decodeMeterFeatures(m)
-		return false, derr
+		f, derr = decodeMeterFeatures(b)
+		return derr
 	})
 	if err != nil {
 		return MeterFeatures{}, fmt.Errorf("openflow: meter features: %w", err)
@@ -77,18 +77,13 @@ func (c *Client) MeterFeatures(ctx context.Context) (MeterFeatures, error) {
 	return f, nil
 }
 
-// decodeMeterFeatures reads an OFPMP_METER_FEATURES reply: the multipart
-// header, then max_meter(4) band_types(4) capabilities(4) max_bands(1)
-// max_color(1) pad(2).
-func decodeMeterFeatures(m message) (MeterFeatures, error) {
-	b := m.body()
-	if len(b) < 8+16 {
-		return MeterFeatures{}, fmt.Errorf("short meter features reply (%d bytes)", len(m.raw))
+// decodeMeterFeatures reads an OFPMP_METER_FEATURES reply body:
+// max_meter(4) band_types(4) capabilities(4) max_bands(1) max_color(1)
+// pad(2).
+func decodeMeterFeatures(b []byte) (MeterFeatures, error) {
+	if len(b) < 16 {
+		return MeterFeatures{}, fmt.Errorf("short meter features reply (%d bytes)", len(b))
 	}
-	if t := binary.BigEndian.Uint16(b[0:2]); t != multipartMeterFeatures {
-		return MeterFeatures{}, fmt.Errorf("multipart reply of type %d, want %d (meter features)", t, multipartMeterFeatures)
-	}
-	b = b[8:]
 	bands, capa := binary.BigEndian.Uint32(b[4:8]), binary.BigEndian.Uint32(b[8:12])
 	return MeterFeatures{
 		MaxMeter: binary.BigEndian.Uint32(b[0:4]),
@@ -192,10 +187,10 @@ func (c *Client) MeterStats(ctx context.Context) ([]MeterStats, error) {
 		return nil, err
 	}
 	var out []MeterStats
-	err = cn.multipart(ctx, multipartMeter, meterStatsRequest{of13.OFPM13_ALL}, func(m message) (bool, error) {
-		st, more, err := decodeMeterStats(m)
+	err = cn.multipart(ctx, multipartMeter, meterStatsRequest{of13.OFPM13_ALL}, func(b []byte) error {
+		st, err := decodeMeterStats(b)
 		out = append(out, st...)
-		return more, err
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("openflow: meter stats: %w", err)
@@ -203,28 +198,19 @@ func (c *Client) MeterStats(ctx context.Context) ([]MeterStats, error) {
 	return out, nil
 }
 
-// decodeMeterStats reads one OFPMP_METER reply part: after the multipart
-// header, entries of meter_id(4) len(2) pad(6) flow_count(4)
-// packet_in_count(8) byte_in_count(8) duration_sec(4) duration_nsec(4),
-// then per band packet_band_count(8) byte_band_count(8).
-func decodeMeterStats(m message) ([]MeterStats, bool, error) {
-	b := m.body()
-	if len(b) < 8 {
-		return nil, false, fmt.Errorf("short multipart reply (%d bytes)", len(m.raw))
-	}
-	if t := binary.BigEndian.Uint16(b[0:2]); t != multipartMeter {
-		return nil, false, fmt.Errorf("multipart reply of type %d, want %d (meter)", t, multipartMeter)
-	}
-	more := binary.BigEndian.Uint16(b[2:4])&mpReqMore != 0
-	b = b[8:]
+// decodeMeterStats reads the entries of one OFPMP_METER reply body:
+// meter_id(4) len(2) pad(6) flow_count(4) packet_in_count(8)
+// byte_in_count(8) duration_sec(4) duration_nsec(4), then per band
+// packet_band_count(8) byte_band_count(8).
+func decodeMeterStats(b []byte) ([]MeterStats, error) {
 	var out []MeterStats
 	for len(b) > 0 {
 		if len(b) < 40 {
-			return nil, false, fmt.Errorf("truncated meter stats entry (%d bytes)", len(b))
+			return nil, fmt.Errorf("truncated meter stats entry (%d bytes)", len(b))
 		}
 		l := int(binary.BigEndian.Uint16(b[4:6]))
 		if l < 40 || l > len(b) || (l-40)%16 != 0 {
-			return nil, false, fmt.Errorf("bad meter stats entry length %d", l)
+			return nil, fmt.Errorf("bad meter stats entry length %d", l)
 		}
 		s := MeterStats{
 			ID:      binary.BigEndian.Uint32(b[0:4]),
@@ -239,5 +225,5 @@ func decodeMeterStats(m message) ([]MeterStats, bool, error) {
 		out = append(out, s)
 		b = b[l:]
 	}
-	return out, more, nil
+	return out, nil
 }
