@@ -701,7 +701,17 @@ func BenchmarkBridgeCost(b *testing.B) {
 // hop per packet each way.
 func twoBridgesPath(b *testing.B, rr string, bridged bool) dpResult {
 	b.Helper()
-	defer withRcvBuf(b, rxbuf.DefaultMin)()
+	client, server, dst, down := twoBridgesUp(b, bridged)
+	defer down()
+	return measurePath(b, rr, server, client, dst, nil)
+}
+
+// twoBridgesUp builds twoBridgesPath's topology and returns the client's
+// and the server's namespaces, the server's address, and a function that
+// tears it all down.
+func twoBridgesUp(b *testing.B, bridged bool) (client, server, dst string, down func()) {
+	b.Helper()
+	defer withRcvBuf(b, rxbuf.DefaultMin)() // the ports' sockets have it once they are added
 	n := []string{"seine-bdp-n1", "seine-bdp-n2"}
 	p := []string{"seine-bdp-p1", "seine-bdp-p2"}
 	all := append(append([]string{}, n...), p...)
@@ -709,6 +719,7 @@ func twoBridgesPath(b *testing.B, rr string, bridged bool) dpResult {
 	if bridged {
 		all = append(all, u)
 	}
+	b.Cleanup(func() { delNetns(all...) }) // also when the benchmark fails
 	for _, x := range all {
 		netns(b, x)
 		sh(b, "ip", "-n", x, "link", "set", "lo", "up")
@@ -726,6 +737,7 @@ func twoBridgesPath(b *testing.B, rr string, bridged bool) dpResult {
 		sh(b, "ip", "-n", n[0], "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", n[1])
 	}
 	remoteMAC := func(i int) string { return fmt.Sprintf("0e:5f:c6:12:66:%02x", i+1) }
+	var ovs []*bareOVS
 	for i := range n {
 		sh(b, "ip", "netns", "exec", n[i], "ethtool", "-K", "eth0", "tx", "off", "tso", "off", "gso", "off", "gro", "on")
 		sh(b, "ip", "-n", n[i], "addr", "add", fmt.Sprintf("198.18.102.%d/24", i+1), "dev", "eth0")
@@ -734,6 +746,7 @@ func twoBridgesPath(b *testing.B, rr string, bridged bool) dpResult {
 	for i := range n {
 		peer := 1 - i
 		o := startBareOVS(b, n[i], true)
+		ovs = append(ovs, o)
 		o.vsctl(b, "add-br", "br0", "--", "set", "bridge", "br0", "datapath_type=netdev", "fail_mode=secure")
 		sh(b, "ip", "-n", n[i], "link", "add", "vp", "type", "veth", "peer", "name", "eth0", "netns", p[i])
 		sh(b, "ip", "-n", p[i], "addr", "add", fmt.Sprintf("198.18.103.%d/24", i+1), "dev", "eth0")
@@ -751,9 +764,12 @@ func twoBridgesPath(b *testing.B, rr string, bridged bool) dpResult {
 		o.ofctl(b, "add-flow", o.mgmt(b, "br0"), "in_port=2,actions=output:1")
 		o.ofctl(b, "add-flow", o.mgmt(b, "br0"), "in_port=1,actions=mod_dl_dst:"+podMAC+",output:2")
 	}
-	r := measurePath(b, rr, p[1], p[0], "198.18.103.2", nil)
-	delNetns(all...)
-	return r
+	return p[0], p[1], "198.18.103.2", func() {
+		for _, o := range ovs {
+			o.stop()
+		}
+		delNetns(all...)
+	}
 }
 
 // perfPod creates Pod perf/<name> on node with label role=<role> and
