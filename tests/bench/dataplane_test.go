@@ -69,7 +69,8 @@ type dpResult struct {
 // and again, as the sandbox joins its Nodes, through a Linux bridge
 // (bare2-vxlan-bridged); and Seine on a 2-Node sandbox: Pod to
 // Pod on one Node and across Nodes (Geneve, then VXLAN, the default with
-// this datapath), the
+// this datapath, also on the bare pair's wire: a direct veth between the
+// Nodes, see BenchmarkCrossNodeLink), the
 // same through a Service's ClusterIP, and the same with 1,000
 // NetworkPolicies selecting the server Pod (against one Node measured
 // again just before, in the same VXLAN configuration, as their baseline);
@@ -169,6 +170,14 @@ func BenchmarkDataplane(b *testing.B) {
 		}
 		waitReachable(ctx, b, c, remoteNS, srvIP)
 		report("seine-cross-vxlan", seine(remoteNS, srvIP))
+		// The same on the bare pair's wire (BenchmarkCrossNodeLink): a
+		// direct veth between the two Nodes carries the tunnel traffic.
+		link := directLink(b, nodes[0], nodes[1])
+		link.route(b, true)
+		waitReachable(ctx, b, c, remoteNS, srvIP)
+		report("seine-cross-vxlan-direct", seine(remoteNS, srvIP))
+		link.remove(b)
+		waitReachable(ctx, b, c, remoteNS, srvIP)
 		report("seine-svc-cross-vxlan", seine(remoteNS, vip))
 		// The policies' baseline on one Node: the same configuration
 		// (VXLAN), measured just before they are created.
@@ -205,6 +214,8 @@ func BenchmarkDataplane(b *testing.B) {
 		ratio("same/bare-fast-p50", res["seine-same"].P50/fast.P50)
 		ratio("cross-vxlan/bare2-Gbps", res["seine-cross-vxlan"].Gbps/res["bare2-vxlan"].Gbps)
 		ratio("cross-vxlan/bare2-bridged-Gbps", res["seine-cross-vxlan"].Gbps/res["bare2-vxlan-bridged"].Gbps)
+		ratio("cross-vxlan-direct/bare2-Gbps", res["seine-cross-vxlan-direct"].Gbps/res["bare2-vxlan"].Gbps)
+		ratio("cross-vxlan-direct/bare2-Gbps-P4", res["seine-cross-vxlan-direct"].GbpsMany/res["bare2-vxlan"].GbpsMany)
 		ratio("cross-geneve/bare2-Gbps", res["seine-cross-geneve"].Gbps/res["bare2-vxlan"].Gbps)
 		ratio("1000np-same-Gbps-cost", 1-res["seine-same-1000np"].Gbps/res["seine-same-vxlan"].Gbps)
 		ratio("1000np-cross-Gbps-cost", 1-res["seine-cross-vxlan-1000np"].Gbps/res["seine-cross-vxlan"].Gbps)
