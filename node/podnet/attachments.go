@@ -18,6 +18,9 @@ type Attachment struct {
 	// IngressIsolated and EgressIsolated: some NetworkPolicy isolates the
 	// Pod for that direction.
 	IngressIsolated, EgressIsolated bool
+	// EgressLimited: the Pod has an egress limit
+	// (kubernetes.io/egress-bandwidth), which its own qdisc enforces.
+	EgressLimited bool
 	// EgressMeter is the OpenFlow meter behind the Pod's egress limit (0:
 	// none).
 	EgressMeter uint32
@@ -38,7 +41,7 @@ func (b *Backend) Attachments() []Attachment {
 		out = append(out, Attachment{Namespace: ns, Name: name, ContainerID: cid, IfName: ifn, HostVeth: r.port,
 			OFPort: r.pod.OFPort, IP: r.pod.IP.String(), MAC: r.pod.MAC.String(),
 			IngressIsolated: r.pod.IngressIsolated, EgressIsolated: r.pod.EgressIsolated,
-			EgressMeter: r.pod.EgressMeter, FlowOwner: r.owner})
+			EgressLimited: r.egressLimited, EgressMeter: r.pod.EgressMeter, FlowOwner: r.owner})
 	}
 	b.podMu.Unlock()
 	sort.Slice(out, func(i, j int) bool {

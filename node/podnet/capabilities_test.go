@@ -13,6 +13,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/vishvananda/netlink"
 	"go.uber.org/zap/zaptest"
@@ -131,8 +132,11 @@ func TestRuntimeCapabilities(t *testing.T) {
 	if out := classifier(); !strings.Contains(out, "actions=meter:1,") {
 		t.Errorf("the Pod's Classifier flow does not go through its meter:\n%s", out)
 	}
-	if a, ok := h.be.Attachment("ns", "shaped"); !ok || a.EgressMeter != 1 {
-		t.Errorf("attachment %+v: want egress meter 1", a)
+	if a, ok := h.be.Attachment("ns", "shaped"); !ok || a.EgressMeter != 1 || !a.EgressLimited {
+		t.Errorf("attachment %+v: want an egress limit with meter 1", a)
+	}
+	if n := unmeteredLimits(t, h.reg); n != 0 {
+		t.Errorf("seine_pod_egress_limits_without_meter %v with the meter in place, want 0", n)
 	}
 	// Nothing sent, nothing dropped: the counter is there at 0.
 	if err := testutil.GatherAndCompare(h.reg, strings.NewReader(`
@@ -186,6 +190,29 @@ seine_pod_egress_meter_dropped_packets_total{namespace="ns",pod="shaped"} 0
 		t.Errorf("failed ADDs left: %v", left)
 	}
 
+	// Without meters (a datapath that has none), a Pod's egress limit
+	// rests on its qdisc alone, and the gauge counts it until its DEL.
+	h.be.cfg.Meters = nil
+	n4 := h.netns()
+	req = h.request(4, n4.Path())
+	req.PodNamespace, req.PodName = "ns", "unmetered"
+	req.NetConf.RuntimeConfig = map[string]json.RawMessage{"bandwidth": json.RawMessage(`{"egressRate":10000000,"egressBurst":4294967295}`)}
+	if _, err := h.be.Add(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if a, ok := h.be.Attachment("ns", "unmetered"); !ok || a.EgressMeter != 0 || !a.EgressLimited {
+		t.Errorf("attachment %+v: want an egress limit without a meter", a)
+	}
+	if n := unmeteredLimits(t, h.reg); n != 1 {
+		t.Errorf("seine_pod_egress_limits_without_meter %v with one Pod shaped without a meter, want 1", n)
+	}
+	if err := h.be.Del(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if n := unmeteredLimits(t, h.reg); n != 0 {
+		t.Errorf("seine_pod_egress_limits_without_meter %v after the DEL, want 0", n)
+	}
+
 	// Without a mapper, hostPorts are refused with a reason.
 	h.be.cfg.HostPorts = nil
 	n3 := h.netns()
@@ -194,6 +221,22 @@ seine_pod_egress_meter_dropped_packets_total{namespace="ns",pod="shaped"} 0
 	if _, err := h.be.Add(ctx, req); err == nil || !strings.Contains(err.Error(), "does not serve") {
 		t.Errorf("ADD with hostPorts and no mapper: %v", err)
 	}
+}
+
+// unmeteredLimits gathers reg's seine_pod_egress_limits_without_meter.
+func unmeteredLimits(t *testing.T, reg *prometheus.Registry) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "seine_pod_egress_limits_without_meter" && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatal("seine_pod_egress_limits_without_meter not gathered")
+	return 0
 }
 
 // rootTBFRate returns the rate, in bytes/s, of the root tbf of link name

@@ -356,7 +356,7 @@ func (b *Backend) restoreChained(ctx context.Context, p ovsdb.Port) (bool, error
 	if err := b.flows.Set(ctx, owner(cid, ifn), pipeline.PodFlows(b.cfg.Bridge, pod)); err != nil {
 		return false, err
 	}
-	b.remember(p.ExternalIDs[ExtIDPodNamespace], p.ExternalIDs[ExtIDPodName], owner(cid, ifn), p.Name, pod)
+	b.remember(p.ExternalIDs[ExtIDPodNamespace], p.ExternalIDs[ExtIDPodName], podRecord{owner: owner(cid, ifn), port: p.Name, pod: pod})
 	if hook := b.cfg.Policy; hook != nil && p.ExternalIDs[ExtIDPodName] != "" {
 		hook.PodAttached(p.ExternalIDs[ExtIDPodNamespace], p.ExternalIDs[ExtIDPodName], uint32(p.OFPort), podIP, true)
 	}

@@ -211,40 +211,56 @@ func (b *Backend) restoreMeter(ctx context.Context, owner string, port string) u
 }
 
 // meterCollector exports what the Pods' egress meters dropped, read from
-// the switch at each scrape:
+// the switch at each scrape, and how many Pods' egress limits have no
+// meter behind them:
 //
 //	seine_pod_egress_meter_dropped_packets_total{namespace="default",pod="web"} 0
+//	seine_pod_egress_limits_without_meter 0
 //
 // A Pod whose own qdisc shapes its traffic never reaches its meter's band;
 // drops mean the Pod sent above its limit, e.g. after deleting the qdisc.
+// A limit without a meter is enforced by the Pod's qdisc alone: the
+// datapath has no usable meters (the daemon logged so at start), or the
+// switch refused the Pod's meter when the daemon restored it (logged).
 type meterCollector struct {
-	b     *Backend
-	drops *prometheus.Desc
+	b         *Backend
+	drops     *prometheus.Desc
+	unmetered *prometheus.Desc
 }
 
 func newMeterCollector(b *Backend) *meterCollector {
-	return &meterCollector{b: b, drops: prometheus.NewDesc("seine_pod_egress_meter_dropped_packets_total",
-		"Packets the OpenFlow meter behind a Pod's egress limit dropped: the Pod sent above its kubernetes.io/egress-bandwidth although its own qdisc should have held it there.",
-		[]string{"namespace", "pod"}, nil)}
+	return &meterCollector{b: b,
+		drops: prometheus.NewDesc("seine_pod_egress_meter_dropped_packets_total",
+			"Packets the OpenFlow meter behind a Pod's egress limit dropped: the Pod sent above its kubernetes.io/egress-bandwidth although its own qdisc should have held it there.",
+			[]string{"namespace", "pod"}, nil),
+		unmetered: prometheus.NewDesc("seine_pod_egress_limits_without_meter",
+			"Pods attached on this Node whose kubernetes.io/egress-bandwidth has no OpenFlow meter behind it, so that their own qdisc alone limits them (no usable meters on the datapath, or a meter the switch refused when the Pod was restored).",
+			nil, nil),
+	}
 }
 
-func (c *meterCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.drops }
+func (c *meterCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.drops
+	ch <- c.unmetered
+}
 
 // meterScrapeTimeout bounds the switch's answer to one scrape.
 const meterScrapeTimeout = 2 * time.Second
 
 func (c *meterCollector) Collect(ch chan<- prometheus.Metric) {
-	m := c.b.cfg.Meters
-	if m == nil {
-		return
-	}
 	var metered []Attachment
+	unmetered := 0
 	for _, a := range c.b.Attachments() {
-		if a.EgressMeter != 0 {
+		switch {
+		case a.EgressMeter != 0:
 			metered = append(metered, a)
+		case a.EgressLimited:
+			unmetered++
 		}
 	}
-	if len(metered) == 0 {
+	ch <- prometheus.MustNewConstMetric(c.unmetered, prometheus.GaugeValue, float64(unmetered))
+	m := c.b.cfg.Meters
+	if m == nil || len(metered) == 0 {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), meterScrapeTimeout)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -163,6 +164,59 @@ func TestDelKeepsAnotherPodsMeter(t *testing.T) {
 	}
 	if err := h.be.Del(ctx, req); err != nil {
 		t.Fatal(err)
+	}
+	if left := h.leftovers(ctx); len(left) != 0 {
+		t.Errorf("left behind: %v", left)
+	}
+}
+
+// TestRestoreRefusedMeter restores a Pod port whose recorded meter cannot
+// be put back (id 0xffff0001, above OFPM_MAX, the last id a meter may
+// have; OpenFlow 1.3.5 section 7.3.4.4; the openflow client refuses it as
+// the switch would): the Pod is restored with its flows, without a meter
+// (its qdisc alone limits it), and the gauge of egress limits without a
+// meter counts it until its DEL.
+func TestRestoreRefusedMeter(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	h := newHarness(t, ctx, zaptest.NewLogger(t))
+	h.be.cfg.Meters = h.of
+	cid := h.prefix + "-refused"
+	h.ids = append(h.ids, cid)
+	link := HostVethName(cid, "eth0")
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: link}, PeerName: "mrp" + h.prefix[1:9]}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = deleteLink(link) })
+	h.addPort(ctx, link, "set", "port", link,
+		"external_ids:"+ExtIDContainerID+"="+cid, "external_ids:"+ExtIDIfName+"=eth0",
+		"external_ids:"+ExtIDPodNamespace+"=ns", "external_ids:"+ExtIDPodName+"=refused",
+		"external_ids:"+ExtIDIP+"=10.244.1.9", "external_ids:"+ExtIDMAC+"=0a:58:0a:f4:01:09",
+		"external_ids:"+ExtIDEgressBandwidth+"=1000000/0",
+		"external_ids:"+ExtIDEgressMeter+"="+strconv.FormatUint(0xffff0001, 10))
+	if n, err := h.be.RestorePods(ctx); err != nil || n != 1 {
+		t.Fatalf("RestorePods = %d, %v; want 1 Pod", n, err)
+	}
+	a, ok := h.be.Attachment("ns", "refused")
+	if !ok || a.EgressMeter != 0 || !a.EgressLimited {
+		t.Fatalf("attachment %+v: want an egress limit without a meter", a)
+	}
+	if ms := h.meters(); len(ms) != 0 {
+		t.Errorf("meters %q, want none", ms)
+	}
+	classifier := h.ovs.Run("ovs-ofctl", "-O", "OpenFlow13", "--no-stats", "dump-flows", h.ovs.MgmtSocket("br-int"),
+		fmt.Sprintf("table=%d,in_port=%d", pipeline.Classifier, a.OFPort))
+	if !strings.Contains(classifier, "in_port=") || strings.Contains(classifier, "meter:") {
+		t.Errorf("the restored Pod's Classifier flow is missing or goes through a meter:\n%s", classifier)
+	}
+	if n := unmeteredLimits(t, h.reg); n != 1 {
+		t.Errorf("seine_pod_egress_limits_without_meter %v, want 1", n)
+	}
+	if err := h.be.Del(ctx, &cniserver.Request{ContainerID: cid, IfName: "eth0"}); err != nil {
+		t.Fatal(err)
+	}
+	if n := unmeteredLimits(t, h.reg); n != 0 {
+		t.Errorf("seine_pod_egress_limits_without_meter %v after the DEL, want 0", n)
 	}
 	if left := h.leftovers(ctx); len(left) != 0 {
 		t.Errorf("left behind: %v", left)

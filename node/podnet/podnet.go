@@ -186,6 +186,9 @@ type podRecord struct {
 	owner string
 	port  string // the OVS port (host veth)
 	pod   pipeline.Pod
+	// egressLimited: the Pod has an egress limit (its port records
+	// seine.io/egress-bandwidth), with or without a meter behind it.
+	egressLimited bool
 }
 
 func isolationValue(p pipeline.Pod) string {
@@ -214,12 +217,12 @@ func New(cfg Config, alloc *ipam.Allocator, ports Ports, flows Flows, log *zap.L
 
 // remember records an attached Pod (one record per namespace/name: a newer
 // attachment replaces an older one).
-func (b *Backend) remember(namespace, name, owner, port string, p pipeline.Pod) {
+func (b *Backend) remember(namespace, name string, r podRecord) {
 	if name == "" {
 		return
 	}
 	b.podMu.Lock()
-	b.pods[namespace+"/"+name] = podRecord{owner: owner, port: port, pod: p}
+	b.pods[namespace+"/"+name] = r
 	b.podMu.Unlock()
 }
 
@@ -271,7 +274,8 @@ func (b *Backend) SetIsolation(ctx context.Context, namespace, name string, ingr
 	b.podMu.Lock()
 	cur, still := b.pods[key]
 	if still && cur.owner == r.owner {
-		b.pods[key] = podRecord{owner: r.owner, port: r.port, pod: p}
+		r.pod = p
+		b.pods[key] = r
 	}
 	b.podMu.Unlock()
 	if !still || cur.owner != r.owner {
@@ -654,7 +658,7 @@ func (b *Backend) attach(ctx context.Context, req *cniserver.Request, hostName s
 		}
 		st.done(StepIPAMSync)
 	}
-	b.remember(req.PodNamespace, req.PodName, key, hostName, pod)
+	b.remember(req.PodNamespace, req.PodName, podRecord{owner: key, port: hostName, pod: pod, egressLimited: limits.EgressRate > 0})
 	undo.add(func() { b.forget(key) })
 	if p := b.cfg.Policy; p != nil && req.PodName != "" {
 		p.PodAttached(req.PodNamespace, req.PodName, uint32(port.OFPort), podIP, false)
@@ -891,7 +895,8 @@ func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 		if err := b.flows.Set(ctx, owner(cid, ifn), flows); err != nil {
 			return n, err
 		}
-		b.remember(p.ExternalIDs[ExtIDPodNamespace], p.ExternalIDs[ExtIDPodName], owner(cid, ifn), p.Name, pod)
+		b.remember(p.ExternalIDs[ExtIDPodNamespace], p.ExternalIDs[ExtIDPodName],
+			podRecord{owner: owner(cid, ifn), port: p.Name, pod: pod, egressLimited: p.ExternalIDs[ExtIDEgressBandwidth] != ""})
 		if hook := b.cfg.Policy; hook != nil && p.ExternalIDs[ExtIDPodName] != "" {
 			hook.PodAttached(p.ExternalIDs[ExtIDPodNamespace], p.ExternalIDs[ExtIDPodName], uint32(p.OFPort), podIP, true)
 		}
