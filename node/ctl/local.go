@@ -33,9 +33,14 @@ func getPodInterface() *cli.Command {
 					continue
 				}
 				out = append(out, p)
+				// The meter's id; <qdisc-only> for a limit without one
+				// (seine_pod_egress_limits_without_meter counts them).
 				meter := "<none>"
-				if p.EgressMeter != 0 {
+				switch {
+				case p.EgressMeter != 0:
 					meter = fmt.Sprint(p.EgressMeter)
+				case p.EgressLimited:
+					meter = "<qdisc-only>"
 				}
 				t.add(p.Namespace, p.Name, p.IP, p.MAC, p.OFPort, p.HostVeth, shortID(p.ContainerID), p.IfName,
 					p.IngressIsolated, p.EgressIsolated, meter)

@@ -71,7 +71,8 @@ func (in *Inspector) PodInterfaces() []localapi.PodInterface {
 	for _, a := range in.d.Pods.Attachments() {
 		out = append(out, localapi.PodInterface{Namespace: a.Namespace, Name: a.Name, ContainerID: a.ContainerID,
 			IfName: a.IfName, HostVeth: a.HostVeth, OFPort: a.OFPort, IP: a.IP, MAC: a.MAC,
-			IngressIsolated: a.IngressIsolated, EgressIsolated: a.EgressIsolated, EgressMeter: a.EgressMeter})
+			IngressIsolated: a.IngressIsolated, EgressIsolated: a.EgressIsolated,
+			EgressLimited: a.EgressLimited, EgressMeter: a.EgressMeter})
 	}
 	return out
 }

@@ -58,6 +58,9 @@ type PodInterface struct {
 	MAC             string `json:"mac"`
 	IngressIsolated bool   `json:"ingressIsolated"`
 	EgressIsolated  bool   `json:"egressIsolated"`
+	// EgressLimited: the Pod has an egress limit
+	// (kubernetes.io/egress-bandwidth), which its own qdisc enforces.
+	EgressLimited bool `json:"egressLimited,omitempty"`
 	// EgressMeter is the id of the OpenFlow meter behind the Pod's egress
 	// limit, absent without one.
 	EgressMeter uint32 `json:"egressMeter,omitempty"`

@@ -220,8 +220,9 @@ func (b *Backend) restoreMeter(ctx context.Context, owner string, port string) u
 // A Pod whose own qdisc shapes its traffic never reaches its meter's band;
 // drops mean the Pod sent above its limit, e.g. after deleting the qdisc.
 // A limit without a meter is enforced by the Pod's qdisc alone: the
-// datapath has no usable meters (the daemon logged so at start), or the
-// switch refused the Pod's meter when the daemon restored it (logged).
+// datapath has no usable meters (the daemon logged so at start), or, for
+// a Pod restored at start-up, its recorded meter was unreadable, clashed
+// with another Pod's or could not be put back on the switch (each logged).
 type meterCollector struct {
 	b         *Backend
 	drops     *prometheus.Desc
@@ -234,7 +235,7 @@ func newMeterCollector(b *Backend) *meterCollector {
 			"Packets the OpenFlow meter behind a Pod's egress limit dropped: the Pod sent above its kubernetes.io/egress-bandwidth although its own qdisc should have held it there.",
 			[]string{"namespace", "pod"}, nil),
 		unmetered: prometheus.NewDesc("seine_pod_egress_limits_without_meter",
-			"Pods attached on this Node whose kubernetes.io/egress-bandwidth has no OpenFlow meter behind it, so that their own qdisc alone limits them (no usable meters on the datapath, or a meter the switch refused when the Pod was restored).",
+			"Pods attached on this Node whose kubernetes.io/egress-bandwidth has no OpenFlow meter behind it, so that their own qdisc alone limits them (no usable meters on the datapath, or a restored Pod whose recorded meter was unreadable, clashed with another Pod's or could not be put back).",
 			nil, nil),
 	}
 }

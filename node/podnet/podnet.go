@@ -274,8 +274,8 @@ func (b *Backend) SetIsolation(ctx context.Context, namespace, name string, ingr
 	b.podMu.Lock()
 	cur, still := b.pods[key]
 	if still && cur.owner == r.owner {
-		r.pod = p
-		b.pods[key] = r
+		cur.pod = p
+		b.pods[key] = cur
 	}
 	b.podMu.Unlock()
 	if !still || cur.owner != r.owner {

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,6 +16,10 @@ import (
 // xlRounds is how many rounds BenchmarkCrossNodeLink takes; each round
 // measures every path once, in an order that rotates between rounds.
 const xlRounds = 7
+
+// xlStrayBytes is what the direct link may receive during an underlay
+// turn (ARP and the like), in bytes.
+const xlStrayBytes = 1 << 20
 
 // BenchmarkCrossNodeLink compares Pod-to-Pod traffic across Nodes with the
 // fastest bare two-bridge topology (twoBridgesPath, its Nodes joined by one
@@ -32,8 +38,12 @@ const xlRounds = 7
 // one stream and of dpStreams streams and one tcprr run per path:
 // bare2-vxlan (the bare pair, up beside the sandbox all along),
 // seine-cross-direct (the direct link) and seine-cross-underlay (the
-// route removed: the sandbox's underlay). Metrics: medians per path and
-// the ratios cross-direct/bare2-{Gbps,Gbps-P4,p50}.
+// route removed: the sandbox's underlay). Each Seine turn checks the
+// wire it took: a direct turn must bring the direct link at least the
+// bytes iperf3 received in its one-stream run, an underlay turn less than
+// xlStrayBytes. Metrics: medians per path, the ratios
+// cross-direct/bare2-{Gbps,Gbps-P<dpStreams>,p50} and
+// cross-underlay/bare2-Gbps.
 func BenchmarkCrossNodeLink(b *testing.B) {
 	if os.Geteuid() != 0 {
 		b.Skip("needs root")
@@ -43,6 +53,7 @@ func BenchmarkCrossNodeLink(b *testing.B) {
 		c := up(b, "bxl", 2, nil)
 		nodes := c.Nodes()
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+		b.Cleanup(cancel)
 		srvNS, srvIP := perfPod(ctx, b, c, "server", nodes[0].Name, "server")
 		cliNS, _ := perfPod(ctx, b, c, "remote", nodes[1].Name, "client")
 		waitReachable(ctx, b, c, cliNS, srvIP)
@@ -64,20 +75,31 @@ func BenchmarkCrossNodeLink(b *testing.B) {
 		for r := range xlRounds {
 			for k := range paths {
 				p := paths[(r+k)%len(paths)]
-				if p.server == srvNS {
+				seine := p.server == srvNS
+				var before uint64
+				if seine {
 					link.route(b, p.direct)
 					waitReachable(ctx, b, c, cliNS, srvIP)
+					before = link.rxBytes(b)
 				}
-				p.runs.Gbps = append(p.runs.Gbps, iperf3Run(b, p.server, p.client, p.dst, 1))
+				gbps, received := iperf3Transfer(b, p.server, p.client, p.dst, 1)
+				p.runs.Gbps = append(p.runs.Gbps, gbps)
 				p.many = append(p.many, iperf3Run(b, p.server, p.client, p.dst, dpStreams))
 				p50, _ := tcprrRun(b, rr, p.server, p.client, p.dst)
 				p.runs.P50 = append(p.runs.P50, p50)
+				if !seine {
+					continue
+				}
+				// The wire this turn took, from what the direct link
+				// received (the server's end).
+				got := link.rxBytes(b) - before
+				if p.direct && float64(got) < received {
+					b.Fatalf("round %d, %s: the direct link received %d bytes, iperf3 %.0f: the tunnel traffic did not take it", r, p.name, got, received)
+				}
+				if !p.direct && got >= xlStrayBytes {
+					b.Fatalf("round %d, %s: the direct link received %d bytes: the traffic did not take the underlay", r, p.name, got)
+				}
 			}
-		}
-		// What crossed the direct link: the route must have carried the
-		// tunnel traffic, else the comparison measured the underlay twice.
-		if got := link.rxBytes(b); got < 1<<30 {
-			b.Fatalf("the direct link received %d bytes in all; the tunnel traffic did not take it", got)
 		}
 		down()
 		link.remove(b)
@@ -85,13 +107,13 @@ func BenchmarkCrossNodeLink(b *testing.B) {
 
 		for _, p := range paths {
 			b.ReportMetric(median(p.runs.Gbps), p.name+"-Gbps")
-			b.ReportMetric(median(p.many), p.name+"-Gbps-P4")
+			b.ReportMetric(median(p.many), p.name+"-Gbps-P"+strconv.Itoa(dpStreams))
 			b.ReportMetric(median(p.runs.P50), p.name+"-p50-us")
 			b.Logf("%-22s Gbit/s %v, %d streams %v, p50 µs %v", p.name, p.runs.Gbps, dpStreams, p.many, p.runs.P50)
 		}
 		bare, direct, under := paths[0], paths[1], paths[2]
 		b.ReportMetric(median(direct.runs.Gbps)/median(bare.runs.Gbps), "cross-direct/bare2-Gbps")
-		b.ReportMetric(median(direct.many)/median(bare.many), "cross-direct/bare2-Gbps-P4")
+		b.ReportMetric(median(direct.many)/median(bare.many), "cross-direct/bare2-Gbps-P"+strconv.Itoa(dpStreams))
 		b.ReportMetric(median(direct.runs.P50)/median(bare.runs.P50), "cross-direct/bare2-p50")
 		b.ReportMetric(median(under.runs.Gbps)/median(bare.runs.Gbps), "cross-underlay/bare2-Gbps")
 	}
@@ -127,8 +149,11 @@ func (l *nodeLink) route(b *testing.B, on bool) {
 		if on {
 			sh(b, "ip", "-n", e.from.NetNS, "route", "replace", e.to.IP+"/32", "dev", "eth1", "src", e.from.IP)
 		} else {
-			// Absent already in the first round.
-			_ = exec.Command("ip", "-n", e.from.NetNS, "route", "del", e.to.IP+"/32", "dev", "eth1").Run()
+			// Absent already in the first round ("No such process").
+			out, err := exec.Command("ip", "-n", e.from.NetNS, "route", "del", e.to.IP+"/32", "dev", "eth1").CombinedOutput()
+			if err != nil && !strings.Contains(string(out), "No such process") {
+				b.Fatalf("removing the route to %s through the direct link: %v: %s", e.to.IP, err, out)
+			}
 		}
 	}
 }
