@@ -5,8 +5,10 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +17,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vishvananda/netlink"
 	"go.uber.org/zap"
 
 	"github.com/seine-net/seine/datapath/flowsync"
@@ -101,6 +104,27 @@ func (h *harness) addPort(ctx context.Context, link string, args ...string) {
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
+}
+
+// podPort makes a Pod port as a restarted daemon finds one: a veth named
+// as an ADD names the host end of container cid's eth0 (peer names its
+// other end, which stands for the Pod's), a port of the bridge whose
+// external_ids record the container, eth0 and ids. The veth goes with the
+// test; it returns the port's name.
+func (h *harness) podPort(ctx context.Context, cid, peer string, ids map[string]string) string {
+	h.t.Helper()
+	h.ids = append(h.ids, cid)
+	link := HostVethName(cid, "eth0")
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: link}, PeerName: peer}); err != nil {
+		h.t.Fatalf("creating %s: %v", link, err)
+	}
+	h.t.Cleanup(func() { _ = deleteLink(link) })
+	args := []string{"set", "port", link, "external_ids:" + ExtIDContainerID + "=" + cid, "external_ids:" + ExtIDIfName + "=eth0"}
+	for _, k := range slices.Sorted(maps.Keys(ids)) {
+		args = append(args, "external_ids:"+k+"="+ids[k])
+	}
+	h.addPort(ctx, link, args...)
+	return link
 }
 
 // meters returns the meters on the harness's bridge, one line each

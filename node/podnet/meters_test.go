@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netlink"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
@@ -142,15 +141,7 @@ func TestDelKeepsAnotherPodsMeter(t *testing.T) {
 
 	// The other port records meter 1 too.
 	other := h.prefix + "-other"
-	h.ids = append(h.ids, other)
-	link := HostVethName(other, "eth0")
-	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: link}, PeerName: "mtp" + h.prefix[1:9]}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = deleteLink(link) })
-	h.addPort(ctx, link, "set", "port", link,
-		"external_ids:"+ExtIDContainerID+"="+other, "external_ids:"+ExtIDIfName+"=eth0",
-		"external_ids:"+ExtIDEgressBandwidth+"=10000000/0", "external_ids:"+ExtIDEgressMeter+"=1")
+	h.podPort(ctx, other, "mtp"+h.prefix[1:9], map[string]string{ExtIDEgressBandwidth: "10000000/0", ExtIDEgressMeter: "1"})
 	if err := h.be.Del(ctx, &cniserver.Request{ContainerID: other, IfName: "eth0"}); err != nil {
 		t.Fatal(err)
 	}
@@ -182,18 +173,9 @@ func TestRestoreRefusedMeter(t *testing.T) {
 	h := newHarness(t, ctx, zaptest.NewLogger(t))
 	h.be.cfg.Meters = h.of
 	cid := h.prefix + "-refused"
-	h.ids = append(h.ids, cid)
-	link := HostVethName(cid, "eth0")
-	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: link}, PeerName: "mrp" + h.prefix[1:9]}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = deleteLink(link) })
-	h.addPort(ctx, link, "set", "port", link,
-		"external_ids:"+ExtIDContainerID+"="+cid, "external_ids:"+ExtIDIfName+"=eth0",
-		"external_ids:"+ExtIDPodNamespace+"=ns", "external_ids:"+ExtIDPodName+"=refused",
-		"external_ids:"+ExtIDIP+"=10.244.1.9", "external_ids:"+ExtIDMAC+"=0a:58:0a:f4:01:09",
-		"external_ids:"+ExtIDEgressBandwidth+"=1000000/0",
-		"external_ids:"+ExtIDEgressMeter+"="+strconv.FormatUint(0xffff0001, 10))
+	h.podPort(ctx, cid, "mrp"+h.prefix[1:9], map[string]string{
+		ExtIDPodNamespace: "ns", ExtIDPodName: "refused", ExtIDIP: "10.244.1.9", ExtIDMAC: "0a:58:0a:f4:01:09",
+		ExtIDEgressBandwidth: "1000000/0", ExtIDEgressMeter: strconv.FormatUint(0xffff0001, 10)})
 	if n, err := h.be.RestorePods(ctx); err != nil || n != 1 {
 		t.Fatalf("RestorePods = %d, %v; want 1 Pod", n, err)
 	}
