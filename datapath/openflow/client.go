@@ -357,12 +357,7 @@ func (c *Client) DumpFlows(ctx context.Context, table *uint8, cookie, cookieMask
 	}
 	body.Cookie = cookie & cookieMask
 	body.CookieMask = cookieMask
-	var out []FlowStats
-	err = cn.multipart(ctx, of13.MultipartType_Flow, body, func(b []byte) error {
-		flows, err := decodeFlowStats(b)
-		out = append(out, flows...)
-		return err
-	})
+	out, err := multipartEntries(ctx, cn, of13.MultipartType_Flow, body, decodeFlowStats)
 	if err != nil {
 		return nil, fmt.Errorf("openflow: dump flows: %w", err)
 	}
@@ -407,6 +402,18 @@ func (cn *conn) multipart(ctx context.Context, typ uint16, body util.Message, pa
 			}
 		}
 	}
+}
+
+// multipartEntries sends a multipart request like multipart and returns
+// the entries decode reads from every reply body, in order.
+func multipartEntries[T any](ctx context.Context, cn *conn, typ uint16, body util.Message, decode func([]byte) ([]T, error)) ([]T, error) {
+	var out []T
+	err := cn.multipart(ctx, typ, body, func(b []byte) error {
+		entries, err := decode(b)
+		out = append(out, entries...)
+		return err
+	})
+	return out, err
 }
 
 // ofMessage is a libOpenflow message together with its header, so that

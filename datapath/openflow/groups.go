@@ -141,12 +141,7 @@ func (c *Client) GroupIDs(ctx context.Context) ([]uint32, error) {
 	if err != nil {
 		return nil, err
 	}
-	var out []uint32
-	err = cn.multipart(ctx, of13.MultipartType_GroupDesc, emptyBody{}, func(b []byte) error {
-		ids, err := decodeGroupDesc(b)
-		out = append(out, ids...)
-		return err
-	})
+	out, err := multipartEntries(ctx, cn, of13.MultipartType_GroupDesc, emptyBody{}, decodeGroupDesc)
 	if err != nil {
 		return nil, fmt.Errorf("openflow: dump groups: %w", err)
 	}

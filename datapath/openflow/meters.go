@@ -186,12 +186,7 @@ func (c *Client) MeterStats(ctx context.Context) ([]MeterStats, error) {
 	if err != nil {
 		return nil, err
 	}
-	var out []MeterStats
-	err = cn.multipart(ctx, multipartMeter, meterStatsRequest{of13.OFPM13_ALL}, func(b []byte) error {
-		st, err := decodeMeterStats(b)
-		out = append(out, st...)
-		return err
-	})
+	out, err := multipartEntries(ctx, cn, multipartMeter, meterStatsRequest{of13.OFPM13_ALL}, decodeMeterStats)
 	if err != nil {
 		return nil, fmt.Errorf("openflow: meter stats: %w", err)
 	}
