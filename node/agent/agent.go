@@ -64,7 +64,8 @@ const (
 // which changes with the traffic mode). The segmentation port's number
 // sits far above those OVS gives Pods, so an upgraded Node's Pods cannot
 // hold it. (Before the segmentation pair's other end hairpinned in the
-// kernel, it was an OVS port too, ofport 65002; tunnelEgress removes it.)
+// kernel, it was an OVS port too, ofport 65002; addSegmentPort and
+// removeSegmentPort remove it.)
 const (
 	TunnelOFPort      int32 = 1
 	GatewayOFPort     int32 = 2
@@ -272,10 +273,24 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 		TunnelPort:  tunPort,
 		PolicyOnly:  !ownsPods,
 	}
-	if err := tunnelEgress(ctx, cfg, tunnelKind, tso, ovs, mtu.Tunnel, &bridge); err != nil {
-		return err
+	// The segmentation port, where the tunnel needs it, before the checksum
+	// seed program, which hooks it too; where only the NAT checksum detour
+	// needs it, after the program, once the kernel has refused it. A port
+	// an earlier run left and this one does not need goes once its flows
+	// have (below).
+	tunnelEgress(cfg, tunnelKind, tso, &bridge)
+	if bridge.TunnelPort != 0 && bridge.Tunnel == pipeline.TunnelSegmented {
+		if err := addSegmentPort(ctx, cfg, ovs, mtu.Tunnel, &bridge); err != nil {
+			return err
+		}
 	}
-	if seed := partialChecksums(cfg, tunnelKind, &bridge, log); seed != nil {
+	seed := partialChecksums(cfg, tunnelKind, tso, &bridge, log)
+	if segmentPortNeeded(cfg, tso, bridge) && bridge.SegmentPort == 0 {
+		if err := addSegmentPort(ctx, cfg, ovs, mtu.Tunnel, &bridge); err != nil {
+			return err
+		}
+	}
+	if seed != nil {
 		keeper := newSeedKeeper(seed, seedHooks(cfg, tunnelKind, bridge), reg, log)
 		defer keeper.close()
 		seedAgain.Store(keeper)
@@ -458,6 +473,14 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 	// round takes the detour).
 	if !bridge.PartialChecksumsRewritten {
 		detachSeed(cfg, log)
+	}
+	// Likewise the segmentation port, which an earlier round's flows may
+	// send packets through; left behind, it is only idle.
+	if bridge.SegmentPort == 0 && userspaceDatapath(cfg) {
+		if err := removeSegmentPort(ctx, cfg, ovs); err != nil {
+			log.Warn("the segmentation port is not needed and could not be removed; ovs-vswitchd keeps reading it",
+				zap.String("interface", tunnel.DefaultSegmentPair.Port), zap.Error(err))
+		}
 	}
 	// An ovs-vswitchd restarted with the kernel datapath held its old
 	// flows until now (see datapath/ovsdaemon).

@@ -22,7 +22,8 @@ type seedHook struct {
 
 // seedHooks returns where packets leave b (docs/configuration.md, "NAT of
 // offloaded packets"): the gateway, a tap whose ingress is where the host
-// receives them; the kernel tunnel device; and the segmentation port, both
+// receives them; the kernel tunnel device; and the segmentation port where
+// b has one when the program is attached (with an OVS tunnel port), both
 // at egress, before the kernel segments.
 func seedHooks(cfg config.Config, kind tunnel.Kind, b pipeline.Bridge) []seedHook {
 	hooks := []seedHook{{cfg.GatewayName, csumseed.Ingress}}
@@ -37,10 +38,12 @@ func seedHooks(cfg config.Config, kind tunnel.Kind, b pipeline.Bridge) []seedHoo
 
 // partialChecksums decides how NATed packets with partial checksums leave
 // the Node and sets b.PartialChecksumsRewritten. They have partial
-// checksums only with the userspace datapath and userspace TSO (b has a
-// segmentation port); then, with natChecksum "rewrite", it loads the
-// checksum seed program and attaches it to every hook of seedHooks. If the
-// kernel refuses, it logs why and the Node keeps the NAT checksum detour.
+// checksums only with the userspace datapath and userspace TSO (tso);
+// then, with natChecksum "rewrite", it loads the checksum seed program and
+// attaches it to every hook of seedHooks (the segmentation port's only if
+// b has one already: with an OVS tunnel port). If the kernel refuses, it
+// logs why and the Node takes the NAT checksum detour, for which the
+// caller adds the segmentation port (segmentPortNeeded).
 // Removing the program from the hooks an earlier run used is left to the
 // caller, once no flow of the earlier round is left (detachSeed): those
 // send NATed packets out directly.
@@ -50,9 +53,9 @@ func seedHooks(cfg config.Config, kind tunnel.Kind, b pipeline.Bridge) []seedHoo
 // runs (ovs-vswitchd's taps persist across its restarts, but a bridge it
 // re-creates has new ones), and closes at exit; the filters stay behind
 // the process, so a restart leaves no moment without them.
-func partialChecksums(cfg config.Config, kind tunnel.Kind, b *pipeline.Bridge, log *zap.Logger) *csumseed.Program {
+func partialChecksums(cfg config.Config, kind tunnel.Kind, tso bool, b *pipeline.Bridge, log *zap.Logger) *csumseed.Program {
 	b.PartialChecksumsRewritten = false
-	if b.SegmentPort == 0 || cfg.NATChecksumMode() != config.NATChecksumRewrite {
+	if !userspaceDatapath(cfg) || !tso || cfg.NATChecksumMode() != config.NATChecksumRewrite {
 		return nil
 	}
 	hooks := seedHooks(cfg, kind, *b)

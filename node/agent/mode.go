@@ -31,10 +31,11 @@ import (
 // OVS's userspace tunnel port: a kernel VXLAN device (tunnel.Choose) leaves
 // the transport interface to the kernel.
 //
-// With the netdev datapath and userspace TSO, every mode also has the
-// segmentation pair (tunnelEgress): the tunnelling modes send tunnel-bound
-// packets through it (OVS's userspace tunnel port), and all modes send
-// NATed packets that leave the Node through it.
+// With the netdev datapath and userspace TSO, a mode may also have the
+// segmentation pair (segmentPortNeeded): the tunnelling modes send
+// tunnel-bound packets through it with OVS's userspace tunnel port, and
+// every mode sends NATed packets that leave the Node through it where the
+// kernel refuses the checksum seed program or natChecksum is detour.
 
 // setupTransport finds the transport interface and, with the netdev
 // datapath, hands it to the transport bridge when the mode tunnels through

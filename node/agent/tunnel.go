@@ -145,13 +145,11 @@ func tunnelPort(ctx context.Context, cfg config.Config, kind tunnel.Kind, ovs *o
 	return uint32(p.OFPort), nil, nil
 }
 
-// tunnelEgress decides how packets reach the tunnel port, and sets up or
-// removes the segmentation veth pair: with userspace TSO it exists for the
-// NAT checksum detour (pipeline.NATChecksumDetour) and, with an OVS
-// userspace tunnel port, for TunnelSegmented. It fills b's Tunnel and
-// SegmentPort.
-func tunnelEgress(ctx context.Context, cfg config.Config, kind tunnel.Kind, tso bool, ovs *ovsdb.Client, mtu int, b *pipeline.Bridge) error {
-	seg := tunnel.DefaultSegmentPair
+// tunnelEgress decides how packets reach the tunnel port (b.Tunnel): by
+// the peer's MAC through the kernel VXLAN device; by tun_dst through OVS's
+// userspace tunnel port, and with userspace TSO through the segmentation
+// port first (OVS 3.1 cannot encapsulate offloaded packets).
+func tunnelEgress(cfg config.Config, kind tunnel.Kind, tso bool, b *pipeline.Bridge) {
 	switch {
 	case kind == tunnel.KindKernelDevice:
 		b.Tunnel = pipeline.TunnelByMAC
@@ -160,20 +158,29 @@ func tunnelEgress(ctx context.Context, cfg config.Config, kind tunnel.Kind, tso 
 	default:
 		b.Tunnel = pipeline.TunnelByTunDst
 	}
+}
+
+// segmentPortNeeded reports whether b needs the segmentation port
+// (tunnel.SegmentPair). Only the userspace datapath with userspace TSO
+// ever does: for tunnel-bound packets with an OVS tunnel port
+// (TunnelSegmented), and for NATed packets that leave the Node unless a
+// tc program rewrites their partial checksums (b.PartialChecksumsRewritten;
+// otherwise pipeline.NATChecksumDetour). Anywhere else it would be an idle
+// port, which ovs-vswitchd still reads in every turn of its loop: on the
+// default configuration (a kernel VXLAN device, the rewrite) the port
+// cost Pod-to-Pod request/response latency on one Node about a tenth
+// (docs/benchmarks.md, "The idle segmentation port").
+func segmentPortNeeded(cfg config.Config, tso bool, b pipeline.Bridge) bool {
 	if !userspaceDatapath(cfg) || !tso {
-		if !userspaceDatapath(cfg) {
-			return nil
-		}
-		var errs []error
-		for _, name := range []string{seg.Port, seg.Hairpin} {
-			errs = append(errs, ovs.DeletePort(ctx, cfg.BridgeName, name))
-		}
-		errs = append(errs, seg.Remove())
-		if err := errors.Join(errs...); err != nil {
-			return fmt.Errorf("removing the segmentation ports: %w", err)
-		}
-		return nil
+		return false
 	}
+	return b.TunnelPort != 0 && b.Tunnel == pipeline.TunnelSegmented || !b.PartialChecksumsRewritten
+}
+
+// addSegmentPort makes the segmentation veth pair and adds its port to the
+// bridge (idempotent), and sets b.SegmentPort.
+func addSegmentPort(ctx context.Context, cfg config.Config, ovs *ovsdb.Client, mtu int, b *pipeline.Bridge) error {
+	seg := tunnel.DefaultSegmentPair
 	// A pair of another MTU (another tunnel type before) is made anew, for
 	// the same reason as a tunnel port that changes kind (tunnelPort).
 	if l, err := netlink.LinkByName(seg.Port); err == nil && l.Attrs().MTU != mtu {
@@ -199,6 +206,24 @@ func tunnelEgress(ctx context.Context, cfg config.Config, kind tunnel.Kind, tso 
 		return fmt.Errorf("segmentation port: %w", err)
 	}
 	b.SegmentPort = uint32(p.OFPort)
+	return nil
+}
+
+// removeSegmentPort removes the segmentation port (and the hairpin end,
+// an OVS port in older releases) from the bridge and deletes the pair; it
+// is a no-op where there is none. A Node that no longer needs the port
+// calls it only once no flow of an earlier round is left: those may send
+// packets through it.
+func removeSegmentPort(ctx context.Context, cfg config.Config, ovs *ovsdb.Client) error {
+	seg := tunnel.DefaultSegmentPair
+	var errs []error
+	for _, name := range []string{seg.Port, seg.Hairpin} {
+		errs = append(errs, ovs.DeletePort(ctx, cfg.BridgeName, name))
+	}
+	errs = append(errs, seg.Remove())
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("removing the segmentation ports: %w", err)
+	}
 	return nil
 }
 

@@ -7,7 +7,9 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/seine-net/seine/datapath/pipeline"
 	opsv1alpha1 "github.com/seine-net/seine/node/apis/ops/v1alpha1"
+	"github.com/seine-net/seine/node/config"
 	"github.com/seine-net/seine/tunnel"
 )
 
@@ -59,5 +61,35 @@ func TestTunnelVotes(t *testing.T) {
 	_, peers := tunnelVotes(list, "self", now, staleAgentInfo)
 	if typ, from := tunnel.PickType(tunnel.TypeEvidence{Peers: peers}); typ != tunnel.VXLAN || from != tunnel.FromPeers {
 		t.Errorf("picked %s from %s; want vxlan from the live peers", typ, from)
+	}
+}
+
+// TestSegmentPortNeeded: the segmentation port exists only where packets
+// pass through it: with userspace TSO on the userspace datapath, for an
+// OVS tunnel port's packets, or for NATed packets when nothing rewrites
+// their partial checksums. The default (a kernel VXLAN device, the
+// rewrite) and the kernel datapath go without.
+func TestSegmentPortNeeded(t *testing.T) {
+	netdev := config.Config{OVSDatapathType: config.DatapathNetdev}
+	system := config.Config{OVSDatapathType: config.DatapathSystem}
+	for _, tc := range []struct {
+		name string
+		cfg  config.Config
+		tso  bool
+		b    pipeline.Bridge
+		want bool
+	}{
+		{"kernel VXLAN, rewrite", netdev, true, pipeline.Bridge{TunnelPort: 1, Tunnel: pipeline.TunnelByMAC, PartialChecksumsRewritten: true}, false},
+		{"kernel VXLAN, detour", netdev, true, pipeline.Bridge{TunnelPort: 1, Tunnel: pipeline.TunnelByMAC}, true},
+		{"OVS tunnel port, rewrite", netdev, true, pipeline.Bridge{TunnelPort: 1, Tunnel: pipeline.TunnelSegmented, PartialChecksumsRewritten: true}, true},
+		{"OVS tunnel port, detour", netdev, true, pipeline.Bridge{TunnelPort: 1, Tunnel: pipeline.TunnelSegmented}, true},
+		{"no tunnel, rewrite", netdev, true, pipeline.Bridge{Tunnel: pipeline.TunnelSegmented, PartialChecksumsRewritten: true}, false},
+		{"no tunnel, detour", netdev, true, pipeline.Bridge{Tunnel: pipeline.TunnelSegmented}, true},
+		{"no userspace TSO", netdev, false, pipeline.Bridge{TunnelPort: 1, Tunnel: pipeline.TunnelByTunDst}, false},
+		{"kernel datapath", system, false, pipeline.Bridge{TunnelPort: 1, Tunnel: pipeline.TunnelByTunDst}, false},
+	} {
+		if got := segmentPortNeeded(tc.cfg, tc.tso, tc.b); got != tc.want {
+			t.Errorf("%s: segmentPortNeeded = %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }

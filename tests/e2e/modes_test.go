@@ -169,6 +169,15 @@ func TestModeReported(t *testing.T) {
 			natMode == config.NATChecksumDetour && hooksMissing {
 			t.Errorf("%s (%s): seine_nat_checksum_hooks_missing: %q", n.Name, natMode, grepLines(m, "seine_nat_checksum_hooks_missing"))
 		}
+		// The segmentation port is on the bridge only where packets pass
+		// through it: the detour's NATed packets, or an OVS tunnel port's
+		// (not VXLAN's kernel device). Idle, it would still be read in
+		// every turn of ovs-vswitchd's loop.
+		wantSeg := natMode == config.NATChecksumDetour || sandboxTunnel != tunnel.VXLAN && e2eMode.UsesTunnel()
+		if ports := ovs(t, n, "ovs-vsctl", "list-ports", "br-int"); strings.Contains(ports, "seine-seg0") != wantSeg {
+			t.Errorf("%s (%s, %s): seine-seg0 on br-int %v, want %v; ports:\n%s", n.Name, natMode, sandboxTunnel,
+				!wantSeg, wantSeg, ports)
+		}
 		for _, r := range []string{"tunnel", "direct", "underlay"} {
 			line := fmt.Sprintf(`seine_peer_node_routes{route=%q} %d`, r, want[r])
 			if !strings.Contains(m, line) {
