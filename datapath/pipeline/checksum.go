@@ -41,8 +41,9 @@ var natDetourMAC = net.HardwareAddr{0x0e, 0x5f, 0xff, 0xff, 0x00, 0x00}
 var natDetourMask = net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0x00, 0x00}
 
 // NATChecksumDetour reports whether the bridge sends NATed packets through
-// the segmentation port before they leave: it has one (userspace TSO), and
-// no tc program rewrites partial checksums where packets leave
+// the segmentation port before they leave: it has one (userspace TSO, made
+// for the detour or for an OVS tunnel port), and no tc program rewrites
+// partial checksums where packets leave
 // (PartialChecksumsRewritten, the default where the kernel loads it).
 func (b Bridge) NATChecksumDetour() bool { return b.SegmentPort != 0 && !b.PartialChecksumsRewritten }
 

@@ -53,11 +53,11 @@ type Bridge struct {
 	// Tunnel says how a packet for a peer Node is handed to TunnelPort.
 	Tunnel TunnelEgress
 	// SegmentPort is the ofport of the segmentation port (userspace
-	// datapath with userspace TSO; 0 without): a packet output to it comes
-	// back on it segmented, with complete checksums (tunnel.SegmentPair).
-	// Packets for the tunnel pass through it with TunnelSegmented, and
-	// NATed packets leaving the Node unless PartialChecksumsRewritten
-	// (NATChecksumDetour).
+	// datapath with userspace TSO, and only where packets pass through it;
+	// else 0): a packet output to it comes back on it segmented, with
+	// complete checksums (tunnel.SegmentPair). Packets for the tunnel pass
+	// through it with TunnelSegmented, and NATed packets leaving the Node
+	// unless PartialChecksumsRewritten (NATChecksumDetour).
 	SegmentPort uint32
 	// PartialChecksumsRewritten: every device through which packets leave
 	// the bridge (the gateway, a kernel tunnel device, the segmentation

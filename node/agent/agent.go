@@ -279,7 +279,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 	// an earlier run left and this one does not need goes once its flows
 	// have (below).
 	tunnelEgress(cfg, tunnelKind, tso, &bridge)
-	if bridge.TunnelPort != 0 && bridge.Tunnel == pipeline.TunnelSegmented {
+	if tunnelSegments(bridge) {
 		if err := addSegmentPort(ctx, cfg, ovs, mtu.Tunnel, &bridge); err != nil {
 			return err
 		}

@@ -174,7 +174,14 @@ func segmentPortNeeded(cfg config.Config, tso bool, b pipeline.Bridge) bool {
 	if !userspaceDatapath(cfg) || !tso {
 		return false
 	}
-	return b.TunnelPort != 0 && b.Tunnel == pipeline.TunnelSegmented || !b.PartialChecksumsRewritten
+	return tunnelSegments(b) || !b.PartialChecksumsRewritten
+}
+
+// tunnelSegments reports whether b's tunnel-bound packets pass through the
+// segmentation port (an OVS tunnel port with userspace TSO), which it then
+// needs whatever becomes of NATed packets.
+func tunnelSegments(b pipeline.Bridge) bool {
+	return b.TunnelPort != 0 && b.Tunnel == pipeline.TunnelSegmented
 }
 
 // addSegmentPort makes the segmentation veth pair and adds its port to the

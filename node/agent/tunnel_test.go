@@ -86,7 +86,7 @@ func TestSegmentPortNeeded(t *testing.T) {
 		{"no tunnel, rewrite", netdev, true, pipeline.Bridge{Tunnel: pipeline.TunnelSegmented, PartialChecksumsRewritten: true}, false},
 		{"no tunnel, detour", netdev, true, pipeline.Bridge{Tunnel: pipeline.TunnelSegmented}, true},
 		{"no userspace TSO", netdev, false, pipeline.Bridge{TunnelPort: 1, Tunnel: pipeline.TunnelByTunDst}, false},
-		{"kernel datapath", system, false, pipeline.Bridge{TunnelPort: 1, Tunnel: pipeline.TunnelByTunDst}, false},
+		{"kernel datapath", system, true, pipeline.Bridge{TunnelPort: 1, Tunnel: pipeline.TunnelByTunDst}, false},
 	} {
 		if got := segmentPortNeeded(tc.cfg, tc.tso, tc.b); got != tc.want {
 			t.Errorf("%s: segmentPortNeeded = %v, want %v", tc.name, got, tc.want)

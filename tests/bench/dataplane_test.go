@@ -80,7 +80,9 @@ type dpResult struct {
 // none selects taking turns
 // (1000np-{same,cross-vxlan}-interleaved-{Gbps,p50}-cost). Last, Geneve
 // across Nodes (set explicitly; OVS's userspace tunnel port), to the Pod
-// that no policy selects.
+// that no policy selects, the policies still installed and the transport
+// bridge just made: its figure does not compare with runs that measured
+// Geneve first, on a fresh sandbox.
 // Metrics per path: <path>-Gbps
 // (one stream), <path>-Gbps-P4, <path>-p50-us and <path>-p99-us, and the
 // ratios the targets name.

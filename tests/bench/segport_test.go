@@ -26,7 +26,9 @@ const spRounds = 8
 // Node has the port, then takes turns for spRounds rounds, the order
 // alternating: the Nodes as they are ("without"), and with the pair an
 // earlier release made added back on both Nodes ("with": seine-seg0 as
-// ofport 65001, its peer up and off the bridge). Each turn measures
+// ofport 65001 without transmit offloads, its peer up and off the bridge,
+// IPv6 off on both; the peer's hairpin filter is left out, as no packet
+// reaches it). Each turn measures
 // Pod-to-Pod on one Node and across Nodes: one tcprr run (request/response
 // latency) and one iperf3 stream each. Each turn checks the ports the
 // Nodes' ovs-vswitchd poll (polledPorts): one more with the pair.
@@ -67,6 +69,9 @@ func BenchmarkIdleSegmentPort(b *testing.B) {
 				if on {
 					sh(b, "ip", "-n", n.NetNS, "link", "add", seg.Port, "type", "veth", "peer", "name", seg.Hairpin)
 					sh(b, "ip", "netns", "exec", n.NetNS, "ethtool", "-K", seg.Port, "tx", "off", "tso", "off", "gso", "off")
+					for _, end := range []string{seg.Port, seg.Hairpin} { // as SegmentPair.Ensure: no IPv6 chatter
+						sh(b, "ip", "netns", "exec", n.NetNS, "sysctl", "-qw", "net.ipv6.conf."+end+".disable_ipv6=1")
+					}
 					sh(b, "ip", "-n", n.NetNS, "link", "set", seg.Hairpin, "up")
 					sh(b, "ip", "-n", n.NetNS, "link", "set", seg.Port, "up")
 					vsctl(b, n, "add-port", "br-int", seg.Port, "--", "set", "Interface", seg.Port, "ofport_request=65001")

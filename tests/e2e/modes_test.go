@@ -172,7 +172,9 @@ func TestModeReported(t *testing.T) {
 		// The segmentation port is on the bridge only where packets pass
 		// through it: the detour's NATed packets, or an OVS tunnel port's
 		// (not VXLAN's kernel device). Idle, it would still be read in
-		// every turn of ovs-vswitchd's loop.
+		// every turn of ovs-vswitchd's loop. (The sandbox tunnels by VXLAN's
+		// kernel device; the second term holds the rule for another
+		// default.)
 		wantSeg := natMode == config.NATChecksumDetour || sandboxTunnel != tunnel.VXLAN && e2eMode.UsesTunnel()
 		if ports := ovs(t, n, "ovs-vsctl", "list-ports", "br-int"); strings.Contains(ports, "seine-seg0") != wantSeg {
 			t.Errorf("%s (%s, %s): seine-seg0 on br-int %v, want %v; ports:\n%s", n.Name, natMode, sandboxTunnel,
