@@ -475,8 +475,10 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 		detachSeed(cfg, log)
 	}
 	// Likewise the segmentation port, which an earlier round's flows may
-	// send packets through; left behind, it is only idle.
-	if bridge.SegmentPort == 0 && userspaceDatapath(cfg) {
+	// send packets through; left behind, it is only idle. Also on the
+	// kernel datapath, which never adds it: a Node moved there from the
+	// userspace one removes it (nothing to do, and no error, without it).
+	if bridge.SegmentPort == 0 {
 		if err := removeSegmentPort(ctx, cfg, ovs); err != nil {
 			log.Warn("the segmentation port is not needed and could not be removed; ovs-vswitchd keeps reading it",
 				zap.String("interface", tunnel.DefaultSegmentPair.Port), zap.Error(err))

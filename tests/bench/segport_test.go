@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"context"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -37,15 +36,9 @@ const spRounds = 8
 func BenchmarkIdleSegmentPort(b *testing.B) {
 	rr := buildTCPRR(b)
 	for range b.N {
-		c := up(b, "bsp", 2, nil)
+		c, _, ends := perfSandbox(b, "bsp")
 		nodes := c.Nodes()
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
-		b.Cleanup(cancel)
-		srvNS, srvIP := perfPod(ctx, b, c, "server", nodes[0].Name, "server")
-		localNS, _ := perfPod(ctx, b, c, "local", nodes[0].Name, "client")
-		remoteNS, _ := perfPod(ctx, b, c, "remote", nodes[1].Name, "client")
-		waitReachable(ctx, b, c, localNS, srvIP)
-		waitReachable(ctx, b, c, remoteNS, srvIP)
+		srvNS, srvIP, localNS, remoteNS := ends.srvNS, ends.srvIP, ends.localNS, ends.remoteNS
 		seg := tunnel.DefaultSegmentPair
 		polled := make([]int, len(nodes))
 		for i, n := range nodes {
@@ -112,7 +105,6 @@ func BenchmarkIdleSegmentPort(b *testing.B) {
 			}
 		}
 		setSeg(false)
-		cancel()
 
 		for _, p := range paths {
 			for _, s := range states {

@@ -119,6 +119,12 @@ func vswitchdArgv(n *Node) []string {
 // notice on its own. Only in the sandbox's own CNI mode with processes
 // (not real Nodes, where OVS runs in the DaemonSet's Pod).
 func (c *Cluster) RestartVSwitchd(ctx context.Context, node string) error {
+	return c.RestartVSwitchdWithEnv(ctx, node, nil)
+}
+
+// RestartVSwitchdWithEnv is RestartVSwitchd with env (KEY=value entries,
+// e.g. LD_PRELOAD) added to the new ovs-vswitchd's environment.
+func (c *Cluster) RestartVSwitchdWithEnv(ctx context.Context, node string, env []string) error {
 	n, err := c.Node(node)
 	if err != nil {
 		return err
@@ -130,7 +136,7 @@ func (c *Cluster) RestartVSwitchd(ctx context.Context, node string) error {
 		return fmt.Errorf("restart ovs-vswitchd on %s: %w", n.Name, err)
 	}
 	d := n.OVSRunDir
-	if _, err := run(ctx, []string{"OVS_RUNDIR=" + d, "OVS_DBDIR=" + d, "OVS_LOGDIR=" + d}, vswitchdArgv(&n)...); err != nil {
+	if _, err := run(ctx, append([]string{"OVS_RUNDIR=" + d, "OVS_DBDIR=" + d, "OVS_LOGDIR=" + d}, env...), vswitchdArgv(&n)...); err != nil {
 		return fmt.Errorf("restart ovs-vswitchd on %s: %w", n.Name, err)
 	}
 	return nil

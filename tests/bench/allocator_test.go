@@ -1,0 +1,177 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/seine-net/seine/tests/sandbox"
+)
+
+const (
+	// alRounds is how many rounds BenchmarkOVSAllocator takes.
+	alRounds = 6
+	// alPortAdds is how many OVS ports each turn adds and deletes.
+	alPortAdds = 10
+)
+
+// BenchmarkOVSAllocator prices the memory allocator of ovs-vswitchd with
+// the userspace datapath: glibc's malloc (what Open vSwitch runs with, here
+// and in seine's image) against jemalloc preloaded (LD_PRELOAD, ld.so(8);
+// the Open vSwitch installation guide suggests building with it). OVS 3.1
+// takes a batch of 32 packet buffers from the allocator for every read of
+// an AF_PACKET port, idle or not, and a profile of a forwarding Node put
+// about an eighth of ovs-vswitchd's CPU time in glibc's malloc and free
+// (docs/benchmarks.md, "The turn of ovs-vswitchd's main loop"). Tried as
+// a default on 2026-11-27 and not kept: no difference beyond the spread.
+//
+// On a 2-Node sandbox in its default configuration it takes turns for
+// alRounds rounds, the order alternating: each turn restarts both Nodes'
+// ovs-vswitchd with the turn's allocator (sandbox RestartVSwitchdWithEnv),
+// checks that the library is mapped (or not), waits until the seine
+// daemons have put their flows back, and measures Pod-to-Pod on one Node
+// and across Nodes (one tcprr run and one iperf3 stream each), then adds
+// alPortAdds veth ports to the first Node's bridge one at a time through
+// ovs-vsctl, which waits for ovs-vswitchd to reconfigure (the bulk of a
+// serial CNI ADD), and deletes them. Metrics: medians per allocator and
+// path (<path>-<allocator>-p50-us, -Gbps; port-add-<allocator>-ms) and the
+// ratios <path>-jemalloc/libc-{p50,Gbps}, port-add-jemalloc/libc.
+func BenchmarkOVSAllocator(b *testing.B) {
+	rr := buildTCPRR(b)
+	libs, _ := filepath.Glob("/usr/lib/*/libjemalloc.so.2")
+	if len(libs) == 0 {
+		b.Skip("libjemalloc.so.2 is not installed (Debian: libjemalloc2)")
+	}
+	jemalloc := libs[0]
+	// jemalloc-tc also caches per thread the buffers of 64 KiB TSO segments
+	// (opt.tcache_max, jemalloc(3); 32 KiB by default).
+	env := map[string][]string{"libc": nil, "jemalloc": {"LD_PRELOAD=" + jemalloc},
+		"jemalloc-tc": {"LD_PRELOAD=" + jemalloc, "MALLOC_CONF=tcache_max:131072"}}
+	for range b.N {
+		c, ctx, p := perfSandbox(b, "bal")
+		nodes := c.Nodes()
+		setAllocator := func(a string) {
+			for _, n := range nodes {
+				if err := c.RestartVSwitchdWithEnv(ctx, n.Name, env[a]); err != nil {
+					b.Fatal(err)
+				}
+				want := a != "libc"
+				if got := mapsLibrary(b, n, jemalloc); got != want {
+					b.Fatalf("%s: ovs-vswitchd started with allocator %s maps %s: %t", n.Name, a, jemalloc, got)
+				}
+			}
+			waitReachable(ctx, b, c, p.localNS, p.srvIP)
+			waitReachable(ctx, b, c, p.remoteNS, p.srvIP)
+			time.Sleep(2 * time.Second) // the daemons' resync after the restart has settled
+		}
+
+		type path struct{ name, client string }
+		paths := []path{{"one-node", p.localNS}, {"cross", p.remoteNS}}
+		allocators := []string{"libc", "jemalloc", "jemalloc-tc"}
+		res := map[string]*turns{}
+		portAdd := map[string][]float64{}
+		for _, pp := range paths {
+			for _, a := range allocators {
+				res[pp.name+"-"+a] = &turns{}
+			}
+		}
+		for r := range alRounds {
+			for k := range allocators {
+				a := allocators[(r+k)%len(allocators)]
+				setAllocator(a)
+				for _, pp := range paths {
+					t := res[pp.name+"-"+a]
+					p50, _ := tcprrRun(b, rr, p.srvNS, pp.client, p.srvIP)
+					t.P50 = append(t.P50, p50)
+					t.Gbps = append(t.Gbps, iperf3Run(b, p.srvNS, pp.client, p.srvIP, 1))
+				}
+				portAdd[a] = append(portAdd[a], portAddMillis(b, nodes[0], alPortAdds)...)
+			}
+		}
+
+		for _, pp := range paths {
+			for _, a := range allocators {
+				t := res[pp.name+"-"+a]
+				b.ReportMetric(median(t.P50), pp.name+"-"+a+"-p50-us")
+				b.ReportMetric(median(t.Gbps), pp.name+"-"+a+"-Gbps")
+				b.Logf("%-8s %-8s p50 µs %v, Gbit/s %v", pp.name, a, t.P50, t.Gbps)
+			}
+			for _, a := range allocators[1:] {
+				b.ReportMetric(median(res[pp.name+"-"+a].P50)/median(res[pp.name+"-libc"].P50), pp.name+"-"+a+"/libc-p50")
+				b.ReportMetric(median(res[pp.name+"-"+a].Gbps)/median(res[pp.name+"-libc"].Gbps), pp.name+"-"+a+"/libc-Gbps")
+			}
+		}
+		for _, a := range allocators {
+			b.ReportMetric(median(portAdd[a]), "port-add-"+a+"-ms")
+		}
+		for _, a := range allocators[1:] {
+			b.ReportMetric(median(portAdd[a])/median(portAdd["libc"]), "port-add-"+a+"/libc")
+		}
+	}
+}
+
+// perfEnds are the Pods of a data-plane benchmark: a server on the first
+// Node, a client beside it and one on the second Node.
+type perfEnds struct {
+	srvNS, srvIP, localNS, remoteNS string
+}
+
+// perfSandbox brings up 2-Node sandbox name in its default configuration
+// with perfEnds, all reachable, and a context that ends after 20 minutes or
+// at the benchmark's cleanup.
+func perfSandbox(b *testing.B, name string) (*sandbox.Cluster, context.Context, perfEnds) {
+	b.Helper()
+	c := up(b, name, 2, nil)
+	nodes := c.Nodes()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	b.Cleanup(cancel)
+	var p perfEnds
+	p.srvNS, p.srvIP = perfPod(ctx, b, c, "server", nodes[0].Name, "server")
+	p.localNS, _ = perfPod(ctx, b, c, "local", nodes[0].Name, "client")
+	p.remoteNS, _ = perfPod(ctx, b, c, "remote", nodes[1].Name, "client")
+	waitReachable(ctx, b, c, p.localNS, p.srvIP)
+	waitReachable(ctx, b, c, p.remoteNS, p.srvIP)
+	return c, ctx, p
+}
+
+// mapsLibrary reports whether Node n's ovs-vswitchd has library mapped.
+func mapsLibrary(b *testing.B, n sandbox.Node, library string) bool {
+	b.Helper()
+	pid, err := os.ReadFile(filepath.Join(n.OVSRunDir, "ovs-vswitchd.pid"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%s/maps", strings.TrimSpace(string(pid))))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return strings.Contains(string(maps), library)
+}
+
+// portAddMillis adds count veth ports to Node n's br-int one at a time,
+// each with ovs-vsctl's default wait for ovs-vswitchd to reconfigure, and
+// returns each add's wall time in ms; it deletes the ports and devices
+// again.
+func portAddMillis(b *testing.B, n sandbox.Node, count int) []float64 {
+	b.Helper()
+	var ms []float64
+	for i := range count {
+		port, peer := "bal"+strconv.Itoa(i), "balp"+strconv.Itoa(i)
+		sh(b, "ip", "-n", n.NetNS, "link", "add", port, "type", "veth", "peer", "name", peer)
+		sh(b, "ip", "-n", n.NetNS, "link", "set", port, "up")
+		start := time.Now()
+		vsctl(b, n, "add-port", "br-int", port)
+		ms = append(ms, float64(time.Since(start).Microseconds())/1000)
+	}
+	for i := range count {
+		port := "bal" + strconv.Itoa(i)
+		vsctl(b, n, "--if-exists", "del-port", "br-int", port)
+		delLink(n.NetNS, port)
+	}
+	return ms
+}
