@@ -210,6 +210,40 @@ func (b *Backend) restoreMeter(ctx context.Context, owner string, port string) u
 	return id
 }
 
+// meterUnrecorded gives a Pod found attached at start-up with an egress
+// limit but no meter on record (attached while the datapath had no usable
+// meters, or by a release that did not record meter ids) a meter of its
+// own, as an ADD would: it adds the meter to the switch, records its id in
+// the port's external_ids and returns it. It returns 0, leaving the Pod's
+// qdisc as its only limit, when there is nothing to do (no limit, a meter
+// on record: restoreMeter's, or no meters) or the limit is unreadable or
+// the switch refuses the meter (both logged). A failed record is logged
+// and the meter kept: the next start gives the Pod one again.
+func (b *Backend) meterUnrecorded(ctx context.Context, owner string, p ovsdb.Port) uint32 {
+	v := p.ExternalIDs[ExtIDEgressBandwidth]
+	if v == "" || p.ExternalIDs[ExtIDEgressMeter] != "" || b.cfg.Meters == nil {
+		return 0
+	}
+	var l bandwidth.Limits
+	if _, err := fmt.Sscanf(v, "%d/%d", &l.EgressRate, &l.EgressBurst); err != nil || l.EgressRate == 0 {
+		b.log.Error("egress limit of an attached Pod is unreadable; its qdisc alone limits it",
+			zap.String("port", p.Name), zap.String(ExtIDEgressBandwidth, v), zap.Error(err))
+		return 0
+	}
+	m := b.meterTab.allocate(owner, l)
+	if err := b.cfg.Meters.EnsureMeter(ctx, m); err != nil {
+		b.meterTab.release(owner)
+		b.log.Error("egress meter for an attached Pod that had none; its qdisc alone limits it",
+			zap.String("port", p.Name), zap.Error(err))
+		return 0
+	}
+	if err := b.ports.SetPortExternalIDs(ctx, p.Name, map[string]string{ExtIDEgressMeter: strconv.FormatUint(uint64(m.ID), 10)}); err != nil {
+		b.log.Warn("recording the egress meter of an attached Pod", zap.String("port", p.Name), zap.Uint32("meter", m.ID), zap.Error(err))
+	}
+	b.log.Info("egress meter added for an attached Pod that had none", zap.String("port", p.Name), zap.Uint32("meter", m.ID))
+	return m.ID
+}
+
 // meterCollector exports what the Pods' egress meters dropped, read from
 // the switch at each scrape, and how many Pods' egress limits have no
 // meter behind them:

@@ -204,3 +204,57 @@ func TestRestoreRefusedMeter(t *testing.T) {
 		t.Errorf("left behind: %v", left)
 	}
 }
+
+// TestRestoreGivesMeter restores two Pod ports with egress limits: one
+// with its meter on record (id 1), one without (attached while the
+// datapath had no meters). The second gets a meter of its own, the next
+// free id, on the switch, in its Classifier flow and recorded in its
+// port's external_ids, so no limit is left to the qdisc alone; its DEL
+// removes the meter.
+func TestRestoreGivesMeter(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	h := newHarness(t, ctx, zaptest.NewLogger(t))
+	h.be.cfg.Meters = h.of
+	recorded, bare := h.prefix+"-rec", h.prefix+"-bare"
+	h.podPort(ctx, recorded, "mgr"+h.prefix[1:9], map[string]string{
+		ExtIDPodNamespace: "ns", ExtIDPodName: "recorded", ExtIDIP: "10.244.1.10", ExtIDMAC: "0a:58:0a:f4:01:0a",
+		ExtIDEgressBandwidth: "2000000/0", ExtIDEgressMeter: "1"})
+	port := h.podPort(ctx, bare, "mgb"+h.prefix[1:9], map[string]string{
+		ExtIDPodNamespace: "ns", ExtIDPodName: "bare", ExtIDIP: "10.244.1.11", ExtIDMAC: "0a:58:0a:f4:01:0b",
+		ExtIDEgressBandwidth: "1000000/0"})
+	if n, err := h.be.RestorePods(ctx); err != nil || n != 2 {
+		t.Fatalf("RestorePods = %d, %v; want 2 Pods", n, err)
+	}
+	a, ok := h.be.Attachment("ns", "bare")
+	if !ok || a.EgressMeter != 2 {
+		t.Fatalf("attachment %+v: want meter 2", a)
+	}
+	kbps, _ := bandwidth.EgressMeter(1_000_000, 0)
+	if ms := h.meters(); len(ms) != 2 || !strings.HasPrefix(ms[0], "meter=1 ") || !strings.HasPrefix(ms[1], "meter=2 ") ||
+		!strings.Contains(ms[1], fmt.Sprintf("rate=%d ", kbps)) {
+		t.Errorf("meters %q, want 1 and 2 (%d kbps)", ms, kbps)
+	}
+	classifier := h.ovs.Run("ovs-ofctl", "-O", "OpenFlow13", "--no-stats", "dump-flows", h.ovs.MgmtSocket("br-int"),
+		fmt.Sprintf("table=%d,in_port=%d", pipeline.Classifier, a.OFPort))
+	if !strings.Contains(classifier, "actions=meter:2,") {
+		t.Errorf("the Pod's Classifier flow does not go through meter 2:\n%s", classifier)
+	}
+	if p, err := h.db.GetPort(ctx, port); err != nil || p.ExternalIDs[ExtIDEgressMeter] != "2" {
+		t.Errorf("port %s external_ids %v, %v: want %s=2", port, p.ExternalIDs, err, ExtIDEgressMeter)
+	}
+	if n := unmeteredLimits(t, h.reg); n != 0 {
+		t.Errorf("seine_pod_egress_limits_without_meter %v, want 0", n)
+	}
+	for _, cid := range []string{recorded, bare} {
+		if err := h.be.Del(ctx, &cniserver.Request{ContainerID: cid, IfName: "eth0"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ms := h.meters(); len(ms) != 0 {
+		t.Errorf("meters %q after the DELs, want none", ms)
+	}
+	if left := h.leftovers(ctx); len(left) != 0 {
+		t.Errorf("left behind: %v", left)
+	}
+}

@@ -891,6 +891,9 @@ func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 		// A meter that cannot be put back leaves the Pod's own qdisc as
 		// its only limit, rather than the Pod without flows.
 		pod.EgressMeter = b.restoreMeter(ctx, owner(cid, ifn), p.Name)
+		if pod.EgressMeter == 0 {
+			pod.EgressMeter = b.meterUnrecorded(ctx, owner(cid, ifn), p)
+		}
 		flows := pipeline.PodFlows(b.cfg.Bridge, pod)
 		if err := b.flows.Set(ctx, owner(cid, ifn), flows); err != nil {
 			return n, err
