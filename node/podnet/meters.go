@@ -210,24 +210,55 @@ func (b *Backend) restoreMeter(ctx context.Context, owner string, port string) u
 	return id
 }
 
-// meterUnrecorded gives a Pod found attached at start-up with an egress
-// limit but no meter on record (attached while the datapath had no usable
-// meters, or by a release that did not record meter ids) a meter of its
-// own, as an ADD would: it adds the meter to the switch, records its id in
-// the port's external_ids and returns it. It returns 0, leaving the Pod's
-// qdisc as its only limit, when there is nothing to do (no limit, a meter
-// on record: restoreMeter's, or no meters) or the limit is unreadable or
-// the switch refuses the meter (both logged). A failed record is logged
-// and the meter kept: the next start gives the Pod one again.
-func (b *Backend) meterUnrecorded(ctx context.Context, owner string, p ovsdb.Port) uint32 {
+// parseEgressRecord reads a port's seine.io/egress-bandwidth
+// ("<rate>/<burst>", bits/s and bits; ok false without one).
+func parseEgressRecord(p ovsdb.Port) (l bandwidth.Limits, ok bool, err error) {
 	v := p.ExternalIDs[ExtIDEgressBandwidth]
-	if v == "" || p.ExternalIDs[ExtIDEgressMeter] != "" || b.cfg.Meters == nil {
+	if v == "" {
+		return l, false, nil
+	}
+	if _, err := fmt.Sscanf(v, "%d/%d", &l.EgressRate, &l.EgressBurst); err != nil || l.EgressRate == 0 {
+		return l, false, fmt.Errorf("unreadable %s %q", ExtIDEgressBandwidth, v)
+	}
+	return l, true, nil
+}
+
+// claimOFPortMeter gives attachment owner, whose port p records an egress
+// limit but no meter id, the port's ofport as its meter id if no one holds
+// it: the release that first had meters used ofports as ids, so a meter of
+// that id may be on the switch already, used by the Pod's flows of that
+// release. Run it after every recorded meter is claimed; meterUnrecorded
+// allocates for the Pods it leaves out.
+func (b *Backend) claimOFPortMeter(owner string, p ovsdb.Port) {
+	if p.ExternalIDs[ExtIDEgressMeter] != "" || p.OFPort <= 0 || b.cfg.Meters == nil {
+		return
+	}
+	l, ok, err := parseEgressRecord(p)
+	if !ok || err != nil {
+		return // meterUnrecorded logs an unreadable record
+	}
+	kbps, kbits := bandwidth.EgressMeter(l.EgressRate, l.EgressBurst)
+	// Refused when another Pod holds the id: that Pod's record wins.
+	_ = b.meterTab.claim(owner, of.MeterEntry{ID: uint32(p.OFPort), RateKbps: kbps, BurstKbits: kbits})
+}
+
+// meterUnrecorded gives a Pod found attached at start-up with an egress
+// limit but no meter (attached while the datapath had no usable meters,
+// or by the release that used ofports, whose ofport another Pod holds) a
+// meter of its own with the smallest free id, as an ADD would, and adds it
+// to the switch; the caller records it (recordMeter). It returns 0,
+// leaving the Pod's qdisc as its only limit, when there is nothing to do
+// (no limit, a meter on record: restoreMeter's, or no meters) or when the
+// limit is unreadable or the switch refuses the meter (both logged).
+func (b *Backend) meterUnrecorded(ctx context.Context, owner string, p ovsdb.Port) uint32 {
+	if p.ExternalIDs[ExtIDEgressMeter] != "" || b.cfg.Meters == nil {
 		return 0
 	}
-	var l bandwidth.Limits
-	if _, err := fmt.Sscanf(v, "%d/%d", &l.EgressRate, &l.EgressBurst); err != nil || l.EgressRate == 0 {
-		b.log.Error("egress limit of an attached Pod is unreadable; its qdisc alone limits it",
-			zap.String("port", p.Name), zap.String(ExtIDEgressBandwidth, v), zap.Error(err))
+	l, ok, err := parseEgressRecord(p)
+	if err != nil {
+		b.log.Error("egress limit of an attached Pod; its qdisc alone limits it", zap.String("port", p.Name), zap.Error(err))
+	}
+	if !ok {
 		return 0
 	}
 	m := b.meterTab.allocate(owner, l)
@@ -237,11 +268,18 @@ func (b *Backend) meterUnrecorded(ctx context.Context, owner string, p ovsdb.Por
 			zap.String("port", p.Name), zap.Error(err))
 		return 0
 	}
-	if err := b.ports.SetPortExternalIDs(ctx, p.Name, map[string]string{ExtIDEgressMeter: strconv.FormatUint(uint64(m.ID), 10)}); err != nil {
-		b.log.Warn("recording the egress meter of an attached Pod", zap.String("port", p.Name), zap.Uint32("meter", m.ID), zap.Error(err))
-	}
-	b.log.Info("egress meter added for an attached Pod that had none", zap.String("port", p.Name), zap.Uint32("meter", m.ID))
 	return m.ID
+}
+
+// recordMeter records meter id in the external_ids of port, for a Pod
+// restored without one on record. A failure is logged and the meter kept:
+// the next start gives the Pod one again.
+func (b *Backend) recordMeter(ctx context.Context, port string, id uint32) {
+	if err := b.ports.SetPortExternalIDs(ctx, port, map[string]string{ExtIDEgressMeter: strconv.FormatUint(uint64(id), 10)}); err != nil {
+		b.log.Warn("recording the egress meter of an attached Pod", zap.String("port", port), zap.Uint32("meter", id), zap.Error(err))
+		return
+	}
+	b.log.Info("egress meter recorded for an attached Pod that had none on record", zap.String("port", port), zap.Uint32("meter", id))
 }
 
 // meterCollector exports what the Pods' egress meters dropped, read from
@@ -256,7 +294,8 @@ func (b *Backend) meterUnrecorded(ctx context.Context, owner string, p ovsdb.Por
 // A limit without a meter is enforced by the Pod's qdisc alone: the
 // datapath has no usable meters (the daemon logged so at start), or, for
 // a Pod restored at start-up, its recorded meter was unreadable, clashed
-// with another Pod's or could not be put back on the switch (each logged).
+// with another Pod's or could not be put back on the switch, or its limit
+// was unreadable or the switch refused a new meter (each logged).
 type meterCollector struct {
 	b         *Backend
 	drops     *prometheus.Desc
@@ -269,7 +308,7 @@ func newMeterCollector(b *Backend) *meterCollector {
 			"Packets the OpenFlow meter behind a Pod's egress limit dropped: the Pod sent above its kubernetes.io/egress-bandwidth although its own qdisc should have held it there.",
 			[]string{"namespace", "pod"}, nil),
 		unmetered: prometheus.NewDesc("seine_pod_egress_limits_without_meter",
-			"Pods attached on this Node whose kubernetes.io/egress-bandwidth has no OpenFlow meter behind it, so that their own qdisc alone limits them (no usable meters on the datapath, or a restored Pod whose recorded meter was unreadable, clashed with another Pod's or could not be put back).",
+			"Pods attached on this Node whose kubernetes.io/egress-bandwidth has no OpenFlow meter behind it, so that their own qdisc alone limits them (no usable meters on the datapath, or a restored Pod whose recorded meter was unreadable, clashed with another Pod's or could not be put back, or whose new meter the switch refused).",
 			nil, nil),
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"strconv"
@@ -205,48 +206,82 @@ func TestRestoreRefusedMeter(t *testing.T) {
 	}
 }
 
-// TestRestoreGivesMeter restores two Pod ports with egress limits: one
-// with its meter on record (id 1), one without (attached while the
-// datapath had no meters). The second gets a meter of its own, the next
-// free id, on the switch, in its Classifier flow and recorded in its
-// port's external_ids, so no limit is left to the qdisc alone; its DEL
-// removes the meter.
+// TestRestoreGivesMeter restores Pod ports with egress limits, one with
+// its meter on record and three without: "era", attached by the release
+// that used ofports as meter ids (its meter, id = its ofport, is on the
+// switch), "bare", attached while the datapath had no meters, and
+// "clash", whose ofport the recorded meter's id holds. Era and bare get
+// their ofport as their id (era's meter is reused, not doubled), clash the
+// smallest free id; each is on the switch with the Pod's rate, in the
+// Pod's Classifier flow and recorded in its port's external_ids, so no
+// limit is left to the qdisc alone. The DELs remove every meter.
 func TestRestoreGivesMeter(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	h := newHarness(t, ctx, zaptest.NewLogger(t))
 	h.be.cfg.Meters = h.of
-	recorded, bare := h.prefix+"-rec", h.prefix+"-bare"
-	h.podPort(ctx, recorded, "mgr"+h.prefix[1:9], map[string]string{
-		ExtIDPodNamespace: "ns", ExtIDPodName: "recorded", ExtIDIP: "10.244.1.10", ExtIDMAC: "0a:58:0a:f4:01:0a",
-		ExtIDEgressBandwidth: "2000000/0", ExtIDEgressMeter: "1"})
-	port := h.podPort(ctx, bare, "mgb"+h.prefix[1:9], map[string]string{
-		ExtIDPodNamespace: "ns", ExtIDPodName: "bare", ExtIDIP: "10.244.1.11", ExtIDMAC: "0a:58:0a:f4:01:0b",
-		ExtIDEgressBandwidth: "1000000/0"})
-	if n, err := h.be.RestorePods(ctx); err != nil || n != 2 {
-		t.Fatalf("RestorePods = %d, %v; want 2 Pods", n, err)
+	kbps, kbits := bandwidth.EgressMeter(1_000_000, 0)
+	ofport := func(port string) uint32 {
+		t.Helper()
+		p, err := h.db.GetPort(ctx, port)
+		if err != nil || p.OFPort <= 0 {
+			t.Fatalf("port %s: %+v, %v", port, p, err)
+		}
+		return uint32(p.OFPort)
 	}
-	a, ok := h.be.Attachment("ns", "bare")
-	if !ok || a.EgressMeter != 2 {
-		t.Fatalf("attachment %+v: want meter 2", a)
+	pod := func(name string, n int, extra map[string]string) (cid, port string) {
+		cid = h.prefix + "-" + name
+		ids := map[string]string{ExtIDPodNamespace: "ns", ExtIDPodName: name,
+			ExtIDIP: fmt.Sprintf("10.244.1.%d", 20+n), ExtIDMAC: fmt.Sprintf("0a:58:0a:f4:01:%02x", 20+n),
+			ExtIDEgressBandwidth: "1000000/0"}
+		maps.Copy(ids, extra)
+		maps.DeleteFunc(ids, func(_, v string) bool { return v == "" })
+		return cid, h.podPort(ctx, cid, fmt.Sprintf("mg%d%s", n, h.prefix[1:9]), ids)
 	}
-	kbps, _ := bandwidth.EgressMeter(1_000_000, 0)
-	if ms := h.meters(); len(ms) != 2 || !strings.HasPrefix(ms[0], "meter=1 ") || !strings.HasPrefix(ms[1], "meter=2 ") ||
-		!strings.Contains(ms[1], fmt.Sprintf("rate=%d ", kbps)) {
-		t.Errorf("meters %q, want 1 and 2 (%d kbps)", ms, kbps)
+	clashCID, clashPort := pod("clash", 0, nil)
+	recCID, _ := pod("recorded", 1, map[string]string{ExtIDEgressMeter: strconv.FormatUint(uint64(ofport(clashPort)), 10)})
+	bareCID, barePort := pod("bare", 2, nil)
+	// A Pod without a limit before era, so that era's ofport is not the
+	// id the allocation would hand it anyway.
+	plainCID, _ := pod("plain", 4, map[string]string{ExtIDEgressBandwidth: ""})
+	eraCID, eraPort := pod("era", 3, nil)
+	h.ovs.Run("ovs-ofctl", "-O", "OpenFlow13", "add-meter", h.ovs.MgmtSocket("br-int"),
+		fmt.Sprintf("meter=%d,kbps,burst,band=type=drop,rate=%d,burst_size=%d", ofport(eraPort), kbps, kbits))
+
+	if n, err := h.be.RestorePods(ctx); err != nil || n != 5 {
+		t.Fatalf("RestorePods = %d, %v; want 5 Pods", n, err)
 	}
-	classifier := h.ovs.Run("ovs-ofctl", "-O", "OpenFlow13", "--no-stats", "dump-flows", h.ovs.MgmtSocket("br-int"),
-		fmt.Sprintf("table=%d,in_port=%d", pipeline.Classifier, a.OFPort))
-	if !strings.Contains(classifier, "actions=meter:2,") {
-		t.Errorf("the Pod's Classifier flow does not go through meter 2:\n%s", classifier)
+	taken := map[uint32]bool{ofport(clashPort): true, ofport(barePort): true, ofport(eraPort): true}
+	var free uint32 = 1
+	for taken[free] {
+		free++
 	}
-	if p, err := h.db.GetPort(ctx, port); err != nil || p.ExternalIDs[ExtIDEgressMeter] != "2" {
-		t.Errorf("port %s external_ids %v, %v: want %s=2", port, p.ExternalIDs, err, ExtIDEgressMeter)
+	want := map[string]uint32{"recorded": ofport(clashPort), "bare": ofport(barePort), "era": ofport(eraPort), "clash": free}
+	var wantMeters []string
+	for name, id := range want {
+		a, ok := h.be.Attachment("ns", name)
+		if !ok || a.EgressMeter != id {
+			t.Errorf("attachment %s %+v: want meter %d", name, a, id)
+			continue
+		}
+		classifier := h.ovs.Run("ovs-ofctl", "-O", "OpenFlow13", "--no-stats", "dump-flows", h.ovs.MgmtSocket("br-int"),
+			fmt.Sprintf("table=%d,in_port=%d", pipeline.Classifier, a.OFPort))
+		if !strings.Contains(classifier, fmt.Sprintf("actions=meter:%d,", id)) {
+			t.Errorf("%s's Classifier flow does not go through meter %d:\n%s", name, id, classifier)
+		}
+		if p, err := h.db.GetPort(ctx, a.HostVeth); err != nil || p.ExternalIDs[ExtIDEgressMeter] != strconv.FormatUint(uint64(id), 10) {
+			t.Errorf("%s's port external_ids %v, %v: want %s=%d", name, p.ExternalIDs, err, ExtIDEgressMeter, id)
+		}
+		wantMeters = append(wantMeters, fmt.Sprintf("meter=%d kbps burst stats bands=type=drop rate=%d burst_size=%d", id, kbps, kbits))
+	}
+	slices.Sort(wantMeters)
+	if got := slices.Sorted(slices.Values(h.meters())); !slices.Equal(got, wantMeters) {
+		t.Errorf("meters\n%q\nwant\n%q", got, wantMeters)
 	}
 	if n := unmeteredLimits(t, h.reg); n != 0 {
 		t.Errorf("seine_pod_egress_limits_without_meter %v, want 0", n)
 	}
-	for _, cid := range []string{recorded, bare} {
+	for _, cid := range []string{clashCID, recCID, bareCID, plainCID, eraCID} {
 		if err := h.be.Del(ctx, &cniserver.Request{ContainerID: cid, IfName: "eth0"}); err != nil {
 			t.Fatal(err)
 		}

@@ -843,6 +843,13 @@ func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 			b.claimMeter(owner(cid, p.ExternalIDs[ExtIDIfName]), p)
 		}
 	}
+	// Then, where it is free, the ofport for a limit without a recorded
+	// meter: the id of the meter the release that used ofports left.
+	for _, p := range ports {
+		if cid := p.ExternalIDs[ExtIDContainerID]; cid != "" {
+			b.claimOFPortMeter(owner(cid, p.ExternalIDs[ExtIDIfName]), p)
+		}
+	}
 	attached := map[string]bool{}
 	n := 0
 	for _, p := range ports {
@@ -893,6 +900,9 @@ func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 		pod.EgressMeter = b.restoreMeter(ctx, owner(cid, ifn), p.Name)
 		if pod.EgressMeter == 0 {
 			pod.EgressMeter = b.meterUnrecorded(ctx, owner(cid, ifn), p)
+		}
+		if pod.EgressMeter != 0 && p.ExternalIDs[ExtIDEgressMeter] == "" {
+			b.recordMeter(ctx, p.Name, pod.EgressMeter)
 		}
 		flows := pipeline.PodFlows(b.cfg.Bridge, pod)
 		if err := b.flows.Set(ctx, owner(cid, ifn), flows); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -23,24 +24,29 @@ const (
 // BenchmarkOVSAllocator prices the memory allocator of ovs-vswitchd with
 // the userspace datapath: glibc's malloc (what Open vSwitch runs with, here
 // and in seine's image) against jemalloc preloaded (LD_PRELOAD, ld.so(8);
-// the Open vSwitch installation guide suggests building with it). OVS 3.1
+// the Open vSwitch installation guide suggests building with it), as is
+// ("jemalloc") and with 64 KiB TSO segment buffers cached per thread too
+// ("jemalloc-tc", MALLOC_CONF=tcache_max:131072; jemalloc(3)). OVS 3.1
 // takes a batch of 32 packet buffers from the allocator for every read of
 // an AF_PACKET port, idle or not, and a profile of a forwarding Node put
 // about an eighth of ovs-vswitchd's CPU time in glibc's malloc and free
-// (docs/benchmarks.md, "The turn of ovs-vswitchd's main loop"). Tried as
-// a default on 2026-11-27 and not kept: no difference beyond the spread.
+// (docs/benchmarks.md, "The turn of ovs-vswitchd's main loop"). Tried on
+// 2026-11-27 and not kept: jemalloc lowered latency somewhat and cost
+// one-Node throughput in every run.
 //
 // On a 2-Node sandbox in its default configuration it takes turns for
-// alRounds rounds, the order alternating: each turn restarts both Nodes'
+// alRounds rounds, the order rotating: each turn restarts both Nodes'
 // ovs-vswitchd with the turn's allocator (sandbox RestartVSwitchdWithEnv),
-// checks that the library is mapped (or not), waits until the seine
-// daemons have put their flows back, and measures Pod-to-Pod on one Node
-// and across Nodes (one tcprr run and one iperf3 stream each), then adds
-// alPortAdds veth ports to the first Node's bridge one at a time through
-// ovs-vsctl, which waits for ovs-vswitchd to reconfigure (the bulk of a
-// serial CNI ADD), and deletes them. Metrics: medians per allocator and
-// path (<path>-<allocator>-p50-us, -Gbps; port-add-<allocator>-ms) and the
-// ratios <path>-jemalloc/libc-{p50,Gbps}, port-add-jemalloc/libc.
+// checks that the library is mapped (or not) and the environment set,
+// waits until the seine daemons have put their flows back, and measures
+// Pod-to-Pod on one Node and across Nodes (one tcprr run and one iperf3
+// stream each), then adds alPortAdds veth ports to the first Node's bridge
+// one at a time through ovs-vsctl, which waits for ovs-vswitchd to
+// reconfigure (the bulk of a serial CNI ADD), and deletes them. Metrics:
+// medians per allocator and path (<path>-<allocator>-p50-us, -Gbps;
+// port-add-<allocator>-ms, over every add) and the ratios to glibc's,
+// <path>-<allocator>/libc-{p50,Gbps} and port-add-<allocator>/libc, for
+// jemalloc and jemalloc-tc.
 func BenchmarkOVSAllocator(b *testing.B) {
 	rr := buildTCPRR(b)
 	libs, _ := filepath.Glob("/usr/lib/*/libjemalloc.so.2")
@@ -63,6 +69,12 @@ func BenchmarkOVSAllocator(b *testing.B) {
 				want := a != "libc"
 				if got := mapsLibrary(b, n, jemalloc); got != want {
 					b.Fatalf("%s: ovs-vswitchd started with allocator %s maps %s: %t", n.Name, a, jemalloc, got)
+				}
+				environ := vswitchdFile(b, n, "environ")
+				for _, e := range env[a] {
+					if !strings.Contains(string(environ), e) {
+						b.Fatalf("%s: ovs-vswitchd started with allocator %s lacks %s in its environment", n.Name, a, e)
+					}
 				}
 			}
 			waitReachable(ctx, b, c, p.localNS, p.srvIP)
@@ -142,15 +154,21 @@ func perfSandbox(b *testing.B, name string) (*sandbox.Cluster, context.Context, 
 // mapsLibrary reports whether Node n's ovs-vswitchd has library mapped.
 func mapsLibrary(b *testing.B, n sandbox.Node, library string) bool {
 	b.Helper()
+	return strings.Contains(string(vswitchdFile(b, n, "maps")), library)
+}
+
+// vswitchdFile reads /proc/<pid>/<name> of Node n's ovs-vswitchd.
+func vswitchdFile(b *testing.B, n sandbox.Node, name string) []byte {
+	b.Helper()
 	pid, err := os.ReadFile(filepath.Join(n.OVSRunDir, "ovs-vswitchd.pid"))
 	if err != nil {
 		b.Fatal(err)
 	}
-	maps, err := os.ReadFile(fmt.Sprintf("/proc/%s/maps", strings.TrimSpace(string(pid))))
+	out, err := os.ReadFile(fmt.Sprintf("/proc/%s/%s", strings.TrimSpace(string(pid)), name))
 	if err != nil {
 		b.Fatal(err)
 	}
-	return strings.Contains(string(maps), library)
+	return out
 }
 
 // portAddMillis adds count veth ports to Node n's br-int one at a time,
@@ -160,18 +178,22 @@ func mapsLibrary(b *testing.B, n sandbox.Node, library string) bool {
 func portAddMillis(b *testing.B, n sandbox.Node, count int) []float64 {
 	b.Helper()
 	var ms []float64
+	var made []string
+	defer func() { // also when a step fails the benchmark
+		for _, port := range made {
+			_ = exec.Command("ovs-vsctl", "--db=unix:"+filepath.Join(n.OVSRunDir, "db.sock"), "--timeout=10",
+				"--if-exists", "del-port", "br-int", port).Run()
+			delLink(n.NetNS, port)
+		}
+	}()
 	for i := range count {
 		port, peer := "bal"+strconv.Itoa(i), "balp"+strconv.Itoa(i)
 		sh(b, "ip", "-n", n.NetNS, "link", "add", port, "type", "veth", "peer", "name", peer)
+		made = append(made, port)
 		sh(b, "ip", "-n", n.NetNS, "link", "set", port, "up")
 		start := time.Now()
 		vsctl(b, n, "add-port", "br-int", port)
 		ms = append(ms, float64(time.Since(start).Microseconds())/1000)
-	}
-	for i := range count {
-		port := "bal" + strconv.Itoa(i)
-		vsctl(b, n, "--if-exists", "del-port", "br-int", port)
-		delLink(n.NetNS, port)
 	}
 	return ms
 }
