@@ -82,42 +82,11 @@ func BenchmarkOVSAllocator(b *testing.B) {
 			time.Sleep(2 * time.Second) // the daemons' resync after the restart has settled
 		}
 
-		type path struct{ name, client string }
-		paths := []path{{"one-node", p.localNS}, {"cross", p.remoteNS}}
 		allocators := []string{"libc", "jemalloc", "jemalloc-tc"}
-		res := map[string]*turns{}
 		portAdd := map[string][]float64{}
-		for _, pp := range paths {
-			for _, a := range allocators {
-				res[pp.name+"-"+a] = &turns{}
-			}
-		}
-		for r := range alRounds {
-			for k := range allocators {
-				a := allocators[(r+k)%len(allocators)]
-				setAllocator(a)
-				for _, pp := range paths {
-					t := res[pp.name+"-"+a]
-					p50, _ := tcprrRun(b, rr, p.srvNS, pp.client, p.srvIP)
-					t.P50 = append(t.P50, p50)
-					t.Gbps = append(t.Gbps, iperf3Run(b, p.srvNS, pp.client, p.srvIP, 1))
-				}
-				portAdd[a] = append(portAdd[a], portAddMillis(b, nodes[0], alPortAdds)...)
-			}
-		}
-
-		for _, pp := range paths {
-			for _, a := range allocators {
-				t := res[pp.name+"-"+a]
-				b.ReportMetric(median(t.P50), pp.name+"-"+a+"-p50-us")
-				b.ReportMetric(median(t.Gbps), pp.name+"-"+a+"-Gbps")
-				b.Logf("%-8s %-8s p50 µs %v, Gbit/s %v", pp.name, a, t.P50, t.Gbps)
-			}
-			for _, a := range allocators[1:] {
-				b.ReportMetric(median(res[pp.name+"-"+a].P50)/median(res[pp.name+"-libc"].P50), pp.name+"-"+a+"/libc-p50")
-				b.ReportMetric(median(res[pp.name+"-"+a].Gbps)/median(res[pp.name+"-libc"].Gbps), pp.name+"-"+a+"/libc-Gbps")
-			}
-		}
+		takeTurns(b, rr, p, alRounds, allocators, "libc", setAllocator, func(a string) {
+			portAdd[a] = append(portAdd[a], portAddMillis(b, nodes[0], alPortAdds)...)
+		})
 		for _, a := range allocators {
 			b.ReportMetric(median(portAdd[a]), "port-add-"+a+"-ms")
 		}

@@ -38,7 +38,6 @@ func BenchmarkIdleSegmentPort(b *testing.B) {
 	for range b.N {
 		c, _, ends := perfSandbox(b, "bsp")
 		nodes := c.Nodes()
-		srvNS, srvIP, localNS, remoteNS := ends.srvNS, ends.srvIP, ends.localNS, ends.remoteNS
 		seg := tunnel.DefaultSegmentPair
 		polled := make([]int, len(nodes))
 		for i, n := range nodes {
@@ -83,40 +82,8 @@ func BenchmarkIdleSegmentPort(b *testing.B) {
 			time.Sleep(time.Second) // ovs-vswitchd has reconfigured
 		}
 
-		type path struct{ name, client string }
-		paths := []path{{"one-node", localNS}, {"cross", remoteNS}}
-		states := []string{"without", "with"}
-		res := map[string]*turns{}
-		for _, p := range paths {
-			for _, s := range states {
-				res[p.name+"-"+s] = &turns{}
-			}
-		}
-		for r := range spRounds {
-			for k := range states {
-				s := states[(r+k)%len(states)]
-				setSeg(s == "with")
-				for _, p := range paths {
-					t := res[p.name+"-"+s]
-					p50, _ := tcprrRun(b, rr, srvNS, p.client, srvIP)
-					t.P50 = append(t.P50, p50)
-					t.Gbps = append(t.Gbps, iperf3Run(b, srvNS, p.client, srvIP, 1))
-				}
-			}
-		}
+		takeTurns(b, rr, ends, spRounds, []string{"without", "with"}, "with", func(s string) { setSeg(s == "with") }, nil)
 		setSeg(false)
-
-		for _, p := range paths {
-			for _, s := range states {
-				t := res[p.name+"-"+s]
-				b.ReportMetric(median(t.P50), p.name+"-"+s+"-p50-us")
-				b.ReportMetric(median(t.Gbps), p.name+"-"+s+"-Gbps")
-				b.Logf("%-8s %-7s p50 µs %v, Gbit/s %v", p.name, s, t.P50, t.Gbps)
-			}
-			without, with := res[p.name+"-without"], res[p.name+"-with"]
-			b.ReportMetric(median(without.P50)/median(with.P50), p.name+"-without/with-p50")
-			b.ReportMetric(median(without.Gbps)/median(with.Gbps), p.name+"-without/with-Gbps")
-		}
 		b.Logf("ports polled without the segmentation port: %v (%s and %s)", polled, nodes[0].Name, nodes[1].Name)
 	}
 }
