@@ -175,18 +175,16 @@ func (b *Backend) deleteMeter(ctx context.Context, owner string) error {
 // attachment owner, for a Pod found attached at start-up; a record it
 // cannot read or that clashes is logged and left out.
 func (b *Backend) claimMeter(owner string, p ovsdb.Port) {
-	v, idv := p.ExternalIDs[ExtIDEgressBandwidth], p.ExternalIDs[ExtIDEgressMeter]
-	if v == "" || idv == "" || b.cfg.Meters == nil {
+	idv := p.ExternalIDs[ExtIDEgressMeter]
+	if p.ExternalIDs[ExtIDEgressBandwidth] == "" || idv == "" || b.cfg.Meters == nil {
 		return
 	}
-	var l bandwidth.Limits
-	_, err := fmt.Sscanf(v, "%d/%d", &l.EgressRate, &l.EgressBurst)
-	id, ierr := strconv.ParseUint(idv, 10, 32)
-	if err == nil && ierr == nil && l.EgressRate > 0 && id > 0 {
+	l, _, err := parseEgressRecord(p)
+	if id, ierr := strconv.ParseUint(idv, 10, 32); err == nil && (ierr != nil || id == 0) {
+		err = fmt.Errorf("unreadable %s %q", ExtIDEgressMeter, idv)
+	} else if err == nil {
 		kbps, kbits := bandwidth.EgressMeter(l.EgressRate, l.EgressBurst)
 		err = b.meterTab.claim(owner, of.MeterEntry{ID: uint32(id), RateKbps: kbps, BurstKbits: kbits})
-	} else {
-		err = fmt.Errorf("unreadable %s %q or %s %q", ExtIDEgressBandwidth, v, ExtIDEgressMeter, idv)
 	}
 	if err != nil {
 		b.log.Error("egress meter of an attached Pod; its qdisc alone limits it", zap.String("port", p.Name), zap.Error(err))
