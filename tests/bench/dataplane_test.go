@@ -75,10 +75,18 @@ type dpResult struct {
 // selecting the server Pod (against one Node measured again just before
 // as their baseline); and, the figures least moved by the machine's
 // background, the one-Node ratios once more with the fastest bare bridge
-// and Seine taking turns (same/bare-fast-interleaved-{Gbps,p50}), and the
-// policies' cost with the server they select and a Pod beside it that
-// none selects taking turns
-// (1000np-{same,cross-vxlan}-interleaved-{Gbps,p50}-cost). Last, Geneve
+// and Seine taking turns (same/bare-fast-interleaved-Gbps; the latency
+// paired, both paths in one tcprr run alternating round trips:
+// same/bare-fast-paired-p50, the median of the rounds' ratios; and
+// paired against the bare bridge with as many polled ports as the server's
+// Node, same/bare-fast-ports-paired-p50, and with one port fewer,
+// same/bare-fast-ports-less-one-paired-p50), and the policies' cost with the server they select and a Pod beside it that
+// none selects, the same way, before and after the policies are made
+// (1000np-{same,cross-vxlan}-interleaved-Gbps-cost: one less the selected
+// Pod's throughput ratio to the plain one, and -unselected-Gbps-ratio, the
+// same ratio before the policies; 1000np-{same,cross-vxlan}-paired-p50-cost:
+// the change of the selected Pod's p50 ratio to the plain one, and
+// -unselected-p50-ratio before). Last, Geneve
 // across Nodes (set explicitly; OVS's userspace tunnel port), to the Pod
 // that no policy selects, the policies still installed and the transport
 // bridge just made: its figure does not compare with runs that measured
@@ -123,9 +131,6 @@ func BenchmarkDataplane(b *testing.B) {
 		srvNS, srvIP := mk("server", nodes[0].Name, "server")
 		localNS, _ := mk("local", nodes[0].Name, "client")
 		remoteNS, _ := mk("remote", nodes[1].Name, "client")
-		// A second server on the server's Node that no policy selects: the
-		// interleaved baseline of the policies' cost.
-		plainNS, plainIP := mk("plain", nodes[0].Name, "plain")
 		vip := createPerfService(ctx, b, c)
 		srvNode := nodes[0]
 		// Bare topologies, each torn down before the next. The main thread
@@ -152,15 +157,27 @@ func BenchmarkDataplane(b *testing.B) {
 		// stays up beside the sandbox and the two paths take turns, one
 		// one-stream run each per round, so both see the same drift of
 		// the machine's background.
-		bareRuns, seineRuns := interleave(b, rr, dpInterleaveRounds, bareBridge{Fast: true}, srvNS, localNS, srvIP)
+		// The latencies are measured paired: one tcprr run alternating
+		// round trips between the two paths.
+		bareRuns, seineRuns, p50Ratios := interleave(b, rr, dpInterleaveRounds, bareBridge{Fast: true}, srvNS, localNS, srvIP)
 		b.ReportMetric(median(bareRuns.Gbps), "bare-fast-interleaved-Gbps")
 		b.ReportMetric(median(seineRuns.Gbps), "seine-same-interleaved-Gbps")
 		b.ReportMetric(median(seineRuns.Gbps)/median(bareRuns.Gbps), "same/bare-fast-interleaved-Gbps")
-		b.ReportMetric(median(bareRuns.P50), "bare-fast-interleaved-p50-us")
-		b.ReportMetric(median(seineRuns.P50), "seine-same-interleaved-p50-us")
-		b.ReportMetric(median(seineRuns.P50)/median(bareRuns.P50), "same/bare-fast-interleaved-p50")
-		b.Logf("interleaved, %d rounds: bare %v Gbit/s p50 %v µs, Seine %v Gbit/s p50 %v µs",
-			dpInterleaveRounds, bareRuns.Gbps, bareRuns.P50, seineRuns.Gbps, seineRuns.P50)
+		b.ReportMetric(median(bareRuns.P50), "bare-fast-paired-p50-us")
+		b.ReportMetric(median(seineRuns.P50), "seine-same-paired-p50-us")
+		b.ReportMetric(median(p50Ratios), "same/bare-fast-paired-p50")
+		b.Logf("interleaved, %d rounds: bare %v Gbit/s, Seine %v Gbit/s; paired p50 bare %v µs, Seine %v µs, ratios %v",
+			dpInterleaveRounds, bareRuns.Gbps, seineRuns.Gbps, bareRuns.P50, seineRuns.P50, p50Ratios)
+		// The same latency against the bare bridge with as many polled
+		// ports as the server's Node: what is left is the pipeline's.
+		portsRatios := pairedWithBare(b, rr, dpInterleaveRounds, bareBridge{Fast: true, IdlePorts: polled - 3}, rrEnds{srvNS, localNS, srvIP})
+		b.ReportMetric(median(portsRatios), "same/bare-fast-ports-paired-p50")
+		b.Logf("paired against the bare bridge with %d polled ports, %d rounds: p50 ratios %v", polled, dpInterleaveRounds, portsRatios)
+		// And against one port fewer than the Node polls: what a Node that
+		// polled one port less would stand at.
+		fewerRatios := pairedWithBare(b, rr, dpInterleaveRounds, bareBridge{Fast: true, IdlePorts: polled - 4}, rrEnds{srvNS, localNS, srvIP})
+		b.ReportMetric(median(fewerRatios), "same/bare-fast-ports-less-one-paired-p50")
+		b.Logf("paired against the bare bridge with %d polled ports, %d rounds: p50 ratios %v", polled-1, dpInterleaveRounds, fewerRatios)
 		report("seine-svc-same", seine(localNS, vip))
 		report("seine-cross-vxlan", seine(remoteNS, srvIP))
 		// The same on the bare pair's wire (BenchmarkCrossNodeLink): a
@@ -178,31 +195,46 @@ func BenchmarkDataplane(b *testing.B) {
 		}
 		waitReachable(ctx, b, c, remoteNS, srvIP)
 		report("seine-svc-cross-vxlan", seine(remoteNS, vip))
+		// A second server on the server's Node that no policy selects: the
+		// interleaved baseline of the policies' cost. Made only now: until
+		// here the server's Node holds the two Pods of the one-Node path
+		// and nothing more, as the bare bridge holds its two namespaces
+		// (every port costs the userspace datapath a read per turn).
+		plainNS, plainIP := mk("plain", nodes[0].Name, "plain")
 		// The policies' baseline on one Node: the same configuration
 		// (VXLAN), measured just before they are created.
 		report("seine-same-vxlan", seine(localNS, srvIP))
+		// The policies' cost again, the server they select and the plain
+		// Pod beside it in the same state of the Node and of the machine:
+		// their throughput taking turns, their latency paired. Each
+		// comparison is made before the policies too. The latency cost is
+		// the change of the ratio: two Pods of one Node differ by up to a
+		// tenth in latency with no policy at all (ovs-vswitchd reads its
+		// ports in the order of their datapath port numbers' hashes, and
+		// a port read later in each turn waits longer).
+		froms := []struct{ path, client string }{{"same", localNS}, {"cross-vxlan", remoteNS}}
+		unselected := map[string]selectedVsPlain{}
+		for _, from := range froms {
+			unselected[from.path] = compareSelected(b, rr, rrEnds{srvNS, from.client, srvIP}, rrEnds{plainNS, from.client, plainIP})
+		}
 
 		createPerfPolicies(ctx, b, c, srvNode)
 		report("seine-same-1000np", seine(localNS, srvIP))
 		report("seine-cross-vxlan-1000np", seine(remoteNS, srvIP))
-		// The policies' cost again, interleaved: the server they select
-		// and the plain Pod beside it take turns, in the same state of the
-		// Node and of the machine.
-		for _, from := range []struct{ path, client string }{{"same", localNS}, {"cross-vxlan", remoteNS}} {
-			var with, without, withP50, withoutP50 []float64
-			for range dpInterleaveRounds {
-				with = append(with, iperf3Run(b, srvNS, from.client, srvIP, 1))
-				without = append(without, iperf3Run(b, plainNS, from.client, plainIP, 1))
-				p50, _ := tcprrRun(b, rr, srvNS, from.client, srvIP)
-				withP50 = append(withP50, p50)
-				p50, _ = tcprrRun(b, rr, plainNS, from.client, plainIP)
-				withoutP50 = append(withoutP50, p50)
-			}
-			name := "1000np-" + from.path + "-interleaved"
-			b.ReportMetric(1-median(with)/median(without), name+"-Gbps-cost")
-			b.ReportMetric(median(withP50)/median(withoutP50)-1, name+"-p50-cost")
-			b.Logf("%s, %d rounds: selected %.2f Gbit/s p50 %.1f µs, not selected %.2f Gbit/s p50 %.1f µs",
-				name, dpInterleaveRounds, median(with), median(withP50), median(without), median(withoutP50))
+		for _, from := range froms {
+			after := compareSelected(b, rr, rrEnds{srvNS, from.client, srvIP}, rrEnds{plainNS, from.client, plainIP})
+			was := unselected[from.path]
+			name := "1000np-" + from.path
+			// Throughput: the selected Pod's ratio to the plain one with the
+			// policies, as before; the ratio without them is reported
+			// beside it, to show how far the method itself moves.
+			b.ReportMetric(1-after.gbpsRatio(), name+"-interleaved-Gbps-cost")
+			b.ReportMetric(was.gbpsRatio(), name+"-unselected-Gbps-ratio")
+			b.ReportMetric(median(after.p50Ratios)/median(was.p50Ratios)-1, name+"-paired-p50-cost")
+			b.ReportMetric(median(was.p50Ratios), name+"-unselected-p50-ratio")
+			b.Logf("%s, %d rounds each, selected against not selected: before the policies %.2f against %.2f Gbit/s, p50 ratios %.3f; with them %.2f against %.2f Gbit/s, p50 ratios %.3f",
+				name, dpInterleaveRounds, median(was.with), median(was.without), was.p50Ratios,
+				median(after.with), median(after.without), after.p50Ratios)
 		}
 
 		// Geneve: OVS's userspace tunnel port (through the segmentation
@@ -372,6 +404,57 @@ func tcprrRun(b *testing.B, rr, serverNS, clientNS, dst string) (p50, p99 float6
 		b.Fatalf("tcprr output %q: %v", out.String(), err)
 	}
 	return r.P50, r.P99
+}
+
+// rrEnds is one path of a paired tcprr run: a server in serverNS reached
+// at dst from clientNS.
+type rrEnds struct{ serverNS, clientNS, dst string }
+
+// pairedRR is what one paired tcprr run gives: each path's p50 in µs and
+// the ratio of a's to z's, from the same seconds.
+type pairedRR struct{ A, Z, Ratio float64 }
+
+// tcprrPair runs tcprr for dpRRSeconds on paths a and z at once, one round
+// trip on each in turn (tcprr -against), so that the two medians share the
+// machine's every moment: on this 2-core VM two tcprr runs seconds apart
+// differ by more (70–107 µs for one path, 2026-11-27) than the floors the
+// ratios are read against.
+func tcprrPair(b *testing.B, rr string, a, z rrEnds) pairedRR {
+	b.Helper()
+	for _, e := range []rrEnds{a, z} {
+		srv := exec.Command("ip", "netns", "exec", e.serverNS, rr, "-listen", "0.0.0.0:5301")
+		if err := srv.Start(); err != nil {
+			b.Fatal(err)
+		}
+		defer func() { _ = srv.Process.Kill(); _ = srv.Wait() }()
+	}
+	var out bytes.Buffer
+	var err error
+	for try := 0; try < 20; try++ {
+		time.Sleep(200 * time.Millisecond)
+		out.Reset()
+		cmd := exec.Command("ip", "netns", "exec", a.clientNS, rr, "-connect", a.dst+":5301",
+			"-against", z.dst+":5301", "-against-netns", "/run/netns/"+z.clientNS,
+			"-duration", strconv.Itoa(dpRRSeconds)+"s")
+		cmd.Stdout = &out
+		if err = cmd.Run(); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		b.Fatalf("tcprr %s -> %s against %s -> %s: %v", a.clientNS, a.dst, z.clientNS, z.dst, err)
+	}
+	var r struct {
+		P50     float64 `json:"p50us"`
+		Against struct {
+			P50 float64 `json:"p50us"`
+		} `json:"against"`
+		Ratio float64 `json:"p50Ratio"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil || r.Ratio == 0 {
+		b.Fatalf("tcprr output %q: %v", out.String(), err)
+	}
+	return pairedRR{A: r.P50, Z: r.Against.P50, Ratio: r.Ratio}
 }
 
 // vethPath is a veth pair between two namespaces.
@@ -578,24 +661,60 @@ type turns struct {
 	Gbps, P50 []float64
 }
 
-// interleave measures, rounds times, one one-stream iperf3 run and one
-// tcprr run through a bare bridge of cfg, then the same from client to dst
-// (a server in server), and returns both paths' series.
-func interleave(b *testing.B, rr string, rounds int, cfg bareBridge, server, client, dst string) (bare, other turns) {
+// interleave measures, rounds times, one one-stream iperf3 run through a
+// bare bridge of cfg, then one from client to dst (a server in server),
+// then one paired tcprr run of the two paths (tcprrPair), and returns both
+// paths' series and each round's p50 ratio of the other path to the bare
+// bridge.
+func interleave(b *testing.B, rr string, rounds int, cfg bareBridge, server, client, dst string) (bare, other turns, p50Ratios []float64) {
 	b.Helper()
 	bc, bs, bdst, down := bareBridgeUp(b, cfg)
 	defer down()
 	for range rounds {
-		for _, p := range []struct {
-			t                   *turns
-			server, client, dst string
-		}{{&bare, bs, bc, bdst}, {&other, server, client, dst}} {
-			p.t.Gbps = append(p.t.Gbps, iperf3Run(b, p.server, p.client, p.dst, 1))
-			p50, _ := tcprrRun(b, rr, p.server, p.client, p.dst)
-			p.t.P50 = append(p.t.P50, p50)
-		}
+		bare.Gbps = append(bare.Gbps, iperf3Run(b, bs, bc, bdst, 1))
+		other.Gbps = append(other.Gbps, iperf3Run(b, server, client, dst, 1))
+		p := tcprrPair(b, rr, rrEnds{server, client, dst}, rrEnds{bs, bc, bdst})
+		other.P50, bare.P50 = append(other.P50, p.A), append(bare.P50, p.Z)
+		p50Ratios = append(p50Ratios, p.Ratio)
 	}
-	return bare, other
+	return bare, other, p50Ratios
+}
+
+// pairedWithBare brings up a bare bridge of cfg and takes rounds paired
+// tcprr runs of other against it (tcprrPair), returning each run's p50
+// ratio of other to the bare bridge.
+func pairedWithBare(b *testing.B, rr string, rounds int, cfg bareBridge, other rrEnds) []float64 {
+	b.Helper()
+	bc, bs, bdst, down := bareBridgeUp(b, cfg)
+	defer down()
+	var ratios []float64
+	for range rounds {
+		ratios = append(ratios, tcprrPair(b, rr, other, rrEnds{bs, bc, bdst}).Ratio)
+	}
+	return ratios
+}
+
+// selectedVsPlain is one comparison of the Pod the policies select with
+// the Pod beside it that none selects, from one client: one-stream
+// throughput taking turns, and tcprr's p50 ratio (selected over plain)
+// of paired runs, one entry per round.
+type selectedVsPlain struct {
+	with, without, p50Ratios []float64
+}
+
+func (s selectedVsPlain) gbpsRatio() float64 { return median(s.with) / median(s.without) }
+
+// compareSelected takes dpInterleaveRounds rounds of selectedVsPlain:
+// one iperf3 run to each server, then one paired tcprr run of the two.
+func compareSelected(b *testing.B, rr string, selected, plain rrEnds) selectedVsPlain {
+	b.Helper()
+	var s selectedVsPlain
+	for range dpInterleaveRounds {
+		s.with = append(s.with, iperf3Run(b, selected.serverNS, selected.clientNS, selected.dst, 1))
+		s.without = append(s.without, iperf3Run(b, plain.serverNS, plain.clientNS, plain.dst, 1))
+		s.p50Ratios = append(s.p50Ratios, tcprrPair(b, rr, selected, plain).Ratio)
+	}
+	return s
 }
 
 // kernelRcvBuf is the kernel's default net.core.rmem_default (212992

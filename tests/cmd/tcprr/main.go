@@ -15,6 +15,18 @@
 // exchange (handshake, message, echo and the client's close), not halved,
 // and the line also gives connections per second. This is the load that
 // costs a flow-based switch the most: every connection is a new 5-tuple.
+//
+// With -against the client measures two paths in the same seconds: it
+// opens a second connection, to the server at -against (from the network
+// namespace -against-netns, a path such as /run/netns/NAME, when given),
+// and takes one round trip on each connection in turn. The line then also
+// holds the second path's figures ("against") and the ratio of the two
+// medians ("p50Ratio", first path over second). Two paths measured this
+// way share every moment of the machine's background, which on a busy or
+// virtual machine moves a median by more than the difference between
+// paths measured seconds apart.
+//
+//	tcprr -connect 10.244.0.2:5301 -against 10.0.0.2:5301 -against-netns /run/netns/bare-c
 package main
 
 import (
@@ -27,6 +39,8 @@ import (
 	"os"
 	"slices"
 	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
 )
 
 func main() {
@@ -37,15 +51,25 @@ func main() {
 	size := flag.Int("size", 64, "message size in bytes")
 	once := flag.Bool("once", false, "server: exit after the first connection ends")
 	crr := flag.Bool("crr", false, "client: a new connection for every round trip")
+	against := flag.String("against", "", "client: also measure against this server, one round trip on each in turn")
+	againstNetns := flag.String("against-netns", "", "with -against: the network namespace (a path) to connect from")
 	flag.Parse()
 	var err error
 	switch {
 	case *listen != "":
 		err = serve(*listen, *size, *once)
 	case *connect != "":
-		if *crr {
+		switch {
+		case *against != "" && *crr:
+			err = errors.New("-against measures one connection per server; it does not combine with -crr")
+		case *against != "":
+			var r Result
+			if r, err = measurePair(*connect, *against, *againstNetns, *size, *warmup, *duration); err == nil {
+				err = json.NewEncoder(os.Stdout).Encode(r)
+			}
+		case *crr:
 			err = measureCRR(*connect, *size, *warmup, *duration)
-		} else {
+		default:
 			err = measure(*connect, *size, *warmup, *duration)
 		}
 	default:
@@ -98,6 +122,10 @@ type Result struct {
 	// ConnsPerSecond is set with -crr: connections completed per second of
 	// the measuring time.
 	ConnsPerSecond float64 `json:"connsPerSecond,omitempty"`
+	// Against is the second path's figures, with -against.
+	Against *Result `json:"against,omitempty"`
+	// P50Ratio is P50Micros over Against.P50Micros, with -against.
+	P50Ratio float64 `json:"p50Ratio,omitempty"`
 }
 
 func measure(addr string, size int, warmup, duration time.Duration) error {
@@ -107,17 +135,78 @@ func measure(addr string, size int, warmup, duration time.Duration) error {
 	}
 	defer c.Close()
 	buf := make([]byte, size)
-	lat, err := timeRoundTrips(warmup, duration, func() error {
-		if _, err := c.Write(buf); err != nil {
-			return err
-		}
-		_, err := io.ReadFull(c, buf)
-		return err
-	})
+	lat, err := timeRoundTrips(warmup, duration, func() error { return roundTrip(c, buf) })
 	if err != nil {
 		return err
 	}
 	return report(lat, 2, 0)
+}
+
+// roundTrip sends buf on c and reads its echo back into buf.
+func roundTrip(c net.Conn, buf []byte) error {
+	if _, err := c.Write(buf); err != nil {
+		return err
+	}
+	_, err := io.ReadFull(c, buf)
+	return err
+}
+
+// measurePair is measure on two connections at once, to addr from the
+// current network namespace and to other from otherNetns (the current one
+// when empty), one round trip on each in turn, so that both paths are
+// measured under the same background. It returns addr's figures with
+// other's in Against.
+func measurePair(addr, other, otherNetns string, size int, warmup, duration time.Duration) (Result, error) {
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return Result{}, err
+	}
+	defer c.Close()
+	var d net.Conn
+	dial := func(ns.NetNS) error {
+		var err error
+		d, err = net.DialTimeout("tcp", other, 5*time.Second)
+		return err
+	}
+	if otherNetns == "" {
+		err = dial(nil)
+	} else {
+		err = ns.WithNetNSPath(otherNetns, dial)
+	}
+	if err != nil {
+		return Result{}, fmt.Errorf("-against %s: %w", other, err)
+	}
+	defer d.Close()
+	buf := make([]byte, size)
+	var first, second []time.Duration
+	start := time.Now()
+	for {
+		elapsed := time.Since(start)
+		if elapsed > warmup+duration {
+			break
+		}
+		t0 := time.Now()
+		if err := roundTrip(c, buf); err != nil {
+			return Result{}, err
+		}
+		t1 := time.Now()
+		if err := roundTrip(d, buf); err != nil {
+			return Result{}, fmt.Errorf("-against %s: %w", other, err)
+		}
+		if elapsed >= warmup {
+			first, second = append(first, t1.Sub(t0)), append(second, time.Since(t1))
+		}
+	}
+	r, err := summarize(first, 2)
+	if err != nil {
+		return Result{}, err
+	}
+	o, err := summarize(second, 2)
+	if err != nil {
+		return Result{}, err
+	}
+	r.Against, r.P50Ratio = &o, r.P50Micros/o.P50Micros
+	return r, nil
 }
 
 // measureCRR is measure with a new connection per round trip. A failed
@@ -131,11 +220,7 @@ func measureCRR(addr string, size int, warmup, duration time.Duration) error {
 			return err
 		}
 		defer c.Close()
-		if _, err := c.Write(buf); err != nil {
-			return err
-		}
-		_, err = io.ReadFull(c, buf)
-		return err
+		return roundTrip(c, buf)
 	})
 	if err != nil {
 		return err
@@ -166,8 +251,19 @@ func timeRoundTrips(warmup, duration time.Duration, rt func() error) ([]time.Dur
 // report prints the percentiles of lat, each divided by div (2 gives half
 // a round trip), in microseconds.
 func report(lat []time.Duration, div float64, connsPerSecond float64) error {
+	r, err := summarize(lat, div)
+	if err != nil {
+		return err
+	}
+	r.ConnsPerSecond = connsPerSecond
+	return json.NewEncoder(os.Stdout).Encode(r)
+}
+
+// summarize gives the percentiles and mean of lat, each divided by div,
+// in microseconds; it sorts lat.
+func summarize(lat []time.Duration, div float64) (Result, error) {
 	if len(lat) == 0 {
-		return errors.New("no round trip completed")
+		return Result{}, errors.New("no round trip completed")
 	}
 	slices.Sort(lat)
 	var sum time.Duration
@@ -176,11 +272,10 @@ func report(lat []time.Duration, div float64, connsPerSecond float64) error {
 	}
 	half := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1000 / div }
 	pct := func(p float64) time.Duration { return lat[min(len(lat)-1, int(p*float64(len(lat))))] }
-	return json.NewEncoder(os.Stdout).Encode(Result{
-		RoundTrips:     len(lat),
-		P50Micros:      half(pct(0.50)),
-		P99Micros:      half(pct(0.99)),
-		MeanMicros:     half(sum / time.Duration(len(lat))),
-		ConnsPerSecond: connsPerSecond,
-	})
+	return Result{
+		RoundTrips: len(lat),
+		P50Micros:  half(pct(0.50)),
+		P99Micros:  half(pct(0.99)),
+		MeanMicros: half(sum / time.Duration(len(lat))),
+	}, nil
 }
