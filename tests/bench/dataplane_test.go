@@ -376,32 +376,13 @@ func iperf3Transfer(b *testing.B, serverNS, clientNS, dst string, streams int) (
 // tcprrRun runs tcprr for dpRRSeconds and returns p50 and p99 in µs.
 func tcprrRun(b *testing.B, rr, serverNS, clientNS, dst string) (p50, p99 float64) {
 	b.Helper()
-	srv := exec.Command("ip", "netns", "exec", serverNS, rr, "-listen", "0.0.0.0:5301", "-once")
-	if err := srv.Start(); err != nil {
-		b.Fatal(err)
-	}
-	defer func() { _ = srv.Process.Kill(); _ = srv.Wait() }()
-	var out bytes.Buffer
-	var err error
-	for try := 0; try < 20; try++ {
-		time.Sleep(200 * time.Millisecond)
-		out.Reset()
-		cmd := exec.Command("ip", "netns", "exec", clientNS, rr, "-connect", dst+":5301",
-			"-duration", strconv.Itoa(dpRRSeconds)+"s")
-		cmd.Stdout = &out
-		if err = cmd.Run(); err == nil {
-			break
-		}
-	}
-	if err != nil {
-		b.Fatalf("tcprr %s -> %s: %v", clientNS, dst, err)
-	}
+	out := tcprrClient(b, rr, []string{serverNS}, clientNS, "-connect", dst+":5301")
 	var r struct {
 		P50 float64 `json:"p50us"`
 		P99 float64 `json:"p99us"`
 	}
-	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
-		b.Fatalf("tcprr output %q: %v", out.String(), err)
+	if err := json.Unmarshal(out, &r); err != nil {
+		b.Fatalf("tcprr output %q: %v", out, err)
 	}
 	return r.P50, r.P99
 }
@@ -421,8 +402,29 @@ type pairedRR struct{ A, Z, Ratio float64 }
 // ratios are read against.
 func tcprrPair(b *testing.B, rr string, a, z rrEnds) pairedRR {
 	b.Helper()
-	for _, e := range []rrEnds{a, z} {
-		srv := exec.Command("ip", "netns", "exec", e.serverNS, rr, "-listen", "0.0.0.0:5301")
+	out := tcprrClient(b, rr, []string{a.serverNS, z.serverNS}, a.clientNS, "-connect", a.dst+":5301",
+		"-against", z.dst+":5301", "-against-netns", "/run/netns/"+z.clientNS)
+	var r struct {
+		P50     float64 `json:"p50us"`
+		Against struct {
+			P50 float64 `json:"p50us"`
+		} `json:"against"`
+		Ratio float64 `json:"p50Ratio"`
+	}
+	if err := json.Unmarshal(out, &r); err != nil || r.Ratio == 0 {
+		b.Fatalf("tcprr output %q: %v", out, err)
+	}
+	return pairedRR{A: r.P50, Z: r.Against.P50, Ratio: r.Ratio}
+}
+
+// tcprrClient starts a tcprr server on port 5301 in each of serverNSs,
+// then runs the tcprr client with args for dpRRSeconds in clientNS, trying
+// again while the servers come up, and returns what the client printed.
+// The servers go when it returns.
+func tcprrClient(b *testing.B, rr string, serverNSs []string, clientNS string, args ...string) []byte {
+	b.Helper()
+	for _, ns := range serverNSs {
+		srv := exec.Command("ip", "netns", "exec", ns, rr, "-listen", "0.0.0.0:5301")
 		if err := srv.Start(); err != nil {
 			b.Fatal(err)
 		}
@@ -433,28 +435,15 @@ func tcprrPair(b *testing.B, rr string, a, z rrEnds) pairedRR {
 	for try := 0; try < 20; try++ {
 		time.Sleep(200 * time.Millisecond)
 		out.Reset()
-		cmd := exec.Command("ip", "netns", "exec", a.clientNS, rr, "-connect", a.dst+":5301",
-			"-against", z.dst+":5301", "-against-netns", "/run/netns/"+z.clientNS,
-			"-duration", strconv.Itoa(dpRRSeconds)+"s")
+		cmd := exec.Command("ip", append(append([]string{"netns", "exec", clientNS, rr}, args...),
+			"-duration", strconv.Itoa(dpRRSeconds)+"s")...)
 		cmd.Stdout = &out
 		if err = cmd.Run(); err == nil {
-			break
+			return out.Bytes()
 		}
 	}
-	if err != nil {
-		b.Fatalf("tcprr %s -> %s against %s -> %s: %v", a.clientNS, a.dst, z.clientNS, z.dst, err)
-	}
-	var r struct {
-		P50     float64 `json:"p50us"`
-		Against struct {
-			P50 float64 `json:"p50us"`
-		} `json:"against"`
-		Ratio float64 `json:"p50Ratio"`
-	}
-	if err := json.Unmarshal(out.Bytes(), &r); err != nil || r.Ratio == 0 {
-		b.Fatalf("tcprr output %q: %v", out.String(), err)
-	}
-	return pairedRR{A: r.P50, Z: r.Against.P50, Ratio: r.Ratio}
+	b.Fatalf("tcprr in %s %v: %v", clientNS, args, err)
+	return nil
 }
 
 // vethPath is a veth pair between two namespaces.
