@@ -80,8 +80,9 @@ type dpResult struct {
 // same/bare-fast-paired-p50, the median of the rounds' ratios; and
 // paired against the bare bridge with as many polled ports as the server's
 // Node, same/bare-fast-ports-paired-p50, and with one port fewer,
-// same/bare-fast-ports-less-one-paired-p50), and the policies' cost with the server they select and a Pod beside it that
-// none selects, the same way, before and after the policies are made
+// same/bare-fast-ports-less-one-paired-p50), and the policies' cost with
+// the server they select and a Pod beside it that none selects, the same
+// way, before and after the policies are made
 // (1000np-{same,cross-vxlan}-interleaved-Gbps-cost: one less the selected
 // Pod's throughput ratio to the plain one, and -unselected-Gbps-ratio, the
 // same ratio before the policies; 1000np-{same,cross-vxlan}-paired-p50-cost:
@@ -159,23 +160,24 @@ func BenchmarkDataplane(b *testing.B) {
 		// the machine's background.
 		// The latencies are measured paired: one tcprr run alternating
 		// round trips between the two paths.
-		bareRuns, seineRuns, p50Ratios := interleave(b, rr, dpInterleaveRounds, bareBridge{Fast: true}, srvNS, localNS, srvIP)
-		b.ReportMetric(median(bareRuns.Gbps), "bare-fast-interleaved-Gbps")
-		b.ReportMetric(median(seineRuns.Gbps), "seine-same-interleaved-Gbps")
-		b.ReportMetric(median(seineRuns.Gbps)/median(bareRuns.Gbps), "same/bare-fast-interleaved-Gbps")
-		b.ReportMetric(median(bareRuns.P50), "bare-fast-paired-p50-us")
-		b.ReportMetric(median(seineRuns.P50), "seine-same-paired-p50-us")
-		b.ReportMetric(median(p50Ratios), "same/bare-fast-paired-p50")
+		same := rrEnds{srvNS, localNS, srvIP}
+		t := withBare(b, bareBridge{Fast: true}, same, func(a, z rrEnds) pairedTurns { return takePairedTurns(b, rr, a, z) })
+		b.ReportMetric(median(t.zGbps), "bare-fast-interleaved-Gbps")
+		b.ReportMetric(median(t.aGbps), "seine-same-interleaved-Gbps")
+		b.ReportMetric(t.gbpsRatio(), "same/bare-fast-interleaved-Gbps")
+		b.ReportMetric(median(t.zP50), "bare-fast-paired-p50-us")
+		b.ReportMetric(median(t.aP50), "seine-same-paired-p50-us")
+		b.ReportMetric(median(t.p50Ratios), "same/bare-fast-paired-p50")
 		b.Logf("interleaved, %d rounds: bare %v Gbit/s, Seine %v Gbit/s; paired p50 bare %v µs, Seine %v µs, ratios %v",
-			dpInterleaveRounds, bareRuns.Gbps, seineRuns.Gbps, bareRuns.P50, seineRuns.P50, p50Ratios)
+			dpInterleaveRounds, t.zGbps, t.aGbps, t.zP50, t.aP50, t.p50Ratios)
+		ratios := func(a, z rrEnds) []float64 { return pairedRatios(b, rr, a, z) }
 		// The same latency against the bare bridge with as many polled
 		// ports as the server's Node: what is left is the pipeline's.
-		portsRatios := pairedWithBare(b, rr, dpInterleaveRounds, bareBridge{Fast: true, IdlePorts: polled - 3}, rrEnds{srvNS, localNS, srvIP})
+		portsRatios := withBare(b, bareBridge{Fast: true, IdlePorts: polled - 3}, same, ratios)
 		b.ReportMetric(median(portsRatios), "same/bare-fast-ports-paired-p50")
 		b.Logf("paired against the bare bridge with %d polled ports, %d rounds: p50 ratios %v", polled, dpInterleaveRounds, portsRatios)
-		// And against one port fewer than the Node polls: what a Node that
-		// polled one port less would stand at.
-		fewerRatios := pairedWithBare(b, rr, dpInterleaveRounds, bareBridge{Fast: true, IdlePorts: polled - 4}, rrEnds{srvNS, localNS, srvIP})
+		// And against one port fewer than the Node polls.
+		fewerRatios := withBare(b, bareBridge{Fast: true, IdlePorts: polled - 4}, same, ratios)
 		b.ReportMetric(median(fewerRatios), "same/bare-fast-ports-less-one-paired-p50")
 		b.Logf("paired against the bare bridge with %d polled ports, %d rounds: p50 ratios %v", polled-1, dpInterleaveRounds, fewerRatios)
 		report("seine-svc-same", seine(localNS, vip))
@@ -213,16 +215,16 @@ func BenchmarkDataplane(b *testing.B) {
 		// ports in the order of their datapath port numbers' hashes, and
 		// a port read later in each turn waits longer).
 		froms := []struct{ path, client string }{{"same", localNS}, {"cross-vxlan", remoteNS}}
-		unselected := map[string]selectedVsPlain{}
+		unselected := map[string]pairedTurns{}
 		for _, from := range froms {
-			unselected[from.path] = compareSelected(b, rr, rrEnds{srvNS, from.client, srvIP}, rrEnds{plainNS, from.client, plainIP})
+			unselected[from.path] = takePairedTurns(b, rr, rrEnds{srvNS, from.client, srvIP}, rrEnds{plainNS, from.client, plainIP})
 		}
 
 		createPerfPolicies(ctx, b, c, srvNode)
 		report("seine-same-1000np", seine(localNS, srvIP))
 		report("seine-cross-vxlan-1000np", seine(remoteNS, srvIP))
 		for _, from := range froms {
-			after := compareSelected(b, rr, rrEnds{srvNS, from.client, srvIP}, rrEnds{plainNS, from.client, plainIP})
+			after := takePairedTurns(b, rr, rrEnds{srvNS, from.client, srvIP}, rrEnds{plainNS, from.client, plainIP})
 			was := unselected[from.path]
 			name := "1000np-" + from.path
 			// Throughput: the selected Pod's ratio to the plain one with the
@@ -233,8 +235,8 @@ func BenchmarkDataplane(b *testing.B) {
 			b.ReportMetric(median(after.p50Ratios)/median(was.p50Ratios)-1, name+"-paired-p50-cost")
 			b.ReportMetric(median(was.p50Ratios), name+"-unselected-p50-ratio")
 			b.Logf("%s, %d rounds each, selected against not selected: before the policies %.2f against %.2f Gbit/s, p50 ratios %.3f; with them %.2f against %.2f Gbit/s, p50 ratios %.3f",
-				name, dpInterleaveRounds, median(was.with), median(was.without), was.p50Ratios,
-				median(after.with), median(after.without), after.p50Ratios)
+				name, dpInterleaveRounds, median(was.aGbps), median(was.zGbps), was.p50Ratios,
+				median(after.aGbps), median(after.zGbps), after.p50Ratios)
 		}
 
 		// Geneve: OVS's userspace tunnel port (through the segmentation
@@ -650,60 +652,48 @@ type turns struct {
 	Gbps, P50 []float64
 }
 
-// interleave measures, rounds times, one one-stream iperf3 run through a
-// bare bridge of cfg, then one from client to dst (a server in server),
-// then one paired tcprr run of the two paths (tcprrPair), and returns both
-// paths' series and each round's p50 ratio of the other path to the bare
-// bridge.
-func interleave(b *testing.B, rr string, rounds int, cfg bareBridge, server, client, dst string) (bare, other turns, p50Ratios []float64) {
-	b.Helper()
-	bc, bs, bdst, down := bareBridgeUp(b, cfg)
-	defer down()
-	for range rounds {
-		bare.Gbps = append(bare.Gbps, iperf3Run(b, bs, bc, bdst, 1))
-		other.Gbps = append(other.Gbps, iperf3Run(b, server, client, dst, 1))
-		p := tcprrPair(b, rr, rrEnds{server, client, dst}, rrEnds{bs, bc, bdst})
-		other.P50, bare.P50 = append(other.P50, p.A), append(bare.P50, p.Z)
-		p50Ratios = append(p50Ratios, p.Ratio)
-	}
-	return bare, other, p50Ratios
+// pairedTurns is a comparison of two paths a and z taken in rounds: each
+// round one one-stream iperf3 run of a, one of z, then one paired tcprr
+// run of the two (tcprrPair). One entry per round.
+type pairedTurns struct {
+	aGbps, zGbps []float64
+	aP50, zP50   []float64 // µs
+	p50Ratios    []float64 // a's p50 over z's, from the same seconds
 }
 
-// pairedWithBare brings up a bare bridge of cfg and takes rounds paired
-// tcprr runs of other against it (tcprrPair), returning each run's p50
-// ratio of other to the bare bridge.
-func pairedWithBare(b *testing.B, rr string, rounds int, cfg bareBridge, other rrEnds) []float64 {
+func (t pairedTurns) gbpsRatio() float64 { return median(t.aGbps) / median(t.zGbps) }
+
+// takePairedTurns takes dpInterleaveRounds rounds of pairedTurns.
+func takePairedTurns(b *testing.B, rr string, a, z rrEnds) pairedTurns {
+	b.Helper()
+	var t pairedTurns
+	for range dpInterleaveRounds {
+		t.aGbps = append(t.aGbps, iperf3Run(b, a.serverNS, a.clientNS, a.dst, 1))
+		t.zGbps = append(t.zGbps, iperf3Run(b, z.serverNS, z.clientNS, z.dst, 1))
+		p := tcprrPair(b, rr, a, z)
+		t.aP50, t.zP50, t.p50Ratios = append(t.aP50, p.A), append(t.zP50, p.Z), append(t.p50Ratios, p.Ratio)
+	}
+	return t
+}
+
+// withBare brings up a bare bridge of cfg beside path other and returns
+// f's result for the two, the bare bridge as z.
+func withBare[T any](b *testing.B, cfg bareBridge, other rrEnds, f func(other, bare rrEnds) T) T {
 	b.Helper()
 	bc, bs, bdst, down := bareBridgeUp(b, cfg)
 	defer down()
+	return f(other, rrEnds{bs, bc, bdst})
+}
+
+// pairedRatios takes dpInterleaveRounds paired tcprr runs of a against z
+// and returns each run's p50 ratio.
+func pairedRatios(b *testing.B, rr string, a, z rrEnds) []float64 {
+	b.Helper()
 	var ratios []float64
-	for range rounds {
-		ratios = append(ratios, tcprrPair(b, rr, other, rrEnds{bs, bc, bdst}).Ratio)
+	for range dpInterleaveRounds {
+		ratios = append(ratios, tcprrPair(b, rr, a, z).Ratio)
 	}
 	return ratios
-}
-
-// selectedVsPlain is one comparison of the Pod the policies select with
-// the Pod beside it that none selects, from one client: one-stream
-// throughput taking turns, and tcprr's p50 ratio (selected over plain)
-// of paired runs, one entry per round.
-type selectedVsPlain struct {
-	with, without, p50Ratios []float64
-}
-
-func (s selectedVsPlain) gbpsRatio() float64 { return median(s.with) / median(s.without) }
-
-// compareSelected takes dpInterleaveRounds rounds of selectedVsPlain:
-// one iperf3 run to each server, then one paired tcprr run of the two.
-func compareSelected(b *testing.B, rr string, selected, plain rrEnds) selectedVsPlain {
-	b.Helper()
-	var s selectedVsPlain
-	for range dpInterleaveRounds {
-		s.with = append(s.with, iperf3Run(b, selected.serverNS, selected.clientNS, selected.dst, 1))
-		s.without = append(s.without, iperf3Run(b, plain.serverNS, plain.clientNS, plain.dst, 1))
-		s.p50Ratios = append(s.p50Ratios, tcprrPair(b, rr, selected, plain).Ratio)
-	}
-	return s
 }
 
 // kernelRcvBuf is the kernel's default net.core.rmem_default (212992

@@ -86,6 +86,12 @@ func serve(addr string, size int, once bool) error {
 	if err != nil {
 		return err
 	}
+	return echo(l, size, once)
+}
+
+// echo echoes every size-byte message on each connection l accepts, until
+// l fails (or, with once, the first connection ends); it closes l.
+func echo(l net.Listener, size int, once bool) error {
 	defer l.Close()
 	for {
 		c, err := l.Accept()

@@ -14,23 +14,9 @@ func echoServer(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := l.Addr().String()
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = serve(addr, 64, false) }()
-	// serve listens again on the same address; wait until it does.
-	for i := 0; ; i++ {
-		c, err := net.Dial("tcp", addr)
-		if err == nil {
-			c.Close()
-			return addr
-		}
-		if i == 100 {
-			t.Fatalf("echo server on %s: %v", addr, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	t.Cleanup(func() { l.Close() })
+	go func() { _ = echo(l, 64, false) }()
+	return l.Addr().String()
 }
 
 func TestMeasurePair(t *testing.T) {
