@@ -76,6 +76,9 @@ const (
 // a restarted ovs-vswitchd refuses a Pod's egress meter: the flows through
 // it cannot be replayed, and a new start gives that Pod its qdisc alone
 // (the DaemonSet or the systemd unit starts seine again).
+//
+// Start-up runs the steps below in order, each logged with its duration
+// ("start-up step done"); a step's error ends Run, named after the step.
 func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option) (err error) {
 	ctx, fail := context.WithCancelCause(ctx)
 	defer func() {
@@ -84,326 +87,460 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 		}
 		fail(nil)
 	}()
-	log = log.With(zap.String("node", cfg.NodeName))
-	reg := prometheus.NewRegistry()
-	rc, err := restConfig(cfg.Kubeconfig, cfg.KubeAPIServerOverride)
+	d := &daemon{cfg: cfg, log: log.With(zap.String("node", cfg.NodeName)), reg: prometheus.NewRegistry(),
+		opts: opts, errc: make(chan error, 16), fail: fail}
+	defer d.close()
+	for _, step := range []struct {
+		name string
+		run  func(context.Context) error
+	}{
+		{"node", d.findNode},
+		{"ovsdb", d.connectOVSDB},
+		{"transport", d.setupTransport},
+		{"bridge", d.setupBridge},
+		{"pipeline", d.installPipeline},
+		{"proxy", d.startProxy},
+		{"pods", d.restorePods},
+		{"peers", d.startPeers},
+		{"policy", d.startPolicy},
+		{"round", d.finishRound},
+		{"serve", d.serve},
+	} {
+		began := time.Now()
+		if err := step.run(ctx); err != nil {
+			return fmt.Errorf("start-up step %s: %w", step.name, err)
+		}
+		d.log.Info("start-up step done", zap.String("step", step.name), zap.Duration("elapsed", time.Since(began)))
+	}
+
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-d.errc:
+		if err != nil && !errors.Is(err, context.Canceled) {
+			return err
+		}
+		<-ctx.Done()
+		return nil
+	}
+}
+
+// daemon is one run of the node daemon: what Run's start-up steps build.
+// A field is set by one step and read by the steps after it; the
+// OpenFlow connection's reconnect hook (replay), which may run before a
+// later step, reads only the atomic replay* fields.
+type daemon struct {
+	cfg  config.Config
+	log  *zap.Logger
+	reg  *prometheus.Registry
+	opts []Option
+	errc chan error // what a component returns when it stops
+	fail context.CancelCauseFunc
+	// closers run in reverse order when Run returns.
+	closers []func()
+
+	// node
+	ops                  *operations
+	rc                   *rest.Config
+	kube                 kubernetes.Interface
+	cp                   versioned.Interface
+	node                 *corev1.Node
+	nodeIP               net.IP
+	ownsPods             bool       // false in networkPolicyOnly mode: a primary CNI owns the Pods
+	podCIDR, clusterCIDR *net.IPNet // podCIDR nil when !ownsPods
+
+	// ovsdb, transport, bridge
+	ovs          *ovsdb.Client
+	tunnelKind   tunnel.Kind
+	transport    tunnel.Transport
+	mtu          mtus
+	round        uint16 // this run's cookie round; round-1 is the previous run's (0: none)
+	tunPort      uint32
+	kernelTunnel *tunnel.KernelVXLAN
+	gwPort       ovsdb.Port
+	gwIP         net.IP
+	gwMAC        net.HardwareAddr
+	tso          bool // ovs-vswitchd runs with userspace TSO
+
+	// pipeline
+	ofc    *of.Client
+	flows  *flowsync.Syncer
+	bridge pipeline.Bridge
+
+	// What replay reads, stored as each is built: the OpenFlow connection
+	// can come back before.
+	replayFlows atomic.Pointer[flowsync.Syncer]
+	replayProxy atomic.Pointer[proxy.Proxier]
+	replayPods  atomic.Pointer[podnet.Backend]
+	replaySeed  atomic.Pointer[seedKeeper]
+
+	// proxy, pods, peers, policy
+	svcProxy    *proxy.Proxier // nil when the proxy is disabled
+	policyAgent *policyagent.Agent
+	alloc       *ipam.Allocator
+	pods        *podnet.Backend
+	factory     informers.SharedInformerFactory
+	routes      *noderoute.Controller
+}
+
+func (d *daemon) onClose(fn func()) { d.closers = append(d.closers, fn) }
+
+func (d *daemon) close() {
+	for i := len(d.closers) - 1; i >= 0; i-- {
+		d.closers[i]()
+	}
+}
+
+// findNode builds the API clients and the operators' view (probes first:
+// /healthz answers while the daemon waits for the API server, OVS or its
+// podCIDR, when the address to serve on is known before the Node is; see
+// startProbes), then waits for this Node and its podCIDR.
+func (d *daemon) findNode(ctx context.Context) error {
+	cfg := d.cfg
+	var err error
+	if d.rc, err = restConfig(cfg.Kubeconfig, cfg.KubeAPIServerOverride); err != nil {
+		return err
+	}
+	if d.ops, err = newOperations(cfg, d.rc, d.reg, d.log, d.opts); err != nil {
+		return err
+	}
+	probesUp, err := d.ops.startProbes(ctx, nil, d.errc)
 	if err != nil {
 		return err
 	}
-	errc := make(chan error, 16)
-	ops, err := newOperations(cfg, rc, reg, log, opts)
-	if err != nil {
+	if d.kube, d.cp, err = kubeClients(d.rc); err != nil {
 		return err
 	}
-	// Health first: /healthz answers while the daemon waits for the API
-	// server, OVS or its podCIDR (when the address to serve on is known
-	// before the Node is: see startProbes).
-	probesUp, err := ops.startProbes(ctx, nil, errc)
-	if err != nil {
+	d.ownsPods = cfg.TrafficEncapMode.OwnsPodNetwork()
+	if d.node, err = waitForNode(ctx, d.kube, cfg.NodeName, d.ownsPods, d.log); err != nil {
 		return err
 	}
-	kube, cp, err := kubeClients(rc)
-	if err != nil {
-		return err
-	}
-	ownsPods := cfg.TrafficEncapMode.OwnsPodNetwork()
-	node, err := waitForNode(ctx, kube, cfg.NodeName, ownsPods, log)
-	if err != nil {
-		return err
-	}
-	nodeIP := noderoute.InternalIP(node)
-	if nodeIP == nil {
+	if d.nodeIP = noderoute.InternalIP(d.node); d.nodeIP == nil {
 		return fmt.Errorf("node %s has no IPv4 InternalIP", cfg.NodeName)
 	}
-	var podCIDR *net.IPNet // the primary CNI's business in networkPolicyOnly mode
-	if ownsPods {
-		_, podCIDR, err = net.ParseCIDR(node.Spec.PodCIDR)
-		if err != nil || podCIDR.IP.To4() == nil {
-			return fmt.Errorf("node %s: podCIDR %q is not an IPv4 CIDR", cfg.NodeName, node.Spec.PodCIDR)
+	if d.ownsPods {
+		_, d.podCIDR, err = net.ParseCIDR(d.node.Spec.PodCIDR)
+		if err != nil || d.podCIDR.IP.To4() == nil {
+			return fmt.Errorf("node %s: podCIDR %q is not an IPv4 CIDR", cfg.NodeName, d.node.Spec.PodCIDR)
 		}
 	}
-	_, clusterCIDR, _ := net.ParseCIDR(cfg.ClusterCIDR)
-	log.Info("node found", zap.String("node_ip", nodeIP.String()), zap.Stringer("pod_cidr", podCIDR),
+	_, d.clusterCIDR, _ = net.ParseCIDR(cfg.ClusterCIDR)
+	d.log.Info("node found", zap.String("node_ip", d.nodeIP.String()), zap.Stringer("pod_cidr", d.podCIDR),
 		zap.String("traffic_encap_mode", string(cfg.TrafficEncapMode)), zap.Bool("snat", cfg.SNATEnabled()))
 	if !probesUp {
-		if _, err := ops.startProbes(ctx, nodeIP, errc); err != nil {
+		if _, err := d.ops.startProbes(ctx, d.nodeIP, d.errc); err != nil {
 			return err
 		}
 	}
+	return nil
+}
 
-	ovs, err := dialOVSDB(ctx, cfg.OVSDBEndpoint(), log)
-	if err != nil {
+// connectOVSDB connects to the local OVSDB server, waiting for it, and
+// settles the tunnel type (the cluster's, when the configuration leaves
+// it to the daemon).
+func (d *daemon) connectOVSDB(ctx context.Context) error {
+	var err error
+	if d.ovs, err = dialOVSDB(ctx, d.cfg.OVSDBEndpoint(), d.log); err != nil {
 		return err
 	}
-	defer ovs.Close()
-	if cfg.TunnelType, err = chooseTunnelType(ctx, cfg, ovs, ops.ops, log); err != nil {
+	d.onClose(d.ovs.Close)
+	if d.cfg.TunnelType, err = chooseTunnelType(ctx, d.cfg, d.ovs, d.ops.ops, d.log); err != nil {
 		return err
 	}
-	ops.cfg.TunnelType = cfg.TunnelType
+	d.ops.cfg.TunnelType = d.cfg.TunnelType
+	return nil
+}
 
-	// Transport and MTU.
+// setupTransport finds the interface that carries the Node IP (on the
+// userspace datapath, with userspace TSO asked for and the ports' receive
+// buffer raised) and derives the Pods' MTUs from it.
+func (d *daemon) setupTransport(ctx context.Context) error {
+	cfg := d.cfg
 	if userspaceDatapath(cfg) {
-		if err := setUserspaceTSO(ctx, cfg, ovs, log); err != nil {
+		if err := setUserspaceTSO(ctx, cfg, d.ovs, d.log); err != nil {
 			return err
 		}
-		EnsureNetdevReceiveBuffer(cfg, log)
+		EnsureNetdevReceiveBuffer(cfg, d.log)
 	}
-	tunnelKind := tunnel.Choose(userspaceDatapath(cfg), cfg.TunnelType)
-	transport, err := setupTransport(ctx, cfg, tunnelKind, ovs, nodeIP, log)
-	if err != nil {
+	d.tunnelKind = tunnel.Choose(userspaceDatapath(cfg), cfg.TunnelType)
+	var err error
+	if d.transport, err = setupTransport(ctx, cfg, d.tunnelKind, d.ovs, d.nodeIP, d.log); err != nil {
 		return err
 	}
-	mtu, err := podMTUs(cfg, transport)
-	if err != nil {
+	if d.mtu, err = podMTUs(cfg, d.transport); err != nil {
 		return err
 	}
-	log.Info("transport", zap.String("interface", transport.Name), zap.Int("transport_mtu", transport.MTU),
-		zap.Int("pod_mtu", mtu.Pod), zap.Int("tunnel_mtu", mtu.Tunnel), zap.String("tunnel_type", cfg.TunnelType))
+	d.log.Info("transport", zap.String("interface", d.transport.Name), zap.Int("transport_mtu", d.transport.MTU),
+		zap.Int("pod_mtu", d.mtu.Pod), zap.Int("tunnel_mtu", d.mtu.Tunnel), zap.String("tunnel_type", cfg.TunnelType))
+	return nil
+}
 
-	// Bridge, with a new cookie round.
-	round := uint16(1)
-	if ids, err := ovs.BridgeExternalIDs(ctx, cfg.BridgeName); err == nil {
+// setupBridge makes the bridge, with a new cookie round, and its tunnel
+// and gateway ports, configures the gateway and the host's sysctls, and
+// reads whether ovs-vswitchd runs with userspace TSO.
+func (d *daemon) setupBridge(ctx context.Context) error {
+	cfg := d.cfg
+	d.round = 1
+	if ids, err := d.ovs.BridgeExternalIDs(ctx, cfg.BridgeName); err == nil {
 		if r, err := strconv.ParseUint(ids[extIDRound], 10, 16); err == nil {
-			round = uint16(r) + 1
-			if round == 0 {
-				round = 1
+			d.round = uint16(r) + 1
+			if d.round == 0 {
+				d.round = 1
 			}
 		}
 	}
-	prevRound := round - 1
-	if err := ovs.EnsureBridge(ctx, ovsdb.BridgeConfig{
+	if err := d.ovs.EnsureBridge(ctx, ovsdb.BridgeConfig{
 		Name:         cfg.BridgeName,
 		DatapathType: cfg.OVSDatapathType,
-		ExternalIDs:  map[string]string{extIDRound: strconv.Itoa(int(round))},
+		ExternalIDs:  map[string]string{extIDRound: strconv.Itoa(int(d.round))},
 		TableNames:   pipeline.TableNames(),
 	}); err != nil {
 		return fmt.Errorf("bridge %s: %w", cfg.BridgeName, err)
 	}
-	tunPort, kernelTunnel, err := tunnelPort(ctx, cfg, tunnelKind, ovs, nodeIP, mtu.Tunnel)
-	if err != nil {
+	var err error
+	if d.tunPort, d.kernelTunnel, err = tunnelPort(ctx, cfg, d.tunnelKind, d.ovs, d.nodeIP, d.mtu.Tunnel); err != nil {
 		return err
 	}
-	gwPort, err := ovs.EnsurePort(ctx, cfg.BridgeName, ovsdb.PortSpec{
-		Name: cfg.GatewayName, Type: "internal", OFPortRequest: GatewayOFPort, MTURequest: mtu.Tunnel,
+	d.gwPort, err = d.ovs.EnsurePort(ctx, cfg.BridgeName, ovsdb.PortSpec{
+		Name: cfg.GatewayName, Type: "internal", OFPortRequest: GatewayOFPort, MTURequest: d.mtu.Tunnel,
 	})
 	if err != nil {
 		return fmt.Errorf("gateway port: %w", err)
 	}
-	var gwIP net.IP
-	if ownsPods {
-		gwIP = noderoute.FirstIP(podCIDR)
+	if d.ownsPods {
+		d.gwIP = noderoute.FirstIP(d.podCIDR)
 	} else if err := clearGatewayAddresses(cfg.GatewayName); err != nil {
 		return err
 	}
-	gwMAC, err := setupGateway(cfg.GatewayName, gwIP, podCIDR, mtu.Tunnel)
-	if err != nil {
+	if d.gwMAC, err = setupGateway(cfg.GatewayName, d.gwIP, d.podCIDR, d.mtu.Tunnel); err != nil {
 		return err
 	}
 	if err := setSysctls(cfg.GatewayName); err != nil {
 		return err
 	}
 	// Userspace TSO is in effect only if ovs-vswitchd started with it.
-	tso := false
 	if userspaceDatapath(cfg) {
-		if tso, err = offload.UserspaceTSOActive(cfg.GatewayName); err != nil {
+		if d.tso, err = offload.UserspaceTSOActive(cfg.GatewayName); err != nil {
 			return err
 		}
-		if cfg.UserspaceTSOEnabled() && !tso {
-			log.Warn("ovs-vswitchd runs without userspace TSO: Pods get checksum offload off and traffic crosses the bridge one MTU-sized packet at a time until ovs-vswitchd restarts")
+		if cfg.UserspaceTSOEnabled() && !d.tso {
+			d.log.Warn("ovs-vswitchd runs without userspace TSO: Pods get checksum offload off and traffic crosses the bridge one MTU-sized packet at a time until ovs-vswitchd restarts")
 		}
 	}
+	return nil
+}
 
-	// OpenFlow and the pipeline.
-	var syncer *flowsync.Syncer
-	var replayProxy atomic.Pointer[proxy.Proxier] // set once the proxy exists
-	var podBackend atomic.Pointer[podnet.Backend] // set once the backend exists, before it restores Pods
-	var seedAgain atomic.Pointer[seedKeeper]      // set once the bridge is known
-	ofc, err := of.Dial(ctx, cfg.BridgeMgmtSocket(), log.Named("openflow"),
-		of.WithOnReconnect(func(ctx context.Context) error {
-			log.Warn("OpenFlow connection re-established; replaying all groups and flows")
-			if cfg.OVSDatapathType == config.DatapathNetdev && cfg.TrafficEncapMode.UsesTunnel() && tunnelKind == tunnel.KindOVSPort {
-				if _, err := attachNetdevTransport(ctx, cfg, ovs, nodeIP, log); err != nil {
-					return fmt.Errorf("attaching the transport again: %w", err)
-				}
-			}
-			// Before the flows, which send NATed packets out directly. The
-			// filters outlive ovs-vswitchd (its taps persist); this is for
-			// a device it made anew. A failure must not hold up the flows:
-			// the keeper logs it, exports it and tries again.
-			if k := seedAgain.Load(); k != nil {
-				k.ensure()
-			}
-			if p := replayProxy.Load(); p != nil {
-				if err := p.ReplayGroups(ctx); err != nil {
-					return fmt.Errorf("replaying service groups: %w", err)
-				}
-			}
-			// Before the flows that use them.
-			if b := podBackend.Load(); b != nil {
-				if err := b.ReplayMeters(ctx); err != nil {
-					err = fmt.Errorf("%w: %w", errMeterReplay, err)
-					log.Error("stopping", zap.Error(err))
-					fail(err)
-					return err
-				}
-			}
-			if err := syncer.Replay(ctx); err != nil {
-				return err
-			}
-			// Shaping comes after forwarding, and never holds it up.
-			if b := podBackend.Load(); b != nil {
-				if err := b.ReshapePods(ctx); err != nil {
-					log.Error("shaping Pod traffic again after ovs-vswitchd restarted", zap.Error(err))
-				}
-			}
-			return nil
-		}))
+// installPipeline connects to the bridge over OpenFlow, settles how
+// tunnel-bound and NATed packets leave (segmentation port, checksum seed
+// program) and installs the pipeline's base flows under this run's round.
+func (d *daemon) installPipeline(ctx context.Context) error {
+	cfg := d.cfg
+	var err error
+	d.ofc, err = of.Dial(ctx, cfg.BridgeMgmtSocket(), d.log.Named("openflow"), of.WithOnReconnect(d.replay))
 	if err != nil {
 		return fmt.Errorf("OpenFlow connection to %s: %w", cfg.BridgeMgmtSocket(), err)
 	}
-	defer ofc.Close()
-	syncer = flowsync.New(ofc)
-	bridge := pipeline.Bridge{
-		Round:       round,
-		GatewayPort: uint32(gwPort.OFPort),
-		GatewayMAC:  gwMAC,
-		GatewayIP:   gwIP,
-		PodCIDR:     podCIDR,
-		NodeIP:      nodeIP,
-		TunnelPort:  tunPort,
-		PolicyOnly:  !ownsPods,
+	d.onClose(func() { _ = d.ofc.Close() })
+	d.flows = flowsync.New(d.ofc)
+	d.replayFlows.Store(d.flows)
+	d.bridge = pipeline.Bridge{
+		Round:       d.round,
+		GatewayPort: uint32(d.gwPort.OFPort),
+		GatewayMAC:  d.gwMAC,
+		GatewayIP:   d.gwIP,
+		PodCIDR:     d.podCIDR,
+		NodeIP:      d.nodeIP,
+		TunnelPort:  d.tunPort,
+		PolicyOnly:  !d.ownsPods,
 	}
 	// The segmentation port, where the tunnel needs it, before the checksum
 	// seed program, which hooks it too; where only the NAT checksum detour
 	// needs it, after the program, once the kernel has refused it. A port
 	// an earlier run left and this one does not need goes once its flows
-	// have (below).
-	tunnelEgress(cfg, tunnelKind, tso, &bridge)
-	if tunnelSegments(bridge) {
-		if err := addSegmentPort(ctx, cfg, ovs, mtu.Tunnel, &bridge); err != nil {
+	// have (finishRound).
+	tunnelEgress(cfg, d.tunnelKind, d.tso, &d.bridge)
+	if tunnelSegments(d.bridge) {
+		if err := addSegmentPort(ctx, cfg, d.ovs, d.mtu.Tunnel, &d.bridge); err != nil {
 			return err
 		}
 	}
-	seed := partialChecksums(cfg, tunnelKind, tso, &bridge, log)
-	if segmentPortNeeded(cfg, tso, bridge) && bridge.SegmentPort == 0 {
-		if err := addSegmentPort(ctx, cfg, ovs, mtu.Tunnel, &bridge); err != nil {
+	seed := partialChecksums(cfg, d.tunnelKind, d.tso, &d.bridge, d.log)
+	if segmentPortNeeded(cfg, d.tso, d.bridge) && d.bridge.SegmentPort == 0 {
+		if err := addSegmentPort(ctx, cfg, d.ovs, d.mtu.Tunnel, &d.bridge); err != nil {
 			return err
 		}
 	}
 	if seed != nil {
-		keeper := newSeedKeeper(seed, seedHooks(cfg, tunnelKind, bridge), reg, log)
-		defer keeper.close()
-		seedAgain.Store(keeper)
+		keeper := newSeedKeeper(seed, seedHooks(cfg, d.tunnelKind, d.bridge), d.reg, d.log)
+		d.onClose(func() { _ = keeper.close() })
+		d.replaySeed.Store(keeper)
 		go keeper.run(ctx, 30*time.Second)
 	}
-	registerNATChecksumMetric(reg, bridge)
+	registerNATChecksumMetric(d.reg, d.bridge)
 	if cfg.TrafficEncapMode.UsesTunnel() {
-		log.Info("tunnel", zap.String("kind", tunnelKind.String()), zap.Stringer("egress", bridge.Tunnel),
-			zap.Bool("userspace_tso", tso))
+		d.log.Info("tunnel", zap.String("kind", d.tunnelKind.String()), zap.Stringer("egress", d.bridge.Tunnel),
+			zap.Bool("userspace_tso", d.tso))
 	}
-	baseFlows := append(pipeline.BaseFlows(bridge), pipeline.TraceFlows(bridge)...)
+	baseFlows := append(pipeline.BaseFlows(d.bridge), pipeline.TraceFlows(d.bridge)...)
 	if cfg.PolicyEnabled() {
-		baseFlows = append(baseFlows, pipeline.PolicyBaseFlows(bridge)...)
+		baseFlows = append(baseFlows, pipeline.PolicyBaseFlows(d.bridge)...)
 	}
-	if err := syncer.Set(ctx, "pipeline", baseFlows); err != nil {
-		return err
-	}
+	return d.flows.Set(ctx, "pipeline", baseFlows)
+}
 
-	// The Service proxy first: it needs only the bridge and the pipeline,
-	// and its informers' initial lists and its programming overlap the
-	// rest of the start-up.
-	var svcProxy *proxy.Proxier
-	if cfg.ProxyEnabled() {
-		npAddrs := cfg.NodePortCIDRs()
-		if len(npAddrs) == 0 {
-			npAddrs = []*net.IPNet{{IP: nodeIP.To4(), Mask: net.CIDRMask(32, 32)}}
+// replay puts back, in dependency order, what a restarted ovs-vswitchd
+// lost: the transport's attachment, the checksum seed filters, the
+// Services' groups, the Pods' meters, every flow, and the Pods' shaping.
+// It is the OpenFlow connection's reconnect hook.
+func (d *daemon) replay(ctx context.Context) error {
+	cfg := d.cfg
+	d.log.Warn("OpenFlow connection re-established; replaying all groups and flows")
+	if netdevTransportBridge(cfg, d.tunnelKind) {
+		if _, err := attachNetdevTransport(ctx, cfg, d.ovs, d.nodeIP, d.log); err != nil {
+			return fmt.Errorf("attaching the transport again: %w", err)
 		}
-		_, svcCIDR, _ := net.ParseCIDR(cfg.ServiceCIDR)
-		pcfg := proxy.Config{NodeName: cfg.NodeName, Bridge: bridge,
-			SkipServices: cfg.Proxy.SkipServices, ProxyAll: cfg.ProxyAllEnabled(), Gateway: cfg.GatewayName,
-			ServiceCIDR: svcCIDR, NodePortAddresses: npAddrs, Registry: reg}
-		if gwIP == nil {
-			pcfg.RouteSource = nodeIP // the gateway has no address of its own
+	}
+	// Before the flows, which send NATed packets out directly. The
+	// filters outlive ovs-vswitchd (its taps persist); this is for a
+	// device it made anew. A failure must not hold up the flows: the
+	// keeper logs it, exports it and tries again.
+	if k := d.replaySeed.Load(); k != nil {
+		k.ensure()
+	}
+	if p := d.replayProxy.Load(); p != nil {
+		if err := p.ReplayGroups(ctx); err != nil {
+			return fmt.Errorf("replaying service groups: %w", err)
 		}
-		svcProxy, err = proxy.New(kube, syncer, ofc, pcfg, log.Named("proxy"))
-		if err != nil {
+	}
+	// Before the flows that use them.
+	pods := d.replayPods.Load()
+	if pods != nil {
+		if err := pods.ReplayMeters(ctx); err != nil {
+			err = fmt.Errorf("%w: %w", errMeterReplay, err)
+			d.log.Error("stopping", zap.Error(err))
+			d.fail(err)
 			return err
 		}
-		replayProxy.Store(svcProxy)
-		go func() { errc <- svcProxy.Run(ctx) }()
-	} else if err := proxy.Cleanup(ctx, cfg.GatewayName, ofc); err != nil {
-		log.Warn("removing the leftovers of the Service proxy failed", zap.Error(err))
 	}
+	if f := d.replayFlows.Load(); f != nil {
+		if err := f.Replay(ctx); err != nil {
+			return err
+		}
+	}
+	// Shaping comes after forwarding, and never holds it up.
+	if pods != nil {
+		if err := pods.ReshapePods(ctx); err != nil {
+			d.log.Error("shaping Pod traffic again after ovs-vswitchd restarted", zap.Error(err))
+		}
+	}
+	return nil
+}
 
-	// NetworkPolicy: this Node's agent (enforcement) and its instance of
-	// the leader-elected controller.
-	var policyAgent *policyagent.Agent
-	var backend *podnet.Backend // set below; the agent runs only after that
+// startProxy starts the Service proxy, or removes what an earlier run's
+// left. It comes first among the controllers: it needs only the bridge
+// and the pipeline, and its informers' initial lists and its programming
+// overlap the rest of the start-up.
+func (d *daemon) startProxy(ctx context.Context) error {
+	cfg := d.cfg
+	if !cfg.ProxyEnabled() {
+		if err := proxy.Cleanup(ctx, cfg.GatewayName, d.ofc); err != nil {
+			d.log.Warn("removing the leftovers of the Service proxy failed", zap.Error(err))
+		}
+		return nil
+	}
+	npAddrs := cfg.NodePortCIDRs()
+	if len(npAddrs) == 0 {
+		npAddrs = []*net.IPNet{{IP: d.nodeIP.To4(), Mask: net.CIDRMask(32, 32)}}
+	}
+	_, svcCIDR, _ := net.ParseCIDR(cfg.ServiceCIDR)
+	pcfg := proxy.Config{NodeName: cfg.NodeName, Bridge: d.bridge,
+		SkipServices: cfg.Proxy.SkipServices, ProxyAll: cfg.ProxyAllEnabled(), Gateway: cfg.GatewayName,
+		ServiceCIDR: svcCIDR, NodePortAddresses: npAddrs, Registry: d.reg}
+	if d.gwIP == nil {
+		pcfg.RouteSource = d.nodeIP // the gateway has no address of its own
+	}
+	p, err := proxy.New(d.kube, d.flows, d.ofc, pcfg, d.log.Named("proxy"))
+	if err != nil {
+		return err
+	}
+	d.svcProxy = p
+	d.replayProxy.Store(p)
+	go func() { d.errc <- p.Run(ctx) }()
+	return nil
+}
+
+// restorePods builds the CNI backend (with this Node's NetworkPolicy
+// agent, which it tells of Pods coming and going, and IPAM, hostPorts and
+// meters) and restores the Pods attached before this start.
+func (d *daemon) restorePods(ctx context.Context) error {
+	cfg := d.cfg
 	if cfg.PolicyEnabled() {
-		policyAgent = policyagent.New(cp, policyagent.Config{
+		// It runs only from startPolicy on, once d.pods is set.
+		d.policyAgent = policyagent.New(d.cp, policyagent.Config{
 			NodeName:       cfg.NodeName,
-			Bridge:         bridge,
-			Flows:          syncer,
+			Bridge:         d.bridge,
+			Flows:          d.flows,
 			RealizeTimeout: cfg.NetworkPolicy.RealizeTimeout.Duration,
 			OnIsolation: func(ctx context.Context, namespace, name string, ingress, egress bool) error {
-				return backend.SetIsolation(ctx, namespace, name, ingress, egress)
+				return d.pods.SetIsolation(ctx, namespace, name, ingress, egress)
 			},
 			AfterChange: ovsctl.New(cfg.OVSRunDir).PurgeDatapathFlows,
-		}, log.Named("policy-agent"))
+		}, d.log.Named("policy-agent"))
 	}
-
-	// Pods already attached.
-	var alloc *ipam.Allocator
-	if ownsPods {
+	if d.ownsPods {
 		var reset bool
-		alloc, reset, err = ipam.Open(filepath.Join(cfg.DataDir, "ipam"), podCIDR)
+		var err error
+		d.alloc, reset, err = ipam.Open(filepath.Join(cfg.DataDir, "ipam"), d.podCIDR)
 		if err != nil {
 			return err
 		}
 		if reset {
-			log.Warn("podCIDR changed since the last run: previous IP allocations discarded")
+			d.log.Warn("podCIDR changed since the last run: previous IP allocations discarded")
 		}
 	}
-	hostPorts, err := startHostPorts(ctx, ownsPods, hostport.Config{Gateway: cfg.GatewayName, ClusterCIDR: clusterCIDR})
+	hostPorts, err := startHostPorts(ctx, d.ownsPods, hostport.Config{Gateway: cfg.GatewayName, ClusterCIDR: d.clusterCIDR})
 	if err != nil {
 		return err
 	}
-	meters := podMeters(ctx, ownsPods, podCIDR, ofc, log)
-	backend = podnet.New(podnet.Config{
+	d.pods = podnet.New(podnet.Config{
 		BridgeName:        cfg.BridgeName,
-		Bridge:            bridge,
-		MTU:               mtu.Pod,
-		RouteMTU:          mtu.Tunnel,
-		DisableTxChecksum: userspaceDatapath(cfg) && !tso,
-		Policy:            policyHook(policyAgent),
-		Chained:           !ownsPods,
+		Bridge:            d.bridge,
+		MTU:               d.mtu.Pod,
+		RouteMTU:          d.mtu.Tunnel,
+		DisableTxChecksum: userspaceDatapath(cfg) && !d.tso,
+		Policy:            policyHook(d.policyAgent),
+		Chained:           !d.ownsPods,
 		Gateway:           cfg.GatewayName,
-		NodeIP:            nodeIP,
-		Metrics:           reg,
+		NodeIP:            d.nodeIP,
+		Metrics:           d.reg,
 		HostPorts:         hostPorts,
-		Meters:            meters,
-	}, alloc, ovs, syncer, log.Named("podnet"))
+		Meters:            podMeters(ctx, d.ownsPods, d.podCIDR, d.ofc, d.log),
+	}, d.alloc, d.ovs, d.flows, d.log.Named("podnet"))
 	// Before the restore, which installs flows through meters: a
 	// reconnect meanwhile must put those meters back.
-	podBackend.Store(backend)
-	restored, err := backend.RestorePods(ctx)
+	d.replayPods.Store(d.pods)
+	restored, err := d.pods.RestorePods(ctx)
 	if err != nil {
 		return fmt.Errorf("restoring Pods: %w", err)
 	}
-	log.Info("restored attached Pods", zap.Int("pods", restored))
-	ops.podsGate.Open()
+	d.log.Info("restored attached Pods", zap.Int("pods", restored))
+	d.ops.podsGate.Open()
+	return nil
+}
 
-	// SNAT and peers.
+// startPeers masquerades Pod egress and starts the route controller,
+// which connects every peer Node (tunnel, routes, flows).
+func (d *daemon) startPeers(ctx context.Context) error {
+	cfg := d.cfg
 	nft, err := snat.NewNFTables()
 	if err != nil {
 		return err
 	}
-	masq := snat.New(nft, clusterCIDR, cfg.GatewayName, cfg.SNATEnabled())
-	factory := informers.NewSharedInformerFactory(kube, 0)
-	rcfg := noderoute.Config{NodeName: cfg.NodeName, Mode: cfg.TrafficEncapMode, Transport: transport.Name,
-		Gateway: cfg.GatewayName, Bridge: bridge, Flows: syncer}
-	if ownsPods {
-		masq.SetNodeIP(cfg.NodeName, nodeIP)
+	masq := snat.New(nft, d.clusterCIDR, cfg.GatewayName, cfg.SNATEnabled())
+	rcfg := noderoute.Config{NodeName: cfg.NodeName, Mode: cfg.TrafficEncapMode, Transport: d.transport.Name,
+		Gateway: cfg.GatewayName, Bridge: d.bridge, Flows: d.flows, Tunnel: peerTunnel(d.kernelTunnel)}
+	if d.ownsPods {
+		masq.SetNodeIP(cfg.NodeName, d.nodeIP)
 		if err := masq.Sync(ctx); err != nil {
 			return err
 		}
@@ -411,49 +548,64 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 	} else if err := masq.Cleanup(ctx); err != nil {
 		return err
 	}
-	rcfg.Tunnel = peerTunnel(kernelTunnel)
-	if cfg.OVSDatapathType == config.DatapathNetdev && cfg.TrafficEncapMode.UsesTunnel() && tunnelKind == tunnel.KindOVSPort {
+	if netdevTransportBridge(cfg, d.tunnelKind) {
 		rcfg.Neighbors = &tunnel.Neighbors{Bridge: cfg.TransportBridge, Appctl: ovsctl.New(cfg.OVSRunDir)}
 	}
-	routes, err := noderoute.New(factory.Core().V1().Nodes(), rcfg, log.Named("noderoute"))
+	d.factory = informers.NewSharedInformerFactory(d.kube, 0)
+	if d.routes, err = noderoute.New(d.factory.Core().V1().Nodes(), rcfg, d.log.Named("noderoute")); err != nil {
+		return err
+	}
+	d.factory.Start(ctx.Done())
+	go func() { d.errc <- d.routes.Run(ctx) }()
+	return nil
+}
+
+// startPolicy runs this Node's NetworkPolicy agent (enforcement) and its
+// instance of the leader-elected controller.
+func (d *daemon) startPolicy(ctx context.Context) error {
+	if d.policyAgent == nil {
+		return nil
+	}
+	cfg := d.cfg
+	go func() { d.errc <- d.policyAgent.Run(ctx) }()
+	// The leader writes every computed object of the cluster: its own
+	// client and rate limit, so a cold start of a large cluster is not
+	// throttled to the agent's 50 requests per second.
+	crc := rest.CopyConfig(d.rc)
+	crc.UserAgent = "seine-policy-controller"
+	crc.QPS, crc.Burst = cfg.NetworkPolicy.ControllerQPS, cfg.NetworkPolicy.ControllerBurst
+	ccp, err := versioned.NewForConfig(crc)
 	if err != nil {
 		return err
 	}
-	factory.Start(ctx.Done())
-
-	go func() { errc <- routes.Run(ctx) }()
-	if policyAgent != nil {
-		go func() { errc <- policyAgent.Run(ctx) }()
-		// The leader writes every computed object of the cluster: its own
-		// client and rate limit, so a cold start of a large cluster is not
-		// throttled to the agent's 50 requests per second.
-		crc := rest.CopyConfig(rc)
-		crc.UserAgent = "seine-policy-controller"
-		crc.QPS, crc.Burst = cfg.NetworkPolicy.ControllerQPS, cfg.NetworkPolicy.ControllerBurst
-		ccp, err := versioned.NewForConfig(crc)
-		if err != nil {
-			return err
-		}
-		pc, err := policycontroller.New(kube, ccp, policycontroller.Config{
-			Identity:       cfg.NodeName,
-			LeaseNamespace: cfg.LeaderElection.Namespace,
-			LeaseName:      cfg.LeaderElection.Name,
-			LeaseDuration:  cfg.LeaderElection.LeaseDuration.Duration,
-			RenewDeadline:  cfg.LeaderElection.RenewDeadline.Duration,
-			RetryPeriod:    cfg.LeaderElection.RetryPeriod.Duration,
-			SliceSize:      cfg.NetworkPolicy.AddressGroupSliceSize,
-			Workers:        cfg.NetworkPolicy.ControllerWorkers,
-			Registry:       reg,
-			Ops:            ops.ops,
-		}, log.Named("policy-controller"))
-		if err != nil {
-			return err
-		}
-		ops.leaderTasks(pc, kube, cp)
-		go func() { errc <- pc.Run(ctx) }()
+	pc, err := policycontroller.New(d.kube, ccp, policycontroller.Config{
+		Identity:       cfg.NodeName,
+		LeaseNamespace: cfg.LeaderElection.Namespace,
+		LeaseName:      cfg.LeaderElection.Name,
+		LeaseDuration:  cfg.LeaderElection.LeaseDuration.Duration,
+		RenewDeadline:  cfg.LeaderElection.RenewDeadline.Duration,
+		RetryPeriod:    cfg.LeaderElection.RetryPeriod.Duration,
+		SliceSize:      cfg.NetworkPolicy.AddressGroupSliceSize,
+		Workers:        cfg.NetworkPolicy.ControllerWorkers,
+		Registry:       d.reg,
+		Ops:            d.ops.ops,
+	}, d.log.Named("policy-controller"))
+	if err != nil {
+		return err
 	}
-	synced := factory.WaitForCacheSync(ctx.Done())
-	for typ, ok := range synced {
+	d.ops.leaderTasks(pc, d.kube, d.cp)
+	go func() { d.errc <- pc.Run(ctx) }()
+	return nil
+}
+
+// finishRound waits until this run's flows stand for the cluster (every
+// known peer connected, every Service programmed), then removes the
+// previous run's round and what only its flows needed (the checksum seed
+// filters, the segmentation port), and lets a restarted ovs-vswitchd
+// forward with its new flows.
+func (d *daemon) finishRound(ctx context.Context) error {
+	cfg := d.cfg
+	for typ, ok := range d.factory.WaitForCacheSync(ctx.Done()) {
 		if !ok {
 			return fmt.Errorf("informer for %v did not sync: %w", typ, ctx.Err())
 		}
@@ -461,39 +613,46 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 	// Let the route controller install every known peer before the old
 	// round's flows go away.
 	_ = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
-		return len(routes.Peers()) >= countPeers(factory, cfg.NodeName) && (svcProxy == nil || svcProxy.Synced()), nil
+		return len(d.routes.Peers()) >= countPeers(d.factory, cfg.NodeName) && (d.svcProxy == nil || d.svcProxy.Synced()), nil
 	})
-	if prevRound != 0 {
-		if err := ofc.DeleteMatching(ctx, uint64(prevRound)<<pipeline.CookieRoundShift, pipeline.CookieRoundMask); err != nil {
+	if prevRound := d.round - 1; prevRound != 0 {
+		if err := d.ofc.DeleteMatching(ctx, uint64(prevRound)<<pipeline.CookieRoundShift, pipeline.CookieRoundMask); err != nil {
 			return fmt.Errorf("removing flows of round %d: %w", prevRound, err)
 		}
 	}
 	// Only now that no earlier round's flow sends NATed packets out
 	// directly (the Services' flows save their headers again, if this
 	// round takes the detour).
-	if !bridge.PartialChecksumsRewritten {
-		detachSeed(cfg, log)
+	if !d.bridge.PartialChecksumsRewritten {
+		detachSeed(cfg, d.log)
 	}
 	// Likewise the segmentation port, which an earlier round's flows may
 	// send packets through; left behind, it is only idle. Also on the
 	// kernel datapath, which never adds it: a Node moved there from the
 	// userspace one removes it (nothing to do, and no error, without it).
-	if bridge.SegmentPort == 0 {
-		if err := removeSegmentPort(ctx, cfg, ovs); err != nil {
-			log.Warn("the segmentation port is not needed and could not be removed; ovs-vswitchd keeps reading it",
+	if d.bridge.SegmentPort == 0 {
+		if err := removeSegmentPort(ctx, cfg, d.ovs); err != nil {
+			d.log.Warn("the segmentation port is not needed and could not be removed; ovs-vswitchd keeps reading it",
 				zap.String("interface", tunnel.DefaultSegmentPair.Port), zap.Error(err))
 		}
 	}
 	// An ovs-vswitchd restarted with the kernel datapath held its old
 	// flows until now (see datapath/ovsdaemon).
-	if err := ovs.ClearFlowRestoreWait(ctx); err != nil {
+	if err := d.ovs.ClearFlowRestoreWait(ctx); err != nil {
 		return err
 	}
-	log.Info("datapath ready", zap.Uint16("round", round), zap.Int("flows", syncer.Count()))
-	ops.pipelineGate.Open()
+	d.log.Info("datapath ready", zap.Uint16("round", d.round), zap.Int("flows", d.flows.Count()))
+	d.ops.pipelineGate.Open()
+	return nil
+}
 
-	// Metrics and health.
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+// serve registers the datapath's metrics and checks, keeps the primary
+// CNI's conflist chained in networkPolicyOnly mode, serves the CNI plugin
+// and starts the operators' API, AgentInfo and Traceflow.
+func (d *daemon) serve(ctx context.Context) error {
+	cfg := d.cfg
+	alloc := d.alloc
+	d.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "seine_pod_ips_allocated", Help: "Pod IPs allocated from this Node's podCIDR.",
 	}, func() float64 {
 		if alloc == nil {
@@ -501,35 +660,24 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 		}
 		return float64(len(alloc.List()))
 	}))
-	registerModeMetrics(reg, cfg, routes)
-	if !ownsPods {
+	registerModeMetrics(d.reg, cfg, d.routes)
+	if !d.ownsPods {
 		go func() {
-			errc <- install.KeepChained(ctx, cfg.PrimaryCNIConflist, cfg.CNISocket, log.Named("cni-chain"))
+			d.errc <- install.KeepChained(ctx, cfg.PrimaryCNIConflist, cfg.CNISocket, d.log.Named("cni-chain"))
 		}()
 	}
-	dp := &datapath{bridge: bridge, ovs: ovs, ofc: ofc, appctl: ovsctl.New(cfg.OVSRunDir), flows: syncer, pods: backend,
-		policy: policyAgent, routes: routes, factory: factory, kube: kube, nodeUID: node.UID}
-	if err := ops.datapathUp(dp); err != nil {
+	dp := &datapath{bridge: d.bridge, ovs: d.ovs, ofc: d.ofc, appctl: ovsctl.New(cfg.OVSRunDir), flows: d.flows,
+		pods: d.pods, policy: d.policyAgent, routes: d.routes, factory: d.factory, kube: d.kube, nodeUID: d.node.UID}
+	if err := d.ops.datapathUp(dp); err != nil {
 		return err
 	}
-
-	backend.MarkReady()
-	srv := cniserver.New(backend, log.Named("cni"), cniserver.WithRegistry(reg))
-	go func() { errc <- srv.Serve(ctx, cfg.CNISocket) }()
-	ops.cniGate.Open()
-	log.Info("serving CNI", zap.String("socket", cfg.CNISocket))
-	ops.run(ctx, dp, errc)
-
-	select {
-	case <-ctx.Done():
-		return nil
-	case err := <-errc:
-		if err != nil && !errors.Is(err, context.Canceled) {
-			return err
-		}
-		<-ctx.Done()
-		return nil
-	}
+	d.pods.MarkReady()
+	srv := cniserver.New(d.pods, d.log.Named("cni"), cniserver.WithRegistry(d.reg))
+	go func() { d.errc <- srv.Serve(ctx, cfg.CNISocket) }()
+	d.ops.cniGate.Open()
+	d.log.Info("serving CNI", zap.String("socket", cfg.CNISocket))
+	d.ops.run(ctx, dp, d.errc)
+	return nil
 }
 
 // policyHook adapts the policy agent to the CNI backend (nil when

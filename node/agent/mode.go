@@ -46,7 +46,7 @@ func setupTransport(ctx context.Context, cfg config.Config, kind tunnel.Kind, ov
 	if cfg.OVSDatapathType != config.DatapathNetdev {
 		return tunnel.FindTransport(cfg.TransportInterface, nodeIP)
 	}
-	if cfg.TrafficEncapMode.UsesTunnel() && kind == tunnel.KindOVSPort {
+	if netdevTransportBridge(cfg, kind) {
 		return setupNetdevTransport(ctx, cfg, ovs, nodeIP, log)
 	}
 	nft, err := knftables.New(knftables.NetDevFamily, tunnel.TransportTable)
@@ -57,6 +57,13 @@ func setupTransport(ctx context.Context, cfg config.Config, kind tunnel.Kind, ov
 		return tunnel.Transport{}, err
 	}
 	return tunnel.FindTransport(cfg.TransportInterface, nodeIP)
+}
+
+// netdevTransportBridge reports whether the transport interface belongs
+// to the transport bridge: the netdev datapath, tunnelling through OVS's
+// userspace tunnel port, which sends and receives through a bridge.
+func netdevTransportBridge(cfg config.Config, kind tunnel.Kind) bool {
+	return cfg.OVSDatapathType == config.DatapathNetdev && cfg.TrafficEncapMode.UsesTunnel() && kind == tunnel.KindOVSPort
 }
 
 // mtus are the MTUs a Node's Pods and ports get, in bytes.
