@@ -11,11 +11,12 @@ import (
 )
 
 // OXM classes (OpenFlow 1.3 section 7.2.3.2; NXM_1 is the Nicira class OVS
-// accepts in OXM matches and set_field, see ovs-fields(7)).
+// accepts in OXM matches and set_field, see ovs-fields(7)), from
+// libOpenflow.
 const (
-	classNXM0  uint16 = 0x0000
-	classNXM1  uint16 = 0x0001
-	classBasic uint16 = 0x8000
+	classNXM0  uint16 = of13.OXM_CLASS_NXM_0
+	classNXM1  uint16 = of13.OXM_CLASS_NXM_1
+	classBasic uint16 = of13.OXM_CLASS_OPENFLOW_BASIC
 )
 
 // fieldID names one OXM/NXM field and its width in bytes.
@@ -25,56 +26,58 @@ type fieldID struct {
 	width uint8
 }
 
-// OXM_OF_* fields (OpenFlow 1.3 table 12) and NXM_* fields (ovs-fields(7)).
+// OXM_OF_* fields (OpenFlow 1.3 table 12) and NXM_* fields (ovs-fields(7)):
+// the field numbers are libOpenflow's, the widths those of the field
+// tables.
 var (
-	oxmInPort   = fieldID{classBasic, 0, 4}
-	oxmEthDst   = fieldID{classBasic, 3, 6}
-	oxmEthSrc   = fieldID{classBasic, 4, 6}
-	oxmEthType  = fieldID{classBasic, 5, 2}
-	oxmIPProto  = fieldID{classBasic, 10, 1}
-	oxmIPv4Src  = fieldID{classBasic, 11, 4}
-	oxmIPv4Dst  = fieldID{classBasic, 12, 4}
-	oxmTCPSrc   = fieldID{classBasic, 13, 2}
-	oxmTCPDst   = fieldID{classBasic, 14, 2}
-	oxmUDPSrc   = fieldID{classBasic, 15, 2}
-	oxmUDPDst   = fieldID{classBasic, 16, 2}
-	oxmSCTPSrc  = fieldID{classBasic, 17, 2}
-	oxmSCTPDst  = fieldID{classBasic, 18, 2}
-	oxmARPOp    = fieldID{classBasic, 21, 2}
-	oxmARPSPA   = fieldID{classBasic, 22, 4}
-	oxmARPTPA   = fieldID{classBasic, 23, 4}
-	oxmARPSHA   = fieldID{classBasic, 24, 6}
-	oxmARPTHA   = fieldID{classBasic, 25, 6}
-	oxmIPv6Src  = fieldID{classBasic, 26, 16}
-	oxmIPv6Dst  = fieldID{classBasic, 27, 16}
-	oxmTunnelID = fieldID{classBasic, 38, 8}
-	nxmTunID    = fieldID{classNXM1, 16, 8}
-	nxmTunSrc   = fieldID{classNXM1, 31, 4}
-	nxmTunDst   = fieldID{classNXM1, 32, 4}
-	nxmPktMark  = fieldID{classNXM1, 33, 4}
-	nxmConjID   = fieldID{classNXM1, 37, 4}
-	nxmCtState  = fieldID{classNXM1, 105, 4}
-	nxmCtZone   = fieldID{classNXM1, 106, 2}
-	nxmCtMark   = fieldID{classNXM1, 107, 4}
-	nxmIPFrag   = fieldID{classNXM1, 26, 1}
-	nxmOfEthDst = fieldID{classNXM0, 1, 6}
-	nxmOfEthSrc = fieldID{classNXM0, 2, 6}
-	nxmOfIPSrc  = fieldID{classNXM0, 7, 4}
-	nxmOfIPDst  = fieldID{classNXM0, 8, 4}
-	nxmOfARPSPA = fieldID{classNXM0, 16, 4}
-	nxmOfARPTPA = fieldID{classNXM0, 17, 4}
-	nxmNxARPSHA = fieldID{classNXM1, 17, 6}
-	nxmNxARPTHA = fieldID{classNXM1, 18, 6}
-	nxmOfInPort = fieldID{classNXM0, 0, 2}
-	nxmOfTCPSrc = fieldID{classNXM0, 9, 2}
-	nxmOfTCPDst = fieldID{classNXM0, 10, 2}
-	nxmOfUDPSrc = fieldID{classNXM0, 11, 2}
-	nxmOfUDPDst = fieldID{classNXM0, 12, 2}
-	nxmNxIPTTL  = fieldID{classNXM1, 29, 1}
+	oxmInPort   = fieldID{classBasic, of13.OXM_FIELD_IN_PORT, 4}
+	oxmEthDst   = fieldID{classBasic, of13.OXM_FIELD_ETH_DST, 6}
+	oxmEthSrc   = fieldID{classBasic, of13.OXM_FIELD_ETH_SRC, 6}
+	oxmEthType  = fieldID{classBasic, of13.OXM_FIELD_ETH_TYPE, 2}
+	oxmIPProto  = fieldID{classBasic, of13.OXM_FIELD_IP_PROTO, 1}
+	oxmIPv4Src  = fieldID{classBasic, of13.OXM_FIELD_IPV4_SRC, 4}
+	oxmIPv4Dst  = fieldID{classBasic, of13.OXM_FIELD_IPV4_DST, 4}
+	oxmTCPSrc   = fieldID{classBasic, of13.OXM_FIELD_TCP_SRC, 2}
+	oxmTCPDst   = fieldID{classBasic, of13.OXM_FIELD_TCP_DST, 2}
+	oxmUDPSrc   = fieldID{classBasic, of13.OXM_FIELD_UDP_SRC, 2}
+	oxmUDPDst   = fieldID{classBasic, of13.OXM_FIELD_UDP_DST, 2}
+	oxmSCTPSrc  = fieldID{classBasic, of13.OXM_FIELD_SCTP_SRC, 2}
+	oxmSCTPDst  = fieldID{classBasic, of13.OXM_FIELD_SCTP_DST, 2}
+	oxmARPOp    = fieldID{classBasic, of13.OXM_FIELD_ARP_OP, 2}
+	oxmARPSPA   = fieldID{classBasic, of13.OXM_FIELD_ARP_SPA, 4}
+	oxmARPTPA   = fieldID{classBasic, of13.OXM_FIELD_ARP_TPA, 4}
+	oxmARPSHA   = fieldID{classBasic, of13.OXM_FIELD_ARP_SHA, 6}
+	oxmARPTHA   = fieldID{classBasic, of13.OXM_FIELD_ARP_THA, 6}
+	oxmIPv6Src  = fieldID{classBasic, of13.OXM_FIELD_IPV6_SRC, 16}
+	oxmIPv6Dst  = fieldID{classBasic, of13.OXM_FIELD_IPV6_DST, 16}
+	oxmTunnelID = fieldID{classBasic, of13.OXM_FIELD_TUNNEL_ID, 8}
+	nxmTunID    = fieldID{classNXM1, of13.NXM_NX_TUN_ID, 8}
+	nxmTunSrc   = fieldID{classNXM1, of13.NXM_NX_TUN_IPV4_SRC, 4}
+	nxmTunDst   = fieldID{classNXM1, of13.NXM_NX_TUN_IPV4_DST, 4}
+	nxmPktMark  = fieldID{classNXM1, of13.NXM_NX_PKT_MARK, 4}
+	nxmConjID   = fieldID{classNXM1, of13.NXM_NX_CONJ_ID, 4}
+	nxmCtState  = fieldID{classNXM1, of13.NXM_NX_CT_STATE, 4}
+	nxmCtZone   = fieldID{classNXM1, of13.NXM_NX_CT_ZONE, 2}
+	nxmCtMark   = fieldID{classNXM1, of13.NXM_NX_CT_MARK, 4}
+	nxmIPFrag   = fieldID{classNXM1, of13.NXM_NX_IP_FRAG, 1}
+	nxmOfEthDst = fieldID{classNXM0, of13.NXM_OF_ETH_DST, 6}
+	nxmOfEthSrc = fieldID{classNXM0, of13.NXM_OF_ETH_SRC, 6}
+	nxmOfIPSrc  = fieldID{classNXM0, of13.NXM_OF_IP_SRC, 4}
+	nxmOfIPDst  = fieldID{classNXM0, of13.NXM_OF_IP_DST, 4}
+	nxmOfARPSPA = fieldID{classNXM0, of13.NXM_OF_ARP_SPA, 4}
+	nxmOfARPTPA = fieldID{classNXM0, of13.NXM_OF_ARP_TPA, 4}
+	nxmNxARPSHA = fieldID{classNXM1, of13.NXM_NX_ARP_SHA, 6}
+	nxmNxARPTHA = fieldID{classNXM1, of13.NXM_NX_ARP_THA, 6}
+	nxmOfInPort = fieldID{classNXM0, of13.NXM_OF_IN_PORT, 2}
+	nxmOfTCPSrc = fieldID{classNXM0, of13.NXM_OF_TCP_SRC, 2}
+	nxmOfTCPDst = fieldID{classNXM0, of13.NXM_OF_TCP_DST, 2}
+	nxmOfUDPSrc = fieldID{classNXM0, of13.NXM_OF_UDP_SRC, 2}
+	nxmOfUDPDst = fieldID{classNXM0, of13.NXM_OF_UDP_DST, 2}
+	nxmNxIPTTL  = fieldID{classNXM1, of13.NXM_NX_IP_TTL, 1}
 )
 
 // nxmReg is NXM_NX_REGn (n in 0..15).
-func nxmReg(n uint8) fieldID { return fieldID{classNXM1, n, 4} }
+func nxmReg(n uint8) fieldID { return fieldID{classNXM1, of13.NXM_NX_REG0 + n, 4} }
 
 // header returns the field's TLV header without a mask, the form used by
 // Nicira actions (load, move, output:reg).
