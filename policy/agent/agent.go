@@ -31,6 +31,7 @@ import (
 	"go.uber.org/zap"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
 
 	"github.com/seine-net/seine/datapath/flowsync"
 	of "github.com/seine-net/seine/datapath/openflow"
@@ -143,7 +144,11 @@ type Agent struct {
 	cfg Config
 	log *zap.Logger
 
-	kick chan struct{}
+	// queue holds one key, reconcileKey, while a reconcile is due:
+	// events add it after Debounce (a burst becomes one reconcile), a
+	// failed reconcile adds it back rate limited (retryMin doubling up
+	// to retryMax).
+	queue workqueue.TypedRateLimitingInterface[string]
 
 	mu    sync.Mutex
 	pods  map[string]flows.Pod // "namespace/name" → attached Pod
@@ -192,7 +197,9 @@ func New(cp versioned.Interface, cfg Config, log *zap.Logger) *Agent {
 	}
 	return &Agent{
 		cp: cp, cfg: cfg, log: log.With(zap.String("node", cfg.NodeName)),
-		kick:  make(chan struct{}, 1),
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[string](retryMin, retryMax),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "policy-agent"}),
 		pods:  map[string]flows.Pod{},
 		dirty: map[string]bool{},
 		done:  map[string]*installed{},
@@ -213,12 +220,13 @@ func New(cp versioned.Interface, cfg Config, log *zap.Logger) *Agent {
 // held at that point is installed.
 func (a *Agent) Synced() bool { return a.synced.Load() }
 
-func (a *Agent) signal() {
-	select {
-	case a.kick <- struct{}{}:
-	default:
-	}
-}
+// reconcileKey is the queue's only key: every reconcile covers all
+// dirty policies.
+const reconcileKey = "reconcile"
+
+// signal schedules a reconcile after the debounce delay (the earliest
+// pending one stands).
+func (a *Agent) signal() { a.queue.AddAfter(reconcileKey, a.cfg.Debounce) }
 
 // notifyLocked wakes WaitRealized callers; a.mu must be held.
 func (a *Agent) notifyLocked() {
@@ -335,7 +343,11 @@ func groupIndex(obj any) ([]string, error) {
 // Run watches the Node's policy objects and keeps the flows in line with
 // them until ctx ends. It installs pipeline.PolicyBaseFlows first and
 // returns an error only when that fails or ctx ends before the caches sync.
+// Reconciles come from a rate-limited workqueue (client-go's
+// util/workqueue) holding the single key reconcileKey; it is shut down
+// when Run returns.
 func (a *Agent) Run(ctx context.Context) error {
+	defer a.queue.ShutDown()
 	if err := a.cfg.Flows.Set(ctx, ownerBase, pipeline.PolicyBaseFlows(a.cfg.Bridge)); err != nil {
 		return fmt.Errorf("installing the policy base flows: %w", err)
 	}
@@ -417,35 +429,36 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.mu.Unlock()
 
-	backoff := retryMin
-	first := true
-	var retry <-chan time.Time
-	for {
-		if err := a.reconcile(ctx); err != nil {
-			a.log.Warn("installing policy flows failed; retrying", zap.Error(err), zap.Duration("retry_in", backoff))
-			retry = time.After(backoff)
-			backoff = min(backoff*2, retryMax)
-		} else {
-			backoff, retry = retryMin, nil
-			if first {
-				first = false
-				a.synced.Store(true)
-				a.log.Info("policy flows synced", zap.Int("flows", a.state.count()))
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-a.kick:
-		case <-retry:
-		}
-		// Debounce: collect the events of a burst into one reconcile.
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(a.cfg.Debounce):
-		}
+	go func() { <-ctx.Done(); a.queue.ShutDown() }()
+	a.queue.Add(reconcileKey)
+	for a.processNext(ctx) {
 	}
+	return nil
+}
+
+// processNext runs one reconcile when the queue hands out its key; false
+// once the queue has shut down (ctx ended).
+func (a *Agent) processNext(ctx context.Context) bool {
+	key, quit := a.queue.Get()
+	if quit {
+		return false
+	}
+	defer a.queue.Done(key)
+	if err := a.reconcile(ctx); err != nil {
+		if ctx.Err() != nil {
+			return false
+		}
+		a.queue.AddRateLimited(key)
+		a.log.Warn("installing policy flows failed; retrying", zap.Error(err),
+			zap.Int("attempt", a.queue.NumRequeues(key)))
+		return true
+	}
+	a.queue.Forget(key)
+	if !a.synced.Load() {
+		a.synced.Store(true)
+		a.log.Info("policy flows synced", zap.Int("flows", a.state.count()))
+	}
+	return true
 }
 
 // source is the flows.Source over the informer caches and attached Pods.
