@@ -126,9 +126,11 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 }
 
 // daemon is one run of the node daemon: what Run's start-up steps build.
-// A field is set by one step and read by the steps after it; the
-// OpenFlow connection's reconnect hook (replay), which may run before a
-// later step, reads only the atomic replay* fields.
+// A field is set by one step and read by the steps after it. The
+// OpenFlow connection's reconnect hook (replay) may run before a later
+// step: it reads the fields set before the connection was made
+// (installPipeline), and what later steps build only through the atomic
+// replay* fields.
 type daemon struct {
 	cfg  config.Config
 	log  *zap.Logger

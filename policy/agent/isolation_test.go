@@ -38,7 +38,7 @@ func newIsoHarness(t *testing.T) *isoHarness {
 		}
 		return nil
 	}}, zaptest.NewLogger(t))
-	t.Cleanup(h.a.queue.ShutDown) // Run, which the harness never calls, would
+	t.Cleanup(h.a.queue.ShutDown) // Run would; the harness never calls it
 	return h
 }
 
