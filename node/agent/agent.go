@@ -78,7 +78,9 @@ const (
 // (the DaemonSet or the systemd unit starts seine again).
 //
 // Start-up runs the steps below in order, each logged with its duration
-// ("start-up step done"); a step's error ends Run, named after the step.
+// ("start-up step done") and exported as
+// seine_startup_step_duration_seconds{step}; a step's error ends Run,
+// named after the step.
 func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option) (err error) {
 	ctx, fail := context.WithCancelCause(ctx)
 	defer func() {
@@ -90,6 +92,11 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 	d := &daemon{cfg: cfg, log: log.With(zap.String("node", cfg.NodeName)), reg: prometheus.NewRegistry(),
 		opts: opts, errc: make(chan error, 16), fail: fail}
 	defer d.close()
+	stepSeconds := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "seine_startup_step_duration_seconds",
+		Help: "How long each start-up step of this run of the daemon took (node, ovsdb, transport, bridge, pipeline, proxy, pods, peers, policy, round, serve); a step not finished yet has no series.",
+	}, []string{"step"})
+	d.reg.MustRegister(stepSeconds)
 	for _, step := range []struct {
 		name string
 		run  func(context.Context) error
@@ -110,7 +117,9 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 		if err := step.run(ctx); err != nil {
 			return fmt.Errorf("start-up step %s: %w", step.name, err)
 		}
-		d.log.Info("start-up step done", zap.String("step", step.name), zap.Duration("elapsed", time.Since(began)))
+		elapsed := time.Since(began)
+		stepSeconds.WithLabelValues(step.name).Set(elapsed.Seconds())
+		d.log.Info("start-up step done", zap.String("step", step.name), zap.Duration("elapsed", elapsed))
 	}
 
 	select {

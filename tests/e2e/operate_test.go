@@ -677,6 +677,11 @@ func TestMetricsScrape(t *testing.T) {
 		must("seine_table_flows", map[string]string{"table": "Output"}, positive)
 		must("seine_flows", nil, func(v float64) bool { return v > 50 })
 		must("seine_flow_programming_duration_seconds", nil, positive)
+		// Every step, the last one included: the daemon serves only once
+		// it is done.
+		for _, step := range []string{"node", "ovsdb", "transport", "bridge", "pipeline", "proxy", "pods", "peers", "policy", "round", "serve"} {
+			must("seine_startup_step_duration_seconds", map[string]string{"step": step}, positive)
+		}
 		var pis []localapi.PodInterface
 		ctlJSON(t, c, n, &pis, "get", "podinterface")
 		must("seine_local_pods", nil, func(v float64) bool { return v == float64(len(pis)) })
