@@ -632,11 +632,22 @@ func checkControllerInfo(t *testing.T, c *sandbox.Cluster) *opsv1alpha1.Controll
 // external host), with the series operators need and plausible values.
 func TestMetricsScrape(t *testing.T) {
 	c := shared
-	// A failed CNI ADD (a netns that does not exist) on Node 0, so the
-	// error counter has a series.
+	// On Node 0 a CNI ADD that succeeds and one that fails (a netns that
+	// does not exist), so the request histogram and the error counter
+	// have their series whatever ran before.
 	n0 := c.Nodes()[0]
 	e := newCNIEnv(t, c, n0, nil)
-	if _, err := e.add(testCtx(t, time.Minute), e.rt("e2e-metrics-bad", "/run/netns/e2e-no-such-netns")); err == nil {
+	ctx := testCtx(t, time.Minute)
+	ok := e.rt("e2e-metrics-ok", newPodNS(t, "seine-e2e-metrics"))
+	if _, err := e.add(ctx, ok); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := e.del(context.Background(), ok); err != nil {
+			t.Errorf("DEL: %v", err)
+		}
+	})
+	if _, err := e.add(ctx, e.rt("e2e-metrics-bad", "/run/netns/e2e-no-such-netns")); err == nil {
 		t.Fatal("ADD into a missing netns succeeded")
 	}
 	extNS, _ := c.ExternalHost()
