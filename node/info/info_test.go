@@ -13,6 +13,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 
 	opsv1alpha1 "github.com/seine-net/seine/node/apis/ops/v1alpha1"
@@ -42,6 +44,28 @@ func eventuallyFor(t *testing.T, d time.Duration, what string, cond func() error
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// nextWrite returns the object of w's first event, which must be a
+// modification, and stops w; it fails the test when none comes within d.
+// Open w at the resourceVersion last read, so that the event is the next
+// write after that read.
+func nextWrite(t *testing.T, w watch.Interface, d time.Duration) runtime.Object {
+	t.Helper()
+	defer w.Stop()
+	select {
+	case ev, ok := <-w.ResultChan():
+		if !ok {
+			t.Fatal("the watch closed before any write")
+		}
+		if ev.Type != watch.Modified {
+			t.Fatalf("next event %s, want %s: %+v", ev.Type, watch.Modified, ev.Object)
+		}
+		return ev.Object
+	case <-time.After(d):
+		t.Fatalf("no write within %s", d)
+	}
+	return nil
 }
 
 type clients struct {
@@ -117,26 +141,22 @@ func TestAgentInfoWriter(t *testing.T) {
 		changed = ai
 		return nil
 	})
-	// Nothing changes now: 15 checks later, nothing was written (the
-	// heartbeat is 3 s away).
-	time.Sleep(1500 * time.Millisecond)
-	if ai, err := get(); err != nil || ai.ResourceVersion != changed.ResourceVersion {
-		t.Errorf("AgentInfo rewritten without a change (resourceVersion %s, then %s; %v)", changed.ResourceVersion, ai.ResourceVersion, err)
+	// Nothing changes now, so the next write must be the heartbeat, which
+	// the writer owes Heartbeat (3 s) after its last write: a rewrite
+	// without a change would come at the next check, 100 ms on.
+	w, err := c.ops.OpsV1alpha1().AgentInfos().Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=n1",
+		ResourceVersion: changed.ResourceVersion})
+	if err != nil {
+		t.Fatal(err)
 	}
-	eventually(t, "heartbeat", func() error {
-		ai, err := get()
-		if err != nil {
-			return err
-		}
-		if !ai.Status.LastHeartbeatTime.After(first.Status.LastHeartbeatTime.Time) {
-			return fmt.Errorf("heartbeat %v not after %v", ai.Status.LastHeartbeatTime, first.Status.LastHeartbeatTime)
-		}
-		was := meta.FindStatusCondition(first.Status.Conditions, opsv1alpha1.AgentReady).LastTransitionTime
-		if now := meta.FindStatusCondition(ai.Status.Conditions, opsv1alpha1.AgentReady).LastTransitionTime; !now.Equal(&was) {
-			return fmt.Errorf("Ready's transition time moved from %v to %v while it held", was, now)
-		}
-		return nil
-	})
+	beat := nextWrite(t, w, 30*time.Second).(*opsv1alpha1.AgentInfo)
+	if gap := beat.Status.LastHeartbeatTime.Sub(changed.Status.LastHeartbeatTime.Time); gap < 3*time.Second {
+		t.Errorf("AgentInfo rewritten %s after the change without a change of its own (heartbeat every 3 s): %+v", gap, beat.Status)
+	}
+	was := meta.FindStatusCondition(first.Status.Conditions, opsv1alpha1.AgentReady).LastTransitionTime
+	if now := meta.FindStatusCondition(beat.Status.Conditions, opsv1alpha1.AgentReady).LastTransitionTime; !now.Equal(&was) {
+		t.Errorf("Ready's transition time moved from %v to %v while it held", was, now)
+	}
 	// The Node goes: the garbage collector removes its AgentInfo (the
 	// owner reference).
 	stop()
@@ -202,7 +222,7 @@ func TestLeaderTasks(t *testing.T) {
 	agent("ghost", nil)
 
 	l := NewLeader(c.kube, c.cp, c.ops, LeaderConfig{Identity: "n1", Name: "seine-controller", Status: status,
-		Check: 100 * time.Millisecond, Debounce: 50 * time.Millisecond}, zaptest.NewLogger(t))
+		Heartbeat: 3 * time.Second, Check: 100 * time.Millisecond, Debounce: 50 * time.Millisecond}, zaptest.NewLogger(t))
 	runCtx, stop := context.WithCancel(ctx)
 	for _, task := range l.Tasks() {
 		go task(runCtx)
@@ -221,15 +241,21 @@ func TestLeaderTasks(t *testing.T) {
 		}
 		return nil
 	})
-	// Nothing changes: 10 checks later, nothing was written.
+	// Nothing changes, so the next write must be the heartbeat, 3 s after
+	// the last write: a rewrite without a change would come at the next
+	// check, 100 ms on.
 	ci, err := c.ops.OpsV1alpha1().ControllerInfos().Get(ctx, "seine-controller", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(time.Second)
-	if again, err := c.ops.OpsV1alpha1().ControllerInfos().Get(ctx, "seine-controller", metav1.GetOptions{}); err != nil ||
-		again.ResourceVersion != ci.ResourceVersion {
-		t.Errorf("ControllerInfo rewritten without a change (%v)", err)
+	w, err := c.ops.OpsV1alpha1().ControllerInfos().Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=seine-controller",
+		ResourceVersion: ci.ResourceVersion})
+	if err != nil {
+		t.Fatal(err)
+	}
+	beat := nextWrite(t, w, 30*time.Second).(*opsv1alpha1.ControllerInfo)
+	if gap := beat.Status.LastHeartbeatTime.Sub(ci.Status.LastHeartbeatTime.Time); gap < 3*time.Second {
+		t.Errorf("ControllerInfo rewritten %s after the last write without a change (heartbeat every 3 s): %+v", gap, beat.Status)
 	}
 	eventually(t, "ghost AgentInfo deleted", func() error {
 		if _, err := c.ops.OpsV1alpha1().AgentInfos().Get(ctx, "ghost", metav1.GetOptions{}); !apierrors.IsNotFound(err) {

@@ -127,8 +127,10 @@ type Controller struct {
 	log     *zap.Logger
 	metrics *metrics
 	leader  atomic.Bool
-	// idle reports, while leading, whether the initial reconcile is done
-	// and the queue is empty (for tests and benchmarks).
+	// observed is the Lease holder this instance last read (client-go's
+	// OnNewLeader), "" before its first attempt.
+	observed atomic.Pointer[string]
+	// mu guards current, the term this instance leads (nil otherwise).
 	mu      sync.Mutex
 	current *leading
 	// term is the state of the current (or last) term, for Status.
@@ -176,6 +178,16 @@ func Run(ctx context.Context, kube kubernetes.Interface, cp versioned.Interface,
 // IsLeader reports whether this instance holds the Lease now.
 func (c *Controller) IsLeader() bool { return c.leader.Load() }
 
+// ObservedLeader is the identity of the Lease holder as this instance last
+// read it: its own Identity while it leads, another instance's once an
+// attempt to acquire the Lease found it held, "" before the first attempt.
+func (c *Controller) ObservedLeader() string {
+	if id := c.observed.Load(); id != nil {
+		return *id
+	}
+	return ""
+}
+
 // Idle reports whether this instance leads, has reconciled everything it
 // found at the start of its term, and has no pending work.
 func (c *Controller) Idle() bool {
@@ -214,6 +226,12 @@ func (c *Controller) Run(ctx context.Context) error {
 					c.log.Info("became policy controller leader")
 					if err := c.lead(lctx, termStart(lctx, lock, c.cfg.Identity)); err != nil && lctx.Err() == nil {
 						c.log.Error("policy controller stopped", zap.Error(err))
+					}
+				},
+				OnNewLeader: func(identity string) {
+					c.observed.Store(&identity)
+					if identity != c.cfg.Identity {
+						c.log.Info("policy controller leader observed", zap.String("leader", identity))
 					}
 				},
 				OnStoppedLeading: func() {

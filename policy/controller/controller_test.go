@@ -309,7 +309,11 @@ func TestControllerAgainstAPIServer(t *testing.T) {
 	cfgB := cfg
 	cfgB.Identity, cfgB.Registry = "cp-b", prometheus.NewRegistry()
 	b, _ := startController(t, e, e.cp, cfgB)
-	time.Sleep(time.Second)
+	// b has tried once it has read the Lease's holder.
+	waitFor(t, 20*time.Second, "b reads the Lease", func() bool { return b.ObservedLeader() != "" })
+	if got := b.ObservedLeader(); got != "cp-a" {
+		t.Errorf("b read the Lease's holder as %q, want cp-a", got)
+	}
 	if b.IsLeader() {
 		t.Fatal("b leads while a holds the lease")
 	}
