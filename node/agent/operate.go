@@ -38,10 +38,6 @@ import (
 	policycontroller "github.com/seine-net/seine/policy/controller"
 )
 
-// TrafficModeEncap is the traffic mode this daemon runs: Pod traffic
-// between Nodes crosses tunnels.
-const TrafficModeEncap = "encap"
-
 // Option adjusts Run.
 type Option func(*options)
 
@@ -163,7 +159,7 @@ func (o *operations) datapathUp(d *datapath) error {
 	}
 	for _, c := range []prometheus.Collector{
 		gauge("seine_flows", "OpenFlow entries Seine keeps installed on the integration bridge.", func() float64 { return float64(d.flows.Count()) }),
-		gauge("seine_peer_nodes", "Peer Nodes connected through the tunnel.", func() float64 { return float64(len(d.routes.Peers())) }),
+		gauge("seine_peer_nodes", "Peer Nodes programmed on this Node, whatever their route (see seine_peer_node_routes).", func() float64 { return float64(len(d.routes.Peers())) }),
 		gauge("seine_local_pods", "Pods attached to this Node's bridge.", func() float64 { return float64(len(d.pods.Attachments())) }),
 		gauge("seine_ovs_connected", "1 while the OVSDB and OpenFlow connections are up.", func() float64 {
 			if d.ovs.Connected() && d.ofc.Connected() {
@@ -198,7 +194,7 @@ func (t *tableFlows) Collect(ch chan<- prometheus.Metric) {
 // inspector builds the inspector over the datapath.
 func (o *operations) inspector(d *datapath) *inspect.Inspector {
 	return inspect.New(inspect.Deps{
-		Config: o.cfg, Bridge: d.bridge, StartTime: o.started, TrafficMode: TrafficModeEncap,
+		Config: o.cfg, Bridge: d.bridge, StartTime: o.started, TrafficMode: string(o.cfg.TrafficEncapMode),
 		OVSDB: d.ovs, OpenFlow: d.ofc, Appctl: d.appctl, Flows: d.flows, Pods: d.pods, Policy: d.policy,
 		Peers:    func() int { return len(d.routes.Peers()) },
 		NodeByIP: nodeByIP(d.factory),

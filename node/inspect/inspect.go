@@ -32,7 +32,8 @@ type Deps struct {
 	Config    config.Config
 	Bridge    pipeline.Bridge
 	StartTime time.Time
-	// TrafficMode is how Pod traffic crosses Nodes ("encap").
+	// TrafficMode is the trafficEncapMode in effect: encap, noEncap,
+	// hybrid or networkPolicyOnly.
 	TrafficMode string
 	OVSDB       *ovsdb.Client
 	OpenFlow    *of.Client
@@ -102,7 +103,8 @@ func (in *Inspector) AddressGroups() []*cpv1alpha1.AddressGroup { return in.view
 // tableName names a table for output.
 func tableName(t uint8) string { return pipeline.Table(t).String() }
 
-// tableOrder sorts tables in pipeline order.
+// sortFlows orders flows by table (pipeline order), then by descending
+// priority, then by match.
 func sortFlows(fs []localapi.Flow) {
 	sort.SliceStable(fs, func(i, j int) bool {
 		if fs[i].TableID != fs[j].TableID {

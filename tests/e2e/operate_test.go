@@ -525,7 +525,7 @@ func TestAgentInfo(t *testing.T) {
 			}
 			s := ai.Status
 			if s.Version != version || s.OVS.Version != wantOVS || s.OVS.DatapathType != "netdev" || s.TunnelType != sandboxTunnel ||
-				s.TrafficMode != "encap" || s.NodeIP != n.IP || s.PeerCount != int32(len(c.Nodes())-1) {
+				s.TrafficMode != string(c.Mode()) || s.NodeIP != n.IP || s.PeerCount != int32(len(c.Nodes())-1) {
 				return fmt.Errorf("status %+v", s)
 			}
 			if len(ai.OwnerReferences) != 1 || ai.OwnerReferences[0].Kind != "Node" || ai.OwnerReferences[0].Name != n.Name {

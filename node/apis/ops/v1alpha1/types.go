@@ -9,16 +9,17 @@ const (
 	// AgentOVSConnected: the daemon's OVSDB and OpenFlow connections to
 	// its Node's Open vSwitch are up.
 	AgentOVSConnected = "OVSConnected"
-	// AgentAPIConnected: the daemon's last calls to the Kubernetes API
-	// server succeeded (a False condition is written once the API answers
-	// again; until then the heartbeat goes stale).
+	// AgentAPIConnected: the daemon's last write to the Kubernetes API
+	// server succeeded. It is True whenever written: the first write after
+	// failed ones has reason Reconnected and names the last error; while
+	// the API server does not answer, the heartbeat goes stale.
 	AgentAPIConnected = "APIConnected"
 	// AgentPoliciesRealized: every NetworkPolicy object the agent holds
 	// is installed as flows (the agent synced and its last installation
 	// succeeded).
 	AgentPoliciesRealized = "PoliciesRealized"
 	// AgentReady: the daemon's /readyz checks pass (OVS connected,
-	// pipeline installed, Pods restored, policies realized).
+	// pipeline installed, Pods restored, policies realized, CNI serving).
 	AgentReady = "Ready"
 )
 
@@ -100,7 +101,8 @@ type AgentInfoStatus struct {
 	// TunnelType is geneve, vxlan or gre.
 	// +optional
 	TunnelType string `json:"tunnelType,omitempty"`
-	// TrafficMode is how Pod traffic crosses Nodes ("encap": tunnels).
+	// TrafficMode is the Node's trafficEncapMode: encap, noEncap, hybrid
+	// or networkPolicyOnly (docs/configuration.md).
 	// +optional
 	TrafficMode string `json:"trafficMode,omitempty"`
 	// NodeIP is the Node's transport address; PodCIDR its Pod range.
@@ -147,8 +149,8 @@ type AgentInfoList struct {
 }
 
 // ControllerInfo is the state of the leader-elected policy controller,
-// written by the current leader when it takes over, every minute and
-// after each computation (debounced). It is named after the controller's
+// written by the current leader when it takes over, every minute, and
+// within a check period (5 s) of a change of its figures. It is named after the controller's
 // Lease ("seine-controller" by default).
 //
 // +genclient
