@@ -361,7 +361,9 @@ func sameFlow(a, b of.Flow) bool {
 	return a.Cookie == b.Cookie && reflect.DeepEqual(a.Actions, b.Actions)
 }
 
-// Key identifies a flow entry: table, priority and match.
+// Key identifies a flow entry as OVS does (ovs-ofctl(8), "Flow Syntax":
+// a flow table holds one entry per priority and match): table, priority
+// and every field of the match, masks included.
 func Key(f of.Flow) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "t%d,p%d", f.Table, f.Priority)
@@ -388,6 +390,7 @@ func Key(f of.Flow) string {
 		}
 	}
 	mac("eth_src", m.EthSrc)
+	mac("eth_src_mask", m.EthSrcMask)
 	mac("eth_dst", m.EthDst)
 	mac("eth_dst_mask", m.EthDstMask)
 	if m.ARPOp != 0 {
@@ -411,6 +414,10 @@ func Key(f of.Flow) string {
 		fmt.Fprintf(&b, ",nw_frag=%#x/%#x", m.Frag.Value&m.Frag.Mask, m.Frag.Mask)
 	}
 	ip("tun_dst", m.TunDst)
+	ip("tun_src", m.TunSrc)
+	if m.TunID != nil {
+		fmt.Fprintf(&b, ",tun_id=%#x/%#x", m.TunID.Value, m.TunID.Mask)
+	}
 	for _, r := range m.Regs {
 		fmt.Fprintf(&b, ",reg%d=%#x/%#x", r.Reg, r.Value, r.Mask)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"reflect"
 	"sync"
 	"testing"
 	"time"
@@ -353,4 +354,44 @@ func (sw *tracking) Apply(_ context.Context, mods []of.FlowMod) error {
 		}
 	}
 	return nil
+}
+
+// Every field of a match is part of the key: two flows that differ in any
+// one of them are two entries to OVS, and must be two to the syncer. A
+// field added to of.Match without a sample here fails the test.
+func TestKeyCoversEveryMatchField(t *testing.T) {
+	zone, conj := uint16(7), uint32(9)
+	samples := map[reflect.Type]any{
+		reflect.TypeFor[uint8]():            uint8(6),
+		reflect.TypeFor[uint16]():           uint16(0x800),
+		reflect.TypeFor[uint32]():           uint32(3),
+		reflect.TypeFor[net.HardwareAddr](): net.HardwareAddr{0xaa, 0xbb, 0xcc, 0, 0, 1},
+		reflect.TypeFor[net.IP]():           net.IPv4(10, 244, 0, 5).To4(),
+		reflect.TypeFor[*net.IPNet]():       &net.IPNet{IP: net.IPv4(10, 244, 0, 0).To4(), Mask: net.CIDRMask(24, 32)},
+		reflect.TypeFor[*of.PortMatch]():    &of.PortMatch{Port: 80, Mask: 0xffff},
+		reflect.TypeFor[*of.FragMatch]():    &of.FragMatch{Value: 1, Mask: 1},
+		reflect.TypeFor[*of.Masked64]():     &of.Masked64{Value: 5, Mask: 0xff},
+		reflect.TypeFor[*of.Masked32]():     &of.Masked32{Value: 5, Mask: 0xff},
+		reflect.TypeFor[[]of.RegMatch]():    []of.RegMatch{{Reg: 1, Value: 2, Mask: 3}},
+		reflect.TypeFor[*of.CtStateMatch](): &of.CtStateMatch{Set: 1, Clear: 2},
+		reflect.TypeFor[*uint16]():          &zone,
+		reflect.TypeFor[*uint32]():          &conj,
+	}
+	base := of.Flow{Table: 10, Priority: 100}
+	seen := map[string]string{Key(base): "(none)"}
+	mt := reflect.TypeFor[of.Match]()
+	for i := range mt.NumField() {
+		f := mt.Field(i)
+		v, ok := samples[f.Type]
+		if !ok {
+			t.Fatalf("of.Match.%s has type %s, which this test has no sample for: add one", f.Name, f.Type)
+		}
+		fl := base
+		reflect.ValueOf(&fl.Match).Elem().Field(i).Set(reflect.ValueOf(v))
+		k := Key(fl)
+		if other, dup := seen[k]; dup {
+			t.Errorf("setting %s gives the key %q, as %s does", f.Name, k, other)
+		}
+		seen[k] = f.Name
+	}
 }
