@@ -102,9 +102,11 @@ type Config struct {
 	// meanwhile. ctx is the reconciler's. It must not call back into the
 	// Agent.
 	OnIsolation func(ctx context.Context, namespace, name string, ingress, egress bool) error
-	// AfterChange, when set, runs after every reconcile that installed
-	// flows, before WaitRealized callers are released (the daemon purges
-	// the switch's cached datapath flows here, see datapath/ovsctl).
+	// AfterChange, when set, runs after every reconcile that had work,
+	// once its flows and isolation changes are installed; WaitRealized
+	// reports no Pod realized until it has returned (the daemon purges
+	// the switch's cached datapath flows here, see datapath/ovsctl). Its
+	// error is logged, not retried.
 	AfterChange func(ctx context.Context) error
 }
 
@@ -160,6 +162,10 @@ type Agent struct {
 	changed    chan struct{} // closed and replaced whenever done or PodRealization changes
 	informed   bool          // informers are set up (the fields below are valid)
 	lastErr    error
+	// purging is set while a reconcile's AfterChange has not run yet:
+	// done already names its flows, but packets may still take datapath
+	// flows cached before them, so no Pod counts as realized.
+	purging bool
 
 	// Isolation state. gen numbers each attachment of a Pod (from
 	// attachSeq) so that a Pod detached and attached again starts from
@@ -342,7 +348,8 @@ func groupIndex(obj any) ([]string, error) {
 
 // Run watches the Node's policy objects and keeps the flows in line with
 // them until ctx ends. It installs pipeline.PolicyBaseFlows first and
-// returns an error only when that fails or ctx ends before the caches sync.
+// returns an error only when that fails, when the informers cannot be set
+// up, or when ctx ends before the caches sync.
 // Reconciles come from a rate-limited workqueue (client-go's
 // util/workqueue) holding the single key reconcileKey; it is shut down
 // when Run returns.
@@ -606,6 +613,7 @@ func (a *Agent) reconcile(ctx context.Context) error {
 	}
 	changes := a.isolationChangesLocked()
 	a.lastErr = err
+	a.purging = a.cfg.AfterChange != nil
 	a.mu.Unlock()
 	// Pods whose isolation changes are pending in WaitRealized until
 	// applyIsolation is done with them.
@@ -616,6 +624,7 @@ func (a *Agent) reconcile(ctx context.Context) error {
 		}
 	}
 	a.mu.Lock()
+	a.purging = false
 	if isoErr != nil {
 		a.lastErr = errors.Join(err, isoErr)
 	}
@@ -802,6 +811,8 @@ func (a *Agent) WaitRealized(ctx context.Context, namespace, name, uid string) e
 				if a.lastErr != nil {
 					cause = fmt.Errorf("%w; last error: %w", cause, a.lastErr)
 				}
+			case want == have && a.purging:
+				cause = errors.New("the switch's cached datapath flows are not purged yet")
 			case want == have:
 				a.mu.Unlock()
 				return nil
