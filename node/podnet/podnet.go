@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -724,7 +725,8 @@ func (b *Backend) release(ctx context.Context, containerID, ifName string) error
 
 // Check verifies an attachment against prevResult (CNI spec, "CHECK"): the
 // Pod interface exists in the netns with the recorded address, and the host
-// end is attached to the bridge with its flows installed.
+// end exists, is a port of the bridge that ovs-vswitchd opened, and has
+// its flows installed.
 func (b *Backend) Check(ctx context.Context, req *cniserver.Request, prev *current.Result) error {
 	if b.cfg.Chained {
 		return b.checkChained(ctx, req, prev)
@@ -773,8 +775,30 @@ func (b *Backend) Check(ctx context.Context, req *cniserver.Request, prev *curre
 	if _, err := netlink.LinkByName(hostName); err != nil {
 		return cniserver.Errorf(cniserver.ErrCodeDatapath, "host veth %s: %w", hostName, err)
 	}
+	if err := b.checkPort(ctx, hostName); err != nil {
+		return err
+	}
 	if !b.flows.Has(owner(req.ContainerID, req.IfName)) {
 		return cniserver.Errorf(cniserver.ErrCodeDatapath, "no flows installed for container %s", req.ContainerID)
+	}
+	return nil
+}
+
+// checkPort returns a CNI error unless hostName is a port of the bridge
+// that ovs-vswitchd opened: Interface.ofport is -1 when it could not
+// (ovs-vswitchd.conf.db(5), "Interface TABLE").
+func (b *Backend) checkPort(ctx context.Context, hostName string) error {
+	ports, err := b.ports.ListPorts(ctx, b.cfg.BridgeName)
+	if err != nil {
+		return cniserver.Errorf(cniserver.ErrCodeDatapath, "listing the ports of %s: %w", b.cfg.BridgeName, err)
+	}
+	i := slices.IndexFunc(ports, func(p ovsdb.Port) bool { return p.Name == hostName })
+	switch {
+	case i < 0:
+		return cniserver.Errorf(cniserver.ErrCodeDatapath, "host veth %s is not a port of %s", hostName, b.cfg.BridgeName)
+	case ports[i].OFPort <= 0:
+		return cniserver.Errorf(cniserver.ErrCodeDatapath, "port %s of %s has no OpenFlow port number (ofport %d)",
+			hostName, b.cfg.BridgeName, ports[i].OFPort)
 	}
 	return nil
 }

@@ -18,6 +18,7 @@ import (
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 
 	"github.com/seine-net/seine/node/config"
+	"github.com/seine-net/seine/node/podnet"
 	"github.com/seine-net/seine/tests/sandbox"
 )
 
@@ -352,7 +353,8 @@ func seineOnlyList(n sandbox.Node) []byte {
 }
 
 // TestCNICheckAndGC: CHECK passes for a healthy attachment and fails once
-// its veth is gone; GC releases every attachment not listed as valid.
+// its Pod interface is gone, or its host end is no longer a port of the
+// bridge; GC releases every attachment not listed as valid.
 func TestCNICheckAndGC(t *testing.T) {
 	requireSeineIPAM(t)
 	c := shared
@@ -362,7 +364,8 @@ func TestCNICheckAndGC(t *testing.T) {
 	before := snapshot(t, c, n)
 	keep := e.rt("gc-keep", newPodNS(t, "seine-e2e-gckeep"))
 	drop := e.rt("gc-drop", newPodNS(t, "seine-e2e-gcdrop"))
-	for _, rt := range []*libcni.RuntimeConf{keep, drop} {
+	unported := e.rt("gc-unported", newPodNS(t, "seine-e2e-gcunport"))
+	for _, rt := range []*libcni.RuntimeConf{keep, drop, unported} {
 		if _, err := e.add(ctx, rt); err != nil {
 			t.Fatal(err)
 		}
@@ -376,6 +379,12 @@ func TestCNICheckAndGC(t *testing.T) {
 	}
 	if err := e.Check(ctx, drop); err == nil {
 		t.Fatal("CHECK passed for an attachment whose interface is gone")
+	}
+	// Break the third: take its host end off the bridge.
+	port := podnet.HostVethName("gc-unported", "eth0")
+	ovs(t, n, "ovs-vsctl", "del-port", "br-int", port)
+	if err := e.Check(ctx, unported); err == nil || !strings.Contains(err.Error(), port+" is not a port of") {
+		t.Fatalf("CHECK of an attachment whose host end left the bridge: %v", err)
 	}
 	if err := e.GC(ctx, []types.GCAttachment{{ContainerID: "gc-keep", IfName: "eth0"}}); err != nil {
 		t.Fatalf("GC: %v", err)
