@@ -8,7 +8,8 @@
 // reused as late as possible (connections to a deleted Pod should not reach
 // its successor).
 //
-// Every change is on disk before the call that made it returns. Concurrent
+// Every change is on disk before the call that made it returns (for
+// Reserve, before the durable function it returns gives nil). Concurrent
 // calls share the write (group commit): a change is made in memory, and
 // one caller at a time writes the whole state (temporary file, fsync,
 // rename), covering every change made before its write began; the others

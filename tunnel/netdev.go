@@ -165,8 +165,8 @@ func moveAddresses(from, to netlink.Link, log *zap.Logger) error {
 	return nil
 }
 
-// dropKernelIngress installs table netdev seine-transport with a
-// filter chain on the device's ingress hook whose policy is drop.
+// dropKernelIngress installs, in nft's table (netdev family), a filter
+// chain on the device's ingress hook whose policy is drop.
 func dropKernelIngress(ctx context.Context, nft knftables.Interface, device string) error {
 	tx := nft.NewTransaction()
 	tx.Add(&knftables.Table{Comment: knftables.PtrTo("seine: transport device owned by OVS")})

@@ -44,7 +44,7 @@ const hairpinPriority = 1
 // redirect, and both up. It is idempotent. Errors name the step and the
 // device; a kernel without the ingress qdisc, the u32 classifier or the
 // mirred action (CONFIG_NET_SCH_INGRESS, CONFIG_NET_CLS_U32,
-// CONFIG_NET_ACT_MIRRED) fails at the redirect.
+// CONFIG_NET_ACT_MIRRED) fails at the ingress qdisc or the redirect.
 func (s SegmentPair) Ensure(mtu int) error {
 	if _, err := netlink.LinkByName(s.Port); isNotFound(err) {
 		_ = deleteLinkNamed(s.Hairpin)

@@ -196,7 +196,8 @@ type TypeEvidence struct {
 //     cluster speaks its language;
 //   - DefaultType.
 //
-// Empty and unknown types are ignored wherever they appear.
+// A configured type is returned as is (Config's validation checks it);
+// elsewhere, empty and unknown types are ignored.
 func PickType(e TypeEvidence) (string, TypeSource) {
 	switch {
 	case e.Configured != "":

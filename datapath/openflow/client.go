@@ -94,7 +94,8 @@ func (c *Client) onPacketIn(m message) {
 	c.packetIns.dispatch(pi)
 }
 
-// replayKey marks the context handed to the OnReconnect callback; its value
+// replayKey marks the context handed to the callback set with
+// WithOnReconnect; its value
 // is the connection being replayed.
 type replayKey struct{}
 
@@ -104,7 +105,8 @@ type replayKey struct{}
 // keeps the session alive with echo requests. The first connection is
 // retried with backoff for up to the connect timeout. Afterwards, whenever
 // the connection drops, the client reconnects with backoff until ctx is
-// cancelled or Close is called, then runs the OnReconnect callback.
+// cancelled or Close is called, then runs the callback set with
+// WithOnReconnect.
 func Dial(ctx context.Context, target string, log *zap.Logger, opts ...Option) (*Client, error) {
 	if log == nil {
 		log = zap.NewNop()

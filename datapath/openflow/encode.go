@@ -127,7 +127,7 @@ func ipv4(ip net.IP, what string) ([]byte, error) {
 	return []byte(v4), nil
 }
 
-// masked32 returns nil for "exact" masks (0 or all ones).
+// mask32 returns nil for "exact" masks (0 or all ones).
 func mask32(m uint32) []byte {
 	if m == 0 || m == 0xffffffff {
 		return nil

@@ -108,6 +108,8 @@ func encodeGroupMod(g *GroupMod) (*of13.GroupMod, error) {
 
 // ApplyGroups sends group changes as one atomic bundle, like Apply: all or
 // nothing, and the error names the offending group and wraps the *OFError.
+// A set that holds a group with a selection method is the exception: its
+// mods go in order over OpenFlow 1.5, each atomic, the set not.
 func (c *Client) ApplyGroups(ctx context.Context, mods []GroupMod) error {
 	if len(mods) == 0 {
 		return nil

@@ -67,8 +67,8 @@ const (
 	LearnLoadField
 )
 
-// LearnSpec is one spec of a learn action. Src and Dst cover the bits
-// [Ofs, Ofs+NBits) of their field; NBits 0 means the whole field. Src is
+// LearnSpec is one spec of a learn action. Src covers the bits [SrcOfs,
+// SrcOfs+NBits) of its field, Dst [DstOfs, DstOfs+NBits); NBits 0 means the whole field. Src is
 // unused for the *Value kinds, Value for the *Field kinds.
 type LearnSpec struct {
 	Kind     LearnSpecKind

@@ -154,7 +154,7 @@ func encodeGroupMod15(g *GroupMod, xid uint32) ([]byte, error) {
 }
 
 // conn15 is the OpenFlow 1.5 side connection, dialled on first use and
-// again after any error.
+// again after a connection error (an OFError reply keeps it).
 type conn15 struct {
 	target string
 	mu     sync.Mutex
@@ -169,7 +169,7 @@ func (c *conn15) close() {
 	}
 }
 
-// header writes an OpenFlow 1.5 header.
+// header15 returns a new OpenFlow 1.5 header.
 func header15(typ uint8, length uint16, xid uint32) []byte {
 	h := make([]byte, 8)
 	h[0], h[1] = of15Version, typ

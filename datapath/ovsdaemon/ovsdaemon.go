@@ -55,8 +55,8 @@ type Config struct {
 	// other_config:userspace-tso-enable=true (read only at its start;
 	// see datapath/offload).
 	UserspaceTSO bool
-	// MaxRestarts is how many times a child may be restarted within
-	// RestartWindow before Run gives up and returns an error (so the
+	// MaxRestarts is how many restarts of the children, counted
+	// together, may happen within RestartWindow before Run gives up and returns an error (so the
 	// container restarts and the failure shows). Default 5 in 5 minutes.
 	MaxRestarts   int
 	RestartWindow time.Duration
@@ -317,7 +317,8 @@ func (c *child) stopVswitchd(runDir string, log *zap.Logger) {
 }
 
 // supervise restarts a daemon that exits until ctx ends, giving up when
-// one exits more than MaxRestarts times within RestartWindow.
+// the daemons together exit more than MaxRestarts times within
+// RestartWindow.
 func (s *supervisor) supervise(ctx context.Context, children ...*child) error {
 	var restarts []time.Time
 	for {

@@ -22,7 +22,7 @@ import (
 // Output first restores the fields SaveHeaders saved before conntrack (OVS's updates of
 // the checksum undo each other, so the packet is exactly as it entered,
 // with its original partial checksum), writes its in_port into the low 16
-// bits of eth_dst (NATDetourMAC), and sends it through the segmentation
+// bits of eth_dst (natDetourMAC), and sends it through the segmentation
 // veth pair, whose sending end lets the kernel complete the checksum (and
 // segment). The packet comes back on that port; the Classifier puts back
 // its in_port, sets NATChecksumDone and runs it through the whole pipeline

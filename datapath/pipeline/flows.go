@@ -21,7 +21,7 @@ const (
 	PrioDefault uint16 = 0
 )
 
-// VirtualMAC is the one MAC address under which every peer Node's gateway
+// virtualMAC is the one MAC address under which every peer Node's gateway
 // is answered by the ARP responder (tunnelled packets carry the peer's
 // PeerMAC instead). It is locally administered and unicast (IEEE 802, bit 1
 // of the first octet set, bit 0 clear).
@@ -219,7 +219,7 @@ func BaseFlows(b Bridge) []of.Flow {
 	}
 	add(L3Forwarding, PrioLow-1, of.Match{EthType: EthTypeIPv4},
 		of.SetEthDst{MAC: b.GatewayMAC}, goTo(L2Forwarding))
-	// L2Forwarding to the gateway and the tunnel.
+	// L2Forwarding to the gateway (the tunnel's come with PeerNodeFlows).
 	add(L2Forwarding, PrioHigh, of.Match{EthDst: b.GatewayMAC},
 		TargetOFPort.Load(b.GatewayPort), OutputResolved.Load(1), goTo(L2Forwarding.next()))
 	// Commit new connections, then output. Connections the host started

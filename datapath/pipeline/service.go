@@ -69,8 +69,9 @@ var ServiceHairpinIP = net.IPv4(169, 254, 100, 1).To4()
 // it when it leaves the Node.
 var ServiceHostSNATIP = net.IPv4(169, 254, 100, 3).To4()
 
-// ServiceSNATZone is the conntrack zone of the hairpin SNAT (a second NAT
-// on a connection needs a zone of its own, ovs-actions(7) "ct").
+// ServiceSNATZone is the conntrack zone of every Service SNAT: hairpin,
+// external frontends and ServiceHostSNATIP (a second NAT on a connection
+// needs a zone of its own, ovs-actions(7) "ct").
 const ServiceSNATZone uint16 = 65521
 
 // The ct_mark bits of Service connections (zone ConntrackZone).

@@ -1,7 +1,8 @@
 // Package agent is the seine node daemon: it brings up this Node's bridge,
 // gateway and tunnel, programs the pipeline, restores the Pods already
 // attached, connects peer Nodes, masquerades Pod egress, and serves the CNI
-// plugin. Run is its only entry point.
+// plugin. Run is the daemon's entry point (`seine ovs run` also calls
+// EnsureNetdevReceiveBuffer).
 //
 // Start-up never clears the flow table: the flows of the previous run keep
 // forwarding while the new run installs its own under a new cookie round,

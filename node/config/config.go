@@ -98,8 +98,10 @@ type Config struct {
 	ClusterCIDR string `json:"clusterCIDR,omitempty"`
 	// ServiceCIDR is the ClusterIP range. Default 10.96.0.0/16.
 	ServiceCIDR string `json:"serviceCIDR,omitempty"`
-	// MTU of Pod interfaces and the gateway; 0 derives it from the transport
-	// interface's MTU, minus the tunnel overhead in the modes that tunnel.
+	// MTU of Pod interfaces, the gateway, the tunnel and the Pods' routes.
+	// 0: Pod interfaces take the transport interface's MTU, and in the
+	// modes that tunnel the gateway, the tunnel and the Pods' routes
+	// through the gateway take that MTU less the tunnel overhead.
 	MTU int `json:"mtu,omitempty"`
 	// TrafficEncapMode is encap (default), noEncap, hybrid or
 	// networkPolicyOnly (see TrafficEncapMode).

@@ -48,7 +48,8 @@ type AgentConfig struct {
 // RunAgent writes the Node's AgentInfo until ctx ends: at once, whenever a
 // figure or condition changes (checked every Check), and at least every
 // Heartbeat. Failed writes are retried at the next check; the first write
-// after a failure records APIConnected's transition.
+// after a failure gives APIConnected the reason Reconnected and the last
+// error.
 func RunAgent(ctx context.Context, client opsclient.Interface, cfg AgentConfig, log *zap.Logger) error {
 	if cfg.Heartbeat <= 0 {
 		cfg.Heartbeat = DefaultHeartbeat

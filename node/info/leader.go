@@ -77,8 +77,8 @@ func NewLeader(kube kubernetes.Interface, cp cpclient.Interface, ops opsclient.I
 	return &Leader{kube: kube, cp: cp, ops: ops, cfg: cfg, log: log}
 }
 
-// Tasks are the functions to run for each term (policy controller
-// Config.LeaderTasks).
+// Tasks are the functions to run for each term
+// (policycontroller.Controller.AddLeaderTask).
 func (l *Leader) Tasks() []func(ctx context.Context) {
 	return []func(ctx context.Context){l.runControllerInfo, l.runObservers}
 }

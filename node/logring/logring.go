@@ -8,7 +8,8 @@ import (
 	"sync"
 )
 
-// Ring is an io.Writer that keeps the last Size bytes written, cut at a
+// Ring is an io.Writer that keeps the last size bytes written (New's
+// argument), cut at a
 // line boundary when read. It is safe for concurrent use.
 type Ring struct {
 	mu   sync.Mutex

@@ -2,13 +2,13 @@
 // with a podCIDR it decides, from the traffic mode and whether the peer
 // shares this Node's transport subnet, how its podCIDR is reached (Route):
 // through the tunnel (OVS flows setting tun_dst to the peer's InternalIP,
-// and a host route for the podCIDR via the gateway interface), by a host
+// or its MAC with a kernel VXLAN device, and a host route for the podCIDR via the gateway interface), by a host
 // route via the peer's Node IP (flows sending the podCIDR out of the
 // gateway), or by the underlay's routing (flows only). It also keeps the
 // peer's IP in the SNAT exemption set. All of it is removed when the Node
 // goes away, and re-decided when the Node or this Node's transport
-// addresses change. With the userspace datapath it also keeps OVS's tunnel
-// neighbor cache filled for every tunnelled peer (see tunnel.Neighbors), so
+// addresses change. With OVS's userspace tunnel port it also keeps OVS's
+// tunnel neighbor cache filled for every tunnelled peer (see tunnel.Neighbors), so
 // no first packet is dropped.
 package noderoute
 

@@ -70,7 +70,9 @@ type Scope struct {
 
 // Translate computes the desired state of every port of svc from its
 // EndpointSlices (IPv4 only), as seen from the Node scope.NodeName. Each
-// Service port gives up to three frontends, each its own PortState:
+// Service port gives up to five frontends, each its own PortState (the
+// three below, and under externalTrafficPolicy Local a "/node" twin of
+// each external one, see the endpoint rules):
 //
 //   - the internal one (key "ns/name/port/PROTO"): the ClusterIPs, and the
 //     externalIPs and LoadBalancer IPs for traffic from Pods;

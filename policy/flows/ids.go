@@ -2,8 +2,8 @@ package flows
 
 // Allocator hands out small positive IDs (1, 2, ...) for keys: a key keeps
 // its ID until released, and released IDs are reused oldest first, only
-// after every never-used ID below the high-water mark is gone, so a freed
-// ID stays unused as long as possible. It is not safe for concurrent use.
+// once every ID up to max has been handed out, so a freed ID stays unused
+// as long as possible. It is not safe for concurrent use.
 type Allocator[K comparable] struct {
 	byKey map[K]uint32
 	free  []uint32 // FIFO of released IDs

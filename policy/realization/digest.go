@@ -25,7 +25,8 @@ type Policy struct {
 	AddressGroupSlices map[string]int
 }
 
-// Digest returns the hex SHA-256 digest of the Pod's policy state; the
+// Digest returns the first 128 bits of the SHA-256 of the Pod's policy
+// state, in hex (32 digits); the
 // order of policies does not matter. No policies give the digest of the
 // empty state, which is a valid acknowledgement too ("nothing applies").
 func Digest(policies []Policy) string {

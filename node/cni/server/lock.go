@@ -15,7 +15,7 @@ const gcWeight = math.MaxInt32
 // opLock orders CNI commands: commands for one container ID run one at a
 // time in arrival order (a DEL racing an ADD of the same container waits for
 // it), commands for different containers run concurrently, and a GC runs
-// alone.
+// alone. STATUS takes no lock.
 type opLock struct {
 	all *semaphore.Weighted
 

@@ -59,7 +59,8 @@ type NetConf struct {
 }
 
 // Backend does the real work of each CNI command. Its methods are called with
-// at most one request per container ID in flight, and never while a GC runs.
+// at most one request per container ID in flight, and never while a GC runs
+// (Status excepted: STATUS takes no lock and may run at any time).
 type Backend interface {
 	// Add attaches the container and returns its result; the server
 	// converts it to the request's cniVersion.
