@@ -139,7 +139,7 @@ func (p *Proxier) installPlans(ctx context.Context, plans []*portPlan) error {
 	ups := make([]flowsync.Update, 0, len(plans))
 	for _, pl := range plans {
 		for _, g := range pl.groups {
-			pl.pi.groups[g.ID] = g
+			p.keepGroup(pl.pi, g)
 			delete(p.existing, g.ID)
 		}
 		ups = append(ups, flowsync.Update{Owner: pipeline.ServiceOwner(pl.pi.id), Flows: pl.flows})
@@ -161,7 +161,7 @@ func (p *Proxier) installPlans(ctx context.Context, plans []*portPlan) error {
 	for _, pl := range plans {
 		for id := range pl.pi.groups {
 			if !slices.ContainsFunc(pl.groups, func(g of.GroupEntry) bool { return g.ID == id }) {
-				delete(pl.pi.groups, id)
+				p.dropGroup(pl.pi, id)
 			}
 		}
 	}

@@ -92,6 +92,7 @@ type Proxier struct {
 
 	mu        sync.Mutex
 	installed map[string]map[string]*portInstall // service key → port key → state
+	book      *groupBook                         // the groups of installed, for ReplayGroups
 	ids       *idAllocator
 	// prior maps frontendKey to the port ID an earlier run of the daemon
 	// gave it (read from the switch at start), so that a restart keeps
@@ -130,6 +131,7 @@ func New(kube kubernetes.Interface, flows Flows, sw Switch, cfg Config, log *zap
 		queue:     workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
 		host:      hs,
 		installed: map[string]map[string]*portInstall{},
+		book:      newGroupBook(),
 		ids:       newIDAllocator(pipeline.MaxServicePortID),
 		metrics:   newMetrics(cfg.Registry),
 	}
@@ -468,7 +470,7 @@ func (p *Proxier) installPort(ctx context.Context, pi *portInstall, ps PortState
 		if err := p.putGroup(ctx, g, known || p.existing[g.ID]); err != nil {
 			return err
 		}
-		pi.groups[g.ID] = g
+		p.keepGroup(pi, g)
 		delete(p.existing, g.ID)
 	}
 	if err := p.flows.Set(ctx, pipeline.ServiceOwner(pi.id), flows); err != nil {
@@ -484,7 +486,7 @@ func (p *Proxier) installPort(ctx context.Context, pi *portInstall, ps PortState
 		return fmt.Errorf("deleting unused groups: %w", err)
 	}
 	for _, g := range stale {
-		delete(pi.groups, g.Group.ID)
+		p.dropGroup(pi, g.Group.ID)
 	}
 	els, routes := hostNeeds(sp)
 	if err := p.host.update(ctx, els, pi.elements, routes, pi.routes); err != nil {
@@ -548,7 +550,9 @@ func (p *Proxier) removePort(ctx context.Context, pi *portInstall) error {
 	if err := p.sw.ApplyGroups(ctx, mods); err != nil {
 		return err
 	}
-	pi.groups = map[uint32]of.GroupEntry{}
+	for id := range pi.groups {
+		p.dropGroup(pi, id)
+	}
 	if err := p.host.update(ctx, nil, pi.elements, nil, pi.routes); err != nil {
 		return err
 	}
@@ -560,36 +564,6 @@ func (p *Proxier) removePort(ctx context.Context, pi *portInstall) error {
 // kind, as its ServiceLB flows show it.
 func frontendKey(vip net.IP, proto uint8, port uint16, external bool) string {
 	return fmt.Sprintf("%s/%d/%d/%v", vip, proto, port, external)
-}
-
-// ReplayGroups installs every group again, second-level groups first, for
-// a switch that lost them (ovs-vswitchd restarted): run it before the
-// flows that name them are replayed.
-func (p *Proxier) ReplayGroups(ctx context.Context) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	var subs, tops []of.GroupMod
-	for _, ports := range p.installed {
-		for _, pi := range ports {
-			for id, g := range pi.groups {
-				m := of.GroupMod{Op: of.GroupOpAdd, Group: g}
-				if id == pi.id {
-					tops = append(tops, m)
-				} else {
-					subs = append(subs, m)
-				}
-			}
-		}
-	}
-	for _, mods := range [][]of.GroupMod{subs, tops} {
-		for _, m := range mods {
-			// Add, or modify when the switch kept the group after all.
-			if err := p.putGroup(ctx, m.Group, false); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
 }
 
 // readPriorIDs learns the port IDs of the frontends an earlier run

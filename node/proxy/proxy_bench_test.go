@@ -68,13 +68,15 @@ func dialProxier(b testing.TB, sock string) *Proxier {
 		b.Fatal(err)
 	}
 	p = &Proxier{cfg: Config{NodeName: "n1", Bridge: br}, flows: fs, sw: c, log: zap.NewNop(),
-		installed: map[string]map[string]*portInstall{}, ids: newIDAllocator(pipeline.MaxServicePortID)}
+		installed: map[string]map[string]*portInstall{}, book: newGroupBook(), ids: newIDAllocator(pipeline.MaxServicePortID)}
 	return p
 }
 
 // After ovs-vswitchd restarts (empty tables, no groups), the replay puts
 // back every group, UDP ones with their selection method, before the flows
-// naming them.
+// naming them; and it does so while a sync holds the proxy's lock waiting
+// for the switch, as one does when a Service changes during the restart
+// (the switch is ready again only after the replay).
 func TestGroupsReplayedAfterSwitchRestart(t *testing.T) {
 	o, sock := startOVS(t)
 	p := dialProxier(t, sock)
@@ -99,18 +101,27 @@ func TestGroupsReplayedAfterSwitchRestart(t *testing.T) {
 	if strings.Count(g0, "group_id=") != 5 || !strings.Contains(g0, "selection_method=hash") {
 		t.Fatalf("before the restart:\n%s", g0)
 	}
+	p.mu.Lock()
+	locked := true
+	defer func() {
+		if locked {
+			p.mu.Unlock()
+		}
+	}()
 	o.Restart()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		g, f := dump()
 		if strings.Count(g, "group_id=") == 5 && f == f0 {
+			p.mu.Unlock()
+			locked = false
 			if g != g0 {
 				t.Errorf("groups differ after the replay:\n%s\nwant\n%s", g, g0)
 			}
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("after the restart: %d groups, flows equal: %v\n%s\n----\n%s", strings.Count(g, "group_id="), f == f0, f, f0)
+			t.Fatalf("after the restart, the proxy's lock held: %d groups, flows equal: %v\n%s\n----\n%s", strings.Count(g, "group_id="), f == f0, f, f0)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
