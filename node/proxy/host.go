@@ -186,25 +186,30 @@ func (h *host) replaceRoute(link netlink.Link, dst *net.IPNet) error {
 
 // update applies reference count changes: elements and routes (IPv4
 // addresses routed to the gateway) going from 0 to 1 are added, those
-// dropping to 0 removed.
-func (h *host) update(ctx context.Context, addEl, delEl []element, addRoutes, delRoutes []net.IP) error {
+// dropping to 0 removed. When it fails, the counts are as they were before
+// the call, so that the caller, which keeps what it had installed, can
+// make the same call again (adding an element or a route twice, or
+// deleting one that is gone, is harmless).
+func (h *host) update(ctx context.Context, addEl, delEl []element, addRoutes, delRoutes []net.IP) (err error) {
 	if h == nil { // tests and benchmarks of the datapath side only
 		return nil
 	}
+	var journal countJournal
+	defer func() {
+		if err != nil {
+			journal.undo()
+		}
+	}()
 	tx := h.nft.NewTransaction()
 	for _, e := range addEl {
-		if h.elements[e.id()]++; h.elements[e.id()] == 1 {
+		if journal.add(h.elements, e.id(), 1) == 1 {
 			tx.Add(&knftables.Element{Set: e.set, Key: e.key})
 		}
 	}
 	for _, e := range delEl {
-		switch h.elements[e.id()]--; {
-		case h.elements[e.id()] == 0:
-			delete(h.elements, e.id())
+		if journal.add(h.elements, e.id(), -1) == 0 {
 			tx.Add(&knftables.Element{Set: e.set, Key: e.key}) // so that the delete cannot fail
 			tx.Delete(&knftables.Element{Set: e.set, Key: e.key})
-		case h.elements[e.id()] < 0:
-			delete(h.elements, e.id())
 		}
 	}
 	if tx.NumOperations() > 0 {
@@ -221,15 +226,12 @@ func (h *host) update(ctx context.Context, addEl, delEl []element, addRoutes, de
 	}
 	var errs []error
 	for _, ip := range addRoutes {
-		k := ip.String()
-		if h.routes[k]++; h.routes[k] == 1 {
+		if journal.add(h.routes, ip.String(), 1) == 1 {
 			errs = append(errs, h.replaceRoute(link, &net.IPNet{IP: ip.To4(), Mask: net.CIDRMask(32, 32)}))
 		}
 	}
 	for _, ip := range delRoutes {
-		k := ip.String()
-		if h.routes[k]--; h.routes[k] <= 0 {
-			delete(h.routes, k)
+		if journal.add(h.routes, ip.String(), -1) == 0 {
 			err := netlink.RouteDel(&netlink.Route{LinkIndex: link.Attrs().Index,
 				Dst: &net.IPNet{IP: ip.To4(), Mask: net.CIDRMask(32, 32)}, Gw: pipeline.NodePortVIP})
 			if err != nil && !errors.Is(err, syscall.ESRCH) {
@@ -238,6 +240,36 @@ func (h *host) update(ctx context.Context, addEl, delEl []element, addRoutes, de
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// countJournal changes reference counts and remembers how to put them back.
+type countJournal []func()
+
+// add adds d to m[k] and returns the new count, below 0 for the removal of
+// something never added; a count at 0 or below leaves the map.
+func (j *countJournal) add(m map[string]int, k string, d int) int {
+	was, had := m[k]
+	*j = append(*j, func() {
+		if had {
+			m[k] = was
+		} else {
+			delete(m, k)
+		}
+	})
+	n := was + d
+	if n <= 0 {
+		delete(m, k)
+		return n
+	}
+	m[k] = n
+	return n
+}
+
+// undo puts every count back, last change first.
+func (j countJournal) undo() {
+	for i := len(j) - 1; i >= 0; i-- {
+		j[i]()
+	}
 }
 
 // prune removes the elements and routes left by an earlier run that no
