@@ -218,6 +218,11 @@ func (st *stage) set(owner string, flows []of.Flow) {
 		st.refs[k]--
 		if st.s.refs[k]+st.refs[k] == 0 {
 			st.mods = append(st.mods, of.FlowMod{Op: of.OpDelete, Flow: f})
+		} else if other, ok := st.holder(k, owner); ok && !sameFlow(other, f) {
+			// The switch holds the version written last, perhaps this
+			// owner's: an owner that still wants the entry gets its own
+			// back (two Services with one external IP and port, say).
+			st.mods = append(st.mods, of.FlowMod{Op: of.OpAdd, Flow: other})
 		}
 	}
 	for k, f := range want {
@@ -236,6 +241,33 @@ func (st *stage) set(owner string, flows []of.Flow) {
 		st.names = append(st.names, owner)
 	}
 	st.owners[owner] = want
+}
+
+// holder returns the flow of entry key of an owner other than except that
+// still wants it, as staged, choosing the first owner by name so that the
+// choice does not depend on map order. It scans every owner: call it only
+// for entries owners share, which are few.
+func (st *stage) holder(key, except string) (of.Flow, bool) {
+	var best string
+	var flow of.Flow
+	found := false
+	consider := func(o string, fs map[string]of.Flow) {
+		if o == except {
+			return
+		}
+		if f, ok := fs[key]; ok && (!found || o < best) {
+			best, flow, found = o, f, true
+		}
+	}
+	for o, fs := range st.owners {
+		consider(o, fs)
+	}
+	for o, fs := range st.s.owners {
+		if _, staged := st.owners[o]; !staged {
+			consider(o, fs)
+		}
+	}
+	return flow, found
 }
 
 // commit makes the staged state the syncer's. s.mu must be held.

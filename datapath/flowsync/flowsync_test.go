@@ -101,6 +101,35 @@ func TestSharedFlowSurvivesOneOwner(t *testing.T) {
 	}
 }
 
+// Two owners want one entry with different actions (two Services with one
+// external IP and port): when the owner whose version the switch holds
+// lets go, the other owner's version is written back.
+func TestSharedEntryKeepsARemainingOwnersVersion(t *testing.T) {
+	r := &recorder{}
+	s := New(r)
+	ctx := context.Background()
+	a, b := flow(50, "10.0.0.9", 4), flow(50, "10.0.0.9", 5)
+	if err := s.Set(ctx, "svc-a", []of.Flow{a}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Set(ctx, "svc-b", []of.Flow{b}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(ctx, "svc-b"); err != nil {
+		t.Fatal(err)
+	}
+	last := r.batches[len(r.batches)-1]
+	if len(last) != 1 || last[0].Op != of.OpAdd || !sameFlow(last[0].Flow, a) {
+		t.Fatalf("after the second owner let go, sent %+v; want svc-a's version added back", last)
+	}
+	if err := s.Delete(ctx, "svc-a"); err != nil {
+		t.Fatal(err)
+	}
+	if last := r.batches[len(r.batches)-1]; count(last, of.OpDelete) != 1 {
+		t.Fatalf("last owner's delete: %+v", last)
+	}
+}
+
 func TestFailedApplyRecordsNothing(t *testing.T) {
 	r := &recorder{fail: true}
 	s := New(r)
