@@ -29,12 +29,14 @@ type Attachment struct {
 }
 
 // Attachments returns the Pods this backend attached or restored, sorted
-// by namespace and name. Only Pods whose name the runtime passed
+// by namespace and name: of a Pod attached more than once at a time, the
+// attachment made last (see remember). Only Pods whose name the runtime passed
 // (K8S_POD_NAME) are known by name.
 func (b *Backend) Attachments() []Attachment {
 	b.podMu.Lock()
 	out := make([]Attachment, 0, len(b.pods))
-	for k, r := range b.pods {
+	for k, rs := range b.pods {
+		r := rs[len(rs)-1]
 		ns, name, _ := strings.Cut(k, "/")
 		rest := strings.TrimPrefix(r.owner, "pod/")
 		cid, ifn, _ := strings.Cut(rest, "/")

@@ -264,12 +264,7 @@ func (b *Backend) chainedPort(ctx context.Context, containerID, ifName string) (
 // releaseChained detaches a chained Pod, leaving its interface and route
 // as the primary CNI made them; whatever is already gone is skipped.
 func (b *Backend) releaseChained(ctx context.Context, containerID, ifName string) error {
-	for _, k := range b.forget(owner(containerID, ifName)) {
-		if p := b.cfg.Policy; p != nil {
-			ns, name, _ := strings.Cut(k, "/")
-			p.PodDetached(ns, name)
-		}
-	}
+	b.forget(owner(containerID, ifName))
 	if err := b.flows.Set(ctx, owner(containerID, ifName), nil); err != nil {
 		return cniserver.Errorf(cniserver.ErrCodeDatapath, "removing Pod flows: %w", err)
 	}
@@ -282,6 +277,9 @@ func (b *Backend) releaseChained(ctx context.Context, containerID, ifName string
 	}
 	if err := b.ports.DeletePort(ctx, b.cfg.BridgeName, port.Name); err != nil {
 		return cniserver.Errorf(cniserver.ErrCodeDatapath, "removing OVS port %s: %w", port.Name, err)
+	}
+	if port.OFPort > 0 {
+		b.ofports.release(uint32(port.OFPort))
 	}
 	if podIP := net.ParseIP(port.ExternalIDs[ExtIDIP]).To4(); podIP != nil {
 		b.restorePodRoute(podIP, port.Name)
@@ -356,9 +354,6 @@ func (b *Backend) restoreChained(ctx context.Context, p ovsdb.Port) (bool, error
 	if err := b.flows.Set(ctx, owner(cid, ifn), pipeline.PodFlows(b.cfg.Bridge, pod)); err != nil {
 		return false, err
 	}
-	b.remember(p.ExternalIDs[ExtIDPodNamespace], p.ExternalIDs[ExtIDPodName], podRecord{owner: owner(cid, ifn), port: p.Name, pod: pod})
-	if hook := b.cfg.Policy; hook != nil && p.ExternalIDs[ExtIDPodName] != "" {
-		hook.PodAttached(p.ExternalIDs[ExtIDPodNamespace], p.ExternalIDs[ExtIDPodName], uint32(p.OFPort), podIP, true)
-	}
+	b.remember(p.ExternalIDs[ExtIDPodNamespace], p.ExternalIDs[ExtIDPodName], podRecord{owner: owner(cid, ifn), port: p.Name, pod: pod}, true)
 	return true, nil
 }

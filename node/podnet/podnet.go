@@ -94,7 +94,10 @@ type Flows interface {
 // for concurrent use.
 type PolicyHook interface {
 	// PodAttached reports a Pod's port, so the Pod's policies can match it;
-	// restored marks a Pod found attached at start-up.
+	// restored marks a Pod found attached at start-up (or an earlier
+	// attachment of the Pod that is current again). PodAttached and
+	// PodDetached are called with the Backend's record lock held, in the
+	// order the attachments change, and must not call back into it.
 	PodAttached(namespace, name string, ofport uint32, ip net.IP, restored bool)
 	// PodDetached reports that the Pod's port is gone.
 	PodDetached(namespace, name string)
@@ -178,18 +181,7 @@ type Backend struct {
 
 	// podMu guards pods; it is never held across a call to OVS.
 	podMu sync.Mutex
-	pods  map[string]podRecord // "namespace/name" → attachment
-}
-
-// podRecord is what the backend keeps of an attached Pod: the flowsync
-// owner of its flows and what they were built from.
-type podRecord struct {
-	owner string
-	port  string // the OVS port (host veth)
-	pod   pipeline.Pod
-	// egressLimited: the Pod has an egress limit (its port records
-	// seine.io/egress-bandwidth), with or without a meter behind it.
-	egressLimited bool
+	pods  map[string][]podRecord // "namespace/name" → attachments, see remember
 }
 
 func isolationValue(p pipeline.Pod) string {
@@ -207,40 +199,13 @@ func isolationValue(p pipeline.Pod) string {
 // New returns the backend. It is not ready (STATUS fails, ADD refuses)
 // until MarkReady. alloc is nil with cfg.Chained.
 func New(cfg Config, alloc *ipam.Allocator, ports Ports, flows Flows, log *zap.Logger) *Backend {
-	b := &Backend{cfg: cfg, ipam: alloc, ports: ports, flows: flows, log: log, pods: map[string]podRecord{},
+	b := &Backend{cfg: cfg, ipam: alloc, ports: ports, flows: flows, log: log, pods: map[string][]podRecord{},
 		steps: newStepHistogram(cfg.Metrics), ofports: newOFPortPool(), meterTab: newMeterTable()}
 	if cfg.Metrics != nil {
 		// A second backend on one registry (tests) keeps the first's.
 		_ = cfg.Metrics.Register(newMeterCollector(b))
 	}
 	return b
-}
-
-// remember records an attached Pod (one record per namespace/name: a newer
-// attachment replaces an older one).
-func (b *Backend) remember(namespace, name string, r podRecord) {
-	if name == "" {
-		return
-	}
-	b.podMu.Lock()
-	b.pods[namespace+"/"+name] = r
-	b.podMu.Unlock()
-}
-
-// forget removes the record of the attachment with the given flowsync
-// owner, if any, and returns the "namespace/name" keys it removed (none
-// when a newer attachment of the same Pod replaced the record).
-func (b *Backend) forget(owner string) []string {
-	b.podMu.Lock()
-	defer b.podMu.Unlock()
-	var gone []string
-	for k, r := range b.pods {
-		if r.owner == owner {
-			delete(b.pods, k)
-			gone = append(gone, k)
-		}
-	}
-	return gone
 }
 
 // SetIsolation applies a Pod's NetworkPolicy isolation (the directions some
@@ -257,9 +222,7 @@ func (b *Backend) forget(owner string) []string {
 // attachment are removed again, so nothing outlives a DEL.
 func (b *Backend) SetIsolation(ctx context.Context, namespace, name string, ingress, egress bool) error {
 	key := namespace + "/" + name
-	b.podMu.Lock()
-	r, ok := b.pods[key]
-	b.podMu.Unlock()
+	r, ok := b.current(key)
 	if !ok {
 		b.log.Debug("isolation for a Pod not attached here ignored", zap.String("pod", key))
 		return nil
@@ -272,14 +235,7 @@ func (b *Backend) SetIsolation(ctx context.Context, namespace, name string, ingr
 	if err := b.flows.Set(ctx, r.owner, pipeline.PodFlows(b.cfg.Bridge, p)); err != nil {
 		return fmt.Errorf("isolation of pod %s: %w", key, err)
 	}
-	b.podMu.Lock()
-	cur, still := b.pods[key]
-	if still && cur.owner == r.owner {
-		cur.pod = p
-		b.pods[key] = cur
-	}
-	b.podMu.Unlock()
-	if !still || cur.owner != r.owner {
+	if !b.updatePod(key, r.owner, p) {
 		// Detached while the flows travelled: its DEL may have removed
 		// its flows before this call put them back.
 		if err := b.flows.Set(context.WithoutCancel(ctx), r.owner, nil); err != nil {
@@ -592,7 +548,8 @@ func (b *Backend) attach(ctx context.Context, req *cniserver.Request, hostName s
 	if err != nil {
 		return port, cniserver.Errorf(cniserver.ErrCodeDatapath, "attaching %s: %w", hostName, err)
 	}
-	undo.add(func() { b.ofports.release(ofport) })
+	held := ofport // the number this attachment holds in b.ofports
+	undo.add(func() { b.ofports.release(held) })
 	// A new attachment starts isolated for neither direction; the policy
 	// agent isolates it (SetIsolation) before WaitRealized returns.
 	pod := pipeline.Pod{OFPort: ofport, IP: podIP, MAC: podMAC}
@@ -646,7 +603,10 @@ func (b *Backend) attach(ctx context.Context, req *cniserver.Request, hostName s
 	if got := uint32(port.OFPort); got != ofport {
 		b.log.Warn("Pod port got another OpenFlow number than requested; installing its flows again",
 			zap.String("port", hostName), zap.Uint32("requested", ofport), zap.Uint32("ofport", got))
+		// The number requested stays marked: a port seine does not know
+		// of holds it, or ovs-vswitchd would have given it.
 		b.ofports.mark(got)
+		held = got
 		pod.OFPort = got
 		if err := b.flows.Set(ctx, key, pipeline.PodFlows(b.cfg.Bridge, pod)); err != nil {
 			return port, cniserver.Errorf(cniserver.ErrCodeDatapath, "installing Pod flows: %w", err)
@@ -659,11 +619,9 @@ func (b *Backend) attach(ctx context.Context, req *cniserver.Request, hostName s
 		}
 		st.done(StepIPAMSync)
 	}
-	b.remember(req.PodNamespace, req.PodName, podRecord{owner: key, port: hostName, pod: pod, egressLimited: limits.EgressRate > 0})
+	b.remember(req.PodNamespace, req.PodName, podRecord{owner: key, port: hostName, pod: pod, egressLimited: limits.EgressRate > 0}, false)
 	undo.add(func() { b.forget(key) })
 	if p := b.cfg.Policy; p != nil && req.PodName != "" {
-		p.PodAttached(req.PodNamespace, req.PodName, uint32(port.OFPort), podIP, false)
-		undo.add(func() { p.PodDetached(req.PodNamespace, req.PodName) })
 		if err := p.WaitRealized(ctx, req.PodNamespace, req.PodName, req.PodUID); err != nil {
 			return port, cniserver.Errorf(types.ErrTryAgainLater, "NetworkPolicies of %s/%s are not in place yet: %w", req.PodNamespace, req.PodName, err)
 		}
@@ -688,12 +646,7 @@ func (b *Backend) release(ctx context.Context, containerID, ifName string) error
 			return cniserver.Errorf(cniserver.ErrCodeDatapath, "%w", err)
 		}
 	}
-	for _, k := range b.forget(owner(containerID, ifName)) {
-		if p := b.cfg.Policy; p != nil {
-			ns, name, _ := strings.Cut(k, "/")
-			p.PodDetached(ns, name)
-		}
-	}
+	b.forget(owner(containerID, ifName))
 	if err := b.flows.Set(ctx, owner(containerID, ifName), nil); err != nil {
 		return cniserver.Errorf(cniserver.ErrCodeDatapath, "removing Pod flows: %w", err)
 	}
@@ -851,7 +804,11 @@ func (b *Backend) GC(ctx context.Context, _ *cniserver.Request, valid []types.GC
 // RestorePods reinstalls the flows of every Pod port already on the bridge
 // (after a daemon restart the flows of the previous round are still there,
 // so traffic keeps flowing while this runs) and releases IPs whose port is
-// gone. It returns the number of Pods restored.
+// gone. It returns the number of Pods restored. A Pod that cannot be
+// restored is logged (error "Pod not restored", naming its port) and
+// skipped; a live Pod whose port has no OpenFlow number keeps its veth,
+// address and hostPorts. The error is ctx's, the bridge's, or, when the
+// switch refused the flows of every Pod it tried, those refusals joined.
 func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 	ports, err := b.ports.ListPorts(ctx, b.cfg.BridgeName)
 	if err != nil {
@@ -876,6 +833,11 @@ func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 	}
 	attached := map[string]bool{}
 	n := 0
+	var failed, flowErrs []error
+	fail := func(p ovsdb.Port, cid string, err error) {
+		b.log.Error("Pod not restored", zap.String("port", p.Name), zap.String("container_id", cid), zap.Error(err))
+		failed = append(failed, fmt.Errorf("port %s: %w", p.Name, err))
+	}
 	for _, p := range ports {
 		cid, ifn := p.ExternalIDs[ExtIDContainerID], p.ExternalIDs[ExtIDIfName]
 		if cid == "" {
@@ -883,23 +845,31 @@ func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 		}
 		if p.ExternalIDs[ExtIDAttachment] == AttachmentChained {
 			ok, err := b.restoreChained(ctx, p)
-			if err != nil {
-				return n, err
-			}
-			if ok {
+			switch {
+			case err != nil:
+				fail(p, cid, err)
+			case ok:
 				n++
 			}
 			continue
 		}
 		podIP := net.ParseIP(p.ExternalIDs[ExtIDIP]).To4()
 		mac, merr := net.ParseMAC(p.ExternalIDs[ExtIDMAC])
-		if _, err := netlink.LinkByName(p.Name); err != nil || podIP == nil || merr != nil || p.OFPort <= 0 {
+		_, lerr := netlink.LinkByName(p.Name)
+		if lerr != nil || podIP == nil || merr != nil {
 			// The veth is gone (Pod netns deleted while we were down) or the
 			// record is unusable: release everything of it.
 			b.log.Info("releasing stale Pod port", zap.String("port", p.Name), zap.String("container_id", cid))
 			if err := b.release(ctx, cid, ifn); err != nil {
-				return n, err
+				fail(p, cid, err)
 			}
+			continue
+		}
+		if p.OFPort <= 0 {
+			// A live Pod whose port ovs-vswitchd has not opened (yet):
+			// everything of it stays, for its DEL or the next start.
+			attached[cid+"/"+ifn] = true
+			fail(p, cid, fmt.Errorf("ovs-vswitchd gives its port no OpenFlow number (ofport %d); its veth, address and hostPorts are kept", p.OFPort))
 			continue
 		}
 		if b.ipam != nil {
@@ -930,13 +900,13 @@ func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 		}
 		flows := pipeline.PodFlows(b.cfg.Bridge, pod)
 		if err := b.flows.Set(ctx, owner(cid, ifn), flows); err != nil {
-			return n, err
+			err = fmt.Errorf("installing its flows: %w", err)
+			fail(p, cid, err)
+			flowErrs = append(flowErrs, err)
+			continue
 		}
 		b.remember(p.ExternalIDs[ExtIDPodNamespace], p.ExternalIDs[ExtIDPodName],
-			podRecord{owner: owner(cid, ifn), port: p.Name, pod: pod, egressLimited: p.ExternalIDs[ExtIDEgressBandwidth] != ""})
-		if hook := b.cfg.Policy; hook != nil && p.ExternalIDs[ExtIDPodName] != "" {
-			hook.PodAttached(p.ExternalIDs[ExtIDPodNamespace], p.ExternalIDs[ExtIDPodName], uint32(p.OFPort), podIP, true)
-		}
+			podRecord{owner: owner(cid, ifn), port: p.Name, pod: pod, egressLimited: p.ExternalIDs[ExtIDEgressBandwidth] != ""}, true)
 		n++
 	}
 	if hp := b.cfg.HostPorts; hp != nil {
@@ -944,7 +914,8 @@ func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 			if !attached[strings.TrimPrefix(o, "pod/")] {
 				b.log.Info("removing hostPorts of a Pod that is no longer attached", zap.String("owner", o))
 				if err := hp.Unmap(ctx, o); err != nil {
-					return n, err
+					b.log.Error("hostPorts of a Pod no longer attached not removed", zap.String("owner", o), zap.Error(err))
+					failed = append(failed, err)
 				}
 			}
 		}
@@ -954,9 +925,23 @@ func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 			b.log.Info("releasing IP of a Pod that is no longer attached", zap.String("ip", a.IP.String()),
 				zap.String("container_id", a.Owner.ContainerID))
 			if err := b.ipam.Release(a.Owner.ContainerID, a.Owner.IfName); err != nil {
-				return n, err
+				b.log.Error("IP of a Pod no longer attached not released", zap.String("ip", a.IP.String()), zap.Error(err))
+				failed = append(failed, err)
 			}
 		}
+	}
+	// A failure every Pod shares (the switch refusing every Pod's flows,
+	// the start cancelled) fails the start, to be tried again; failures
+	// of single Pods are logged above and do not keep the Node's other
+	// Pods from being served.
+	if err := ctx.Err(); err != nil {
+		return n, err
+	}
+	if len(flowErrs) > 0 && n == 0 {
+		return n, fmt.Errorf("the flows of no Pod could be installed: %w", errors.Join(flowErrs...))
+	}
+	if len(failed) > 0 {
+		b.log.Error("some attached Pods were not restored; see the errors above", zap.Int("failed", len(failed)), zap.Int("restored", n))
 	}
 	return n, nil
 }
