@@ -84,15 +84,21 @@ const (
 // named after the step.
 func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option) (err error) {
 	ctx, fail := context.WithCancelCause(ctx)
+	d := &daemon{cfg: cfg, log: log.With(zap.String("node", cfg.NodeName)), reg: prometheus.NewRegistry(),
+		opts: opts, comps: newComponents(), fail: fail}
 	defer func() {
 		if cause := context.Cause(ctx); errors.Is(cause, errMeterReplay) {
 			err = cause
 		}
+		// Stop the components, let them finish on live connections,
+		// then close those.
 		fail(nil)
+		if !d.comps.stop(shutdownGrace) {
+			d.log.Warn("components still running after the shutdown grace period; closing their connections",
+				zap.Duration("grace", shutdownGrace))
+		}
+		d.close()
 	}()
-	d := &daemon{cfg: cfg, log: log.With(zap.String("node", cfg.NodeName)), reg: prometheus.NewRegistry(),
-		opts: opts, errc: make(chan error, 16), fail: fail}
-	defer d.close()
 	stepSeconds := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "seine_startup_step_duration_seconds",
 		Help: "How long each start-up step of this run of the daemon took (node, ovsdb, transport, bridge, pipeline, proxy, pods, peers, policy, round, serve); a step not finished yet has no series.",
@@ -123,15 +129,15 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 		d.log.Info("start-up step done", zap.String("step", step.name), zap.Duration("elapsed", elapsed))
 	}
 
-	select {
-	case <-ctx.Done():
-		return nil
-	case err := <-d.errc:
-		if err != nil && !errors.Is(err, context.Canceled) {
-			return err
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-d.comps.reports:
+			if err != nil && !errors.Is(err, context.Canceled) {
+				return err
+			}
 		}
-		<-ctx.Done()
-		return nil
 	}
 }
 
@@ -142,12 +148,12 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 // (installPipeline), and what later steps build only through the atomic
 // replay* fields.
 type daemon struct {
-	cfg  config.Config
-	log  *zap.Logger
-	reg  *prometheus.Registry
-	opts []Option
-	errc chan error // what a component returns when it stops
-	fail context.CancelCauseFunc
+	cfg   config.Config
+	log   *zap.Logger
+	reg   *prometheus.Registry
+	opts  []Option
+	comps *components // the long-lived goroutines, see components
+	fail  context.CancelCauseFunc
 	// closers run in reverse order when Run returns.
 	closers []func()
 
@@ -216,7 +222,7 @@ func (d *daemon) findNode(ctx context.Context) error {
 	if d.ops, err = newOperations(cfg, d.rc, d.reg, d.log, d.opts); err != nil {
 		return err
 	}
-	probesUp, err := d.ops.startProbes(ctx, nil, d.errc)
+	probesUp, err := d.ops.startProbes(ctx, nil, d.comps)
 	if err != nil {
 		return err
 	}
@@ -240,7 +246,7 @@ func (d *daemon) findNode(ctx context.Context) error {
 	d.log.Info("node found", zap.String("node_ip", d.nodeIP.String()), zap.Stringer("pod_cidr", d.podCIDR),
 		zap.String("traffic_encap_mode", string(cfg.TrafficEncapMode)), zap.Bool("snat", cfg.SNATEnabled()))
 	if !probesUp {
-		if _, err := d.ops.startProbes(ctx, d.nodeIP, d.errc); err != nil {
+		if _, err := d.ops.startProbes(ctx, d.nodeIP, d.comps); err != nil {
 			return err
 		}
 	}
@@ -477,7 +483,7 @@ func (d *daemon) startProxy(ctx context.Context) error {
 	}
 	d.svcProxy = p
 	d.replayProxy.Store(p)
-	go func() { d.errc <- p.Run(ctx) }()
+	d.comps.Go(func() error { return p.Run(ctx) })
 	return nil
 }
 
@@ -568,7 +574,7 @@ func (d *daemon) startPeers(ctx context.Context) error {
 		return err
 	}
 	d.factory.Start(ctx.Done())
-	go func() { d.errc <- d.routes.Run(ctx) }()
+	d.comps.Go(func() error { return d.routes.Run(ctx) })
 	return nil
 }
 
@@ -579,7 +585,7 @@ func (d *daemon) startPolicy(ctx context.Context) error {
 		return nil
 	}
 	cfg := d.cfg
-	go func() { d.errc <- d.policyAgent.Run(ctx) }()
+	d.comps.Go(func() error { return d.policyAgent.Run(ctx) })
 	// The leader writes every computed object of the cluster: its own
 	// client and rate limit, so a cold start of a large cluster is not
 	// throttled to the agent's 50 requests per second.
@@ -606,7 +612,7 @@ func (d *daemon) startPolicy(ctx context.Context) error {
 		return err
 	}
 	d.ops.leaderTasks(pc, d.kube, d.cp)
-	go func() { d.errc <- pc.Run(ctx) }()
+	d.comps.Go(func() error { return pc.Run(ctx) })
 	return nil
 }
 
@@ -674,9 +680,9 @@ func (d *daemon) serve(ctx context.Context) error {
 	}))
 	registerModeMetrics(d.reg, cfg, d.routes)
 	if !d.ownsPods {
-		go func() {
-			d.errc <- install.KeepChained(ctx, cfg.PrimaryCNIConflist, cfg.CNISocket, d.log.Named("cni-chain"))
-		}()
+		d.comps.Go(func() error {
+			return install.KeepChained(ctx, cfg.PrimaryCNIConflist, cfg.CNISocket, d.log.Named("cni-chain"))
+		})
 	}
 	dp := &datapath{bridge: d.bridge, ovs: d.ovs, ofc: d.ofc, appctl: ovsctl.New(cfg.OVSRunDir), flows: d.flows,
 		pods: d.pods, policy: d.policyAgent, routes: d.routes, factory: d.factory, kube: d.kube, nodeUID: d.node.UID}
@@ -685,10 +691,10 @@ func (d *daemon) serve(ctx context.Context) error {
 	}
 	d.pods.MarkReady()
 	srv := cniserver.New(d.pods, d.log.Named("cni"), cniserver.WithRegistry(d.reg))
-	go func() { d.errc <- srv.Serve(ctx, cfg.CNISocket) }()
+	d.comps.Go(func() error { return srv.Serve(ctx, cfg.CNISocket) })
 	d.ops.cniGate.Open()
 	d.log.Info("serving CNI", zap.String("socket", cfg.CNISocket))
-	d.ops.run(ctx, dp, d.errc)
+	d.ops.run(ctx, dp, d.comps)
 	return nil
 }
 

@@ -106,7 +106,7 @@ func newOperations(cfg config.Config, rc *rest.Config, reg *prometheus.Registry,
 // nodeIP, else $NODE_IP (the DaemonSet passes status.hostIP), else the
 // address is not known yet and it reports false (call again once the Node
 // is). Started (or disabled) reports true.
-func (o *operations) startProbes(ctx context.Context, nodeIP net.IP, errc chan<- error) (bool, error) {
+func (o *operations) startProbes(ctx context.Context, nodeIP net.IP, comps *components) (bool, error) {
 	if nodeIP == nil {
 		nodeIP = net.ParseIP(os.Getenv("NODE_IP"))
 	}
@@ -121,7 +121,7 @@ func (o *operations) startProbes(ctx context.Context, nodeIP net.IP, errc chan<-
 		return false, err
 	}
 	o.log.Info("serving metrics and probes", zap.String("address", addr))
-	go func() { errc <- health.Serve(ctx, addr, o.probes.Handler(o.reg)) }()
+	comps.Go(func() error { return health.Serve(ctx, addr, o.probes.Handler(o.reg)) })
 	return true, nil
 }
 
@@ -204,19 +204,19 @@ func (o *operations) inspector(d *datapath) *inspect.Inspector {
 }
 
 // run starts, once the datapath is ready, the local API, the AgentInfo
-// writer and Traceflow; each returns into errc when it stops.
-func (o *operations) run(ctx context.Context, d *datapath, errc chan<- error) {
+// writer and Traceflow, as components.
+func (o *operations) run(ctx context.Context, d *datapath, comps *components) {
 	in := o.inspector(d)
 	api := localapi.NewServer(in, o.opts.level, o.probes.Handler(nil), o.log.Named("localapi"))
-	go func() { errc <- api.Serve(ctx, o.cfg.APISocket) }()
-	go func() {
-		errc <- info.RunAgent(ctx, o.ops, info.AgentConfig{NodeName: o.cfg.NodeName, NodeUID: d.nodeUID,
+	comps.Go(func() error { return api.Serve(ctx, o.cfg.APISocket) })
+	comps.Go(func() error {
+		return info.RunAgent(ctx, o.ops, info.AgentConfig{NodeName: o.cfg.NodeName, NodeUID: d.nodeUID,
 			Status: in.AgentInfo}, o.log.Named("agentinfo"))
-	}()
+	})
 	tf := traceflow.New(o.ops, traceflow.Config{NodeName: o.cfg.NodeName, NodeIP: d.bridge.NodeIP, Bridge: d.bridge,
 		Pods: d.pods, Switch: d.ofc, Describe: in.DescribeOutput, NodeByIP: nodeByIP(d.factory), PodIP: podIP(d.kube)},
 		o.log.Named("traceflow"))
-	go func() { errc <- tf.Run(ctx) }()
+	comps.Go(func() error { return tf.Run(ctx) })
 }
 
 // leaderTasks gives the policy controller the leader's ControllerInfo,
