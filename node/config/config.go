@@ -349,15 +349,21 @@ func (c Config) Validate() error {
 	if c.NetdevReceiveBuffer != nil && *c.NetdevReceiveBuffer < 0 {
 		bad("netdevReceiveBuffer", "%d bytes is negative (0 leaves net.core.rmem_default alone)", *c.NetdevReceiveBuffer)
 	}
-	for key, v := range map[string]string{"clusterCIDR": c.ClusterCIDR, "serviceCIDR": c.ServiceCIDR} {
-		if _, n, err := net.ParseCIDR(v); err != nil || n.IP.To4() == nil {
-			bad(key, "%q is not an IPv4 CIDR", v)
+	var ranges []*net.IPNet
+	for _, kv := range [][2]string{{"clusterCIDR", c.ClusterCIDR}, {"serviceCIDR", c.ServiceCIDR}} {
+		if _, n, err := net.ParseCIDR(kv[1]); err != nil || n.IP.To4() == nil {
+			bad(kv[0], "%q is not an IPv4 CIDR", kv[1])
+		} else {
+			ranges = append(ranges, n)
 		}
 	}
-	for key, name := range map[string]string{"bridgeName": c.BridgeName, "gatewayName": c.GatewayName,
-		"tunnelName": c.TunnelName, "transportBridge": c.TransportBridge} {
-		if name == "" || len(name) > 15 || strings.ContainsAny(name, "/ ") {
-			bad(key, "%q is not a valid interface name (1-15 characters, no '/' or space)", name)
+	if len(ranges) == 2 && (ranges[0].Contains(ranges[1].IP) || ranges[1].Contains(ranges[0].IP)) {
+		bad("serviceCIDR", "%s overlaps clusterCIDR %s", ranges[1], ranges[0])
+	}
+	for _, kv := range [][2]string{{"bridgeName", c.BridgeName}, {"gatewayName", c.GatewayName},
+		{"tunnelName", c.TunnelName}, {"transportBridge", c.TransportBridge}} {
+		if !validIfName(kv[1]) {
+			bad(kv[0], "%q is not a valid interface name (1-15 characters, not . or .., no '/', ':' or white space)", kv[1])
 		}
 	}
 	if c.MTU != 0 && (c.MTU < 576 || c.MTU > 9216) {
@@ -471,4 +477,12 @@ func (c Config) OVSDBEndpoint() string { return "unix:" + filepath.Join(c.OVSRun
 // BridgeMgmtSocket is the OpenFlow management socket of the bridge.
 func (c Config) BridgeMgmtSocket() string {
 	return filepath.Join(c.OVSRunDir, c.BridgeName+".mgmt")
+}
+
+// validIfName reports whether the kernel accepts name for a network
+// device (net/core/dev.c, dev_valid_name): 1 to 15 bytes, neither "." nor
+// "..", without '/', ':' or white space.
+func validIfName(name string) bool {
+	return name != "" && len(name) <= 15 && name != "." && name != ".." &&
+		!strings.ContainsAny(name, "/: \t\n\v\f\r")
 }

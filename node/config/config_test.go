@@ -55,6 +55,8 @@ func TestErrorsNameTheKey(t *testing.T) {
 		{"nodeName: a\nclusterCIDR: 10.244.0.0\n", "clusterCIDR"},
 		{"nodeName: a\nmtu: 100\n", "mtu"},
 		{"nodeName: a\ngatewayName: a-very-long-interface-name\n", "gatewayName"},
+		{"nodeName: a\nbridgeName: \"br:int\"\n", "bridgeName"},
+		{"nodeName: a\nclusterCIDR: 10.0.0.0/8\nserviceCIDR: 10.96.0.0/16\n", "serviceCIDR"},
 		{"nodeName: a\nleaderElection: {leaseDuration: 1s}\n", "leaderElection"},
 		{"nodeName: a\nlogLevel: loud\n", "logLevel"},
 	} {

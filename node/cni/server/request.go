@@ -79,21 +79,28 @@ func parseRequest(in *wire.Request) (*Request, *Error) {
 	return req, nil
 }
 
+// minMTU is the smallest MTU an IPv4 interface may have (RFC 791: every
+// host must forward a 68-byte datagram without fragmenting it); the kernel
+// refuses less for a device with IPv4 addresses.
+const minMTU = 68
+
 // parseNetConf decodes and validates the network configuration of cmd.
 func parseNetConf(cmd string, raw []byte) (*NetConf, *Error) {
 	conf := &NetConf{}
 	if err := json.Unmarshal(raw, conf); err != nil {
 		return nil, &Error{Code: types.ErrDecodingFailure, Msg: "failed to decode network configuration", Err: err}
 	}
+	given := fmt.Sprintf("config is %q", conf.CNIVersion)
 	if conf.CNIVersion == "" {
 		// CNI spec: a configuration without cniVersion is 0.1.0.
 		conf.CNIVersion = "0.1.0"
+		given = "config has no cniVersion (read as 0.1.0)"
 	}
 	if supported := wire.SupportedVersions(); !slices.Contains(supported, conf.CNIVersion) {
 		return nil, &Error{
 			Code:    types.ErrIncompatibleCNIVersion,
 			Msg:     "incompatible CNI versions",
-			Details: fmt.Sprintf("config is %q, seine supports %s", conf.CNIVersion, strings.Join(supported, ", ")),
+			Details: fmt.Sprintf("%s, seine supports %s", given, strings.Join(supported, ", ")),
 		}
 	}
 	if min, ok := minVersion[cmd]; ok {
@@ -113,8 +120,9 @@ func parseNetConf(cmd string, raw []byte) (*NetConf, *Error) {
 	if conf.Type == "" {
 		return nil, &Error{Code: types.ErrInvalidNetworkConfig, Msg: "invalid network configuration: missing plugin type"}
 	}
-	if conf.MTU < 0 || conf.MTU > 65535 {
-		return nil, &Error{Code: types.ErrInvalidNetworkConfig, Msg: fmt.Sprintf("invalid network configuration: mtu %d out of range 0-65535", conf.MTU)}
+	if conf.MTU != 0 && (conf.MTU < minMTU || conf.MTU > 65535) {
+		return nil, &Error{Code: types.ErrInvalidNetworkConfig,
+			Msg: fmt.Sprintf("invalid network configuration: mtu %d out of range %d-65535 (0: the daemon's)", conf.MTU, minMTU)}
 	}
 	if conf.RawPrevResult != nil {
 		if err := version.ParsePrevResult(&conf.NetConf); err != nil {

@@ -215,6 +215,7 @@ func TestValidationErrors(t *testing.T) {
 		{"bad json", addReq("c1", `{"cniVersion":`), types.ErrDecodingFailure},
 		{"no name", addReq("c1", `{"cniVersion":"1.0.0","type":"seine"}`), types.ErrInvalidNetworkConfig},
 		{"bad mtu", addReq("c1", `{"cniVersion":"1.0.0","name":"n","type":"seine","mtu":70000}`), types.ErrInvalidNetworkConfig},
+		{"mtu below IPv4's minimum", addReq("c1", `{"cniVersion":"1.0.0","name":"n","type":"seine","mtu":40}`), types.ErrInvalidNetworkConfig},
 		{"old version", addReq("c1", `{"cniVersion":"0.2.0","name":"n","type":"seine"}`), types.ErrIncompatibleCNIVersion},
 		{"future version", addReq("c1", `{"cniVersion":"2.0.0","name":"n","type":"seine"}`), types.ErrIncompatibleCNIVersion},
 		{"no version", addReq("c1", `{"name":"n","type":"seine"}`), types.ErrIncompatibleCNIVersion},
