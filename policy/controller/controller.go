@@ -235,9 +235,12 @@ func (c *Controller) Run(ctx context.Context) error {
 					}
 				},
 				OnStoppedLeading: func() {
-					c.leader.Store(false)
+					// client-go calls it whenever the elector stops,
+					// whether this instance led or not.
+					if c.leader.Swap(false) {
+						c.log.Info("stopped leading policy controller")
+					}
 					c.metrics.leader.Set(0)
-					c.log.Info("stopped leading policy controller")
 				},
 			},
 		})
