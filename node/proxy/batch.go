@@ -176,13 +176,12 @@ func (p *Proxier) installPlans(ctx context.Context, plans []*portPlan) error {
 		addEl, delEl = append(addEl, needs[i]...), append(delEl, pl.pi.elements...)
 		addRoutes, delRoutes = append(addRoutes, routes[i]...), append(delRoutes, pl.pi.routes...)
 	}
-	if err := p.host.update(ctx, addEl, delEl, addRoutes, delRoutes); err != nil {
-		return err
-	}
+	// Recorded even when the update fails: its counts took the change.
+	err := p.host.update(ctx, addEl, delEl, addRoutes, delRoutes)
 	for i, pl := range plans {
 		pl.pi.elements, pl.pi.routes = needs[i], routes[i]
 	}
-	return nil
+	return err
 }
 
 // readExistingGroups learns which groups are on the switch at start (left

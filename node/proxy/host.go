@@ -81,6 +81,10 @@ type host struct {
 	nft      knftables.Interface
 	elements map[string]int
 	routes   map[string]int
+	// dirtyElements and dirtyRoutes are those whose presence in the
+	// kernel may not match their count (see flush).
+	dirtyElements map[string]element
+	dirtyRoutes   map[string]net.IP
 }
 
 func newHost(cfg hostConfig) (*host, error) {
@@ -88,7 +92,8 @@ func newHost(cfg hostConfig) (*host, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nftables: %w", err)
 	}
-	return &host{cfg: cfg, nft: nft, elements: map[string]int{}, routes: map[string]int{}}, nil
+	return &host{cfg: cfg, nft: nft, elements: map[string]int{}, routes: map[string]int{},
+		dirtyElements: map[string]element{}, dirtyRoutes: map[string]net.IP{}}, nil
 }
 
 // reset (re)creates the table's chains and rules in one transaction
@@ -184,79 +189,44 @@ func (h *host) replaceRoute(link netlink.Link, dst *net.IPNet) error {
 	return nil
 }
 
-// update applies reference count changes: elements and routes (IPv4
-// addresses routed to the gateway) going from 0 to 1 are added, those
-// dropping to 0 removed. When it fails, the counts are as they were before
-// the call, so that the caller, which keeps what it had installed, can
-// make the same call again (adding an element or a route twice, or
-// deleting one that is gone, is harmless).
-func (h *host) update(ctx context.Context, addEl, delEl []element, addRoutes, delRoutes []net.IP) (err error) {
+// update applies reference count changes: an element or a route (an IPv4
+// address routed to the gateway) whose count goes from 0 to 1 is added,
+// one whose count drops to 0 removed. The counts always take the change,
+// so the caller records what it now wants even when update fails: what
+// could not be made to match its count stays dirty, and this call and
+// every later one try it again (flush), so the caller's retry of a failed
+// update need not repeat it.
+func (h *host) update(ctx context.Context, addEl, delEl []element, addRoutes, delRoutes []net.IP) error {
 	if h == nil { // tests and benchmarks of the datapath side only
 		return nil
 	}
-	var journal countJournal
-	defer func() {
-		if err != nil {
-			journal.undo()
-		}
-	}()
-	tx := h.nft.NewTransaction()
 	for _, e := range addEl {
-		if journal.add(h.elements, e.id(), 1) == 1 {
-			tx.Add(&knftables.Element{Set: e.set, Key: e.key})
+		if countChange(h.elements, e.id(), 1) == 1 {
+			h.dirtyElements[e.id()] = e
 		}
 	}
 	for _, e := range delEl {
-		if journal.add(h.elements, e.id(), -1) == 0 {
-			tx.Add(&knftables.Element{Set: e.set, Key: e.key}) // so that the delete cannot fail
-			tx.Delete(&knftables.Element{Set: e.set, Key: e.key})
+		if countChange(h.elements, e.id(), -1) == 0 {
+			h.dirtyElements[e.id()] = e
 		}
 	}
-	if tx.NumOperations() > 0 {
-		if err := h.nft.Run(ctx, tx); err != nil {
-			return fmt.Errorf("updating table %s: %w", HostTable, err)
-		}
-	}
-	if len(addRoutes)+len(delRoutes) == 0 {
-		return nil
-	}
-	link, err := netlink.LinkByName(h.cfg.gateway)
-	if err != nil {
-		return fmt.Errorf("gateway %s: %w", h.cfg.gateway, err)
-	}
-	var errs []error
 	for _, ip := range addRoutes {
-		if journal.add(h.routes, ip.String(), 1) == 1 {
-			errs = append(errs, h.replaceRoute(link, &net.IPNet{IP: ip.To4(), Mask: net.CIDRMask(32, 32)}))
+		if countChange(h.routes, ip.String(), 1) == 1 {
+			h.dirtyRoutes[ip.String()] = ip
 		}
 	}
 	for _, ip := range delRoutes {
-		if journal.add(h.routes, ip.String(), -1) == 0 {
-			err := netlink.RouteDel(&netlink.Route{LinkIndex: link.Attrs().Index,
-				Dst: &net.IPNet{IP: ip.To4(), Mask: net.CIDRMask(32, 32)}, Gw: pipeline.NodePortVIP})
-			if err != nil && !errors.Is(err, syscall.ESRCH) {
-				errs = append(errs, fmt.Errorf("deleting route to %s: %w", ip, err))
-			}
+		if countChange(h.routes, ip.String(), -1) == 0 {
+			h.dirtyRoutes[ip.String()] = ip
 		}
 	}
-	return errors.Join(errs...)
+	return h.flush(ctx)
 }
 
-// countJournal changes reference counts and remembers how to put them back.
-type countJournal []func()
-
-// add adds d to m[k] and returns the new count, below 0 for the removal of
-// something never added; a count at 0 or below leaves the map.
-func (j *countJournal) add(m map[string]int, k string, d int) int {
-	was, had := m[k]
-	*j = append(*j, func() {
-		if had {
-			m[k] = was
-		} else {
-			delete(m, k)
-		}
-	})
-	n := was + d
+// countChange adds d to m[k] and returns the new count, below 0 for the
+// removal of something never added; a count at 0 or below leaves the map.
+func countChange(m map[string]int, k string, d int) int {
+	n := m[k] + d
 	if n <= 0 {
 		delete(m, k)
 		return n
@@ -265,11 +235,47 @@ func (j *countJournal) add(m map[string]int, k string, d int) int {
 	return n
 }
 
-// undo puts every count back, last change first.
-func (j countJournal) undo() {
-	for i := len(j) - 1; i >= 0; i-- {
-		j[i]()
+// flush makes every dirty element and route match its count: present when
+// counted, absent when not. What fails stays dirty.
+func (h *host) flush(ctx context.Context) error {
+	var errs []error
+	if len(h.dirtyElements) > 0 {
+		tx := h.nft.NewTransaction()
+		for id, e := range h.dirtyElements {
+			tx.Add(&knftables.Element{Set: e.set, Key: e.key}) // so that a delete cannot fail
+			if h.elements[id] == 0 {
+				tx.Delete(&knftables.Element{Set: e.set, Key: e.key})
+			}
+		}
+		if err := h.nft.Run(ctx, tx); err != nil {
+			errs = append(errs, fmt.Errorf("updating table %s: %w", HostTable, err))
+		} else {
+			clear(h.dirtyElements)
+		}
 	}
+	if len(h.dirtyRoutes) > 0 {
+		link, err := netlink.LinkByName(h.cfg.gateway)
+		if err != nil {
+			return errors.Join(append(errs, fmt.Errorf("gateway %s: %w", h.cfg.gateway, err))...)
+		}
+		for k, ip := range h.dirtyRoutes {
+			dst := &net.IPNet{IP: ip.To4(), Mask: net.CIDRMask(32, 32)}
+			if h.routes[k] > 0 {
+				err = h.replaceRoute(link, dst)
+			} else if err = netlink.RouteDel(&netlink.Route{LinkIndex: link.Attrs().Index, Dst: dst,
+				Gw: pipeline.NodePortVIP}); err != nil && !errors.Is(err, syscall.ESRCH) {
+				err = fmt.Errorf("deleting route to %s: %w", ip, err)
+			} else {
+				err = nil
+			}
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			delete(h.dirtyRoutes, k)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // prune removes the elements and routes left by an earlier run that no

@@ -25,13 +25,15 @@ func (f *failingNFT) Run(ctx context.Context, tx *knftables.Transaction) error {
 	return f.Fake.Run(ctx, tx)
 }
 
-// A failed update leaves the reference counts as they were, so the same
-// update made again adds the elements it failed to add, and a later
-// removal removes them.
-func TestHostUpdateFailureKeepsCounts(t *testing.T) {
+// A failed update still counts what its caller now wants, and the next
+// update of any frontend makes the table match: the element a refused
+// transaction did not add is added, the one it did not remove is removed,
+// even when the wants changed in between.
+func TestHostUpdateRetriesWhatFailed(t *testing.T) {
 	ctx := context.Background()
 	nft := &failingNFT{Fake: knftables.NewFake(knftables.IPv4Family, HostTable)}
-	h := &host{nft: nft, elements: map[string]int{}, routes: map[string]int{}}
+	h := &host{nft: nft, elements: map[string]int{}, routes: map[string]int{},
+		dirtyElements: map[string]element{}, dirtyRoutes: map[string]net.IP{}}
 	if err := h.reset(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -40,42 +42,45 @@ func TestHostUpdateFailureKeepsCounts(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, el := range els {
-			if slices.Equal(canonicalKey(el.Key), canonicalKey(e.key)) {
-				return true
-			}
-		}
-		return false
+		return slices.ContainsFunc(els, func(el *knftables.Element) bool {
+			return slices.Equal(canonicalKey(el.Key), canonicalKey(e.key))
+		})
 	}
 	reject := rejectElement(net.IPv4(10, 96, 0, 10), 6, 80)
 	np := nodePortElement(6, 30080)
+	other := nodePortElement(17, 30053)
 
 	nft.fail = true
 	if err := h.update(ctx, []element{reject, np}, nil, nil, nil); err == nil {
 		t.Fatal("the refused transaction did not fail the update")
 	}
-	if len(h.elements) != 0 {
-		t.Fatalf("counts after a failed update: %v, want none", h.elements)
+	if has(reject) || has(np) {
+		t.Fatal("elements in the table after a refused transaction")
 	}
-	if err := h.update(ctx, []element{reject, np}, nil, nil, nil); err != nil {
+	// Another frontend's update (the first one's wants unchanged).
+	if err := h.update(ctx, []element{other}, nil, nil, nil); err != nil {
 		t.Fatal(err)
 	}
-	if !has(reject) || !has(np) {
-		t.Fatalf("the update made again did not add the elements: %v", nft.Dump())
+	if !has(reject) || !has(np) || !has(other) {
+		t.Fatalf("after the next update: reject %v, NodePort %v, other %v; want all three", has(reject), has(np), has(other))
 	}
 
-	// A removal that fails keeps them counted; made again, it removes them.
+	// A removal refused, then the frontend wants the element no more and
+	// another changes: the element goes.
 	nft.fail = true
 	if err := h.update(ctx, nil, []element{reject}, nil, nil); err == nil {
 		t.Fatal("the refused removal did not fail the update")
 	}
-	if h.elements[reject.id()] != 1 {
-		t.Fatalf("count of %s after a failed removal: %d, want 1", reject.id(), h.elements[reject.id()])
+	if !has(reject) {
+		t.Fatal("element removed by a refused transaction")
 	}
-	if err := h.update(ctx, nil, []element{reject}, nil, nil); err != nil {
+	if err := h.update(ctx, nil, []element{other}, nil, nil); err != nil {
 		t.Fatal(err)
 	}
-	if has(reject) || !has(np) {
-		t.Fatalf("after the removal made again: reject element there %v, NodePort element there %v", has(reject), has(np))
+	if has(reject) || has(other) || !has(np) {
+		t.Fatalf("after the next update: reject %v, other %v, NodePort %v; want the NodePort alone", has(reject), has(other), has(np))
+	}
+	if len(h.dirtyElements) != 0 {
+		t.Errorf("dirty elements left: %v", h.dirtyElements)
 	}
 }

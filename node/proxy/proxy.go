@@ -489,11 +489,10 @@ func (p *Proxier) installPort(ctx context.Context, pi *portInstall, ps PortState
 		p.dropGroup(pi, g.Group.ID)
 	}
 	els, routes := hostNeeds(sp)
-	if err := p.host.update(ctx, els, pi.elements, routes, pi.routes); err != nil {
-		return err
-	}
+	// Recorded even when the update fails: its counts took the change.
+	err = p.host.update(ctx, els, pi.elements, routes, pi.routes)
 	pi.elements, pi.routes = els, routes
-	return nil
+	return err
 }
 
 // hostNeeds returns the host nftables elements and routes a frontend
@@ -553,11 +552,9 @@ func (p *Proxier) removePort(ctx context.Context, pi *portInstall) error {
 	for id := range pi.groups {
 		p.dropGroup(pi, id)
 	}
-	if err := p.host.update(ctx, nil, pi.elements, nil, pi.routes); err != nil {
-		return err
-	}
-	pi.elements, pi.routes = nil, nil
-	return nil
+	err := p.host.update(ctx, nil, pi.elements, nil, pi.routes)
+	pi.elements, pi.routes = nil, nil // the counts took the change
+	return err
 }
 
 // frontendKey identifies a frontend by its first VIP, protocol, port and
