@@ -177,6 +177,10 @@ type Agent struct {
 	gen       map[string]uint64
 	applied   map[string]appliedIsolation
 	pending   map[string]bool
+	// isoCheck makes the next reconcile compare every Pod's isolation
+	// with its policies even when no policy is dirty: a Pod attached as
+	// restored carries flows whose isolation nothing has checked yet.
+	isoCheck bool
 
 	npInf, atgInf, agInf, prInf cache.SharedIndexInformer
 
@@ -252,6 +256,7 @@ func (a *Agent) PodAttached(p LocalPod) {
 	delete(a.pending, key)
 	if p.Restored {
 		a.applied[key] = appliedIsolation{gen: a.attachSeq, unknown: true}
+		a.isoCheck = true
 	}
 	// A Pod attached again under the same name has none of its policies'
 	// flows (nor its isolation) yet: until they are translated for the
@@ -524,8 +529,10 @@ func (a *Agent) reconcile(ctx context.Context) error {
 		pods[k] = p
 		gens[k] = a.gen[k]
 	}
+	isoCheck := a.isoCheck
+	a.isoCheck = false
 	a.mu.Unlock()
-	if len(dirty) == 0 && !a.isoRetry {
+	if len(dirty) == 0 && !a.isoRetry && !isoCheck {
 		return nil
 	}
 	src := &source{node: a.cfg.NodeName, atg: a.atgInf.GetIndexer(), ag: a.agInf.GetIndexer(), pods: pods}

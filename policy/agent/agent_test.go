@@ -6,6 +6,7 @@ import (
 	"net"
 	"reflect"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -522,4 +523,52 @@ func TestRecordedDigest(t *testing.T) {
 			t.Errorf("%s: recordedDigest = %q, %v; want %q, %q", c.name, got, err, c.want, c.wantErr)
 		}
 	}
+}
+
+// A Pod attached as restored carries flows whose isolation nothing has
+// checked (a restart, or an earlier attachment of the Pod current again):
+// the agent compares it with the policies even when no policy is dirty,
+// here with no policy at all, so the stale isolation of a Pod a deleted
+// policy isolated goes.
+func TestRestoredIsolationCheckedWithoutPolicies(t *testing.T) {
+	cs := startControlPlane(t)
+	n := startNode(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := n.setPod("a", true, false); err != nil { // as a deleted policy left it
+		t.Fatal(err)
+	}
+	onIsolation := func(_ context.Context, _, name string, ingress, egress bool) error {
+		n.mu.Lock()
+		n.calls = append(n.calls, fmt.Sprintf("%s %v %v", name, ingress, egress))
+		n.mu.Unlock()
+		return n.setPod(name, ingress, egress)
+	}
+	ag := New(cs, Config{NodeName: nodeName, Bridge: n.br, Flows: n.syncer, RealizeTimeout: 3 * time.Second,
+		OnIsolation: onIsolation}, zaptest.NewLogger(t).Named("agent"))
+	a := n.pods["a"]
+	a.Restored = true
+	ag.PodAttached(a)
+	runCtx, stop := context.WithCancel(ctx)
+	runDone := make(chan error, 1)
+	go func() { runDone <- ag.Run(runCtx) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-runDone; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	eventually(t, "agent synced", ag.Synced)
+	eventually(t, "a's stale isolation lifted", func() bool { return slices.Contains(n.isolationCalls(), "a false false") })
+	if got := n.verdict(t, n.podToPod("b", "a", 80)); got != "output:3" {
+		t.Errorf("b→a:80 = %s after the check, want output:3", got)
+	}
+	// The same once running: b comes back isolated for egress.
+	if err := n.setPod("b", false, true); err != nil {
+		t.Fatal(err)
+	}
+	b := n.pods["b"]
+	b.Restored = true
+	ag.PodAttached(b)
+	eventually(t, "b's stale isolation lifted", func() bool { return slices.Contains(n.isolationCalls(), "b false false") })
 }
