@@ -3,12 +3,18 @@ package agent
 import (
 	"sync"
 	"time"
+
+	cniserver "github.com/seine-net/seine/node/cni/server"
 )
 
 // shutdownGrace bounds how long Run waits, on its way out, for the
 // components to return before it closes the connections they use: longer
-// than the CNI server's drain of its requests in flight (10 s).
-const shutdownGrace = 15 * time.Second
+// than the CNI server's stop (its requests in flight get
+// cniserver.DefaultShutdownGrace to finish, then as long again to roll
+// back once cancelled), shorter than the 30 s the DaemonSet
+// (terminationGracePeriodSeconds) and the systemd unit (TimeoutStopSec)
+// give the daemon.
+const shutdownGrace = 2*cniserver.DefaultShutdownGrace + 5*time.Second
 
 // components are the daemon's long-lived goroutines: servers, controllers,
 // writers. Each reports how it ended; Run stops at the first failure, and

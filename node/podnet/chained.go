@@ -352,7 +352,7 @@ func (b *Backend) restoreChained(ctx context.Context, p ovsdb.Port) (bool, error
 	pod := pipeline.Pod{OFPort: uint32(p.OFPort), IP: podIP, MAC: mac,
 		IngressIsolated: strings.Contains(iso, "ingress"), EgressIsolated: strings.Contains(iso, "egress")}
 	if err := b.flows.Set(ctx, owner(cid, ifn), pipeline.PodFlows(b.cfg.Bridge, pod)); err != nil {
-		return false, err
+		return false, &flowsRefused{err}
 	}
 	b.remember(p.ExternalIDs[ExtIDPodNamespace], p.ExternalIDs[ExtIDPodName], podRecord{owner: owner(cid, ifn), port: p.Name, pod: pod}, true)
 	return true, nil

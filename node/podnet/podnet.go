@@ -480,6 +480,13 @@ func (b *Backend) configurePodEnd(podNS ns.NetNS, ifName string, addr *net.IPNet
 	return nil
 }
 
+// flowsRefused is a restore's failure to install a Pod's flows: the one
+// failure that, for every Pod, means the switch itself refuses.
+type flowsRefused struct{ err error }
+
+func (e *flowsRefused) Error() string { return "installing its flows: " + e.err.Error() }
+func (e *flowsRefused) Unwrap() error { return e.err }
+
 // runtimeConfig returns the port mappings and bandwidth limits the runtime
 // passed (CNI conventions: the portMappings and bandwidth capabilities),
 // or a CNI error (code 7, invalid network configuration) naming what is
@@ -807,7 +814,8 @@ func (b *Backend) GC(ctx context.Context, _ *cniserver.Request, valid []types.GC
 // gone. It returns the number of Pods restored. A Pod that cannot be
 // restored is logged (error "Pod not restored", naming its port) and
 // skipped; a live Pod whose port has no OpenFlow number keeps its veth,
-// address and hostPorts. The error is ctx's, the bridge's, or, when the
+// port, address and hostPorts (a chained one goes back to its primary
+// CNI's routing, which reaches it without the bridge). The error is ctx's, the bridge's, or, when the
 // switch refused the flows of every Pod it tried, those refusals joined.
 func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 	ports, err := b.ports.ListPorts(ctx, b.cfg.BridgeName)
@@ -848,6 +856,9 @@ func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 			switch {
 			case err != nil:
 				fail(p, cid, err)
+				if errors.As(err, new(*flowsRefused)) {
+					flowErrs = append(flowErrs, err)
+				}
 			case ok:
 				n++
 			}
@@ -865,13 +876,6 @@ func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 			}
 			continue
 		}
-		if p.OFPort <= 0 {
-			// A live Pod whose port ovs-vswitchd has not opened (yet):
-			// everything of it stays, for its DEL or the next start.
-			attached[cid+"/"+ifn] = true
-			fail(p, cid, fmt.Errorf("ovs-vswitchd gives its port no OpenFlow number (ofport %d); its veth, address and hostPorts are kept", p.OFPort))
-			continue
-		}
 		if b.ipam != nil {
 			if _, ok := b.ipam.Lookup(cid, ifn); !ok {
 				// Its ADD stopped before the allocation reached the disk:
@@ -883,6 +887,13 @@ func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 					b.log.Info("IP allocation of an attached Pod recorded again", zap.String("port", p.Name), zap.String("ip", podIP.String()))
 				}
 			}
+		}
+		if p.OFPort <= 0 {
+			// A live Pod whose port ovs-vswitchd has not opened (yet):
+			// everything of it stays, for its DEL or the next start.
+			attached[cid+"/"+ifn] = true
+			fail(p, cid, fmt.Errorf("ovs-vswitchd gives its port no OpenFlow number (ofport %d); its veth, address and hostPorts are kept", p.OFPort))
+			continue
 		}
 		attached[cid+"/"+ifn] = true
 		b.reshape(p)
@@ -900,7 +911,7 @@ func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 		}
 		flows := pipeline.PodFlows(b.cfg.Bridge, pod)
 		if err := b.flows.Set(ctx, owner(cid, ifn), flows); err != nil {
-			err = fmt.Errorf("installing its flows: %w", err)
+			err = &flowsRefused{err}
 			fail(p, cid, err)
 			flowErrs = append(flowErrs, err)
 			continue
