@@ -395,7 +395,8 @@ func sameFlow(a, b of.Flow) bool {
 
 // Key identifies a flow entry as OVS does (ovs-ofctl(8), "Flow Syntax":
 // a flow table holds one entry per priority and match): table, priority
-// and every field of the match, masks included.
+// and every field of the match, each masked value as value&mask with its
+// mask (a zero mask, which of.Match reads as exact, as all ones).
 func Key(f of.Flow) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "t%d,p%d", f.Table, f.Priority)
@@ -421,9 +422,9 @@ func Key(f of.Flow) string {
 			fmt.Fprintf(&b, ",%s=%s", n, v)
 		}
 	}
-	mac("eth_src", m.EthSrc)
+	mac("eth_src", maskMAC(m.EthSrc, m.EthSrcMask))
 	mac("eth_src_mask", m.EthSrcMask)
-	mac("eth_dst", m.EthDst)
+	mac("eth_dst", maskMAC(m.EthDst, m.EthDstMask))
 	mac("eth_dst_mask", m.EthDstMask)
 	if m.ARPOp != 0 {
 		fmt.Fprintf(&b, ",arp_op=%d", m.ARPOp)
@@ -437,10 +438,12 @@ func Key(f of.Flow) string {
 		fmt.Fprintf(&b, ",ip_proto=%d", m.IPProto)
 	}
 	if m.L4Src != nil {
-		fmt.Fprintf(&b, ",tp_src=%d/%#x", m.L4Src.Port, m.L4Src.Mask)
+		v, mk := masked(m.L4Src.Port, m.L4Src.Mask)
+		fmt.Fprintf(&b, ",tp_src=%d/%#x", v, mk)
 	}
 	if m.L4Dst != nil {
-		fmt.Fprintf(&b, ",tp_dst=%d/%#x", m.L4Dst.Port, m.L4Dst.Mask)
+		v, mk := masked(m.L4Dst.Port, m.L4Dst.Mask)
+		fmt.Fprintf(&b, ",tp_dst=%d/%#x", v, mk)
 	}
 	if m.Frag != nil {
 		fmt.Fprintf(&b, ",nw_frag=%#x/%#x", m.Frag.Value&m.Frag.Mask, m.Frag.Mask)
@@ -448,16 +451,19 @@ func Key(f of.Flow) string {
 	ip("tun_dst", m.TunDst)
 	ip("tun_src", m.TunSrc)
 	if m.TunID != nil {
-		fmt.Fprintf(&b, ",tun_id=%#x/%#x", m.TunID.Value, m.TunID.Mask)
+		v, mk := masked(m.TunID.Value, m.TunID.Mask)
+		fmt.Fprintf(&b, ",tun_id=%#x/%#x", v, mk)
 	}
 	for _, r := range m.Regs {
-		fmt.Fprintf(&b, ",reg%d=%#x/%#x", r.Reg, r.Value, r.Mask)
+		v, mk := masked(r.Value, r.Mask)
+		fmt.Fprintf(&b, ",reg%d=%#x/%#x", r.Reg, v, mk)
 	}
 	if m.CtState != nil {
 		fmt.Fprintf(&b, ",ct_state=+%#x-%#x", m.CtState.Set, m.CtState.Clear)
 	}
 	if m.CtMark != nil {
-		fmt.Fprintf(&b, ",ct_mark=%#x/%#x", m.CtMark.Value, m.CtMark.Mask)
+		v, mk := masked(m.CtMark.Value, m.CtMark.Mask)
+		fmt.Fprintf(&b, ",ct_mark=%#x/%#x", v, mk)
 	}
 	if m.CtZone != nil {
 		fmt.Fprintf(&b, ",ct_zone=%d", *m.CtZone)
@@ -466,7 +472,30 @@ func Key(f of.Flow) string {
 		fmt.Fprintf(&b, ",conj_id=%d", *m.ConjID)
 	}
 	if m.PktMark != nil {
-		fmt.Fprintf(&b, ",pkt_mark=%#x/%#x", m.PktMark.Value, m.PktMark.Mask)
+		v, mk := masked(m.PktMark.Value, m.PktMark.Mask)
+		fmt.Fprintf(&b, ",pkt_mark=%#x/%#x", v, mk)
 	}
 	return b.String()
+}
+
+// maskMAC returns mac with only the bits set in mask (mac itself when
+// there is no mask).
+func maskMAC(mac, mask net.HardwareAddr) net.HardwareAddr {
+	if mac == nil || len(mask) != len(mac) {
+		return mac
+	}
+	out := make(net.HardwareAddr, len(mac))
+	for i := range mac {
+		out[i] = mac[i] & mask[i]
+	}
+	return out
+}
+
+// masked returns v under mask as OVS keeps it: v&mask, with a zero mask
+// (exact, in of.Match) as all ones.
+func masked[T uint16 | uint32 | uint64](v, mask T) (T, T) {
+	if mask == 0 {
+		mask = ^T(0)
+	}
+	return v & mask, mask
 }

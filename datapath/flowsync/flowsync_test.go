@@ -424,3 +424,28 @@ func TestKeyCoversEveryMatchField(t *testing.T) {
 		seen[k] = f.Name
 	}
 }
+
+// Two matches OVS reads as one entry have one key: a zero mask is exact,
+// as all ones is, and bits outside a mask do not count.
+func TestKeyNormalisesMasks(t *testing.T) {
+	base := of.Flow{Table: 10, Priority: 100}
+	for _, tc := range []struct {
+		name string
+		a, b of.Match
+	}{
+		{"reg, zero mask and all ones", of.Match{Regs: []of.RegMatch{{Reg: 1, Value: 5}}},
+			of.Match{Regs: []of.RegMatch{{Reg: 1, Value: 5, Mask: 0xffffffff}}}},
+		{"reg, bits outside the mask", of.Match{Regs: []of.RegMatch{{Reg: 1, Value: 0x15, Mask: 0x0f}}},
+			of.Match{Regs: []of.RegMatch{{Reg: 1, Value: 0x05, Mask: 0x0f}}}},
+		{"tp_dst", of.Match{L4Dst: &of.PortMatch{Port: 0x1f50, Mask: 0xff00}},
+			of.Match{L4Dst: &of.PortMatch{Port: 0x1f00, Mask: 0xff00}}},
+		{"eth_dst under a mask", of.Match{EthDst: net.HardwareAddr{1, 2, 3, 4, 5, 6}, EthDstMask: net.HardwareAddr{0xff, 0, 0, 0, 0, 0}},
+			of.Match{EthDst: net.HardwareAddr{1, 9, 9, 9, 9, 9}, EthDstMask: net.HardwareAddr{0xff, 0, 0, 0, 0, 0}}},
+	} {
+		fa, fb := base, base
+		fa.Match, fb.Match = tc.a, tc.b
+		if Key(fa) != Key(fb) {
+			t.Errorf("%s: keys %q and %q, want one", tc.name, Key(fa), Key(fb))
+		}
+	}
+}

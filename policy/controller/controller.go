@@ -179,8 +179,10 @@ func Run(ctx context.Context, kube kubernetes.Interface, cp versioned.Interface,
 func (c *Controller) IsLeader() bool { return c.leader.Load() }
 
 // ObservedLeader is the identity of the Lease holder as this instance last
-// read it: its own Identity while it leads, another instance's once an
-// attempt to acquire the Lease found it held, "" before the first attempt.
+// read it: another instance's once an attempt to acquire the Lease found
+// it held, its own after it acquired it, "" before the first attempt.
+// client-go reports each change from a goroutine of its own, so the value
+// may lag IsLeader for a moment.
 func (c *Controller) ObservedLeader() string {
 	if id := c.observed.Load(); id != nil {
 		return *id
@@ -224,6 +226,11 @@ func (c *Controller) Run(ctx context.Context) error {
 					c.leader.Store(true)
 					c.metrics.leader.Set(1)
 					c.log.Info("became policy controller leader")
+					defer func() {
+						c.leader.Store(false)
+						c.metrics.leader.Set(0)
+						c.log.Info("stopped leading policy controller")
+					}()
 					if err := c.lead(lctx, termStart(lctx, lock, c.cfg.Identity)); err != nil && lctx.Err() == nil {
 						c.log.Error("policy controller stopped", zap.Error(err))
 					}
@@ -236,10 +243,9 @@ func (c *Controller) Run(ctx context.Context) error {
 				},
 				OnStoppedLeading: func() {
 					// client-go calls it whenever the elector stops,
-					// whether this instance led or not.
-					if c.leader.Swap(false) {
-						c.log.Info("stopped leading policy controller")
-					}
+					// whether this instance led or not; the term's own
+					// end is logged when lead returns, above.
+					c.leader.Store(false)
 					c.metrics.leader.Set(0)
 				},
 			},

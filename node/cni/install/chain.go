@@ -29,9 +29,10 @@ import (
 const resyncChain = 30 * time.Second
 
 // Chain makes the conflist at path run the seine plugin (socketPath
-// socket) after its first plugin: an entry with that socketPath later in
-// the chain stays where it is, otherwise seine's entry goes right after
-// the first plugin; it reports whether it rewrote the file. The file is
+// socket) after its first plugin: the list's first seine entry stays where
+// it is when it is not first and is exactly {"type":"seine","socketPath":
+// socket}; otherwise it is replaced by that entry right after the first
+// plugin. It reports whether it rewrote the file. The file is
 // replaced atomically and only when it changes. Errors: the file is
 // missing (fs.ErrNotExist, wrapped) or is not a valid conflist.
 func Chain(path, socket string) (bool, error) {
