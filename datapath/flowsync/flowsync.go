@@ -395,8 +395,11 @@ func sameFlow(a, b of.Flow) bool {
 
 // Key identifies a flow entry as OVS does (ovs-ofctl(8), "Flow Syntax":
 // a flow table holds one entry per priority and match): table, priority
-// and every field of the match, each masked value as value&mask with its
-// mask (a zero mask, which of.Match reads as exact, as all ones).
+// and every field of the match, each numeric masked value as value&mask
+// with its mask (a zero mask, which of.Match reads as exact, as all ones),
+// a masked MAC as mac&mask. Some spellings of one entry still give two
+// keys (registers listed in another order, a /0 prefix against none):
+// that costs a needless flow mod, never two entries sharing a key.
 func Key(f of.Flow) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "t%d,p%d", f.Table, f.Priority)

@@ -195,32 +195,44 @@ func (h *host) replaceRoute(link netlink.Link, dst *net.IPNet) error {
 // so the caller records what it now wants even when update fails: what
 // could not be made to match its count stays dirty, and this call and
 // every later one try it again (flush), so the caller's retry of a failed
-// update need not repeat it.
+// update need not repeat it. The error names only the elements and routes
+// of this call: another frontend's, retried here, fail its own updates.
 func (h *host) update(ctx context.Context, addEl, delEl []element, addRoutes, delRoutes []net.IP) error {
 	if h == nil { // tests and benchmarks of the datapath side only
 		return nil
 	}
+	mine := map[string]bool{}
 	for _, e := range addEl {
+		mine[e.id()] = true
 		if countChange(h.elements, e.id(), 1) == 1 {
 			h.dirtyElements[e.id()] = e
 		}
 	}
 	for _, e := range delEl {
+		mine[e.id()] = true
 		if countChange(h.elements, e.id(), -1) == 0 {
 			h.dirtyElements[e.id()] = e
 		}
 	}
 	for _, ip := range addRoutes {
+		mine[ip.String()] = true
 		if countChange(h.routes, ip.String(), 1) == 1 {
 			h.dirtyRoutes[ip.String()] = ip
 		}
 	}
 	for _, ip := range delRoutes {
+		mine[ip.String()] = true
 		if countChange(h.routes, ip.String(), -1) == 0 {
 			h.dirtyRoutes[ip.String()] = ip
 		}
 	}
-	return h.flush(ctx)
+	var errs []error
+	for k, err := range h.flush(ctx) {
+		if mine[k] {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // countChange adds d to m[k] and returns the new count, below 0 for the
@@ -236,46 +248,60 @@ func countChange(m map[string]int, k string, d int) int {
 }
 
 // flush makes every dirty element and route match its count: present when
-// counted, absent when not. What fails stays dirty.
-func (h *host) flush(ctx context.Context) error {
-	var errs []error
+// counted, absent when not. What fails stays dirty; the failures are
+// returned by element id or route address. The elements go in one
+// transaction, or, when the kernel refuses it, one transaction each, so
+// that one refused element does not hold back the others.
+func (h *host) flush(ctx context.Context) map[string]error {
+	failed := map[string]error{}
 	if len(h.dirtyElements) > 0 {
-		tx := h.nft.NewTransaction()
-		for id, e := range h.dirtyElements {
+		put := func(tx *knftables.Transaction, id string, e element) {
 			tx.Add(&knftables.Element{Set: e.set, Key: e.key}) // so that a delete cannot fail
 			if h.elements[id] == 0 {
 				tx.Delete(&knftables.Element{Set: e.set, Key: e.key})
 			}
 		}
-		if err := h.nft.Run(ctx, tx); err != nil {
-			errs = append(errs, fmt.Errorf("updating table %s: %w", HostTable, err))
-		} else {
+		tx := h.nft.NewTransaction()
+		for id, e := range h.dirtyElements {
+			put(tx, id, e)
+		}
+		if err := h.nft.Run(ctx, tx); err == nil {
 			clear(h.dirtyElements)
+		} else {
+			for id, e := range h.dirtyElements {
+				one := h.nft.NewTransaction()
+				put(one, id, e)
+				if err := h.nft.Run(ctx, one); err != nil {
+					failed[id] = fmt.Errorf("updating table %s, element %s: %w", HostTable, id, err)
+					continue
+				}
+				delete(h.dirtyElements, id)
+			}
 		}
 	}
 	if len(h.dirtyRoutes) > 0 {
 		link, err := netlink.LinkByName(h.cfg.gateway)
-		if err != nil {
-			return errors.Join(append(errs, fmt.Errorf("gateway %s: %w", h.cfg.gateway, err))...)
-		}
 		for k, ip := range h.dirtyRoutes {
-			dst := &net.IPNet{IP: ip.To4(), Mask: net.CIDRMask(32, 32)}
-			if h.routes[k] > 0 {
-				err = h.replaceRoute(link, dst)
-			} else if err = netlink.RouteDel(&netlink.Route{LinkIndex: link.Attrs().Index, Dst: dst,
-				Gw: pipeline.NodePortVIP}); err != nil && !errors.Is(err, syscall.ESRCH) {
-				err = fmt.Errorf("deleting route to %s: %w", ip, err)
-			} else {
-				err = nil
-			}
 			if err != nil {
-				errs = append(errs, err)
+				failed[k] = fmt.Errorf("gateway %s: %w", h.cfg.gateway, err)
+				continue
+			}
+			dst := &net.IPNet{IP: ip.To4(), Mask: net.CIDRMask(32, 32)}
+			var rerr error
+			if h.routes[k] > 0 {
+				rerr = h.replaceRoute(link, dst)
+			} else if derr := netlink.RouteDel(&netlink.Route{LinkIndex: link.Attrs().Index, Dst: dst,
+				Gw: pipeline.NodePortVIP}); derr != nil && !errors.Is(derr, syscall.ESRCH) {
+				rerr = fmt.Errorf("deleting route to %s: %w", ip, derr)
+			}
+			if rerr != nil {
+				failed[k] = rerr
 				continue
 			}
 			delete(h.dirtyRoutes, k)
 		}
 	}
-	return errors.Join(errs...)
+	return failed
 }
 
 // prune removes the elements and routes left by an earlier run that no

@@ -5,13 +5,15 @@ import (
 	"errors"
 	"net"
 	"slices"
+	"strings"
 	"testing"
 
 	"sigs.k8s.io/knftables"
 )
 
-// failingNFT is knftables' fake with the next Run refused, as the kernel
-// refuses a transaction (a transient netlink error, a full ruleset).
+// failingNFT is knftables' fake refusing every transaction while fail is
+// set, as the kernel refuses one (a transient netlink error, a full
+// ruleset).
 type failingNFT struct {
 	*knftables.Fake
 	fail bool
@@ -19,7 +21,6 @@ type failingNFT struct {
 
 func (f *failingNFT) Run(ctx context.Context, tx *knftables.Transaction) error {
 	if f.fail {
-		f.fail = false
 		return errors.New("refused")
 	}
 	return f.Fake.Run(ctx, tx)
@@ -57,6 +58,7 @@ func TestHostUpdateRetriesWhatFailed(t *testing.T) {
 	if has(reject) || has(np) {
 		t.Fatal("elements in the table after a refused transaction")
 	}
+	nft.fail = false
 	// Another frontend's update (the first one's wants unchanged).
 	if err := h.update(ctx, []element{other}, nil, nil, nil); err != nil {
 		t.Fatal(err)
@@ -74,7 +76,15 @@ func TestHostUpdateRetriesWhatFailed(t *testing.T) {
 	if !has(reject) {
 		t.Fatal("element removed by a refused transaction")
 	}
-	if err := h.update(ctx, nil, []element{other}, nil, nil); err != nil {
+	// Another frontend's update while the table still refuses: its own
+	// element is the error, not the one retried for the first frontend.
+	third := nodePortElement(6, 30443)
+	err := h.update(ctx, []element{third}, nil, nil, nil)
+	if err == nil || !strings.Contains(err.Error(), third.id()) || strings.Contains(err.Error(), reject.id()) {
+		t.Fatalf("an update while the table refuses: %v; want its own element named, not another's", err)
+	}
+	nft.fail = false
+	if err := h.update(ctx, nil, []element{other, third}, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	if has(reject) || has(other) || !has(np) {
