@@ -262,8 +262,11 @@ func TestServiceSessionAffinity(t *testing.T) {
 		}
 		return nil
 	})
+	// After each expiry the group chooses afresh among 3 endpoints: 10
+	// rounds all on one endpoint would happen by chance once in 20,000.
 	chosen := map[string]bool{}
-	for round := 0; round < 6 && len(chosen) < 2; round++ {
+	const rounds = 10
+	for round := 0; round < rounds && len(chosen) < 2; round++ {
 		got := replies(t, c, client, vip, 80, corev1.ProtocolTCP, 8)
 		if len(got) != 1 {
 			t.Fatalf("round %d: connections spread over %v despite affinity", round, got)
@@ -280,7 +283,7 @@ func TestServiceSessionAffinity(t *testing.T) {
 		}
 	}
 	if len(chosen) < 2 {
-		t.Errorf("after 6 expiries the client always got %v of %s", chosen, names(pods))
+		t.Errorf("after %d expiries the client always got %v of %s", rounds, chosen, names(pods))
 	}
 }
 
