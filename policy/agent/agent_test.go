@@ -162,6 +162,19 @@ func diff(a, b []string) (onlyA, onlyB []string) {
 	return
 }
 
+// runAgent runs ag until the test ends, and fails the test if Run fails.
+func runAgent(t *testing.T, ctx context.Context, ag *Agent) {
+	runCtx, stop := context.WithCancel(ctx)
+	runDone := make(chan error, 1)
+	go func() { runDone <- ag.Run(runCtx) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-runDone; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+}
+
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(100 * time.Millisecond) {
@@ -258,15 +271,7 @@ func TestAgentWithAPIServerAndOVS(t *testing.T) {
 	for _, p := range n.pods {
 		ag.PodAttached(p)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	runDone := make(chan error, 1)
-	go func() { runDone <- ag.Run(runCtx) }()
-	t.Cleanup(func() {
-		stop()
-		if err := <-runDone; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	runAgent(t, ctx, ag)
 	eventually(t, "agent synced", ag.Synced)
 	eventually(t, "np-web enforced", func() bool { return n.verdict(t, n.podToPod("c", "a", 80)) == "drop" })
 	checks := []struct {
@@ -446,15 +451,7 @@ func TestFlowEconomyOnNode(t *testing.T) {
 		targets = append(targets, member(name, ip))
 		peers = append(peers, member(fmt.Sprintf("p%d", i), fmt.Sprintf("10.244.%d.%d", 2+i/200, i%200+2)))
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	runDone := make(chan error, 1)
-	go func() { runDone <- ag.Run(runCtx) }()
-	t.Cleanup(func() {
-		stop()
-		if err := <-runDone; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	runAgent(t, ctx, ag)
 	eventually(t, "agent synced", ag.Synced)
 	before := len(n.policyDump(t))
 	nk := v1alpha1.NodeKey(nodeName)
@@ -549,15 +546,7 @@ func TestRestoredIsolationCheckedWithoutPolicies(t *testing.T) {
 	a := n.pods["a"]
 	a.Restored = true
 	ag.PodAttached(a)
-	runCtx, stop := context.WithCancel(ctx)
-	runDone := make(chan error, 1)
-	go func() { runDone <- ag.Run(runCtx) }()
-	t.Cleanup(func() {
-		stop()
-		if err := <-runDone; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	runAgent(t, ctx, ag)
 	eventually(t, "agent synced", ag.Synced)
 	eventually(t, "a's stale isolation lifted", func() bool { return slices.Contains(n.isolationCalls(), "a false false") })
 	if got := n.verdict(t, n.podToPod("b", "a", 80)); got != "output:3" {
