@@ -332,14 +332,21 @@ func (b *Backend) checkChained(ctx context.Context, req *cniserver.Request, prev
 
 // restoreChained reinstalls a chained Pod's flows and gateway route at
 // start-up, or releases the attachment when its veth is gone. It reports
-// whether the Pod is attached.
+// whether the Pod's flows are installed. A live Pod whose port has no
+// OpenFlow number stays attached, and so without traffic, rather than go
+// back to its primary CNI's routing outside its NetworkPolicies; the error
+// says so.
 func (b *Backend) restoreChained(ctx context.Context, p ovsdb.Port) (bool, error) {
 	cid, ifn := p.ExternalIDs[ExtIDContainerID], p.ExternalIDs[ExtIDIfName]
 	podIP := net.ParseIP(p.ExternalIDs[ExtIDIP]).To4()
 	mac, merr := net.ParseMAC(p.ExternalIDs[ExtIDMAC])
-	if _, err := netlink.LinkByName(p.Name); err != nil || podIP == nil || merr != nil || p.OFPort <= 0 {
+	if _, err := netlink.LinkByName(p.Name); err != nil || podIP == nil || merr != nil {
 		b.log.Info("releasing stale chained Pod port", zap.String("port", p.Name), zap.String("container_id", cid))
 		return false, b.releaseChained(ctx, cid, ifn)
+	}
+	if p.OFPort <= 0 {
+		return false, fmt.Errorf("ovs-vswitchd gives its port no OpenFlow number (ofport %d); it stays attached, "+
+			"without traffic, rather than leave its NetworkPolicies", p.OFPort)
 	}
 	gw, err := netlink.LinkByName(b.cfg.Gateway)
 	if err != nil {

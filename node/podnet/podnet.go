@@ -814,9 +814,9 @@ func (b *Backend) GC(ctx context.Context, _ *cniserver.Request, valid []types.GC
 // gone. It returns the number of Pods restored. A Pod that cannot be
 // restored is logged (error "Pod not restored", naming its port) and
 // skipped; a live Pod whose port has no OpenFlow number keeps its veth,
-// port, address and hostPorts (a chained one is released: it goes back to
-// its primary CNI's routing, which reaches it without the bridge and
-// without its NetworkPolicies). The error is ctx's, the bridge's, or, when the
+// port, address and hostPorts until its DEL (a chained one too: it is not
+// handed back to its primary CNI's routing, outside its NetworkPolicies).
+// The error is ctx's, the bridge's, or, when the
 // switch refused the flows of every Pod it tried, those refusals joined.
 func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 	ports, err := b.ports.ListPorts(ctx, b.cfg.BridgeName)
