@@ -214,7 +214,7 @@ func New(cfg Config, alloc *ipam.Allocator, ports Ports, flows Flows, log *zap.L
 // change (pipeline.PodFlows), and flowsync sends only those. A Pod this
 // backend has no attachment of is ignored (it was detached meanwhile, or
 // its name was not known). It fails only when the switch rejects the
-// flows, naming the Pod. Calls for different Pods may run concurrently
+// flows of a Pod still attached, naming the Pod. Calls for different Pods may run concurrently
 // (and share bundles); calls for one Pod must not overlap.
 //
 // No lock is held while the flows travel: if a DEL (or a new attachment)
@@ -232,23 +232,27 @@ func (b *Backend) SetIsolation(ctx context.Context, namespace, name string, ingr
 	}
 	p := r.pod
 	p.IngressIsolated, p.EgressIsolated = ingress, egress
-	if err := b.flows.Set(ctx, r.owner, pipeline.PodFlows(b.cfg.Bridge, p)); err != nil {
-		return fmt.Errorf("isolation of pod %s: %w", key, err)
-	}
-	if !b.updatePod(key, r.owner, p) {
-		// Detached while the flows travelled: its DEL may have removed
-		// its flows before this call put them back.
-		if err := b.flows.Set(context.WithoutCancel(ctx), r.owner, nil); err != nil {
-			return fmt.Errorf("removing the flows of pod %s, detached meanwhile: %w", key, err)
+	err := b.flows.Set(ctx, r.owner, pipeline.PodFlows(b.cfg.Bridge, p))
+	if err == nil && b.updatePod(key, r.owner, p) {
+		if r.port != "" {
+			if err := b.ports.SetPortExternalIDs(ctx, r.port, map[string]string{ExtIDIsolation: isolationValue(p)}); err != nil {
+				b.log.Warn("recording isolation in OVSDB", zap.String("pod", key), zap.Error(err))
+			}
 		}
+		b.log.Info("Pod isolation changed", zap.String("pod", key), zap.Bool("ingress", ingress), zap.Bool("egress", egress))
 		return nil
 	}
-	if r.port != "" {
-		if err := b.ports.SetPortExternalIDs(ctx, r.port, map[string]string{ExtIDIsolation: isolationValue(p)}); err != nil {
-			b.log.Warn("recording isolation in OVSDB", zap.String("pod", key), zap.Error(err))
-		}
+	if err != nil && b.recorded(key, r.owner) {
+		return fmt.Errorf("isolation of pod %s: %w", key, err)
 	}
-	b.log.Info("Pod isolation changed", zap.String("pod", key), zap.Bool("ingress", ingress), zap.Bool("egress", egress))
+	// Detached while the flows travelled: its DEL may have removed the
+	// flows before this call put them back, or removed the egress meter
+	// they go through, so that the switch refused them. Either way the
+	// Pod is gone and nothing of it may stay.
+	if err := b.flows.Set(context.WithoutCancel(ctx), r.owner, nil); err != nil {
+		return fmt.Errorf("removing the flows of pod %s, detached meanwhile: %w", key, err)
+	}
+	b.log.Debug("isolation for a Pod detached meanwhile dropped", zap.String("pod", key))
 	return nil
 }
 

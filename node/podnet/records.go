@@ -89,6 +89,13 @@ func (b *Backend) current(key string) (podRecord, bool) {
 	return rs[len(rs)-1], true
 }
 
+// recorded reports whether the Pod's attachment owner is still recorded.
+func (b *Backend) recorded(key, owner string) bool {
+	b.podMu.Lock()
+	defer b.podMu.Unlock()
+	return slices.ContainsFunc(b.pods[key], func(r podRecord) bool { return r.owner == owner })
+}
+
 // updatePod stores pod in the record of the Pod's attachment owner, and
 // reports whether that attachment is still recorded (not detached).
 func (b *Backend) updatePod(key, owner string, pod pipeline.Pod) bool {
