@@ -127,14 +127,20 @@ func TestRunGivesUp(t *testing.T) {
 		go func() {
 			var old int
 			for i := 0; i < 2 && ctx.Err() == nil; i++ {
-				_ = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 20*time.Second, true, func(context.Context) (bool, error) {
+				err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 20*time.Second, true, func(context.Context) (bool, error) {
 					p := pidOf(t, cfg.RunDir, "ovs-vswitchd")
-					if p != 0 && p != old && syscall.Kill(p, 0) == nil {
+					if p > 0 && p != old && syscall.Kill(p, 0) == nil {
 						old = p
 						return true, nil
 					}
 					return false, nil
 				})
+				if err != nil {
+					// Run has returned (ctx cancelled) or never started
+					// ovs-vswitchd again: nothing of ours to kill, and
+					// kill(2) of pid 0 would hit the whole process group.
+					return
+				}
 				_ = syscall.Kill(old, syscall.SIGKILL)
 			}
 		}()

@@ -104,7 +104,15 @@ func TestPolicyControllerFailover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 { // kill(2) of pid 0 would hit the test's whole process group
+		t.Fatalf("seine.pid on %s holds no pid: %q (%v)", holder, b, err)
+	}
+	t.Cleanup(func() {
+		if err := c.StartSeine(context.Background(), holder, nil); err != nil {
+			t.Errorf("restarting seine on %s: %v", holder, err)
+		}
+	})
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatalf("killing seine on %s (pid %d): %v", holder, pid, err)
 	}
@@ -115,11 +123,6 @@ func TestPolicyControllerFailover(t *testing.T) {
 	}
 	lastRenew := before.Spec.RenewTime.Time
 	leaseDuration := time.Duration(*before.Spec.LeaseDurationSeconds) * time.Second
-	t.Cleanup(func() {
-		if err := c.StartSeine(context.Background(), holder, nil); err != nil {
-			t.Errorf("restarting seine on %s: %v", holder, err)
-		}
-	})
 	var newHolder string
 	eventually(t, 30*time.Second, "a new Lease holder", func() error {
 		newHolder = leaseHolder(t, c)

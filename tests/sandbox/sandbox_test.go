@@ -276,6 +276,9 @@ func TestBridgeSandbox(t *testing.T) {
 		t.Fatal(err)
 	}
 	kpid := readPid(filepath.Join(n1.Dir, "kubelet.pid"))
+	if kpid <= 0 { // kill(2) of pid 0 would hit the test's whole process group
+		t.Fatalf("no kubelet pid in %s", filepath.Join(n1.Dir, "kubelet.pid"))
+	}
 	if err := syscall.Kill(kpid, syscall.SIGKILL); err != nil {
 		t.Fatalf("kill kubelet: %v", err)
 	}
