@@ -107,8 +107,22 @@ func startNode(t *testing.T) *node {
 // policyDump returns the policy flows (cookie category CategoryPolicy) as
 // sorted lines without statistics.
 func (n *node) policyDump(t *testing.T) []string {
+	t.Helper()
+	lines, err := n.tryPolicyDump()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lines
+}
+
+// tryPolicyDump is policyDump for goroutines other than the test's, where
+// t.Fatal must not be called.
+func (n *node) tryPolicyDump() ([]string, error) {
 	cookie := fmt.Sprintf("cookie=%#x/%#x", uint64(pipeline.CategoryPolicy)<<pipeline.CookieCategoryShift, pipeline.CookieCategoryMask)
-	out := n.o.Run("ovs-ofctl", "-O", "OpenFlow15", "--no-stats", "dump-flows", n.o.MgmtSocket("br-int"), cookie)
+	out, err := n.o.TryRun("ovs-ofctl", "-O", "OpenFlow15", "--no-stats", "dump-flows", n.o.MgmtSocket("br-int"), cookie)
+	if err != nil {
+		return nil, fmt.Errorf("dumping the policy flows: %w", err)
+	}
 	var lines []string
 	for _, l := range strings.Split(out, "\n") {
 		l = strings.TrimSpace(l)
@@ -118,7 +132,7 @@ func (n *node) policyDump(t *testing.T) []string {
 		lines = append(lines, l)
 	}
 	sort.Strings(lines)
-	return lines
+	return lines, nil
 }
 
 // verdict traces a packet from the gateway-side tunnel-less peer (in via
@@ -247,10 +261,15 @@ func TestAgentWithAPIServerAndOVS(t *testing.T) {
 			t.Errorf("OnIsolation for %s/%s", namespace, name)
 		}
 		if ingress {
+			// The agent's goroutine: record failures, never t.Fatal.
 			port := map[string]string{"a": "tp_dst=8", "b": "tp_dst=53"}[name]
-			if !strings.Contains(strings.Join(n.policyDump(t), "\n"), port) {
+			dump, err := n.tryPolicyDump()
+			if err == nil && !strings.Contains(strings.Join(dump, "\n"), port) {
+				err = fmt.Errorf("%s isolated before its allow flow (%s) was installed", name, port)
+			}
+			if err != nil {
 				n.mu.Lock()
-				orderErrs = append(orderErrs, fmt.Sprintf("%s isolated before its allow flow (%s) was installed", name, port))
+				orderErrs = append(orderErrs, err.Error())
 				n.mu.Unlock()
 			}
 		}
@@ -396,8 +415,8 @@ func TestAgentWithAPIServerAndOVS(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "differs from the controller's") {
 		t.Errorf("WaitRealized(b) = %v, want a digest mismatch timeout", err)
 	}
-	if d := time.Since(t0); d < 2*time.Second || d > 10*time.Second {
-		t.Errorf("WaitRealized(b) returned after %v, want about RealizeTimeout (3s)", d)
+	if d := time.Since(t0); d < 2*time.Second {
+		t.Errorf("WaitRealized(b) returned after %v, before RealizeTimeout (3s)", d)
 	}
 	// A Pod detached drops out of the policy's flows, and its isolation is
 	// forgotten (no call: its flows go with it).
@@ -472,24 +491,20 @@ func TestFlowEconomyOnNode(t *testing.T) {
 	if _, err := api.NetworkPolicies().Create(ctx, np, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	var got int
-	eventually(t, "np-eco installed", func() bool {
-		got = len(n.policyDump(t)) - before
-		return got >= 200
-	})
-	// Count once the number has held still for a second, so a straggling
-	// batch is included.
-	stable := 0
-	eventually(t, "np-eco's flow count settles", func() bool {
-		time.Sleep(200 * time.Millisecond)
-		now := len(n.policyDump(t)) - before
-		if now == got {
-			stable++
-		} else {
-			got, stable = now, 0
+	// Count once the agent reports the policy installed: every batch of
+	// its flows is on the switch then.
+	eventually(t, "np-eco shown installed", func() bool {
+		for _, p := range ag.View().Policies {
+			if p.Object.Name == "np-eco" {
+				return p.Installed
+			}
 		}
-		return stable >= 5
+		return false
 	})
+	got := len(n.policyDump(t)) - before
+	if got < 200 {
+		t.Errorf("np-eco installed with %d flows on the switch, want at least one per target and peer (200)", got)
+	}
 	t.Logf("100 targets × 100 peers × 3 ports: %d flows on the switch", got)
 	if got >= 250 {
 		t.Errorf("the policy installed %d flows, want fewer than 250", got)

@@ -3,6 +3,8 @@ package bench
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -11,6 +13,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/seine-net/seine/node/info"
 	"github.com/seine-net/seine/tests/sandbox"
 	"github.com/seine-net/seine/tests/sandbox/echo"
 )
@@ -57,7 +60,22 @@ func BenchmarkPolicyRealization(b *testing.B) {
 	if _, err := nps.Create(ctx, deny, metav1.CreateOptions{}); err != nil {
 		b.Fatal(err)
 	}
-	time.Sleep(2 * time.Second)
+	// Every Node of the deny policy's span has realized it: the first
+	// probe of each allow below starts from a denied connection.
+	for {
+		np, err := nps.Get(ctx, "deny", metav1.GetOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		done, span, ok := strings.Cut(np.Annotations[info.AnnotationRealizedNodes], "/")
+		if ok && done == span && span != "0" && np.Annotations[info.AnnotationRealizedGeneration] == strconv.FormatInt(np.Generation, 10) {
+			break
+		}
+		if ctx.Err() != nil {
+			b.Fatalf("the deny policy was not realized: %v", np.Annotations)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	b.ResetTimer()
 	for it := 0; it < b.N; it++ {
 		var lat []time.Duration

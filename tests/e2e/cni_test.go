@@ -46,6 +46,19 @@ func (e *cniEnv) add(ctx context.Context, rt *libcni.RuntimeConf) (types.Result,
 
 func (e *cniEnv) del(ctx context.Context, rt *libcni.RuntimeConf) error { return e.Del(ctx, rt) }
 
+// delAtCleanup DELs rt when the test ends (DEL is idempotent): register it
+// once its ADD succeeded, so a failing step leaves no address, port or
+// flows on the Node.
+func (e *cniEnv) delAtCleanup(t *testing.T, rt *libcni.RuntimeConf) {
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := e.del(ctx, rt); err != nil {
+			t.Errorf("DEL of %s at cleanup: %v", rt.ContainerID, err)
+		}
+	})
+}
+
 // newPodNS creates a named network namespace and removes it at cleanup.
 func newPodNS(t *testing.T, name string) string {
 	t.Helper()
@@ -136,6 +149,12 @@ func TestCNIAddDelCyclesLeakNothing(t *testing.T) {
 	before := snapshot(t, c, n)
 	const cycles = 200
 	seen := map[string]bool{}
+	var pending *libcni.RuntimeConf // added and not yet deleted
+	t.Cleanup(func() {
+		if pending != nil {
+			_ = e.del(context.Background(), pending)
+		}
+	})
 	for i := 0; i < cycles; i++ {
 		rt := e.rt(fmt.Sprintf("cycle%03d", i), netns)
 		if i%4 == 0 {
@@ -148,24 +167,29 @@ func TestCNIAddDelCyclesLeakNothing(t *testing.T) {
 		if err != nil {
 			t.Fatalf("cycle %d ADD: %v", i, err)
 		}
+		pending = rt
 		if i == 0 {
 			out, err := c.NodeExec(ctx, n.Name, "nft", "list", "table", "ip", "seine-hostport")
 			if err != nil || !strings.Contains(string(out), "tcp . 31000 ") {
 				t.Fatalf("the first ADD's hostPort is not mapped: %v\n%s", err, out)
 			}
 		}
-		b, _ := json.Marshal(res)
-		seen[string(b)] = true
+		r, err := types100.NewResultFromResult(res)
+		if err != nil || len(r.IPs) != 1 {
+			t.Fatalf("cycle %d ADD result %v: %v", i, res, err)
+		}
+		seen[r.IPs[0].Address.IP.String()] = true
 		if err := e.del(ctx, rt); err != nil {
 			t.Fatalf("cycle %d DEL: %v", i, err)
 		}
+		pending = nil
 	}
 	after := snapshot(t, c, n)
 	if before != after {
 		t.Fatalf("after %d ADD/DEL cycles the Node changed: before %+v, after %+v", cycles, before, after)
 	}
 	if len(seen) < cycles/2 {
-		t.Errorf("only %d distinct results over %d ADDs: addresses reused at once", len(seen), cycles)
+		t.Errorf("only %d distinct addresses over %d ADDs: addresses reused at once", len(seen), cycles)
 	}
 }
 
@@ -251,6 +275,7 @@ func TestCNIDelIsIdempotent(t *testing.T) {
 	if _, err := e.add(ctx, rt); err != nil {
 		t.Fatal(err)
 	}
+	e.delAtCleanup(t, rt)
 	if out, err := exec.Command("ip", "netns", "del", "seine-e2e-delgone").CombinedOutput(); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
@@ -314,9 +339,7 @@ func TestCNIErrors(t *testing.T) {
 	t.Run("daemon down", func(t *testing.T) {
 		e := newCNIEnv(t, c, n, nil)
 		before := snapshot(t, c, n)
-		if err := c.StopSeine(n.Name); err != nil {
-			t.Fatal(err)
-		}
+		stopSeine(t, c, n.Name)
 		t.Cleanup(func() {
 			if err := c.StartSeine(context.Background(), n.Name, nil); err != nil {
 				t.Errorf("restarting seine: %v", err)
@@ -369,6 +392,7 @@ func TestCNICheckAndGC(t *testing.T) {
 		if _, err := e.add(ctx, rt); err != nil {
 			t.Fatal(err)
 		}
+		e.delAtCleanup(t, rt)
 	}
 	if err := e.Check(ctx, keep); err != nil {
 		t.Fatalf("CHECK of a healthy attachment: %v", err)

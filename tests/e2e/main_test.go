@@ -171,3 +171,25 @@ func testCtx(t *testing.T, d time.Duration) context.Context {
 	t.Cleanup(cancel)
 	return ctx
 }
+
+// stopSeine stops the seine daemon of node, and makes sure it runs again
+// when the test ends (with the sandbox's configuration) even if the test
+// fails before starting it: the tests after it need every Node's daemon.
+// A test that starts it with another configuration restores that itself.
+func stopSeine(t *testing.T, c *sandbox.Cluster, node string) {
+	t.Helper()
+	t.Cleanup(func() {
+		n, err := c.Node(node)
+		if err != nil || c.NodeProcesses(n)["seine"] {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := c.StartSeine(ctx, node, nil); err != nil {
+			t.Errorf("starting seine on %s again: %v", node, err)
+		}
+	})
+	if err := c.StopSeine(node); err != nil {
+		t.Fatal(err)
+	}
+}

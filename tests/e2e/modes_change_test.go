@@ -126,9 +126,7 @@ func TestModeChangeConverges(t *testing.T) {
 				t.Cleanup(func() { os.Remove(p) })
 				set["primaryCNIConflist"] = p
 			}
-			if err := c.StopSeine(n.Name); err != nil {
-				t.Fatal(err)
-			}
+			stopSeine(t, c, n.Name)
 			if err := c.StartSeine(testCtx(t, time.Minute), n.Name, set); err != nil {
 				t.Fatal(err)
 			}

@@ -208,9 +208,7 @@ func TestModeNoSNAT(t *testing.T) {
 	}
 	restart := func(set map[string]string) {
 		t.Helper()
-		if err := c.StopSeine(node.Name); err != nil {
-			t.Fatal(err)
-		}
+		stopSeine(t, c, node.Name)
 		if err := c.StartSeine(testCtx(t, time.Minute), node.Name, set); err != nil {
 			t.Fatal(err)
 		}

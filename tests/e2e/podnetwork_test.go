@@ -33,7 +33,9 @@ type podRef struct {
 }
 
 // createPods creates one Pod per entry of nodes (index into Nodes()) in a
-// fresh namespace and deletes the namespace's Pods when the test ends.
+// fresh namespace and deletes them when the test ends: each deletion is
+// registered before its Pod is created, so a Pod that never got Ready, or
+// the Pods before one that failed, go too.
 func createPods(t *testing.T, c *sandbox.Cluster, ns string, nodes ...int) []podRef {
 	t.Helper()
 	ctx := testCtx(t, 3*time.Minute)
@@ -41,6 +43,7 @@ func createPods(t *testing.T, c *sandbox.Cluster, ns string, nodes ...int) []pod
 	for i, ni := range nodes {
 		node := c.Nodes()[ni]
 		name := fmt.Sprintf("p%d-n%d", i, ni+1)
+		cleanupPod(t, c, ns, name)
 		p, err := c.CreatePod(ctx, sandbox.PodSpec{Namespace: ns, Name: name, Node: node.Name,
 			Labels: map[string]string{"app": "e2e"}, Ports: demoPorts})
 		if err != nil {
@@ -48,16 +51,20 @@ func createPods(t *testing.T, c *sandbox.Cluster, ns string, nodes ...int) []pod
 		}
 		pods = append(pods, podRef{ns: ns, name: name, node: node.Name, ip: p.Status.PodIP})
 	}
+	return pods
+}
+
+// cleanupPod deletes the Pod ns/name when the test ends (DeletePod does
+// nothing for a Pod that does not exist): register it before creating the
+// Pod.
+func cleanupPod(t *testing.T, c *sandbox.Cluster, ns, name string) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		for _, p := range pods {
-			if err := c.DeletePod(ctx, p.ns, p.name); err != nil {
-				t.Errorf("deleting pod %s/%s: %v", p.ns, p.name, err)
-			}
+		if err := c.DeletePod(ctx, ns, name); err != nil {
+			t.Errorf("deleting pod %s/%s: %v", ns, name, err)
 		}
 	})
-	return pods
 }
 
 func probe(t *testing.T, c *sandbox.Cluster, from podRef, host string, port int, proto corev1.Protocol) echo.Result {
@@ -222,6 +229,7 @@ func TestPodDeletionReleasesEverything(t *testing.T) {
 	c := shared
 	n := c.Nodes()[2]
 	ctx := testCtx(t, 2*time.Minute)
+	cleanupPod(t, c, "lifecycle", "short-lived") // if a step fails before the deletion under test
 	p, err := c.CreatePod(ctx, sandbox.PodSpec{Namespace: "lifecycle", Name: "short-lived", Node: n.Name, Ports: demoPorts})
 	if err != nil {
 		t.Fatal(err)

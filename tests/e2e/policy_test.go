@@ -210,7 +210,7 @@ func TestPolicyFollowsChurn(t *testing.T) {
 	// The server is created after the policy: its first connection attempt
 	// from a stranger must already be refused.
 	server := mk("server", map[string]string{"app": "server"}, 1)
-	if r := c.Probe(ctx, ns, stranger.name, server.ip, tcpPort, corev1.ProtocolTCP, time.Second); r.Outcome == echo.Connected {
+	if r := c.Probe(ctx, ns, stranger.name, server.ip, tcpPort, corev1.ProtocolTCP, time.Second); r.Outcome != echo.TimedOut { // a policy drops: anything else is no proof
 		t.Fatal("a new Pod selected by a policy accepted a connection the policy denies right after it became Ready")
 	}
 	client := mk("client", map[string]string{"role": "client"}, 2)
@@ -234,7 +234,7 @@ func TestPolicyFollowsChurn(t *testing.T) {
 		t.Fatal(err)
 	}
 	server = mk("server", map[string]string{"app": "server"}, 0)
-	if r := c.Probe(ctx, ns, client.name, server.ip, tcpPort, corev1.ProtocolTCP, time.Second); r.Outcome == echo.Connected {
+	if r := c.Probe(ctx, ns, client.name, server.ip, tcpPort, corev1.ProtocolTCP, time.Second); r.Outcome != echo.TimedOut { // a policy drops: anything else is no proof
 		t.Fatal("a recreated Pod accepted a denied connection right after it became Ready")
 	}
 	probeUntil(t, c, stranger, server.ip, echo.Connected, 5*time.Second)

@@ -28,6 +28,8 @@ func TestRestartKeepsTraffic(t *testing.T) {
 	var firstFailure atomic.Value
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
+	stopProbes := func() { cancel(); wg.Wait() }
+	t.Cleanup(stopProbes) // a failed step below must not leave the probes running
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -41,21 +43,27 @@ func TestRestartKeepsTraffic(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}()
+	// probes waits until three more probes have run: with no daemon at
+	// all, and after the restarts.
+	probes := func(what string) {
+		t.Helper()
+		want := sent.Load() + 3
+		eventually(t, 30*time.Second, "three probes "+what, func() error {
+			if n := sent.Load(); n < want {
+				return fmt.Errorf("%d of %d probes sent", n, want)
+			}
+			return nil
+		})
+	}
 	for _, n := range c.Nodes()[:2] {
-		if err := c.StopSeine(n.Name); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(300 * time.Millisecond) // traffic keeps flowing with no daemon at all
+		stopSeine(t, c, n.Name)
+		probes("with no daemon on " + n.Name)
 		if err := c.StartSeine(testCtx(t, time.Minute), n.Name, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
-	time.Sleep(time.Second)
-	cancel()
-	wg.Wait()
-	if sent.Load() < 10 {
-		t.Fatalf("only %d probes ran", sent.Load())
-	}
+	probes("after the restarts")
+	stopProbes()
 	if failed.Load() > 0 {
 		t.Fatalf("%d of %d connections failed across daemon restarts (first: %v)", failed.Load(), sent.Load(), firstFailure.Load())
 	}

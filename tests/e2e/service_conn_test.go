@@ -161,9 +161,7 @@ func TestServiceProxyDisabled(t *testing.T) {
 	})
 	restart := func(set map[string]string, env ...string) {
 		t.Helper()
-		if err := c.StopSeine(node.Name); err != nil {
-			t.Fatal(err)
-		}
+		stopSeine(t, c, node.Name)
 		if err := c.StartSeine(testCtx(t, time.Minute), node.Name, set, env...); err != nil {
 			t.Fatal(err)
 		}
@@ -179,9 +177,7 @@ func TestServiceProxyDisabled(t *testing.T) {
 	if e2eMode != config.ModeEncap {
 		// The other modes refuse to run without the proxy, naming the
 		// override.
-		if err := c.StopSeine(node.Name); err != nil {
-			t.Fatal(err)
-		}
+		stopSeine(t, c, node.Name)
 		err := c.StartSeine(testCtx(t, time.Minute), node.Name, map[string]string{"proxy": "{enable: false}"})
 		if err == nil || !strings.Contains(err.Error(), "proxy.enable") || !strings.Contains(err.Error(), config.AllowNoEncapWithoutProxyEnv) {
 			t.Fatalf("seine started in %s mode without the proxy, or its error names neither the key nor the override: %v", e2eMode, err)

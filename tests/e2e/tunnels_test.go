@@ -48,14 +48,8 @@ func TestTunnelTypes(t *testing.T) {
 	for _, typ := range append(types, sandboxTunnel) {
 		t.Run(typ, func(t *testing.T) {
 			ctx := testCtx(t, 3*time.Minute)
-			for _, n := range c.Nodes() {
-				if err := c.StopSeine(n.Name); err != nil {
-					t.Fatal(err)
-				}
-				if err := c.StartSeine(ctx, n.Name, map[string]string{"tunnelType": typ}); err != nil {
-					t.Fatal(err)
-				}
-			}
+			// Registered first: a failure while the Nodes switch leaves
+			// some of them on typ.
 			t.Cleanup(func() {
 				if t.Failed() && typ != sandboxTunnel {
 					for _, n := range c.Nodes() {
@@ -64,6 +58,12 @@ func TestTunnelTypes(t *testing.T) {
 					}
 				}
 			})
+			for _, n := range c.Nodes() {
+				stopSeine(t, c, n.Name)
+				if err := c.StartSeine(ctx, n.Name, map[string]string{"tunnelType": typ}); err != nil {
+					t.Fatal(err)
+				}
+			}
 			if typ == tunnel.Geneve {
 				checkTunnelTypeChoice(t, c, typ)
 				checkNeighborsFilledBeforeTraffic(t, c)
@@ -182,9 +182,7 @@ func checkTunnelTypeChoice(t *testing.T, c *sandbox.Cluster, typ string) {
 		{tunnel.FromAgentInfo, true, false},
 		{tunnel.FromPeers, true, true},
 	} {
-		if err := c.StopSeine(n0.Name); err != nil {
-			t.Fatal(err)
-		}
+		stopSeine(t, c, n0.Name)
 		if step.dropPort {
 			ovs(t, n0, "ovs-vsctl", "--if-exists", "del-port", "br-int", "seine-tun0")
 		}
@@ -239,9 +237,7 @@ func checkNeighborsFilledBeforeTraffic(t *testing.T, c *sandbox.Cluster) {
 	pods := createPods(t, c, "tnl-neigh", 0, 1, 2)
 	ctx := testCtx(t, 2*time.Minute)
 	n0 := nodes[0]
-	if err := c.StopSeine(n0.Name); err != nil {
-		t.Fatal(err)
-	}
+	stopSeine(t, c, n0.Name)
 	restarted := false
 	t.Cleanup(func() {
 		if !restarted { // the Pods' deletion needs the daemon

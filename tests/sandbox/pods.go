@@ -58,7 +58,8 @@ type PodSpec struct {
 }
 
 // CreatePod creates the Pod (and its namespace if missing), waits up to
-// 90 s until it is Ready with an IP, and returns it.
+// 90 s until it is Ready with an IP, and returns it. A Pod it created that
+// does not get Ready is deleted before the error returns.
 func (c *Cluster) CreatePod(ctx context.Context, spec PodSpec) (*corev1.Pod, error) {
 	if spec.Namespace == "" {
 		spec.Namespace = "default"
@@ -127,6 +128,13 @@ func (c *Cluster) CreatePod(ctx context.Context, spec PodSpec) (*corev1.Pod, err
 		return true, nil
 	})
 	if err != nil {
+		// Nothing of a failed call stays behind: the Pod would hold an
+		// address, a port and its name for the rest of the run.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 90*time.Second)
+		defer cancel()
+		if derr := c.DeletePod(dctx, spec.Namespace, spec.Name); derr != nil {
+			err = errors.Join(err, derr)
+		}
 		return nil, fmt.Errorf("create pod %s/%s: %w", spec.Namespace, spec.Name, err)
 	}
 	return got, nil

@@ -12,7 +12,10 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // ptpConflist is a routed primary's conflist as Debian's plugins take it,
@@ -110,7 +113,9 @@ func TestKeepChained(t *testing.T) {
 	path := filepath.Join(dir, "10-routed.conflist")
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- KeepChained(ctx, path, "/run/seine/cni.sock", zaptest.NewLogger(t)) }()
+	core, logs := observer.New(zapcore.InfoLevel)
+	log := zap.New(zapcore.NewTee(zaptest.NewLogger(t).Core(), core))
+	go func() { done <- KeepChained(ctx, path, "/run/seine/cni.sock", log) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
@@ -131,7 +136,18 @@ func TestKeepChained(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
-	time.Sleep(100 * time.Millisecond) // let the watcher start on an empty directory
+	// The watch is on once KeepChained has found the file missing.
+	watching := time.After(10 * time.Second)
+	for logs.FilterMessage("waiting for the primary CNI's conflist").Len() == 0 {
+		select {
+		case err := <-done:
+			done <- err // for the cleanup
+			t.Fatalf("KeepChained returned: %v", err)
+		case <-watching:
+			t.Fatal("KeepChained did not report the missing conflist within 10 s")
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
 	if err := os.WriteFile(path, []byte(ptpConflist), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -37,6 +37,7 @@ type Server struct {
 
 	duration *prometheus.HistogramVec
 	errors   *prometheus.CounterVec
+	waiting  *prometheus.GaugeVec
 }
 
 // Option configures a Server.
@@ -47,10 +48,20 @@ type Option func(*Server)
 // DEL, CHECK, STATUS, GC, or "unknown" for anything else) and result
 // ("success", or the CNI error code as a decimal string), and
 // seine_cni_errors_total, a counter of failed requests
-// labelled by command and code. Without this option the metrics are
-// collected but not exported.
+// labelled by command and code, and seine_cni_requests_waiting, a gauge of
+// the requests waiting for their turn (behind another command for the
+// same container, or around a GC), by command. Without this option the
+// metrics are collected but not exported.
 func WithRegistry(reg *prometheus.Registry) Option {
 	return func(s *Server) {
+		if err := reg.Register(s.waiting); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if errors.As(err, &are) {
+				if existing, ok := are.ExistingCollector.(*prometheus.GaugeVec); ok {
+					s.waiting = existing
+				}
+			}
+		}
 		if err := reg.Register(s.errors); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if errors.As(err, &are) {
@@ -97,6 +108,10 @@ func New(backend Backend, log *zap.Logger, opts ...Option) *Server {
 			Name: "seine_cni_errors_total",
 			Help: "CNI requests that failed, by command and CNI error code.",
 		}, []string{"command", "code"}),
+		waiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "seine_cni_requests_waiting",
+			Help: "CNI requests waiting for their turn: behind another command for the same container, or around a GC. By command.",
+		}, []string{"command"}),
 	}
 	for _, o := range opts {
 		o(s)
@@ -285,6 +300,8 @@ func (s *Server) handle(ctx context.Context, in *wire.Request, decodeErr error) 
 func (s *Server) dispatch(ctx context.Context, req *Request) ([]byte, error) {
 	var unlock func()
 	var err error
+	waiting := s.waiting.WithLabelValues(req.Command) // parseRequest admits only the spec's commands
+	waiting.Inc()
 	switch req.Command {
 	case CmdGC:
 		unlock, err = s.locks.lockExclusive(ctx)
@@ -293,6 +310,7 @@ func (s *Server) dispatch(ctx context.Context, req *Request) ([]byte, error) {
 	default:
 		unlock, err = s.locks.lockKey(ctx, req.ContainerID)
 	}
+	waiting.Dec()
 	if err != nil {
 		return nil, &Error{Code: types.ErrTryAgainLater, Msg: "request abandoned while waiting for another operation on the same container", Err: err}
 	}

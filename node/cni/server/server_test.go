@@ -15,6 +15,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/seine-net/seine/node/cni/wire"
@@ -289,7 +290,8 @@ func TestSameContainerSerializedOthersConcurrent(t *testing.T) {
 		release: map[string]chan struct{}{"ADD c1": make(chan struct{})},
 		entered: make(chan string, 10),
 	}
-	c := client(t, startServer(t, New(be, zaptest.NewLogger(t))))
+	srv := New(be, zaptest.NewLogger(t))
+	c := client(t, startServer(t, srv))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 
@@ -308,11 +310,9 @@ func TestSameContainerSerializedOthersConcurrent(t *testing.T) {
 	if got := <-be.entered; got != "ADD c2" {
 		t.Fatalf("second backend call = %q, want ADD c2 (DEL c1 must wait)", got)
 	}
-	select {
-	case err := <-delDone:
-		t.Fatalf("DEL c1 finished while ADD c1 was in flight (err %v)", err)
-	case <-time.After(200 * time.Millisecond):
-	}
+	// DEL c1 has reached the server and waits (it has not reached the
+	// backend: ADD c2 was the next call there).
+	waitWaiting(t, ctx, srv, CmdDel, delDone)
 	close(be.release["ADD c1"])
 	if err := <-addDone; err != nil {
 		t.Fatal(err)
@@ -332,7 +332,8 @@ func TestGCExcludesContainerCommands(t *testing.T) {
 		release: map[string]chan struct{}{"ADD c1": make(chan struct{})},
 		entered: make(chan string, 10),
 	}
-	c := client(t, startServer(t, New(be, zaptest.NewLogger(t))))
+	srv := New(be, zaptest.NewLogger(t))
+	c := client(t, startServer(t, srv))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	addDone := make(chan error, 1)
@@ -343,10 +344,11 @@ func TestGCExcludesContainerCommands(t *testing.T) {
 		_, err := c.call(ctx, CmdGC, &wire.Request{Config: []byte(goodConf)})
 		gcDone <- err
 	}()
+	waitWaiting(t, ctx, srv, CmdGC, gcDone)
 	select {
 	case got := <-be.entered:
 		t.Fatalf("%s reached the backend while ADD c1 was in flight", got)
-	case <-time.After(200 * time.Millisecond):
+	default:
 	}
 	close(be.release["ADD c1"])
 	if got := <-be.entered; got != "GC " {
@@ -651,5 +653,21 @@ func TestDispatch(t *testing.T) {
 	var e *Error
 	if !errors.As(err, &e) || e.Code != ErrCodeInternal || !strings.Contains(e.Msg, `"REBOOT"`) {
 		t.Errorf("unhandled command: %v; want an internal error naming it", err)
+	}
+}
+
+// waitWaiting waits until one request of command waits for its turn at
+// srv (seine_cni_requests_waiting), failing if done reports the request
+// finished first or ctx ends.
+func waitWaiting(t *testing.T, ctx context.Context, srv *Server, command string, done <-chan error) {
+	t.Helper()
+	for testutil.ToFloat64(srv.waiting.WithLabelValues(command)) != 1 {
+		select {
+		case err := <-done:
+			t.Fatalf("%s finished instead of waiting for its turn (err %v)", command, err)
+		case <-ctx.Done():
+			t.Fatalf("%s never waited for its turn: %v", command, ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
 	}
 }

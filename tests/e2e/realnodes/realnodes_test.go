@@ -123,6 +123,22 @@ func connect(ctx context.Context, ns, from, addr string) error {
 	return err
 }
 
+// blocked reports whether a connection from the Pod to addr times out, as
+// a NetworkPolicy's drop makes it: agnhost connect prints TIMEOUT then. Any
+// other failure (refused, kubectl exec failing) is no proof of a policy
+// and is returned as an error.
+func blocked(ctx context.Context, ns, from, addr string) (bool, error) {
+	err := connect(ctx, ns, from, addr)
+	switch {
+	case err == nil:
+		return false, nil
+	case strings.Contains(err.Error(), "TIMEOUT"):
+		return true, nil
+	default:
+		return false, err
+	}
+}
+
 // nodesOf returns the set of Nodes the Pods run on.
 func nodesOf(pods []corev1.Pod) map[string]bool {
 	out := map[string]bool{}
@@ -430,11 +446,14 @@ func TestNetworkPolicyEnforced(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Enforced within seconds: other is refused, client still admitted.
+	var last error
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		return connect(ctx, "np", other.Name, addr) != nil, nil
+		ok, err := blocked(ctx, "np", other.Name, addr)
+		last = err
+		return ok, nil
 	})
 	if err != nil {
-		t.Fatalf("%s still reaches %s under the policy", other.Name, addr)
+		t.Fatalf("%s still reaches %s under the policy (last probe: %v)", other.Name, addr, last)
 	}
 	if err := connect(ctx, "np", client.Name, addr); err != nil {
 		t.Errorf("the admitted client is refused: %v", err)
@@ -603,9 +622,13 @@ func TestRollingUpdateKeepsPodsConnected(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := echoed()
-	time.Sleep(2 * time.Second)
-	if after := echoed(); after < before+5 {
-		t.Errorf("the connection opened before the update no longer carries data: %d lines, then %d", before, after)
+	if before < 0 {
+		t.Fatal("reading the stream's echoed lines failed")
+	}
+	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		return echoed() >= before+5, nil
+	}); err != nil {
+		t.Errorf("the connection opened before the update no longer carries data: %d lines, then %d", before, echoed())
 	}
 	p, err := cluster.Client().CoreV1().Pods("roll").Get(ctx, "stream", metav1.GetOptions{})
 	if err != nil || p.Status.Phase != corev1.PodRunning {
