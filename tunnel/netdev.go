@@ -9,6 +9,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
 
 	"github.com/seine-net/seine/datapath/offload"
@@ -177,6 +178,10 @@ func moveAddresses(from, to netlink.Link, log *zap.Logger) error {
 		nr := r
 		nr.LinkIndex = to.Attrs().Index
 		nr.ILinkIndex = 0
+		// The kernel lists the routes of a link without carrier flagged
+		// linkdown (dead, once the link is down) and refuses either flag
+		// in a new route (EINVAL): they are state, not configuration.
+		nr.Flags &^= unix.RTNH_F_LINKDOWN | unix.RTNH_F_DEAD
 		if err := netlink.RouteReplace(&nr); err != nil && !errors.Is(err, syscall.EEXIST) {
 			return fmt.Errorf("moving route %s to %s: %w", r.Dst, to.Attrs().Name, err)
 		}

@@ -151,3 +151,29 @@ func TestMoveAddresses(t *testing.T) {
 		})
 	}
 }
+
+// TestMoveAddressesNoCarrier moves the address and routes of a link
+// without carrier (its veth peer down), whose routes the kernel lists
+// flagged linkdown, in a fresh network namespace: they move all the same.
+func TestMoveAddressesNoCarrier(t *testing.T) {
+	netnstest.Run(t, func() {
+		ipCmd(t, "link", "add", "tp0", "type", "veth", "peer", "name", "tp1")
+		ipCmd(t, "link", "set", "tp0", "up")
+		from, err := netlink.LinkByName("tp0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		to := vethUp(t, "br0", "br1")
+		ipCmd(t, "addr", "add", "198.18.77.2/24", "dev", "tp0")
+		ipCmd(t, "route", "add", "default", "via", "198.18.77.1", "dev", "tp0")
+		if err := moveAddresses(from, to, zaptest.NewLogger(t)); err != nil {
+			t.Fatal(err)
+		}
+		if got := addrsOf(t, "br0"); !slices.Equal(got, []string{"198.18.77.2/24"}) {
+			t.Errorf("target addresses %v", got)
+		}
+		if got := mainRoutes(t, "br0"); !slices.Equal(got, []string{"default"}) {
+			t.Errorf("target routes %v", got)
+		}
+	})
+}
