@@ -12,9 +12,11 @@
 // Reserve, before the durable function it returns gives nil). Concurrent
 // calls share the write (group commit): a change is made in memory, and
 // one caller at a time writes the whole state (temporary file, fsync,
-// rename), covering every change made before its write began; the others
-// wait for a write that covers theirs. So N concurrent ADDs cost one or two
-// fsyncs, not N, and no lock is held while the disk works.
+// rename, fsync of the directory: a file's new directory entry reaches
+// the disk only with the directory's own fsync, fsync(2)), covering every
+// change made before its write began; the others wait for a write that
+// covers theirs. So N concurrent ADDs cost one or two writes, not N, and
+// no lock is held while the disk works.
 package ipam
 
 import (
@@ -22,12 +24,21 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"net"
 	"os"
 	"path/filepath"
 	"sort"
 	"sync"
+)
+
+// stateFile is the name of the allocation file in the Allocator's
+// directory, and tempPattern (os.CreateTemp) that of the temporary files
+// it is written through.
+const (
+	stateFile   = "allocations.json"
+	tempPattern = ".allocations-*"
 )
 
 // ErrExhausted is returned (wrapped) when every address of the podCIDR is in use.
@@ -76,19 +87,30 @@ type Allocator struct {
 // most /30). If the file records a different podCIDR, for instance after
 // the Node object was recreated, the old allocations cannot be valid and are
 // discarded; the returned bool reports that.
+//
+// The directories of dir's path that Open creates (mode 0700) are synced
+// to disk with their parents' fsync. dir belongs to one Allocator at a
+// time: Open removes the temporary files a
+// write interrupted by a crash left in it (any other Allocator's
+// in-flight write would fail). Errors: a podCIDR that is not IPv4 or
+// smaller than /30, creating or syncing dir, removing a leftover file,
+// reading or decoding the allocation file, rewriting it after a reset.
 func Open(dir string, podCIDR *net.IPNet) (*Allocator, bool, error) {
 	ip4 := podCIDR.IP.To4()
 	ones, bits := podCIDR.Mask.Size()
 	if ip4 == nil || bits != 32 || ones > 30 {
 		return nil, false, fmt.Errorf("podCIDR %s: need an IPv4 prefix of /30 or larger", podCIDR)
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, false, fmt.Errorf("creating IPAM directory: %w", err)
+	if err := mkdirSynced(dir); err != nil {
+		return nil, false, err
+	}
+	if err := removeTemps(dir); err != nil {
+		return nil, false, err
 	}
 	base := binary.BigEndian.Uint32(ip4)
 	size := uint32(1) << (32 - ones)
 	a := &Allocator{
-		path:    filepath.Join(dir, "allocations.json"),
+		path:    filepath.Join(dir, stateFile),
 		podCIDR: &net.IPNet{IP: ip4, Mask: podCIDR.Mask},
 		first:   base + 2,
 		last:    base + size - 2,
@@ -373,10 +395,10 @@ func write(path string, st state) error {
 	return writeBytes(path, b)
 }
 
-// writeBytes replaces the file at path atomically: temporary file, fsync,
-// rename.
+// writeBytes replaces the file at path atomically and durably: temporary
+// file, fsync, rename, fsync of the directory.
 func writeBytes(path string, b []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".allocations-*")
+	tmp, err := os.CreateTemp(filepath.Dir(path), tempPattern)
 	if err != nil {
 		return fmt.Errorf("saving IPAM state: %w", err)
 	}
@@ -394,6 +416,76 @@ func writeBytes(path string, b []byte) error {
 	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
 		return fmt.Errorf("saving IPAM state: %w", err)
+	}
+	if err := syncDir(filepath.Dir(path)); err != nil {
+		return fmt.Errorf("saving IPAM state: %w", err)
+	}
+	return nil
+}
+
+// syncDir fsyncs the directory dir, making the entries created, renamed
+// or removed in it durable (fsync(2): syncing a file does not sync its
+// directory entry).
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("opening directory %s to sync it: %w", dir, err)
+	}
+	if err := d.Sync(); err != nil {
+		d.Close()
+		return fmt.Errorf("syncing directory %s: %w", dir, err)
+	}
+	if err := d.Close(); err != nil {
+		return fmt.Errorf("closing directory %s: %w", dir, err)
+	}
+	return nil
+}
+
+// mkdirSynced creates dir and its missing parents (mode 0700), and syncs
+// the parent of each directory it created, so the new path survives a
+// crash.
+func mkdirSynced(dir string) error {
+	var created []string
+	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
+		_, err := os.Stat(d)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("IPAM directory %s: %w", d, err)
+		}
+		created = append(created, d)
+		if filepath.Dir(d) == d {
+			break
+		}
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("creating IPAM directory: %w", err)
+	}
+	for _, d := range created {
+		if err := syncDir(filepath.Dir(d)); err != nil {
+			return fmt.Errorf("creating IPAM directory: %w", err)
+		}
+	}
+	return nil
+}
+
+// removeTemps removes the temporary files (names matching tempPattern) a
+// write interrupted by a crash left in dir. A removal a crash undoes is
+// done again by the next Open, so dir is not synced.
+func removeTemps(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("reading IPAM directory: %w", err)
+	}
+	for _, e := range entries {
+		if ok, _ := filepath.Match(tempPattern, e.Name()); !ok || !e.Type().IsRegular() {
+			continue
+		}
+		f := filepath.Join(dir, e.Name())
+		if err := os.Remove(f); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("removing leftover IPAM file: %w", err)
+		}
 	}
 	return nil
 }

@@ -116,6 +116,74 @@ func TestStateSurvivesReopen(t *testing.T) {
 	}
 }
 
+// TestOpenRemovesLeftoverTemps leaves, beside the allocation file, the
+// temporary file of a write a crash cut short (half its JSON) and a file
+// of another name: Open removes the first only, and the allocations are
+// those of the allocation file.
+func TestOpenRemovesLeftoverTemps(t *testing.T) {
+	dir := t.TempDir()
+	a, _, err := Open(dir, cidr(t, "10.244.1.0/24"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ip, err := a.Allocate(owner(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmp, err := os.CreateTemp(dir, ".allocations-*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tmp.WriteString(`{"podCIDR": "10.244.1.0/24", "allocations": {`); err != nil {
+		t.Fatal(err)
+	}
+	if err := tmp.Close(); err != nil {
+		t.Fatal(err)
+	}
+	other := filepath.Join(dir, "allocations.json.bak")
+	if err := os.WriteFile(other, []byte("keep"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	b, reset, err := Open(dir, cidr(t, "10.244.1.0/24"))
+	if err != nil || reset {
+		t.Fatalf("reopen: reset=%v err=%v", reset, err)
+	}
+	if _, err := os.Stat(tmp.Name()); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("leftover %s: %v, want it removed", tmp.Name(), err)
+	}
+	if _, err := os.Stat(other); err != nil {
+		t.Errorf("%s: %v, want it kept", other, err)
+	}
+	if got, ok := b.Lookup("c1", "eth0"); !ok || !got.Equal(ip) || len(b.List()) != 1 {
+		t.Errorf("after reopen: c1 holds %v (%v) of %d allocations, want %s of 1", got, ok, len(b.List()), ip)
+	}
+}
+
+// TestOpenCreatesDirectory opens an allocator in a directory two levels
+// of which do not exist yet: Open creates them (mode 0700), and
+// allocations are kept there.
+func TestOpenCreatesDirectory(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data", "ipam")
+	a, _, err := Open(dir, cidr(t, "10.244.1.0/24"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !fi.IsDir() || fi.Mode().Perm() != 0o700 {
+		t.Errorf("%s: mode %v, want a directory of 0700", dir, fi.Mode())
+	}
+	if _, err := a.Allocate(owner(1)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "allocations.json")); err != nil {
+		t.Errorf("allocation file: %v", err)
+	}
+}
+
 func TestChangedPodCIDRResets(t *testing.T) {
 	dir := t.TempDir()
 	a, _, _ := Open(dir, cidr(t, "10.244.1.0/24"))

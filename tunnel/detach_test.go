@@ -2,8 +2,10 @@ package tunnel
 
 import (
 	"context"
+	"errors"
 	"net"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -115,4 +117,110 @@ func TestAttachDetachNetdev(t *testing.T) {
 			t.Errorf("detach without a bridge: %v", err)
 		}
 	})
+}
+
+// fakeBridges is an OVSDB with one bridge whose ports are ports (or none,
+// listErr), recording the bridges DetachNetdev deletes.
+type fakeBridges struct {
+	ports   []ovsdb.Port
+	listErr error
+	deleted []string
+}
+
+func (f *fakeBridges) EnsureBridge(context.Context, ovsdb.BridgeConfig) error {
+	return errors.New("fakeBridges: EnsureBridge not expected")
+}
+
+func (f *fakeBridges) EnsurePort(context.Context, string, ovsdb.PortSpec) (ovsdb.Port, error) {
+	return ovsdb.Port{}, errors.New("fakeBridges: EnsurePort not expected")
+}
+
+func (f *fakeBridges) ListPorts(context.Context, string) ([]ovsdb.Port, error) {
+	return f.ports, f.listErr
+}
+
+func (f *fakeBridges) DeleteBridge(_ context.Context, name string) error {
+	f.deleted = append(f.deleted, name)
+	return nil
+}
+
+// TestDetachNetdevKeepsBridge runs DetachNetdev against a fake OVSDB and
+// nftables in fresh network namespaces: whenever the Node's address could
+// still be on the bridge's interface (the transport port it lists is not
+// there, or the bridge lists none and its interface holds an address),
+// it fails and leaves the drop table and the bridge alone. When the
+// address moves back, or the bridge is not in OVSDB at all (a link of its
+// name is then not OVS's), both are removed.
+func TestDetachNetdevKeepsBridge(t *testing.T) {
+	bridgePort := ovsdb.Port{Name: "br-tp", Type: "internal"}
+	for _, tc := range []struct {
+		name string
+		// links are the veths made (both ends up), the Node IP on the
+		// first one, with a default route.
+		links   []string
+		pm      fakeBridges
+		wantErr bool
+		// addrOn is the link expected to hold the Node IP afterwards.
+		addrOn string
+	}{
+		{name: "bridge interface and transport port missing", pm: fakeBridges{ports: []ovsdb.Port{bridgePort, {Name: "tp0"}}},
+			wantErr: true},
+		{name: "transport port missing, Node IP on the bridge", links: []string{"br-tp"},
+			pm: fakeBridges{ports: []ovsdb.Port{bridgePort, {Name: "tp0"}}}, wantErr: true, addrOn: "br-tp"},
+		{name: "no transport port, Node IP on the bridge", links: []string{"br-tp", "tp0"},
+			pm: fakeBridges{ports: []ovsdb.Port{bridgePort}}, wantErr: true, addrOn: "br-tp"},
+		{name: "moved back", links: []string{"br-tp", "tp0"},
+			pm: fakeBridges{ports: []ovsdb.Port{bridgePort, {Name: "tp0"}}}, addrOn: "tp0"},
+		{name: "bridge not in OVSDB", links: []string{"br-tp"},
+			pm: fakeBridges{listErr: ovsdb.ErrBridgeNotFound}, addrOn: "br-tp"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			netnstest.Run(t, func() {
+				for i, l := range tc.links {
+					vethUp(t, l, l+"p")
+					if i == 0 {
+						ipCmd(t, "addr", "add", "198.18.77.2/24", "dev", l)
+						ipCmd(t, "route", "add", "default", "via", "198.18.77.1", "dev", l)
+					}
+				}
+				ctx := context.Background()
+				nft := knftables.NewFake(knftables.NetDevFamily, TransportTable)
+				if err := dropKernelIngress(ctx, nft, "tp0"); err != nil {
+					t.Fatal(err)
+				}
+				pm := tc.pm
+				err := DetachNetdev(ctx, &pm, nft, "br-tp", zaptest.NewLogger(t))
+				if tc.wantErr {
+					if err == nil {
+						t.Fatal("no error")
+					}
+					t.Logf("error: %v", err)
+					if len(pm.deleted) != 0 {
+						t.Errorf("bridges deleted: %v", pm.deleted)
+					}
+					if nft.Table == nil {
+						t.Error("drop table removed")
+					}
+				} else {
+					if err != nil {
+						t.Fatal(err)
+					}
+					if !slices.Equal(pm.deleted, []string{"br-tp"}) {
+						t.Errorf("bridges deleted: %v, want [br-tp]", pm.deleted)
+					}
+					if nft.Table != nil {
+						t.Error("drop table left")
+					}
+				}
+				if tc.addrOn != "" {
+					if got := addrsOf(t, tc.addrOn); !slices.Equal(got, []string{"198.18.77.2/24"}) {
+						t.Errorf("addresses of %s: %v", tc.addrOn, got)
+					}
+					if dev := routeDev(t, "203.0.113.9"); dev != tc.addrOn {
+						t.Errorf("default route via %q, want %s", dev, tc.addrOn)
+					}
+				}
+			})
+		})
+	}
 }

@@ -41,8 +41,9 @@ type KernelVXLAN struct {
 
 // Ensure creates the device, or brings an existing one to the desired
 // state: VNI 0, destination port 4789, source address local, no learning
-// (only the entries AddPeer writes), the given MTU (the Pod MTU: the
-// largest inner frame), up, IPv6 off. An nftables netdev ingress chain
+// (only the entries AddPeer writes), MTU mtu (bytes: the largest inner
+// IPv4 packet; the agent passes its tunnel MTU, transport MTU - Overhead
+// or the configured mtu), up, IPv6 off. An nftables netdev ingress chain
 // (table netdev seine-tunnel) drops what the kernel itself would receive
 // on it: OVS reads the device through AF_PACKET, which sees packets before
 // that hook, and the inner packets are the bridge's alone.

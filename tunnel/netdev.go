@@ -9,6 +9,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
 
 	"github.com/seine-net/seine/datapath/offload"
@@ -126,6 +127,30 @@ func AttachNetdev(ctx context.Context, pm PortManager, nft knftables.Interface, 
 	return FindTransport(bridge, nil)
 }
 
+// moveAddresses moves from's IPv4 addresses, and its routes in the main
+// table, to the link to. Every step is one the kernel lets both links
+// share, so a failure or a crash at any point leaves the Node's address
+// and routes on from or on to (or on both), and a later call finishes the
+// move:
+//
+//  1. each address is added to to (AddrReplace): the same address on two
+//     links is allowed, and the kernel adds to's own connected (prefix
+//     and local) routes beside from's, appended rather than replacing
+//     them;
+//  2. each route through from, other than the kernel's connected ones
+//     (proto kernel), is replaced by the same route through to: the
+//     kernel's IPv4 replace (NLM_F_REPLACE, rtnetlink(7)) matches a route
+//     on table, destination, TOS and metric, whatever its device, so the
+//     route leaves from in the same step; its gateway is already
+//     reachable on to through step 1's prefix route;
+//  3. only then are the addresses removed from from: when its last one
+//     goes the kernel flushes the routes still through from (its
+//     connected ones only by now).
+//
+// from, not to, is read for what to move, so once step 3 completed a
+// call has nothing left to do. to must be up (the kernel adds no prefix
+// route on a link that is down). Errors name the step, the address or
+// route, and the link.
 func moveAddresses(from, to netlink.Link, log *zap.Logger) error {
 	addrs, err := netlink.AddrList(from, netlink.FAMILY_V4)
 	if err != nil {
@@ -141,15 +166,10 @@ func moveAddresses(from, to netlink.Link, log *zap.Logger) error {
 		return fmt.Errorf("routes of %s: %w", from.Attrs().Name, err)
 	}
 	for _, a := range addrs {
-		if err := netlink.AddrDel(from, &a); err != nil {
-			return fmt.Errorf("removing %s from %s: %w", a.IPNet, from.Attrs().Name, err)
-		}
 		na := &netlink.Addr{IPNet: a.IPNet, Broadcast: a.Broadcast}
 		if err := netlink.AddrReplace(to, na); err != nil {
 			return fmt.Errorf("adding %s to %s: %w", a.IPNet, to.Attrs().Name, err)
 		}
-		log.Info("moved transport address", zap.String("address", a.IPNet.String()),
-			zap.String("from", from.Attrs().Name), zap.String("to", to.Attrs().Name))
 	}
 	for _, r := range routes {
 		if r.Protocol == syscall.RTPROT_KERNEL { // connected routes follow their address
@@ -158,9 +178,22 @@ func moveAddresses(from, to netlink.Link, log *zap.Logger) error {
 		nr := r
 		nr.LinkIndex = to.Attrs().Index
 		nr.ILinkIndex = 0
+		// The kernel lists the routes of a link without carrier flagged
+		// linkdown (dead, once the link is down) and refuses either flag
+		// in a new route (EINVAL): they are state, not configuration.
+		nr.Flags &^= unix.RTNH_F_LINKDOWN | unix.RTNH_F_DEAD
 		if err := netlink.RouteReplace(&nr); err != nil && !errors.Is(err, syscall.EEXIST) {
 			return fmt.Errorf("moving route %s to %s: %w", r.Dst, to.Attrs().Name, err)
 		}
+	}
+	for _, a := range addrs {
+		// Removing a primary address removes its secondaries with it
+		// (ip-sysctl promote_secondaries off): those are gone already.
+		if err := netlink.AddrDel(from, &a); err != nil && !errors.Is(err, syscall.EADDRNOTAVAIL) {
+			return fmt.Errorf("removing %s from %s: %w", a.IPNet, from.Attrs().Name, err)
+		}
+		log.Info("moved transport address", zap.String("address", a.IPNet.String()),
+			zap.String("from", from.Attrs().Name), zap.String("to", to.Attrs().Name))
 	}
 	return nil
 }

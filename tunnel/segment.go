@@ -38,8 +38,10 @@ var DefaultSegmentPair = SegmentPair{Port: "seine-seg0", Hairpin: "seine-seg1"}
 // hairpinPriority is the tc priority of the hairpin's filter.
 const hairpinPriority = 1
 
-// Ensure creates the pair if missing, sets both ends' MTU (the Pod MTU: the
-// largest inner frame), Port's transmit offloads off, IPv6 off on both
+// Ensure creates the pair if missing, sets both ends' MTU to mtu (bytes:
+// the largest IPv4 packet, so the largest segment made of what OVS sends
+// through Port; the agent passes its tunnel MTU, transport MTU - Overhead
+// or the configured mtu), Port's transmit offloads off, IPv6 off on both
 // (nothing of the host's should enter the bridge through them), Hairpin's
 // redirect, and both up. It is idempotent. Errors name the step and the
 // device; a kernel without the ingress qdisc, the u32 classifier or the

@@ -21,7 +21,12 @@ const (
 )
 
 // Overhead is the number of bytes an IPv4 encapsulation adds to a Pod's
-// packet, so Pod MTU = transport MTU - Overhead:
+// IPv4 packet, so the largest packet a tunnel carries in one transport
+// packet, the tunnel MTU, is transport MTU - Overhead. (In the modes that
+// tunnel, and without a configured mtu, the agent gives the tunnel MTU to
+// the tunnel and segmentation ports, the gateway and the Pods' routes
+// through it, and the transport MTU itself to Pod interfaces: node/agent
+// podMTUs.) Per type:
 //   - geneve: outer IPv4 (20) + UDP (8) + Geneve base header (8, RFC 8926
 //     section 3.4, no options) + inner Ethernet (14) = 50
 //   - vxlan:  outer IPv4 (20) + UDP (8) + VXLAN header (8, RFC 7348
