@@ -36,8 +36,9 @@ type BridgeRemover interface {
 // would bring OVS back. A bridge that is not there is not an error. The
 // next AttachNetdev (seine starting again) attaches the device anew.
 //
-// Errors: listing the bridge's ports; looking up the bridge's interface
-// or the device; moving the addresses back; the bridge's interface still
+// Errors: listing the bridge's ports; looking up the device (a bridge
+// without its interface holds no address: its device is given back as it
+// is); moving the addresses back; the bridge's interface still
 // holding IPv4 addresses (also when the bridge has no transport port to
 // move them to). Each of these returns before the drop table and the
 // bridge are touched, since deleting the bridge destroys its interface
@@ -61,7 +62,12 @@ func DetachNetdev(ctx context.Context, pm BridgeRemover, nft knftables.Interface
 	var errs []error
 	if device != "" {
 		br, err := netlink.LinkByName(bridge)
-		if err != nil {
+		if isNotFound(err) {
+			// ovs-vswitchd has not (yet, or any more) made the bridge's
+			// tap: no address is on it to lose, and the device is given
+			// back as it is.
+			log.Warn("the transport bridge has no interface; nothing to move back", zap.String("bridge", bridge), zap.String("device", device))
+		} else if err != nil {
 			return fmt.Errorf("interface of bridge %s: %w", bridge, err)
 		}
 		dev, err := netlink.LinkByName(device)
@@ -75,8 +81,10 @@ func DetachNetdev(ctx context.Context, pm BridgeRemover, nft knftables.Interface
 		if err := offload.SetGRO(device, true); err != nil {
 			errs = append(errs, err)
 		}
-		if err := moveAddresses(br, dev, log); err != nil {
-			return errors.Join(append(errs, err)...)
+		if br != nil {
+			if err := moveAddresses(br, dev, log); err != nil {
+				return errors.Join(append(errs, err)...)
+			}
 		}
 	}
 	// Without a bridge in OVSDB a link of that name is not OVS's, and

@@ -216,7 +216,7 @@ func TestDetachNetdevKeepsBridge(t *testing.T) {
 					if got := addrsOf(t, tc.addrOn); !slices.Equal(got, []string{"198.18.77.2/24"}) {
 						t.Errorf("addresses of %s: %v", tc.addrOn, got)
 					}
-					if dev := routeDev(t, "203.0.113.9"); dev != tc.addrOn {
+					if dev := routeDev(t, "198.19.200.9"); dev != tc.addrOn {
 						t.Errorf("default route via %q, want %s", dev, tc.addrOn)
 					}
 				}

@@ -85,7 +85,7 @@ func TestMoveAddressesTargetGone(t *testing.T) {
 		if got := mainRoutes(t, "tp0"); !slices.Equal(got, []string{"default"}) {
 			t.Errorf("source routes %v, want [default]", got)
 		}
-		if dev := routeDev(t, "203.0.113.9"); dev != "tp0" {
+		if dev := routeDev(t, "198.19.200.9"); dev != "tp0" {
 			t.Errorf("default route via %q, want tp0", dev)
 		}
 	})
