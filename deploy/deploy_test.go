@@ -74,8 +74,8 @@ func stripComments(b []byte) []byte {
 // TestManifestObjects decodes every object strictly (unknown or duplicate
 // fields fail) and checks what the DaemonSet promises: the image and
 // namespace of the values everywhere, probes on the daemon's health port,
-// host network, node-critical priority, tolerating every taint, and a
-// ConfigMap the daemon itself accepts.
+// host network and the host's DNS resolver, node-critical priority,
+// tolerating every taint, and a ConfigMap the daemon itself accepts.
 func TestManifestObjects(t *testing.T) {
 	v := DefaultValues()
 	v.Image = "registry.example/seine:v9"
@@ -154,6 +154,12 @@ func TestManifestObjects(t *testing.T) {
 	spec := ds.Spec.Template.Spec
 	if !spec.HostNetwork || spec.PriorityClassName != "system-node-critical" {
 		t.Errorf("hostNetwork %v, priorityClassName %q", spec.HostNetwork, spec.PriorityClassName)
+	}
+	// Cluster DNS needs the network this Pod brings up: the daemon
+	// resolves names (a kubeAPIServerOverride host) with the host's
+	// resolver only.
+	if spec.DNSPolicy != corev1.DNSDefault {
+		t.Errorf("dnsPolicy %q, want %q (the host's resolver)", spec.DNSPolicy, corev1.DNSDefault)
 	}
 	if len(spec.Tolerations) != 1 || spec.Tolerations[0].Operator != corev1.TolerationOpExists || spec.Tolerations[0].Key != "" {
 		t.Errorf("tolerations %+v do not tolerate every taint", spec.Tolerations)
