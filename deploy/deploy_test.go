@@ -225,6 +225,28 @@ func TestValuesValidate(t *testing.T) {
 	}
 }
 
+// TestProxyAllNeedsAPIServer: without kube-proxy the in-cluster
+// "kubernetes" Service address answers nothing until seine runs, so
+// --proxy-all alone would render a daemon that never reaches the API
+// server.
+func TestProxyAllNeedsAPIServer(t *testing.T) {
+	v := DefaultValues()
+	v.ProxyAll = true
+	_, err := Render(v)
+	if err == nil {
+		t.Fatal("proxyAll without kubeAPIServerOverride rendered")
+	}
+	for _, want := range []string{"proxyAll", "kubeAPIServerOverride", "--proxy-all", "--kube-apiserver"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %s", err, want)
+		}
+	}
+	v.KubeAPIServerOverride = "https://198.18.0.1:6443"
+	if _, err := Render(v); err != nil {
+		t.Errorf("proxyAll with kubeAPIServerOverride: %v", err)
+	}
+}
+
 // TestWithoutDaemonSet renders the cluster-wide objects only.
 func TestWithoutDaemonSet(t *testing.T) {
 	v := DefaultValues()
