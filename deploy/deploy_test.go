@@ -177,6 +177,12 @@ func TestManifestObjects(t *testing.T) {
 		if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() {
 			t.Errorf("container %s has no resource requests", c.Name)
 		}
+		// Each writes host paths (install-cni the CNI directories) or
+		// devices: an SELinux enforcing host lets only a privileged
+		// container (spc_t) do that.
+		if sc := c.SecurityContext; sc == nil || sc.Privileged == nil || !*sc.Privileged {
+			t.Errorf("container %s is not privileged", c.Name)
+		}
 	}
 	seine, ovs := containers["seine"], containers["openvswitch"]
 	if _, ok := containers["install-cni"]; !ok || len(spec.InitContainers) != 1 {
