@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 
 	"github.com/seine-net/seine/node/cmd"
+	"github.com/seine-net/seine/node/cni/install"
 	"github.com/seine-net/seine/node/config"
 )
 
@@ -200,6 +201,84 @@ func TestManifestObjects(t *testing.T) {
 	}
 	if !strings.HasSuffix(cfg.MetricsAddress, ":"+strconv.Itoa(DefaultMetricsPort)) {
 		t.Errorf("metrics address %s is not on the probes' port %d", cfg.MetricsAddress, DefaultMetricsPort)
+	}
+}
+
+// TestManifestTiesConfigKeys: the configuration keys docs/configuration.md
+// calls "set by the manifest" agree with the rest of it: the CNI socket is
+// where install-cni's conflist points and on the host, the OVS run
+// directory and the data directory are the host's and shared by both
+// containers.
+func TestManifestTiesConfigKeys(t *testing.T) {
+	m, err := Render(DefaultValues())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ds appsv1.DaemonSet
+	var cm corev1.ConfigMap
+	for _, d := range documents(t, m) {
+		switch {
+		case bytes.Contains(d, []byte("\nkind: DaemonSet\n")):
+			err = utilyaml.UnmarshalStrict(d, &ds)
+		case bytes.Contains(d, []byte("\nkind: ConfigMap\n")):
+			err = utilyaml.UnmarshalStrict(d, &cm)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	f := filepath.Join(t.TempDir(), "seine.yaml")
+	if err := os.WriteFile(f, []byte(cm.Data["seine.yaml"]), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("NODE_NAME", "n1")
+	cfg, err := config.Load(f, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostPaths := map[string]string{} // volume → host path
+	for _, v := range ds.Spec.Template.Spec.Volumes {
+		if v.HostPath != nil {
+			hostPaths[v.Name] = v.HostPath.Path
+		}
+	}
+	// fromHost reports whether container c sees dir as the host's same
+	// directory.
+	fromHost := func(c corev1.Container, dir string) bool {
+		for _, vm := range c.VolumeMounts {
+			if vm.MountPath == dir && hostPaths[vm.Name] == dir {
+				return true
+			}
+		}
+		return false
+	}
+	spec := ds.Spec.Template.Spec
+	var seine, ovs corev1.Container
+	for _, c := range spec.Containers {
+		switch c.Name {
+		case "seine":
+			seine = c
+		case "openvswitch":
+			ovs = c
+		}
+	}
+	if len(spec.InitContainers) != 1 {
+		t.Fatalf("%d init containers", len(spec.InitContainers))
+	}
+	socket := install.DefaultOptions().SocketPath
+	for _, a := range spec.InitContainers[0].Command {
+		if v, ok := strings.CutPrefix(a, "--cni-socket="); ok {
+			socket = v
+		}
+	}
+	if cfg.CNISocket != socket || !fromHost(seine, filepath.Dir(cfg.CNISocket)) {
+		t.Errorf("cniSocket %s: install-cni writes %s into the conflist; the host's directory is mounted: %v",
+			cfg.CNISocket, socket, fromHost(seine, filepath.Dir(cfg.CNISocket)))
+	}
+	for key, dir := range map[string]string{"ovsRunDir": cfg.OVSRunDir, "dataDir": cfg.DataDir} {
+		if !fromHost(seine, dir) || !fromHost(ovs, dir) {
+			t.Errorf("%s %s is not the host's directory in both containers", key, dir)
+		}
 	}
 }
 
