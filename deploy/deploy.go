@@ -66,7 +66,8 @@ type Values struct {
 	KubeAPIServerOverride string
 	// ProxyAll makes seine replace kube-proxy entirely (NodePorts,
 	// externalIPs, LoadBalancer IPs, host traffic). Default false, which
-	// fits a cluster that keeps kube-proxy.
+	// fits a cluster that keeps kube-proxy. It needs
+	// KubeAPIServerOverride.
 	ProxyAll bool
 	// WithoutDaemonSet leaves out the ConfigMap and the DaemonSet: the
 	// cluster-wide objects only, for Nodes that run seine as a systemd
@@ -117,6 +118,10 @@ func (v Values) Validate() error {
 		if u, err := url.Parse(s); err != nil || u.Scheme != "https" || u.Host == "" || (u.Path != "" && u.Path != "/") {
 			bad("kubeAPIServerOverride", "%q is not an https://host[:port] URL", s)
 		}
+	}
+	if v.ProxyAll && v.KubeAPIServerOverride == "" {
+		bad("proxyAll", "needs kubeAPIServerOverride (--proxy-all needs --kube-apiserver): a cluster without "+
+			"kube-proxy serves nothing at the in-cluster \"kubernetes\" Service address the daemon would dial")
 	}
 	return errors.Join(errs...)
 }

@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 
 	"github.com/seine-net/seine/node/cmd"
+	"github.com/seine-net/seine/node/cni/install"
 	"github.com/seine-net/seine/node/config"
 )
 
@@ -74,8 +75,8 @@ func stripComments(b []byte) []byte {
 // TestManifestObjects decodes every object strictly (unknown or duplicate
 // fields fail) and checks what the DaemonSet promises: the image and
 // namespace of the values everywhere, probes on the daemon's health port,
-// host network, node-critical priority, tolerating every taint, and a
-// ConfigMap the daemon itself accepts.
+// host network and the host's DNS resolver, node-critical priority,
+// tolerating every taint, and a ConfigMap the daemon itself accepts.
 func TestManifestObjects(t *testing.T) {
 	v := DefaultValues()
 	v.Image = "registry.example/seine:v9"
@@ -155,6 +156,12 @@ func TestManifestObjects(t *testing.T) {
 	if !spec.HostNetwork || spec.PriorityClassName != "system-node-critical" {
 		t.Errorf("hostNetwork %v, priorityClassName %q", spec.HostNetwork, spec.PriorityClassName)
 	}
+	// Cluster DNS needs the network this Pod brings up: the daemon
+	// resolves names (a kubeAPIServerOverride host) with the host's
+	// resolver only.
+	if spec.DNSPolicy != corev1.DNSDefault {
+		t.Errorf("dnsPolicy %q, want %q (the host's resolver)", spec.DNSPolicy, corev1.DNSDefault)
+	}
 	if len(spec.Tolerations) != 1 || spec.Tolerations[0].Operator != corev1.TolerationOpExists || spec.Tolerations[0].Key != "" {
 		t.Errorf("tolerations %+v do not tolerate every taint", spec.Tolerations)
 	}
@@ -170,6 +177,12 @@ func TestManifestObjects(t *testing.T) {
 		}
 		if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() {
 			t.Errorf("container %s has no resource requests", c.Name)
+		}
+		// Each writes host paths (install-cni the CNI directories) or
+		// devices: an SELinux enforcing host lets only a privileged
+		// container (spc_t) do that.
+		if sc := c.SecurityContext; sc == nil || sc.Privileged == nil || !*sc.Privileged {
+			t.Errorf("container %s is not privileged", c.Name)
 		}
 	}
 	seine, ovs := containers["seine"], containers["openvswitch"]
@@ -188,6 +201,84 @@ func TestManifestObjects(t *testing.T) {
 	}
 	if !strings.HasSuffix(cfg.MetricsAddress, ":"+strconv.Itoa(DefaultMetricsPort)) {
 		t.Errorf("metrics address %s is not on the probes' port %d", cfg.MetricsAddress, DefaultMetricsPort)
+	}
+}
+
+// TestManifestTiesConfigKeys: the configuration keys docs/configuration.md
+// calls "set by the manifest" agree with the rest of it: the CNI socket is
+// where install-cni's conflist points and on the host, the OVS run
+// directory and the data directory are the host's and shared by both
+// containers.
+func TestManifestTiesConfigKeys(t *testing.T) {
+	m, err := Render(DefaultValues())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ds appsv1.DaemonSet
+	var cm corev1.ConfigMap
+	for _, d := range documents(t, m) {
+		switch {
+		case bytes.Contains(d, []byte("\nkind: DaemonSet\n")):
+			err = utilyaml.UnmarshalStrict(d, &ds)
+		case bytes.Contains(d, []byte("\nkind: ConfigMap\n")):
+			err = utilyaml.UnmarshalStrict(d, &cm)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	f := filepath.Join(t.TempDir(), "seine.yaml")
+	if err := os.WriteFile(f, []byte(cm.Data["seine.yaml"]), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("NODE_NAME", "n1")
+	cfg, err := config.Load(f, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostPaths := map[string]string{} // volume → host path
+	for _, v := range ds.Spec.Template.Spec.Volumes {
+		if v.HostPath != nil {
+			hostPaths[v.Name] = v.HostPath.Path
+		}
+	}
+	// fromHost reports whether container c sees dir as the host's same
+	// directory.
+	fromHost := func(c corev1.Container, dir string) bool {
+		for _, vm := range c.VolumeMounts {
+			if vm.MountPath == dir && hostPaths[vm.Name] == dir {
+				return true
+			}
+		}
+		return false
+	}
+	spec := ds.Spec.Template.Spec
+	var seine, ovs corev1.Container
+	for _, c := range spec.Containers {
+		switch c.Name {
+		case "seine":
+			seine = c
+		case "openvswitch":
+			ovs = c
+		}
+	}
+	if len(spec.InitContainers) != 1 {
+		t.Fatalf("%d init containers", len(spec.InitContainers))
+	}
+	socket := install.DefaultOptions().SocketPath
+	for _, a := range spec.InitContainers[0].Command {
+		if v, ok := strings.CutPrefix(a, "--cni-socket="); ok {
+			socket = v
+		}
+	}
+	if cfg.CNISocket != socket || !fromHost(seine, filepath.Dir(cfg.CNISocket)) {
+		t.Errorf("cniSocket %s: install-cni writes %s into the conflist; the host's directory is mounted: %v",
+			cfg.CNISocket, socket, fromHost(seine, filepath.Dir(cfg.CNISocket)))
+	}
+	for key, dir := range map[string]string{"ovsRunDir": cfg.OVSRunDir, "dataDir": cfg.DataDir} {
+		if !fromHost(seine, dir) || !fromHost(ovs, dir) {
+			t.Errorf("%s %s is not the host's directory in both containers", key, dir)
+		}
 	}
 }
 
@@ -216,6 +307,28 @@ func TestValuesValidate(t *testing.T) {
 		if !strings.Contains(err.Error(), key) {
 			t.Errorf("error %q does not name %s", err, key)
 		}
+	}
+}
+
+// TestProxyAllNeedsAPIServer: without kube-proxy the in-cluster
+// "kubernetes" Service address answers nothing until seine runs, so
+// --proxy-all alone would render a daemon that never reaches the API
+// server.
+func TestProxyAllNeedsAPIServer(t *testing.T) {
+	v := DefaultValues()
+	v.ProxyAll = true
+	_, err := Render(v)
+	if err == nil {
+		t.Fatal("proxyAll without kubeAPIServerOverride rendered")
+	}
+	for _, want := range []string{"proxyAll", "kubeAPIServerOverride", "--proxy-all", "--kube-apiserver"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %s", err, want)
+		}
+	}
+	v.KubeAPIServerOverride = "https://198.18.0.1:6443"
+	if _, err := Render(v); err != nil {
+		t.Errorf("proxyAll with kubeAPIServerOverride: %v", err)
 	}
 }
 

@@ -26,7 +26,7 @@ func main() {
 	flag.StringVar(&v.OVSDatapathType, "ovs-datapath", v.OVSDatapathType, "system (kernel module) or netdev (userspace)")
 	flag.StringVar(&v.KubeAPIServerOverride, "kube-apiserver", v.KubeAPIServerOverride,
 		"API server URL to use instead of the in-cluster kubernetes Service (needed without kube-proxy)")
-	flag.BoolVar(&v.ProxyAll, "proxy-all", v.ProxyAll, "replace kube-proxy entirely (NodePorts, externalIPs, LoadBalancer IPs, host traffic)")
+	flag.BoolVar(&v.ProxyAll, "proxy-all", v.ProxyAll, "replace kube-proxy entirely (NodePorts, externalIPs, LoadBalancer IPs, host traffic); needs --kube-apiserver")
 	flag.BoolVar(&v.WithoutDaemonSet, "without-daemonset", v.WithoutDaemonSet,
 		"leave out the ConfigMap and DaemonSet: the cluster-wide objects for Nodes that run seine as a systemd service")
 	printImage := flag.Bool("print-image", false, "print the image reference and exit (for the Makefile)")

@@ -242,7 +242,10 @@ func (d *daemon) findNode(ctx context.Context) error {
 			return fmt.Errorf("node %s: podCIDR %q is not an IPv4 CIDR", cfg.NodeName, d.node.Spec.PodCIDR)
 		}
 	}
-	_, d.clusterCIDR, _ = net.ParseCIDR(cfg.ClusterCIDR)
+	_, d.clusterCIDR, _ = net.ParseCIDR(cfg.ClusterCIDR) // valid: config.Validate
+	if err := checkPodCIDR(cfg.NodeName, d.podCIDR, d.clusterCIDR); err != nil {
+		return err
+	}
 	d.log.Info("node found", zap.String("node_ip", d.nodeIP.String()), zap.Stringer("pod_cidr", d.podCIDR),
 		zap.String("traffic_encap_mode", string(cfg.TrafficEncapMode)), zap.Bool("snat", cfg.SNATEnabled()))
 	if !probesUp {
@@ -251,6 +254,23 @@ func (d *daemon) findNode(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// checkPodCIDR fails when node's podCIDR (nil: the Node owns no Pod
+// addresses) is not inside clusterCIDR. The masquerade and hostPort rules
+// know the cluster's Pods by clusterCIDR alone, so Pods outside it would
+// leave the cluster with addresses nothing routes back.
+func checkPodCIDR(node string, podCIDR, clusterCIDR *net.IPNet) error {
+	if podCIDR == nil {
+		return nil
+	}
+	podOnes, _ := podCIDR.Mask.Size()
+	clusterOnes, _ := clusterCIDR.Mask.Size()
+	if podOnes >= clusterOnes && clusterCIDR.Contains(podCIDR.IP) {
+		return nil
+	}
+	return fmt.Errorf("clusterCIDR %s does not hold node %s's podCIDR %s: set clusterCIDR to the cluster's Pod range "+
+		"(kube-controller-manager --cluster-cidr; the manifest's --cluster-cidr)", clusterCIDR, node, podCIDR)
 }
 
 // connectOVSDB connects to the local OVSDB server, waiting for it, and

@@ -121,7 +121,7 @@ func (o *operations) startProbes(ctx context.Context, nodeIP net.IP, comps *comp
 		return false, err
 	}
 	o.log.Info("serving metrics and probes", zap.String("address", addr))
-	comps.Go(func() error { return health.Serve(ctx, addr, o.probes.Handler(o.reg)) })
+	comps.Go(func() error { return health.Serve(ctx, addr, o.probes.Handler(o.reg), health.DefaultTimeouts()) })
 	return true, nil
 }
 

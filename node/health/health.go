@@ -167,17 +167,49 @@ func (p *Probes) Handler(reg *prometheus.Registry) http.Handler {
 	return mux
 }
 
-// Serve serves h on addr (host:port) until ctx ends.
-func Serve(ctx context.Context, addr string, h http.Handler) error {
+// Timeouts bound each connection of the metrics and health server, so
+// that slow or silent clients do not hold connections open.
+type Timeouts struct {
+	// ReadHeader bounds reading a request's header, Read the whole
+	// request (probes and scrapes send no body).
+	ReadHeader, Read time.Duration
+	// Write bounds answering a request, from its header read to the last
+	// byte written: /metrics of a large Node takes a while to gather and
+	// send.
+	Write time.Duration
+	// Idle closes a kept-alive connection whose next request does not
+	// come in time.
+	Idle time.Duration
+}
+
+// DefaultTimeouts are the daemon's. Kubelet probes open a connection
+// each and give up after a few seconds; Prometheus, scraping every minute
+// or more often, finds its connection still open (Idle), and its scrape
+// timeout, never longer than its interval, fits in Write.
+func DefaultTimeouts() Timeouts {
+	return Timeouts{ReadHeader: 5 * time.Second, Read: 10 * time.Second, Write: 2 * time.Minute, Idle: 90 * time.Second}
+}
+
+// Serve serves h on addr (host:port) with timeouts t until ctx ends.
+func Serve(ctx context.Context, addr string, h http.Handler, t Timeouts) error {
 	var lc net.ListenConfig
 	lis, err := lc.Listen(ctx, "tcp", addr)
 	if err != nil {
 		return fmt.Errorf("metrics and health server: %w", err)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	if err := serve(ctx, lis, h, t); err != nil {
+		return fmt.Errorf("metrics and health server on %s: %w", addr, err)
+	}
+	return nil
+}
+
+// serve serves h on lis with timeouts t until ctx ends.
+func serve(ctx context.Context, lis net.Listener, h http.Handler, t Timeouts) error {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: t.ReadHeader, ReadTimeout: t.Read,
+		WriteTimeout: t.Write, IdleTimeout: t.Idle}
 	go func() { <-ctx.Done(); _ = srv.Close() }()
 	if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("metrics and health server on %s: %w", addr, err)
+		return err
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package inspect
 import (
 	"context"
 	"errors"
+	"net"
 	"sort"
 	"time"
 
@@ -49,6 +50,15 @@ func condition(typ string, err error, okReason, failReason string) metav1.Condit
 	return c
 }
 
+// cidrString is n in CIDR notation, "" for none: a Node in
+// networkPolicyOnly mode has no podCIDR of its own.
+func cidrString(n *net.IPNet) string {
+	if n == nil {
+		return ""
+	}
+	return n.String()
+}
+
 // AgentInfo computes this Node's AgentInfo status now. The conditions
 // lack APIConnected (the writer knows) and their transition times.
 func (in *Inspector) AgentInfo(ctx context.Context) (localapi.AgentInfo, error) {
@@ -66,7 +76,7 @@ func (in *Inspector) AgentInfo(ctx context.Context) (localapi.AgentInfo, error) 
 		TunnelType:        d.Config.TunnelType,
 		TrafficMode:       d.TrafficMode,
 		NodeIP:            d.Bridge.NodeIP.String(),
-		PodCIDR:           d.Bridge.PodCIDR.String(),
+		PodCIDR:           cidrString(d.Bridge.PodCIDR),
 		PodCount:          int32(len(d.Pods.Attachments())),
 		FlowCount:         int32(d.Flows.Count()),
 	}

@@ -23,10 +23,12 @@ package traceflow
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -225,8 +227,37 @@ func timeoutReason(tf *opsv1alpha1.Traceflow) string {
 	return "no Node reported the packet in time"
 }
 
+// checkSpec refuses what the Traceflow CRD's schema refuses, for objects
+// that did not pass it (stored before the schema had its bounds): a port
+// outside 0..65535 would wrap into another one in the packet, a negative
+// timeout would silently become the default. It names each bad field.
+func checkSpec(s opsv1alpha1.TraceflowSpec) error {
+	var bad []string
+	for _, p := range []struct {
+		field string
+		v     int32
+	}{{"packet.srcPort", s.Packet.SrcPort}, {"packet.dstPort", s.Packet.DstPort}} {
+		if p.v < 0 || p.v > 65535 {
+			bad = append(bad, fmt.Sprintf("%s %d is not in 0..65535", p.field, p.v))
+		}
+	}
+	if s.TimeoutSeconds < 0 {
+		bad = append(bad, fmt.Sprintf("timeoutSeconds %d is negative (0 means the default, %s)", s.TimeoutSeconds, DefaultTimeout))
+	}
+	if (s.Destination.Pod != "") == (s.Destination.IP != "") {
+		bad = append(bad, "destination: set exactly one of pod and ip")
+	}
+	if len(bad) > 0 {
+		return errors.New(strings.Join(bad, "; "))
+	}
+	return nil
+}
+
 // start injects the packet of a new Traceflow.
 func (c *Controller) start(ctx context.Context, tf *opsv1alpha1.Traceflow) error {
+	if err := checkSpec(tf.Spec); err != nil {
+		return c.fail(ctx, tf, err.Error())
+	}
 	src, _ := c.cfg.Pods.Attachment(tf.Spec.Source.Namespace, tf.Spec.Source.Pod)
 	probe, err := c.probe(ctx, tf, src)
 	if err != nil {
@@ -276,9 +307,7 @@ func (c *Controller) probe(ctx context.Context, tf *opsv1alpha1.Traceflow, src p
 		return p, fmt.Errorf("source Pod MAC %q: %w", src.MAC, err)
 	}
 	d := tf.Spec.Destination
-	switch {
-	case d.IP != "" && d.Pod != "":
-		return p, fmt.Errorf("destination: set either pod or ip, not both")
+	switch { // exactly one of them is set (checkSpec)
 	case d.IP != "":
 		p.DstIP = net.ParseIP(d.IP).To4()
 		if p.DstIP == nil {
@@ -300,7 +329,7 @@ func (c *Controller) probe(ctx context.Context, tf *opsv1alpha1.Traceflow, src p
 			}
 		}
 	default:
-		return p, fmt.Errorf("destination: set a pod or an ip")
+		return p, fmt.Errorf("destination: set exactly one of pod and ip")
 	}
 	switch tf.Spec.Packet.Protocol {
 	case "", opsv1alpha1.ProtocolICMP:

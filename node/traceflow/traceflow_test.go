@@ -1,15 +1,21 @@
 package traceflow
 
 import (
+	"context"
 	"net"
+	"strings"
 	"testing"
 
 	"go.uber.org/zap"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
 
 	of "github.com/seine-net/seine/datapath/openflow"
 	"github.com/seine-net/seine/datapath/packet"
 	"github.com/seine-net/seine/datapath/pipeline"
 	opsv1alpha1 "github.com/seine-net/seine/node/apis/ops/v1alpha1"
+	opsfake "github.com/seine-net/seine/node/client/clientset/versioned/fake"
+	"github.com/seine-net/seine/node/podnet"
 )
 
 func hop(node, action, next string) opsv1alpha1.TraceflowNode {
@@ -112,5 +118,87 @@ func TestKeyAndMatch(t *testing.T) {
 		if got := c.matches(tc.tf, tc.k); got != tc.want {
 			t.Errorf("%s: matches = %v, want %v", tc.name, got, tc.want)
 		}
+	}
+}
+
+type onePod struct{ a podnet.Attachment }
+
+func (p onePod) Attachment(namespace, name string) (podnet.Attachment, bool) {
+	return p.a, namespace == p.a.Namespace && name == p.a.Name
+}
+
+type nullSwitch struct{}
+
+func (nullSwitch) PacketOut(context.Context, uint32, []of.Action, []byte) error { return nil }
+func (nullSwitch) SubscribePacketIns(func(of.PacketIn)) func()                  { return func() {} }
+
+// specCase is a Traceflow spec, the valid one changed; field names the
+// refused field ("" when valid), value its bad value.
+type specCase struct {
+	name         string
+	change       func(*opsv1alpha1.TraceflowSpec)
+	field, value string
+}
+
+// validSpec traces TCP to port 80 of an IP from default/client.
+func validSpec() opsv1alpha1.TraceflowSpec {
+	return opsv1alpha1.TraceflowSpec{Source: opsv1alpha1.TraceflowSource{Namespace: "default", Pod: "client"},
+		Destination: opsv1alpha1.TraceflowDestination{IP: "10.244.1.7"},
+		Packet:      opsv1alpha1.TraceflowPacket{Protocol: opsv1alpha1.ProtocolTCP, DstPort: 80}}
+}
+
+// specCases are refused alike by the CRD's schema and by the daemon.
+func specCases() []specCase {
+	return []specCase{
+		{"in bounds", func(*opsv1alpha1.TraceflowSpec) {}, "", ""},
+		{"srcPort beyond 65535", func(s *opsv1alpha1.TraceflowSpec) { s.Packet.SrcPort = 70000 }, "packet.srcPort", "70000"},
+		{"negative srcPort", func(s *opsv1alpha1.TraceflowSpec) { s.Packet.SrcPort = -1 }, "packet.srcPort", "-1"},
+		{"dstPort beyond 65535 with ICMP", func(s *opsv1alpha1.TraceflowSpec) {
+			s.Packet = opsv1alpha1.TraceflowPacket{Protocol: opsv1alpha1.ProtocolICMP, DstPort: 65536}
+		}, "packet.dstPort", "65536"},
+		{"negative timeout", func(s *opsv1alpha1.TraceflowSpec) { s.TimeoutSeconds = -5 }, "timeoutSeconds", "-5"},
+		{"pod and ip", func(s *opsv1alpha1.TraceflowSpec) { s.Destination.Pod = "server" }, "destination", ""},
+		{"neither pod nor ip", func(s *opsv1alpha1.TraceflowSpec) { s.Destination.IP = "" }, "destination", ""},
+	}
+}
+
+// The source Node refuses a spec the CRD's schema refuses (an object
+// stored before the schema had its bounds) rather than inject a different
+// packet: it marks the trace Failed, the reason naming the field. A port
+// beyond 65535 would wrap in the packet; a negative timeout would silently
+// become the default.
+func TestStartRefusesOutOfBoundsSpec(t *testing.T) {
+	gw, _ := net.ParseMAC("0a:00:00:00:00:01")
+	src := podnet.Attachment{Namespace: "default", Name: "client", OFPort: 5, IP: "10.244.0.5", MAC: "0a:00:00:00:00:05"}
+	for _, tc := range specCases() {
+		t.Run(tc.name, func(t *testing.T) {
+			tf := &opsv1alpha1.Traceflow{ObjectMeta: metav1.ObjectMeta{Name: "tf"}, Spec: validSpec()}
+			tc.change(&tf.Spec)
+			ops := opsfake.NewSimpleClientset(tf)
+			c := New(ops, Config{NodeName: "n1", NodeIP: net.ParseIP("198.18.0.11"), Bridge: pipeline.Bridge{GatewayMAC: gw},
+				Pods: onePod{src}, Switch: nullSwitch{}}, zap.NewNop())
+			c.store = cache.NewStore(cache.MetaNamespaceKeyFunc)
+			ctx := context.Background()
+			if err := c.start(ctx, tf); err != nil {
+				t.Fatal(err)
+			}
+			got, err := ops.OpsV1alpha1().Traceflows().Get(ctx, "tf", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			st := got.Status
+			if tc.field == "" {
+				if st.Phase != opsv1alpha1.TraceflowRunning {
+					t.Fatalf("phase %q (%s), want Running", st.Phase, st.Reason)
+				}
+				return
+			}
+			if st.Phase != opsv1alpha1.TraceflowFailed {
+				t.Fatalf("phase %q, want Failed", st.Phase)
+			}
+			if !strings.Contains(st.Reason, tc.field) || !strings.Contains(st.Reason, tc.value) {
+				t.Errorf("reason %q does not name %s %s", st.Reason, tc.field, tc.value)
+			}
+		})
 	}
 }

@@ -10,14 +10,19 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
-// Listen listens on path with mode 0600, so that only root can connect. It
-// creates the parent directory with mode 0750 and removes a stale socket
-// left by a previous daemon, but fails if a live server still answers on
-// it or if the path is not a socket. what names the socket in errors
-// ("CNI socket").
+// Listen listens on path with mode 0600 from the moment the socket exists,
+// so that only root can connect. It creates the parent directory with
+// mode 0750 when missing (an existing one keeps its mode: it may be a
+// hostPath kubelet made 0755, or a directory other programs share) and
+// removes a stale socket left by a previous daemon, but fails if a live
+// server still answers on it or if the path is not a socket. what names
+// the socket in errors ("CNI socket").
 func Listen(ctx context.Context, path, what string) (net.Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
 		return nil, fmt.Errorf("creating %s directory: %w", what, err)
@@ -37,16 +42,33 @@ func Listen(ctx context.Context, path, what string) (net.Listener, error) {
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("checking %s path: %w", what, err)
 	}
-	var lc net.ListenConfig
-	lis, err := lc.Listen(ctx, "unix", path)
+	lis, err := bindPrivate(ctx, path)
 	if err != nil {
 		return nil, fmt.Errorf("listening on %s: %w", what, err)
 	}
-	// The parent directory (0750) already keeps other users out during the
-	// moment between bind and chmod.
+	// bindPrivate made it 0600 already; this only repeats it.
 	if err := os.Chmod(path, 0o600); err != nil {
 		lis.Close()
 		return nil, fmt.Errorf("restricting %s mode: %w", what, err)
 	}
 	return lis, nil
+}
+
+// bindPrivate listens on path, the socket's file created with mode 0600:
+// Linux gives it the mode of the socket itself (less the umask), which
+// fchmod sets between socket(2) and bind(2). No other user can connect in
+// the moment before a chmod of the file, whatever the directory's mode,
+// and the process-wide umask stays untouched.
+func bindPrivate(ctx context.Context, path string) (net.Listener, error) {
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var err error
+		if cerr := c.Control(func(fd uintptr) { err = unix.Fchmod(int(fd), 0o600) }); cerr != nil {
+			return cerr
+		}
+		if err != nil {
+			return fmt.Errorf("fchmod of the socket before bind: %w", err)
+		}
+		return nil
+	}}
+	return lc.Listen(ctx, "unix", path)
 }

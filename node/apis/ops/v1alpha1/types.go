@@ -321,6 +321,8 @@ type TraceflowSource struct {
 // TraceflowDestination is a Pod, or an IPv4 address (a Pod's, a Service's
 // ClusterIP, a Node's or one outside the cluster). Exactly one of Pod and
 // IP is set.
+//
+// +kubebuilder:validation:XValidation:rule="has(self.pod) != has(self.ip)",message="set exactly one of pod and ip"
 type TraceflowDestination struct {
 	// +optional
 	Namespace string `json:"namespace,omitempty"`
@@ -338,9 +340,13 @@ type TraceflowPacket struct {
 	Protocol string `json:"protocol,omitempty"`
 	// DstPort is the TCP or UDP destination port (required for those).
 	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=65535
 	DstPort int32 `json:"dstPort"`
 	// SrcPort is the TCP or UDP source port; 0 picks one.
 	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=65535
 	SrcPort int32 `json:"srcPort"`
 }
 
@@ -350,8 +356,9 @@ type TraceflowSpec struct {
 	Destination TraceflowDestination `json:"destination"`
 	// +optional
 	Packet TraceflowPacket `json:"packet,omitempty"`
-	// TimeoutSeconds bounds the whole trace; default 10.
+	// TimeoutSeconds bounds the whole trace; 0 (the default) means 10.
 	// +optional
+	// +kubebuilder:validation:Minimum=0
 	TimeoutSeconds int32 `json:"timeoutSeconds"`
 }
 
