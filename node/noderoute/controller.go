@@ -123,6 +123,7 @@ type peer struct {
 // Controller reconciles peer Nodes.
 type Controller struct {
 	cfg    Config
+	routes routeTable
 	lister corelisters.NodeLister
 	synced cache.InformerSynced
 	queue  workqueue.TypedRateLimitingInterface[string]
@@ -142,6 +143,7 @@ type Controller struct {
 func New(informer coreinformers.NodeInformer, cfg Config, log *zap.Logger) (*Controller, error) {
 	c := &Controller{
 		cfg:    cfg,
+		routes: kernelRoutes{},
 		lister: informer.Lister(),
 		synced: informer.Informer().HasSynced,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
@@ -474,7 +476,7 @@ func (c *Controller) ensureTunnelRoute(podCIDR *net.IPNet, gw net.IP) error {
 	}
 	r := &netlink.Route{LinkIndex: link.Attrs().Index, Dst: podCIDR, Gw: gw, Flags: int(netlink.FLAG_ONLINK),
 		Protocol: RouteProtocol}
-	if err := netlink.RouteReplace(r); err != nil {
+	if err := c.routes.replace(r); err != nil {
 		return fmt.Errorf("route %s via %s: %w", podCIDR, gw, err)
 	}
 	return nil
@@ -484,7 +486,7 @@ func (c *Controller) ensureTunnelRoute(podCIDR *net.IPNet, gw net.IP) error {
 // the transport interface, the peer being in its subnet.
 func (c *Controller) ensureDirectRoute(podCIDR *net.IPNet, nodeIP net.IP) error {
 	r := &netlink.Route{Dst: podCIDR, Gw: nodeIP, Protocol: RouteProtocol}
-	if err := netlink.RouteReplace(r); err != nil {
+	if err := c.routes.replace(r); err != nil {
 		return fmt.Errorf("route %s via %s: %w", podCIDR, nodeIP, err)
 	}
 	return nil
@@ -493,7 +495,7 @@ func (c *Controller) ensureDirectRoute(podCIDR *net.IPNet, nodeIP net.IP) error 
 // deleteRoute removes this controller's route to podCIDR, whichever
 // device it uses.
 func (c *Controller) deleteRoute(podCIDR *net.IPNet) error {
-	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Dst: podCIDR, Table: syscall.RT_TABLE_MAIN},
+	routes, err := c.routes.list(&netlink.Route{Dst: podCIDR, Table: syscall.RT_TABLE_MAIN},
 		netlink.RT_FILTER_DST|netlink.RT_FILTER_TABLE)
 	if err != nil {
 		return fmt.Errorf("listing routes to %s: %w", podCIDR, err)
@@ -502,7 +504,7 @@ func (c *Controller) deleteRoute(podCIDR *net.IPNet) error {
 		if !c.ours(r) {
 			continue
 		}
-		if err := netlink.RouteDel(&r); err != nil && !errors.Is(err, syscall.ESRCH) {
+		if err := c.routes.del(&r); err != nil && !errors.Is(err, syscall.ESRCH) {
 			return fmt.Errorf("deleting route %s: %w", podCIDR, err)
 		}
 	}
@@ -527,8 +529,7 @@ func (c *Controller) ours(r netlink.Route) bool {
 // installed peer wants as they are: to no peer's podCIDR, or to a peer
 // whose route is now another kind.
 func (c *Controller) removeStaleRoutes() error {
-	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: syscall.RT_TABLE_MAIN},
-		netlink.RT_FILTER_TABLE)
+	routes, err := c.routes.list(&netlink.Route{Table: syscall.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
 	if err != nil {
 		return err
 	}
@@ -551,7 +552,7 @@ func (c *Controller) removeStaleRoutes() error {
 			p.route == RouteDirect && r.Gw.Equal(p.nodeIP)) {
 			continue
 		}
-		if err := netlink.RouteDel(&r); err != nil && !errors.Is(err, syscall.ESRCH) {
+		if err := c.routes.del(&r); err != nil && !errors.Is(err, syscall.ESRCH) {
 			return err
 		}
 		c.log.Info("removed stale route", zap.String("dst", r.Dst.String()), zap.Stringer("via", r.Gw))
