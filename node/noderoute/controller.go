@@ -495,8 +495,10 @@ func (c *Controller) ensureDirectRoute(podCIDR *net.IPNet, nodeIP net.IP) error 
 // deleteRoute removes this controller's route to podCIDR, whichever
 // device it uses.
 func (c *Controller) deleteRoute(podCIDR *net.IPNet) error {
-	routes, err := c.routes.list(&netlink.Route{Dst: podCIDR, Table: syscall.RT_TABLE_MAIN},
-		netlink.RT_FILTER_DST|netlink.RT_FILTER_TABLE)
+	routes, err := redump(func() ([]netlink.Route, error) {
+		return c.routes.list(&netlink.Route{Dst: podCIDR, Table: syscall.RT_TABLE_MAIN},
+			netlink.RT_FILTER_DST|netlink.RT_FILTER_TABLE)
+	})
 	if err != nil {
 		return fmt.Errorf("listing routes to %s: %w", podCIDR, err)
 	}
@@ -527,15 +529,18 @@ func (c *Controller) ours(r netlink.Route) bool {
 
 // removeStaleRoutes deletes this controller's routes (see ours) that no
 // installed peer wants as they are: to no peer's podCIDR, or to a peer
-// whose route is now another kind.
+// whose route is now another kind. A route it fails to delete does not
+// stop it: it deletes the others and returns every failure joined.
 func (c *Controller) removeStaleRoutes() error {
-	routes, err := c.routes.list(&netlink.Route{Table: syscall.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+	routes, err := redump(func() ([]netlink.Route, error) {
+		return c.routes.list(&netlink.Route{Table: syscall.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+	})
 	if err != nil {
-		return err
+		return fmt.Errorf("listing routes: %w", err)
 	}
 	gw, err := netlink.LinkByName(c.cfg.Gateway)
 	if err != nil {
-		return err
+		return fmt.Errorf("gateway interface %s: %w", c.cfg.Gateway, err)
 	}
 	c.mu.Lock()
 	want := map[string]peer{}
@@ -543,6 +548,7 @@ func (c *Controller) removeStaleRoutes() error {
 		want[p.podCIDR.String()] = p
 	}
 	c.mu.Unlock()
+	var errs []error
 	for _, r := range routes {
 		if !c.ours(r) {
 			continue
@@ -553,22 +559,24 @@ func (c *Controller) removeStaleRoutes() error {
 			continue
 		}
 		if err := c.routes.del(&r); err != nil && !errors.Is(err, syscall.ESRCH) {
-			return err
+			errs = append(errs, fmt.Errorf("deleting stale route %s via %s: %w", r.Dst, r.Gw, err))
+			continue
 		}
 		c.log.Info("removed stale route", zap.String("dst", r.Dst.String()), zap.Stringer("via", r.Gw))
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // removeStaleTunnelPeers removes the tunnel device's entries of Node IPs
-// that are no peer's.
+// that are no peer's. An entry it fails to remove does not stop it: it
+// removes the others and returns every failure joined.
 func (c *Controller) removeStaleTunnelPeers() error {
 	if c.cfg.Tunnel == nil {
 		return nil
 	}
-	ips, err := c.cfg.Tunnel.Peers()
+	ips, err := redump(c.cfg.Tunnel.Peers)
 	if err != nil {
-		return err
+		return fmt.Errorf("listing tunnel peers: %w", err)
 	}
 	c.mu.Lock()
 	want := map[string]bool{}
@@ -578,16 +586,18 @@ func (c *Controller) removeStaleTunnelPeers() error {
 		}
 	}
 	c.mu.Unlock()
+	var errs []error
 	for _, ip := range ips {
 		if want[ip.String()] {
 			continue
 		}
 		if err := c.cfg.Tunnel.RemovePeer(ip); err != nil {
-			return err
+			errs = append(errs, fmt.Errorf("removing stale tunnel peer %s: %w", ip, err))
+			continue
 		}
 		c.log.Info("removed stale tunnel peer", zap.String("node_ip", ip.String()))
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // Peers returns the installed peers: Node name → podCIDR.
