@@ -176,10 +176,18 @@ func (c *Controller) enqueue(obj any) {
 	c.queue.Add(key)
 }
 
+// staleKey is the work item that removes what no peer wants any more (see
+// removeStale). A Node's name is a DNS subdomain, which has no ':', so it
+// never names a Node.
+const staleKey = "seine:stale-peer-state"
+
 // Run processes Node changes until ctx ends. Once every Node known at
-// start has been synced it removes the host routes to podCIDRs that belong
-// to no peer, or that the peer no longer needs (left by an earlier run, in
-// another mode perhaps).
+// start has been synced it removes what earlier runs left for peers that
+// are gone or now reached another way (see removeStale), retrying with
+// the queue's backoff until that succeeds or ctx ends.
+//
+// One worker runs the queue, so the peers' syncs and the stale-state
+// removal run one at a time, which removeStale relies on.
 func (c *Controller) Run(ctx context.Context) error {
 	defer c.queue.ShutDown()
 	defer c.neighQueue.ShutDown()
@@ -204,6 +212,9 @@ func (c *Controller) Run(ctx context.Context) error {
 	for _, n := range nodes {
 		c.queue.Add(n.Name)
 	}
+	if len(nodes) == 0 {
+		c.queue.Add(staleKey)
+	}
 	go wait.UntilWithContext(ctx, c.worker, time.Second)
 	if c.cfg.Neighbors != nil {
 		for i := 0; i < neighborWorkers; i++ {
@@ -211,18 +222,6 @@ func (c *Controller) Run(ctx context.Context) error {
 		}
 		go wait.UntilWithContext(ctx, c.refreshNeighbors, neighborRefresh)
 	}
-	go func() {
-		if err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(context.Context) (bool, error) {
-			return c.InitialSyncDone(), nil
-		}); err == nil {
-			if err := c.removeStaleRoutes(); err != nil {
-				c.log.Warn("removing stale routes", zap.Error(err))
-			}
-			if err := c.removeStaleTunnelPeers(); err != nil {
-				c.log.Warn("removing stale tunnel peers", zap.Error(err))
-			}
-		}
-	}()
 	<-ctx.Done()
 	return nil
 }
@@ -303,21 +302,37 @@ func (c *Controller) worker(ctx context.Context) {
 	}
 }
 
+// processNext handles one work item: a Node's name (sync) or staleKey
+// (removeStale). A failed item is queued again with backoff. The Node
+// that completes the initial sync queues staleKey.
 func (c *Controller) processNext(ctx context.Context) bool {
-	name, quit := c.queue.Get()
+	key, quit := c.queue.Get()
 	if quit {
 		return false
 	}
-	defer c.queue.Done(name)
-	if err := c.sync(ctx, name); err != nil {
-		c.log.Warn("syncing peer Node", zap.String("node", name), zap.Error(err))
-		c.queue.AddRateLimited(name)
+	defer c.queue.Done(key)
+	if key == staleKey {
+		if err := c.removeStale(); err != nil {
+			c.log.Warn("removing stale peer state; will retry", zap.Int("retries", c.queue.NumRequeues(key)), zap.Error(err))
+			c.queue.AddRateLimited(key)
+			return true
+		}
+		c.queue.Forget(key)
 		return true
 	}
-	c.queue.Forget(name)
+	if err := c.sync(ctx, key); err != nil {
+		c.log.Warn("syncing peer Node", zap.String("node", key), zap.Error(err))
+		c.queue.AddRateLimited(key)
+		return true
+	}
+	c.queue.Forget(key)
 	c.mu.Lock()
-	delete(c.pending, name)
+	last := c.pending[key] && len(c.pending) == 1
+	delete(c.pending, key)
 	c.mu.Unlock()
+	if last {
+		c.queue.Add(staleKey)
+	}
 	return true
 }
 
@@ -525,6 +540,16 @@ func (c *Controller) ours(r netlink.Route) bool {
 	}
 	link, err := netlink.LinkByName(c.cfg.Gateway)
 	return err == nil && r.LinkIndex == link.Attrs().Index && r.Gw != nil && !r.Gw.Equal(pipeline.NodePortVIP)
+}
+
+// removeStale removes the host routes and tunnel entries that no installed
+// peer wants: those of Nodes deleted while the daemon was down, or of a
+// traffic mode it ran in before. It must not run during a sync: a sync
+// adds a peer's tunnel entry and route before it records the peer, and a
+// removal reading the device and the records in between would take them
+// for stale. Run's single worker, which runs both, sees to that.
+func (c *Controller) removeStale() error {
+	return errors.Join(c.removeStaleRoutes(), c.removeStaleTunnelPeers())
 }
 
 // removeStaleRoutes deletes this controller's routes (see ours) that no

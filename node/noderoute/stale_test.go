@@ -1,19 +1,29 @@
 package noderoute
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"os/exec"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"go.uber.org/zap/zaptest"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/fake"
 
+	of "github.com/seine-net/seine/datapath/openflow"
+	"github.com/seine-net/seine/datapath/pipeline"
 	"github.com/seine-net/seine/node/config"
 	"github.com/seine-net/seine/tests/netnstest"
 )
@@ -179,5 +189,228 @@ func TestRemoveStaleTunnelPeersPersists(t *testing.T) {
 	j.mu.Unlock()
 	if len(left) != 0 {
 		t.Errorf("after the second removal the tunnel knows %v, want none", left)
+	}
+}
+
+// ownNetnsEnv names, in a test binary started by ownNetns, the test it
+// is to run.
+const ownNetnsEnv = "SEINE_NODEROUTE_OWN_NETNS"
+
+// ownNetns reports whether the test runs in a process of its own in a
+// fresh network namespace. If it does not, ownNetns runs it so (the test
+// binary again, with CLONE_NEWNET, for this test only), reports that
+// run's failure as the test's, and returns false: the caller returns.
+// Tests of Run need it: the controller's goroutines do netlink on threads
+// of their own, which netnstest (one thread) does not move.
+func ownNetns(t *testing.T) bool {
+	t.Helper()
+	if os.Getenv(ownNetnsEnv) == t.Name() {
+		return true
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	args := []string{"-test.run=^" + regexp.QuoteMeta(t.Name()) + "$", "-test.count=1", "-test.v"}
+	if d, ok := t.Deadline(); ok {
+		args = append(args, "-test.timeout="+time.Until(d).String())
+	}
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), ownNetnsEnv+"="+t.Name())
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET}
+	out, err := cmd.CombinedOutput()
+	t.Logf("in a network namespace of its own:\n%s", out)
+	if err != nil {
+		t.Fatalf("test binary: %v", err)
+	}
+	if !strings.Contains(string(out), "--- PASS: "+t.Name()+" ") {
+		t.Fatalf("the test did not pass in its own network namespace")
+	}
+	return false
+}
+
+// await polls cond until it holds; it fails the test if ctx ends first.
+func await(t *testing.T, ctx context.Context, what string, cond func() bool) {
+	t.Helper()
+	if err := wait.PollUntilContextCancel(ctx, 5*time.Millisecond, true,
+		func(context.Context) (bool, error) { return cond(), nil }); err != nil {
+		t.Fatalf("waiting for %s: %v", what, err)
+	}
+}
+
+// startRun runs c until the test ends (Run's goroutines, in this process's
+// namespace), and waits for Run to return then.
+func startRun(t *testing.T, ctx context.Context, c *Controller, f informers.SharedInformerFactory) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	f.Start(ctx.Done())
+	go func() { done <- c.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+		f.Shutdown()
+	})
+}
+
+// gatewayDevice adds gw0, up, with this Node's gateway address.
+func gatewayDevice(t *testing.T) {
+	t.Helper()
+	run(t, "ip", "link", "add", "gw0", "type", "veth", "peer", "name", "gw0p")
+	run(t, "ip", "link", "set", "gw0", "up")
+	run(t, "ip", "link", "set", "gw0p", "up")
+	run(t, "ip", "addr", "add", "10.244.0.1/24", "dev", "gw0")
+}
+
+// TestStaleRemovalRetried: a removal of stale state that fails is retried
+// (with backoff) until it succeeds, not given up after one attempt.
+func TestStaleRemovalRetried(t *testing.T) {
+	if !ownNetns(t) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	gatewayDevice(t)
+	run(t, "ip", "route", "add", "10.244.9.0/24", "via", "10.244.9.1", "dev", "gw0", "onlink", "proto", "95")
+	j := &journal{ips: []string{"198.19.240.99"}}
+	tun := &flakyTunnel{tunnelRec: tunnelRec{j}, peersErrs: []error{errInjected, errInjected}}
+	f := informers.NewSharedInformerFactory(fake.NewSimpleClientset(node("self", "198.19.240.1", "10.244.0.0/24")), 0)
+	c, err := New(f.Core().V1().Nodes(), Config{NodeName: "self", Mode: config.ModeEncap, Gateway: "gw0",
+		Flows: flowRec{j}, SNAT: snatRec{}, Tunnel: tun}, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	startRun(t, ctx, c, f)
+	await(t, ctx, "the stale tunnel entry removed", func() bool {
+		j.mu.Lock()
+		defer j.mu.Unlock()
+		return len(j.ips) == 0
+	})
+	if got := routes(t); strings.Contains(got, "10.244.9.0/24") {
+		t.Errorf("stale route left:\n%s", got)
+	}
+}
+
+// gate holds a call until released: entered is closed when the call
+// arrives, release lets it go on.
+type gate struct {
+	entered, release chan struct{}
+	enter, open      sync.Once
+}
+
+func newGate() *gate { return &gate{entered: make(chan struct{}), release: make(chan struct{})} }
+
+func (g *gate) pass(ctx context.Context) {
+	g.enter.Do(func() { close(g.entered) })
+	select {
+	case <-g.release:
+	case <-ctx.Done():
+	}
+}
+
+func (g *gate) let() { g.open.Do(func() { close(g.release) }) }
+
+// gatedFlows is flowRec whose first Set of each owner in gates waits at
+// that gate.
+type gatedFlows struct {
+	flowRec
+	gates map[string]*gate
+}
+
+func (f gatedFlows) Set(ctx context.Context, owner string, flows []of.Flow) error {
+	if g := f.gates[owner]; g != nil {
+		g.pass(ctx)
+	}
+	return f.flowRec.Set(ctx, owner, flows)
+}
+
+// racingTunnel is tunnelRec that lists its peers in address order, and
+// only once peer-b's sync is under way (past AddPeer, inside Flows.Set);
+// its first RemovePeer lets that sync go on.
+type racingTunnel struct {
+	tunnelRec
+	ctx context.Context
+	b   *gate
+}
+
+func (r racingTunnel) Peers() ([]net.IP, error) {
+	select {
+	case <-r.b.entered:
+	case <-r.ctx.Done():
+		return nil, r.ctx.Err()
+	}
+	ips, err := r.tunnelRec.Peers()
+	slices.SortFunc(ips, func(a, b net.IP) int { return strings.Compare(a.String(), b.String()) })
+	return ips, err
+}
+
+func (r racingTunnel) RemovePeer(ip net.IP) error {
+	err := r.tunnelRec.RemovePeer(ip)
+	r.b.let()
+	return err
+}
+
+// TestStaleRemovalWaitsForSync: the stale-state removal after the initial
+// sync does not run while a peer that joined meanwhile is being synced;
+// one that did would find the peer's tunnel entry installed but the peer
+// not yet recorded, and remove the entry. peer-b joins while peer-a's
+// sync is held, so it is queued before the initial sync completes; its
+// sync is held past AddPeer; the tunnel lists its peers only once that
+// sync is held, and lets it go at its first RemovePeer, or the test does
+// once the removal is queued behind it.
+func TestStaleRemovalWaitsForSync(t *testing.T) {
+	if !ownNetns(t) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	gatewayDevice(t)
+	j := &journal{ips: []string{"198.19.240.99"}} // left by a removed peer
+	a, b := newGate(), newGate()
+	cs := fake.NewSimpleClientset(node("self", "198.19.240.1", "10.244.0.0/24"), node("peer-a", "198.19.240.2", "10.244.1.0/24"))
+	f := informers.NewSharedInformerFactory(cs, 0)
+	_, podCIDR, _ := net.ParseCIDR("10.244.0.0/24")
+	c, err := New(f.Core().V1().Nodes(), Config{NodeName: "self", Mode: config.ModeEncap, Gateway: "gw0",
+		Flows: gatedFlows{flowRec{j}, map[string]*gate{owner("peer-a"): a, owner("peer-b"): b}}, SNAT: snatRec{},
+		Tunnel: racingTunnel{tunnelRec{j}, ctx, b}, Bridge: pipeline.Bridge{Round: 1, PodCIDR: podCIDR, TunnelPort: 1, Tunnel: pipeline.TunnelByMAC}},
+		zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	startRun(t, ctx, c, f)
+	await(t, ctx, "peer-a's sync held", func() bool { return isClosed(a.entered) })
+	if _, err := cs.CoreV1().Nodes().Create(ctx, node("peer-b", "198.19.240.3", "10.244.2.0/24"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// Queued: peer-b and the Nodes of the initial list not synced yet
+	// but peer-a, which is being synced.
+	await(t, ctx, "peer-b queued", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.queue.Len() == len(c.pending)
+	})
+	a.let()
+	await(t, ctx, "peer-b's sync held", func() bool { return isClosed(b.entered) })
+	await(t, ctx, "the stale-state removal queued or under way", func() bool { return c.queue.Len() > 0 || isClosed(b.release) })
+	b.let()
+	await(t, ctx, "the stale entry removed", func() bool { return slices.Contains(j.entries(), "remove 198.19.240.99") })
+	j.mu.Lock()
+	ips := slices.Clone(j.ips)
+	j.mu.Unlock()
+	if !slices.Contains(ips, "198.19.240.3") {
+		t.Errorf("peer-b's tunnel entry was removed as stale: the tunnel knows %v; calls %v", ips, j.entries())
+	}
+	if got := routes(t); !strings.Contains(got, "10.244.2.0/24 via 10.244.2.1 dev gw0") {
+		t.Errorf("peer-b's route missing:\n%s", got)
+	}
+}
+
+func isClosed(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
 	}
 }
