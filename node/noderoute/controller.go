@@ -376,13 +376,13 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 	if err := c.cfg.Flows.Set(ctx, owner(name), flows); err != nil {
 		return err
 	}
-	if had && c.cfg.Tunnel != nil && old.route == RouteTunnel && (route != RouteTunnel || !old.nodeIP.Equal(nodeIP)) {
-		if err := c.cfg.Tunnel.RemovePeer(old.nodeIP); err != nil {
+	if had && old.route == RouteTunnel && (route != RouteTunnel || !old.nodeIP.Equal(nodeIP)) {
+		if err := c.removeTunnelPeer(name, old.nodeIP); err != nil {
 			return err
 		}
 	}
 	if had && (old.podCIDR.String() != podCIDR.String() || old.route != route) {
-		if err := c.deleteRoute(old.podCIDR); err != nil {
+		if err := c.removeRoute(name, old.podCIDR); err != nil {
 			return err
 		}
 	}
@@ -465,11 +465,11 @@ func (c *Controller) removePeer(ctx context.Context, name string) error {
 	old, had := c.peers[name]
 	c.mu.Unlock()
 	if had {
-		if err := c.deleteRoute(old.podCIDR); err != nil {
+		if err := c.removeRoute(name, old.podCIDR); err != nil {
 			return err
 		}
-		if c.cfg.Tunnel != nil && old.route == RouteTunnel {
-			if err := c.cfg.Tunnel.RemovePeer(old.nodeIP); err != nil {
+		if old.route == RouteTunnel {
+			if err := c.removeTunnelPeer(name, old.nodeIP); err != nil {
 				return err
 			}
 		}
@@ -479,6 +479,54 @@ func (c *Controller) removePeer(ctx context.Context, name string) error {
 	delete(c.peers, name)
 	c.mu.Unlock()
 	return c.syncSNAT(ctx, name, nil)
+}
+
+// removeRoute deletes the route to podCIDR that peer name no longer
+// needs, unless another recorded peer routes the same podCIDR: a Node
+// that got the podCIDR of a deleted Node (or of one whose podCIDR
+// changed) and was synced first has its route there already, and a
+// route is known by its destination alone.
+func (c *Controller) removeRoute(name string, podCIDR *net.IPNet) error {
+	c.mu.Lock()
+	other := ""
+	for n, p := range c.peers {
+		if n != name && (p.route == RouteTunnel || p.route == RouteDirect) && p.podCIDR.String() == podCIDR.String() {
+			other = n
+			break
+		}
+	}
+	c.mu.Unlock()
+	if other != "" {
+		c.log.Info("route kept: another peer Node routes the podCIDR", zap.String("node", name),
+			zap.String("other_node", other), zap.String("pod_cidr", podCIDR.String()))
+		return nil
+	}
+	return c.deleteRoute(podCIDR)
+}
+
+// removeTunnelPeer removes the tunnel's entry of nodeIP that peer name no
+// longer needs, unless another recorded tunnelled peer has that Node IP:
+// the entry is known by the IP alone, so a Node that got the IP of a
+// deleted Node (or of one whose IP changed) and was synced first uses it.
+func (c *Controller) removeTunnelPeer(name string, nodeIP net.IP) error {
+	if c.cfg.Tunnel == nil {
+		return nil
+	}
+	c.mu.Lock()
+	other := ""
+	for n, p := range c.peers {
+		if n != name && p.route == RouteTunnel && p.nodeIP.Equal(nodeIP) {
+			other = n
+			break
+		}
+	}
+	c.mu.Unlock()
+	if other != "" {
+		c.log.Info("tunnel entry kept: another peer Node has the Node IP", zap.String("node", name),
+			zap.String("other_node", other), zap.String("node_ip", nodeIP.String()))
+		return nil
+	}
+	return c.cfg.Tunnel.RemovePeer(nodeIP)
 }
 
 // ensureTunnelRoute installs "podCIDR via gw dev <gateway> onlink": the
