@@ -3,7 +3,8 @@
 // nftables rather than iptables).
 //
 // The rules live in their own table, "ip seine", and are replaced as a whole
-// in one nftables transaction, so they never exist half-written:
+// in one nftables transaction, so they never exist half-written, and only
+// when the Node IPs differ from those last written:
 //
 //	table ip seine {
 //	  set node-ips { type ipv4_addr }          # every Node's InternalIP
@@ -22,6 +23,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"sort"
 	"sync"
 
@@ -47,6 +49,14 @@ type Masquerade struct {
 
 	mu      sync.Mutex
 	nodeIPs map[string]net.IP // Node name → IP
+
+	// runMu serialises the transactions (Sync, Cleanup) and guards
+	// applied.
+	runMu sync.Mutex
+	// applied is the node-ips set of the last successful Sync, sorted;
+	// nil when unknown: before the first Sync, after a failed one or
+	// after Cleanup.
+	applied []string
 }
 
 // New returns a Masquerade for Pods in clusterCIDR whose gateway interface
@@ -76,7 +86,12 @@ func (m *Masquerade) SetNodeIP(node string, ip net.IP) {
 	}
 }
 
-// Sync replaces the table's contents with the desired rules and set.
+// Sync replaces the table's contents with the desired rules and set, in
+// one nftables transaction (an nft process). The rules are fixed at New,
+// so when the Node IPs are those the last successful Sync wrote, it
+// starts none: the route controller calls Sync for every Node it syncs,
+// which at start is every Node, and most of those calls change nothing.
+// After a failed Sync, or Cleanup, the next one writes the table again.
 func (m *Masquerade) Sync(ctx context.Context) error {
 	m.mu.Lock()
 	ips := make([]string, 0, len(m.nodeIPs))
@@ -90,6 +105,12 @@ func (m *Masquerade) Sync(ctx context.Context) error {
 	m.mu.Unlock()
 	sort.Strings(ips)
 
+	m.runMu.Lock()
+	defer m.runMu.Unlock()
+	if m.applied != nil && slices.Equal(m.applied, ips) {
+		return nil
+	}
+	m.applied = nil
 	tx := m.nft.NewTransaction()
 	tx.Add(&knftables.Table{Comment: knftables.PtrTo("seine: Pod SNAT")})
 	tx.Flush(&knftables.Table{})
@@ -120,11 +141,15 @@ func (m *Masquerade) Sync(ctx context.Context) error {
 	if err := m.nft.Run(ctx, tx); err != nil {
 		return fmt.Errorf("programming SNAT rules: %w", err)
 	}
+	m.applied = ips
 	return nil
 }
 
 // Cleanup deletes Seine's table.
 func (m *Masquerade) Cleanup(ctx context.Context) error {
+	m.runMu.Lock()
+	defer m.runMu.Unlock()
+	m.applied = nil
 	if err := nftables.DeleteTable(ctx, m.nft); err != nil {
 		return fmt.Errorf("removing SNAT table: %w", err)
 	}
