@@ -47,7 +47,12 @@ type FlowSetter interface {
 // NodeIPSet is the SNAT exemption set of Node IPs (see node/snat).
 type NodeIPSet interface {
 	SetNodeIP(node string, ip net.IP)
+	// Sync writes the recorded IPs; until Prune it keeps the IPs already
+	// in the set (a previous run's).
 	Sync(ctx context.Context) error
+	// Prune makes the set exactly the recorded IPs, from now on. The
+	// controller calls it once every Node known at its start is synced.
+	Prune(ctx context.Context) error
 }
 
 // NeighborCache fills the userspace datapath's tunnel neighbor cache for a
@@ -312,7 +317,7 @@ func (c *Controller) processNext(ctx context.Context) bool {
 	}
 	defer c.queue.Done(key)
 	if key == staleKey {
-		if err := c.removeStale(); err != nil {
+		if err := c.removeStale(ctx); err != nil {
 			c.log.Warn("removing stale peer state; will retry", zap.Int("retries", c.queue.NumRequeues(key)), zap.Error(err))
 			c.queue.AddRateLimited(key)
 			return true
@@ -590,14 +595,20 @@ func (c *Controller) ours(r netlink.Route) bool {
 	return err == nil && r.LinkIndex == link.Attrs().Index && r.Gw != nil && !r.Gw.Equal(pipeline.NodePortVIP)
 }
 
-// removeStale removes the host routes and tunnel entries that no installed
-// peer wants: those of Nodes deleted while the daemon was down, or of a
-// traffic mode it ran in before. It must not run during a sync: a sync
-// adds a peer's tunnel entry and route before it records the peer, and a
-// removal reading the device and the records in between would take them
-// for stale. Run's single worker, which runs both, sees to that.
-func (c *Controller) removeStale() error {
-	return errors.Join(c.removeStaleRoutes(), c.removeStaleTunnelPeers())
+// removeStale removes the host routes, tunnel entries and SNAT exemptions
+// that no Node wants: those of Nodes deleted while the daemon was down,
+// or of a traffic mode it ran in before. It must not run during a sync: a
+// sync adds a peer's tunnel entry and route before it records the peer,
+// and a removal reading the device and the records in between would take
+// them for stale. Run's single worker, which runs both, sees to that.
+func (c *Controller) removeStale(ctx context.Context) error {
+	errs := []error{c.removeStaleRoutes(), c.removeStaleTunnelPeers()}
+	if c.cfg.SNAT != nil {
+		if err := c.cfg.SNAT.Prune(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("pruning the SNAT exemptions: %w", err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // removeStaleRoutes deletes this controller's routes (see ours) that no

@@ -414,3 +414,82 @@ func isClosed(ch chan struct{}) bool {
 		return false
 	}
 }
+
+// pruneRec records the SNAT exemptions, and which Nodes had one when
+// Prune was first called.
+type pruneRec struct {
+	mu       sync.Mutex
+	ips      map[string]net.IP
+	prunes   int
+	atPrune  []string
+	syncsPre int // Syncs before the first Prune
+}
+
+func (p *pruneRec) SetNodeIP(node string, ip net.IP) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if ip == nil {
+		delete(p.ips, node)
+	} else {
+		p.ips[node] = ip
+	}
+}
+
+func (p *pruneRec) Sync(context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.prunes == 0 {
+		p.syncsPre++
+	}
+	return nil
+}
+
+func (p *pruneRec) Prune(context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.prunes == 0 {
+		for n := range p.ips {
+			p.atPrune = append(p.atPrune, n)
+		}
+		slices.Sort(p.atPrune)
+	}
+	p.prunes++
+	return nil
+}
+
+// TestSNATPrunedAfterInitialSync: the SNAT exemption set, which keeps a
+// previous run's IPs until pruned, is pruned once every Node known at
+// start has been synced, with every one of them recorded.
+func TestSNATPrunedAfterInitialSync(t *testing.T) {
+	if !ownNetns(t) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	gatewayDevice(t)
+	j := &journal{}
+	snat := &pruneRec{ips: map[string]net.IP{}}
+	f := informers.NewSharedInformerFactory(fake.NewSimpleClientset(node("self", "198.19.240.1", "10.244.0.0/24"),
+		node("peer-a", "198.19.240.2", "10.244.1.0/24"), node("peer-b", "198.19.240.3", "10.244.2.0/24")), 0)
+	_, podCIDR, _ := net.ParseCIDR("10.244.0.0/24")
+	c, err := New(f.Core().V1().Nodes(), Config{NodeName: "self", Mode: config.ModeEncap, Gateway: "gw0",
+		Flows: flowRec{j}, SNAT: snat, Tunnel: tunnelRec{j}, Bridge: pipeline.Bridge{Round: 1, PodCIDR: podCIDR, TunnelPort: 1, Tunnel: pipeline.TunnelByMAC}},
+		zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	startRun(t, ctx, c, f)
+	await(t, ctx, "the SNAT exemptions pruned", func() bool {
+		snat.mu.Lock()
+		defer snat.mu.Unlock()
+		return snat.prunes > 0
+	})
+	snat.mu.Lock()
+	defer snat.mu.Unlock()
+	if want := []string{"peer-a", "peer-b", "self"}; !slices.Equal(snat.atPrune, want) {
+		t.Errorf("pruned with %v recorded, want %v", snat.atPrune, want)
+	}
+	if snat.syncsPre != 3 {
+		t.Errorf("%d Syncs before the prune, want one for each Node", snat.syncsPre)
+	}
+}
