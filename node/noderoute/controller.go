@@ -47,7 +47,12 @@ type FlowSetter interface {
 // NodeIPSet is the SNAT exemption set of Node IPs (see node/snat).
 type NodeIPSet interface {
 	SetNodeIP(node string, ip net.IP)
+	// Sync writes the recorded IPs; until Prune it keeps the IPs already
+	// in the set (a previous run's).
 	Sync(ctx context.Context) error
+	// Prune makes the set exactly the recorded IPs, from now on. The
+	// controller calls it once every Node known at its start is synced.
+	Prune(ctx context.Context) error
 }
 
 // NeighborCache fills the userspace datapath's tunnel neighbor cache for a
@@ -123,6 +128,7 @@ type peer struct {
 // Controller reconciles peer Nodes.
 type Controller struct {
 	cfg    Config
+	routes routeTable
 	lister corelisters.NodeLister
 	synced cache.InformerSynced
 	queue  workqueue.TypedRateLimitingInterface[string]
@@ -142,6 +148,7 @@ type Controller struct {
 func New(informer coreinformers.NodeInformer, cfg Config, log *zap.Logger) (*Controller, error) {
 	c := &Controller{
 		cfg:    cfg,
+		routes: kernelRoutes{},
 		lister: informer.Lister(),
 		synced: informer.Informer().HasSynced,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
@@ -174,10 +181,18 @@ func (c *Controller) enqueue(obj any) {
 	c.queue.Add(key)
 }
 
+// staleKey is the work item that removes what no peer wants any more (see
+// removeStale). A Node's name is a DNS subdomain, which has no ':', so it
+// never names a Node.
+const staleKey = "seine:stale-peer-state"
+
 // Run processes Node changes until ctx ends. Once every Node known at
-// start has been synced it removes the host routes to podCIDRs that belong
-// to no peer, or that the peer no longer needs (left by an earlier run, in
-// another mode perhaps).
+// start has been synced it removes what earlier runs left for peers that
+// are gone or now reached another way (see removeStale), retrying with
+// the queue's backoff until that succeeds or ctx ends.
+//
+// One worker runs the queue, so the peers' syncs and the stale-state
+// removal run one at a time, which removeStale relies on.
 func (c *Controller) Run(ctx context.Context) error {
 	defer c.queue.ShutDown()
 	defer c.neighQueue.ShutDown()
@@ -202,6 +217,9 @@ func (c *Controller) Run(ctx context.Context) error {
 	for _, n := range nodes {
 		c.queue.Add(n.Name)
 	}
+	if len(nodes) == 0 {
+		c.queue.Add(staleKey)
+	}
 	go wait.UntilWithContext(ctx, c.worker, time.Second)
 	if c.cfg.Neighbors != nil {
 		for i := 0; i < neighborWorkers; i++ {
@@ -209,18 +227,6 @@ func (c *Controller) Run(ctx context.Context) error {
 		}
 		go wait.UntilWithContext(ctx, c.refreshNeighbors, neighborRefresh)
 	}
-	go func() {
-		if err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(context.Context) (bool, error) {
-			return c.InitialSyncDone(), nil
-		}); err == nil {
-			if err := c.removeStaleRoutes(); err != nil {
-				c.log.Warn("removing stale routes", zap.Error(err))
-			}
-			if err := c.removeStaleTunnelPeers(); err != nil {
-				c.log.Warn("removing stale tunnel peers", zap.Error(err))
-			}
-		}
-	}()
 	<-ctx.Done()
 	return nil
 }
@@ -301,21 +307,37 @@ func (c *Controller) worker(ctx context.Context) {
 	}
 }
 
+// processNext handles one work item: a Node's name (sync) or staleKey
+// (removeStale). A failed item is queued again with backoff. The Node
+// that completes the initial sync queues staleKey.
 func (c *Controller) processNext(ctx context.Context) bool {
-	name, quit := c.queue.Get()
+	key, quit := c.queue.Get()
 	if quit {
 		return false
 	}
-	defer c.queue.Done(name)
-	if err := c.sync(ctx, name); err != nil {
-		c.log.Warn("syncing peer Node", zap.String("node", name), zap.Error(err))
-		c.queue.AddRateLimited(name)
+	defer c.queue.Done(key)
+	if key == staleKey {
+		if err := c.removeStale(ctx); err != nil {
+			c.log.Warn("removing stale peer state; will retry", zap.Int("retries", c.queue.NumRequeues(key)), zap.Error(err))
+			c.queue.AddRateLimited(key)
+			return true
+		}
+		c.queue.Forget(key)
 		return true
 	}
-	c.queue.Forget(name)
+	if err := c.sync(ctx, key); err != nil {
+		c.log.Warn("syncing peer Node", zap.String("node", key), zap.Error(err))
+		c.queue.AddRateLimited(key)
+		return true
+	}
+	c.queue.Forget(key)
 	c.mu.Lock()
-	delete(c.pending, name)
+	last := c.pending[key] && len(c.pending) == 1
+	delete(c.pending, key)
 	c.mu.Unlock()
+	if last {
+		c.queue.Add(staleKey)
+	}
 	return true
 }
 
@@ -359,13 +381,13 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 	if err := c.cfg.Flows.Set(ctx, owner(name), flows); err != nil {
 		return err
 	}
-	if had && c.cfg.Tunnel != nil && old.route == RouteTunnel && (route != RouteTunnel || !old.nodeIP.Equal(nodeIP)) {
-		if err := c.cfg.Tunnel.RemovePeer(old.nodeIP); err != nil {
+	if had && old.route == RouteTunnel && (route != RouteTunnel || !old.nodeIP.Equal(nodeIP)) {
+		if err := c.removeTunnelPeer(name, old.nodeIP); err != nil {
 			return err
 		}
 	}
 	if had && (old.podCIDR.String() != podCIDR.String() || old.route != route) {
-		if err := c.deleteRoute(old.podCIDR); err != nil {
+		if err := c.removeRoute(name, old.podCIDR); err != nil {
 			return err
 		}
 	}
@@ -448,11 +470,11 @@ func (c *Controller) removePeer(ctx context.Context, name string) error {
 	old, had := c.peers[name]
 	c.mu.Unlock()
 	if had {
-		if err := c.deleteRoute(old.podCIDR); err != nil {
+		if err := c.removeRoute(name, old.podCIDR); err != nil {
 			return err
 		}
-		if c.cfg.Tunnel != nil && old.route == RouteTunnel {
-			if err := c.cfg.Tunnel.RemovePeer(old.nodeIP); err != nil {
+		if old.route == RouteTunnel {
+			if err := c.removeTunnelPeer(name, old.nodeIP); err != nil {
 				return err
 			}
 		}
@@ -462,6 +484,54 @@ func (c *Controller) removePeer(ctx context.Context, name string) error {
 	delete(c.peers, name)
 	c.mu.Unlock()
 	return c.syncSNAT(ctx, name, nil)
+}
+
+// removeRoute deletes the route to podCIDR that peer name no longer
+// needs, unless another recorded peer routes the same podCIDR: a Node
+// that got the podCIDR of a deleted Node (or of one whose podCIDR
+// changed) and was synced first has its route there already, and a
+// route is known by its destination alone.
+func (c *Controller) removeRoute(name string, podCIDR *net.IPNet) error {
+	c.mu.Lock()
+	other := ""
+	for n, p := range c.peers {
+		if n != name && (p.route == RouteTunnel || p.route == RouteDirect) && p.podCIDR.String() == podCIDR.String() {
+			other = n
+			break
+		}
+	}
+	c.mu.Unlock()
+	if other != "" {
+		c.log.Info("route kept: another peer Node routes the podCIDR", zap.String("node", name),
+			zap.String("other_node", other), zap.String("pod_cidr", podCIDR.String()))
+		return nil
+	}
+	return c.deleteRoute(podCIDR)
+}
+
+// removeTunnelPeer removes the tunnel's entry of nodeIP that peer name no
+// longer needs, unless another recorded tunnelled peer has that Node IP:
+// the entry is known by the IP alone, so a Node that got the IP of a
+// deleted Node (or of one whose IP changed) and was synced first uses it.
+func (c *Controller) removeTunnelPeer(name string, nodeIP net.IP) error {
+	if c.cfg.Tunnel == nil {
+		return nil
+	}
+	c.mu.Lock()
+	other := ""
+	for n, p := range c.peers {
+		if n != name && p.route == RouteTunnel && p.nodeIP.Equal(nodeIP) {
+			other = n
+			break
+		}
+	}
+	c.mu.Unlock()
+	if other != "" {
+		c.log.Info("tunnel entry kept: another peer Node has the Node IP", zap.String("node", name),
+			zap.String("other_node", other), zap.String("node_ip", nodeIP.String()))
+		return nil
+	}
+	return c.cfg.Tunnel.RemovePeer(nodeIP)
 }
 
 // ensureTunnelRoute installs "podCIDR via gw dev <gateway> onlink": the
@@ -474,7 +544,7 @@ func (c *Controller) ensureTunnelRoute(podCIDR *net.IPNet, gw net.IP) error {
 	}
 	r := &netlink.Route{LinkIndex: link.Attrs().Index, Dst: podCIDR, Gw: gw, Flags: int(netlink.FLAG_ONLINK),
 		Protocol: RouteProtocol}
-	if err := netlink.RouteReplace(r); err != nil {
+	if err := c.routes.replace(r); err != nil {
 		return fmt.Errorf("route %s via %s: %w", podCIDR, gw, err)
 	}
 	return nil
@@ -484,7 +554,7 @@ func (c *Controller) ensureTunnelRoute(podCIDR *net.IPNet, gw net.IP) error {
 // the transport interface, the peer being in its subnet.
 func (c *Controller) ensureDirectRoute(podCIDR *net.IPNet, nodeIP net.IP) error {
 	r := &netlink.Route{Dst: podCIDR, Gw: nodeIP, Protocol: RouteProtocol}
-	if err := netlink.RouteReplace(r); err != nil {
+	if err := c.routes.replace(r); err != nil {
 		return fmt.Errorf("route %s via %s: %w", podCIDR, nodeIP, err)
 	}
 	return nil
@@ -493,8 +563,10 @@ func (c *Controller) ensureDirectRoute(podCIDR *net.IPNet, nodeIP net.IP) error 
 // deleteRoute removes this controller's route to podCIDR, whichever
 // device it uses.
 func (c *Controller) deleteRoute(podCIDR *net.IPNet) error {
-	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Dst: podCIDR, Table: syscall.RT_TABLE_MAIN},
-		netlink.RT_FILTER_DST|netlink.RT_FILTER_TABLE)
+	routes, err := redump(func() ([]netlink.Route, error) {
+		return c.routes.list(&netlink.Route{Dst: podCIDR, Table: syscall.RT_TABLE_MAIN},
+			netlink.RT_FILTER_DST|netlink.RT_FILTER_TABLE)
+	})
 	if err != nil {
 		return fmt.Errorf("listing routes to %s: %w", podCIDR, err)
 	}
@@ -502,7 +574,7 @@ func (c *Controller) deleteRoute(podCIDR *net.IPNet) error {
 		if !c.ours(r) {
 			continue
 		}
-		if err := netlink.RouteDel(&r); err != nil && !errors.Is(err, syscall.ESRCH) {
+		if err := c.routes.del(&r); err != nil && !errors.Is(err, syscall.ESRCH) {
 			return fmt.Errorf("deleting route %s: %w", podCIDR, err)
 		}
 	}
@@ -523,18 +595,36 @@ func (c *Controller) ours(r netlink.Route) bool {
 	return err == nil && r.LinkIndex == link.Attrs().Index && r.Gw != nil && !r.Gw.Equal(pipeline.NodePortVIP)
 }
 
+// removeStale removes the host routes, tunnel entries and SNAT exemptions
+// that no Node wants: those of Nodes deleted while the daemon was down,
+// or of a traffic mode it ran in before. It must not run during a sync: a
+// sync adds a peer's tunnel entry and route before it records the peer,
+// and a removal reading the device and the records in between would take
+// them for stale. Run's single worker, which runs both, sees to that.
+func (c *Controller) removeStale(ctx context.Context) error {
+	errs := []error{c.removeStaleRoutes(), c.removeStaleTunnelPeers()}
+	if c.cfg.SNAT != nil {
+		if err := c.cfg.SNAT.Prune(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("pruning the SNAT exemptions: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // removeStaleRoutes deletes this controller's routes (see ours) that no
 // installed peer wants as they are: to no peer's podCIDR, or to a peer
-// whose route is now another kind.
+// whose route is now another kind. A route it fails to delete does not
+// stop it: it deletes the others and returns every failure joined.
 func (c *Controller) removeStaleRoutes() error {
-	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: syscall.RT_TABLE_MAIN},
-		netlink.RT_FILTER_TABLE)
+	routes, err := redump(func() ([]netlink.Route, error) {
+		return c.routes.list(&netlink.Route{Table: syscall.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+	})
 	if err != nil {
-		return err
+		return fmt.Errorf("listing routes: %w", err)
 	}
 	gw, err := netlink.LinkByName(c.cfg.Gateway)
 	if err != nil {
-		return err
+		return fmt.Errorf("gateway interface %s: %w", c.cfg.Gateway, err)
 	}
 	c.mu.Lock()
 	want := map[string]peer{}
@@ -542,6 +632,7 @@ func (c *Controller) removeStaleRoutes() error {
 		want[p.podCIDR.String()] = p
 	}
 	c.mu.Unlock()
+	var errs []error
 	for _, r := range routes {
 		if !c.ours(r) {
 			continue
@@ -551,23 +642,25 @@ func (c *Controller) removeStaleRoutes() error {
 			p.route == RouteDirect && r.Gw.Equal(p.nodeIP)) {
 			continue
 		}
-		if err := netlink.RouteDel(&r); err != nil && !errors.Is(err, syscall.ESRCH) {
-			return err
+		if err := c.routes.del(&r); err != nil && !errors.Is(err, syscall.ESRCH) {
+			errs = append(errs, fmt.Errorf("deleting stale route %s via %s: %w", r.Dst, r.Gw, err))
+			continue
 		}
 		c.log.Info("removed stale route", zap.String("dst", r.Dst.String()), zap.Stringer("via", r.Gw))
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // removeStaleTunnelPeers removes the tunnel device's entries of Node IPs
-// that are no peer's.
+// that are no peer's. An entry it fails to remove does not stop it: it
+// removes the others and returns every failure joined.
 func (c *Controller) removeStaleTunnelPeers() error {
 	if c.cfg.Tunnel == nil {
 		return nil
 	}
-	ips, err := c.cfg.Tunnel.Peers()
+	ips, err := redump(c.cfg.Tunnel.Peers)
 	if err != nil {
-		return err
+		return fmt.Errorf("listing tunnel peers: %w", err)
 	}
 	c.mu.Lock()
 	want := map[string]bool{}
@@ -577,16 +670,18 @@ func (c *Controller) removeStaleTunnelPeers() error {
 		}
 	}
 	c.mu.Unlock()
+	var errs []error
 	for _, ip := range ips {
 		if want[ip.String()] {
 			continue
 		}
 		if err := c.cfg.Tunnel.RemovePeer(ip); err != nil {
-			return err
+			errs = append(errs, fmt.Errorf("removing stale tunnel peer %s: %w", ip, err))
+			continue
 		}
 		c.log.Info("removed stale tunnel peer", zap.String("node_ip", ip.String()))
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // Peers returns the installed peers: Node name → podCIDR.

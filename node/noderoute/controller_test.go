@@ -80,7 +80,8 @@ func (s *snatRecorder) SetNodeIP(node string, ip net.IP) {
 		s.ips[node] = ip
 	}
 }
-func (s *snatRecorder) Sync(context.Context) error { return nil }
+func (s *snatRecorder) Sync(context.Context) error  { return nil }
+func (s *snatRecorder) Prune(context.Context) error { return nil }
 
 func run(t *testing.T, args ...string) string {
 	t.Helper()

@@ -49,8 +49,9 @@ func (f flowRec) Set(_ context.Context, owner string, flows []of.Flow) error {
 
 type snatRec struct{}
 
-func (snatRec) SetNodeIP(string, net.IP)   {}
-func (snatRec) Sync(context.Context) error { return nil }
+func (snatRec) SetNodeIP(string, net.IP)    {}
+func (snatRec) Sync(context.Context) error  { return nil }
+func (snatRec) Prune(context.Context) error { return nil }
 
 type tunnelRec struct{ j *journal }
 

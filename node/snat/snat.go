@@ -3,7 +3,10 @@
 // nftables rather than iptables).
 //
 // The rules live in their own table, "ip seine", and are replaced as a whole
-// in one nftables transaction, so they never exist half-written:
+// in one nftables transaction, so they never exist half-written, and only
+// when the Node IPs differ from those last written. Until Prune, the Node
+// IPs are only added, so a restarted daemon keeps its previous run's until
+// it knows every Node again:
 //
 //	table ip seine {
 //	  set node-ips { type ipv4_addr }          # every Node's InternalIP
@@ -22,6 +25,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"sort"
 	"sync"
 
@@ -47,6 +51,25 @@ type Masquerade struct {
 
 	mu      sync.Mutex
 	nodeIPs map[string]net.IP // Node name → IP
+
+	// runMu serialises the transactions (Sync, Prune, Cleanup) and
+	// guards prune and written.
+	runMu sync.Mutex
+	// prune: a transaction removes from node-ips the IPs no Node
+	// recorded. False until Prune, so that a restarted daemon, which
+	// records the Nodes one by one, keeps the previous run's IPs
+	// meanwhile instead of masquerading Pod traffic to the Nodes it has
+	// not recorded yet.
+	prune bool
+	// written is what the last successful transaction wrote; nil when
+	// unknown: before the first, after a failed one, after Cleanup.
+	written *tableState
+}
+
+// tableState is what a transaction writes besides the fixed rules.
+type tableState struct {
+	ips   []string // node-ips elements, sorted
+	prune bool     // node-ips flushed first
 }
 
 // New returns a Masquerade for Pods in clusterCIDR whose gateway interface
@@ -76,8 +99,34 @@ func (m *Masquerade) SetNodeIP(node string, ip net.IP) {
 	}
 }
 
-// Sync replaces the table's contents with the desired rules and set.
+// Sync replaces the table's rules with the desired ones and adds the
+// recorded Node IPs to node-ips, in one nftables transaction (an nft
+// process). Until Prune, IPs already in the set that no Node recorded
+// stay (left by the previous run: those of Nodes not recorded yet); from
+// Prune on, the set is replaced too. The rules are fixed at New, so when
+// the IPs are those the last successful transaction wrote, Sync starts
+// none: the route controller calls it for every Node it syncs, which at
+// start is every Node, and most of those calls change nothing. After a
+// failed transaction, or Cleanup, the next Sync writes again.
 func (m *Masquerade) Sync(ctx context.Context) error {
+	m.runMu.Lock()
+	defer m.runMu.Unlock()
+	return m.write(ctx)
+}
+
+// Prune makes node-ips exactly the recorded IPs, now and in every later
+// Sync: call it once every Node's IP has been recorded (the route
+// controller does, once it has synced every Node known at its start).
+func (m *Masquerade) Prune(ctx context.Context) error {
+	m.runMu.Lock()
+	defer m.runMu.Unlock()
+	m.prune = true
+	return m.write(ctx)
+}
+
+// write runs the transaction for the recorded IPs, unless the last one
+// wrote the same. The caller holds runMu.
+func (m *Masquerade) write(ctx context.Context) error {
 	m.mu.Lock()
 	ips := make([]string, 0, len(m.nodeIPs))
 	seen := map[string]bool{}
@@ -89,12 +138,21 @@ func (m *Masquerade) Sync(ctx context.Context) error {
 	}
 	m.mu.Unlock()
 	sort.Strings(ips)
+	want := tableState{ips: ips, prune: m.prune}
+	if m.written != nil && m.written.prune == want.prune && slices.Equal(m.written.ips, want.ips) {
+		return nil
+	}
+	m.written = nil
 
 	tx := m.nft.NewTransaction()
 	tx.Add(&knftables.Table{Comment: knftables.PtrTo("seine: Pod SNAT")})
+	// Flushing a table removes its rules, not its sets' elements
+	// (nft(8), "flush table").
 	tx.Flush(&knftables.Table{})
 	tx.Add(&knftables.Set{Name: setNodeIPs, Type: "ipv4_addr", Comment: knftables.PtrTo("InternalIP of every Node")})
-	tx.Flush(&knftables.Set{Name: setNodeIPs})
+	if m.prune {
+		tx.Flush(&knftables.Set{Name: setNodeIPs})
+	}
 	for _, ip := range ips {
 		tx.Add(&knftables.Element{Set: setNodeIPs, Key: []string{ip}})
 	}
@@ -120,11 +178,15 @@ func (m *Masquerade) Sync(ctx context.Context) error {
 	if err := m.nft.Run(ctx, tx); err != nil {
 		return fmt.Errorf("programming SNAT rules: %w", err)
 	}
+	m.written = &want
 	return nil
 }
 
 // Cleanup deletes Seine's table.
 func (m *Masquerade) Cleanup(ctx context.Context) error {
+	m.runMu.Lock()
+	defer m.runMu.Unlock()
+	m.written = nil
 	if err := nftables.DeleteTable(ctx, m.nft); err != nil {
 		return fmt.Errorf("removing SNAT table: %w", err)
 	}
