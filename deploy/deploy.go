@@ -38,6 +38,11 @@ const (
 	ImageTag        = "v0.1.0"
 )
 
+// PrimaryCNIConfDir is the host's CNI configuration directory, mounted
+// into the install-cni and seine containers: in networkPolicyOnly mode
+// the primary CNI's conflist must be there.
+const PrimaryCNIConfDir = "/etc/cni/net.d"
+
 // DefaultNamespace holds Seine's namespaced objects (and the controller's
 // Lease) unless the values say otherwise.
 const DefaultNamespace = "seine-system"
@@ -69,6 +74,13 @@ type Values struct {
 	// fits a cluster that keeps kube-proxy. It needs
 	// KubeAPIServerOverride.
 	ProxyAll bool
+	// TrafficEncapMode is the trafficEncapMode of every Node: encap
+	// (default, also when empty), noEncap, hybrid or networkPolicyOnly.
+	TrafficEncapMode string
+	// PrimaryCNIConflist is, with networkPolicyOnly (and only then), the
+	// primary CNI's conflist seine chains itself into: an absolute path
+	// in PrimaryCNIConfDir, the host directory the manifest mounts.
+	PrimaryCNIConflist string
 	// WithoutDaemonSet leaves out the ConfigMap and the DaemonSet: the
 	// cluster-wide objects only, for Nodes that run seine as a systemd
 	// service (docs/install-bare-metal.md).
@@ -118,6 +130,20 @@ func (v Values) Validate() error {
 		if u, err := url.Parse(s); err != nil || u.Scheme != "https" || u.Host == "" || (u.Path != "" && u.Path != "/") {
 			bad("kubeAPIServerOverride", "%q is not an https://host[:port] URL", s)
 		}
+	}
+	switch v.TrafficEncapMode {
+	case "", "encap", "noEncap", "hybrid":
+		if v.PrimaryCNIConflist != "" {
+			bad("primaryCNIConflist", "only for trafficEncapMode networkPolicyOnly (--primary-cni-conflist needs --traffic-mode networkPolicyOnly)")
+		}
+	case "networkPolicyOnly":
+		c := v.PrimaryCNIConflist
+		if c == "" || path.Clean(c) != c || path.Dir(c) != PrimaryCNIConfDir || !strings.HasSuffix(c, ".conflist") {
+			bad("primaryCNIConflist", "%q is not a .conflist file in %s, the directory the manifest mounts "+
+				"(networkPolicyOnly needs --primary-cni-conflist)", c, PrimaryCNIConfDir)
+		}
+	default:
+		bad("trafficEncapMode", "%q is not one of encap, noEncap, hybrid, networkPolicyOnly", v.TrafficEncapMode)
 	}
 	if v.ProxyAll && v.KubeAPIServerOverride == "" {
 		bad("proxyAll", "needs kubeAPIServerOverride (--proxy-all needs --kube-apiserver): a cluster without "+

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -210,48 +211,8 @@ func TestManifestObjects(t *testing.T) {
 // directory and the data directory are the host's and shared by both
 // containers.
 func TestManifestTiesConfigKeys(t *testing.T) {
-	m, err := Render(DefaultValues())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ds appsv1.DaemonSet
-	var cm corev1.ConfigMap
-	for _, d := range documents(t, m) {
-		switch {
-		case bytes.Contains(d, []byte("\nkind: DaemonSet\n")):
-			err = utilyaml.UnmarshalStrict(d, &ds)
-		case bytes.Contains(d, []byte("\nkind: ConfigMap\n")):
-			err = utilyaml.UnmarshalStrict(d, &cm)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	f := filepath.Join(t.TempDir(), "seine.yaml")
-	if err := os.WriteFile(f, []byte(cm.Data["seine.yaml"]), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("NODE_NAME", "n1")
-	cfg, err := config.Load(f, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	hostPaths := map[string]string{} // volume → host path
-	for _, v := range ds.Spec.Template.Spec.Volumes {
-		if v.HostPath != nil {
-			hostPaths[v.Name] = v.HostPath.Path
-		}
-	}
-	// fromHost reports whether container c sees dir as the host's same
-	// directory.
-	fromHost := func(c corev1.Container, dir string) bool {
-		for _, vm := range c.VolumeMounts {
-			if vm.MountPath == dir && hostPaths[vm.Name] == dir {
-				return true
-			}
-		}
-		return false
-	}
+	ds, cfg := renderDaemonSet(t, DefaultValues())
+	fromHost := func(c corev1.Container, dir string) bool { return hostMount(ds, c, dir) == dir }
 	spec := ds.Spec.Template.Spec
 	var seine, ovs corev1.Container
 	for _, c := range spec.Containers {
@@ -278,6 +239,111 @@ func TestManifestTiesConfigKeys(t *testing.T) {
 	for key, dir := range map[string]string{"ovsRunDir": cfg.OVSRunDir, "dataDir": cfg.DataDir} {
 		if !fromHost(seine, dir) || !fromHost(ovs, dir) {
 			t.Errorf("%s %s is not the host's directory in both containers", key, dir)
+		}
+	}
+}
+
+// renderDaemonSet renders v and returns its DaemonSet and the
+// configuration its ConfigMap gives the daemon (config.Load).
+func renderDaemonSet(t *testing.T, v Values) (appsv1.DaemonSet, config.Config) {
+	t.Helper()
+	m, err := Render(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ds appsv1.DaemonSet
+	var cm corev1.ConfigMap
+	for _, d := range documents(t, m) {
+		switch {
+		case bytes.Contains(d, []byte("\nkind: DaemonSet\n")):
+			err = utilyaml.UnmarshalStrict(d, &ds)
+		case bytes.Contains(d, []byte("\nkind: ConfigMap\n")):
+			err = utilyaml.UnmarshalStrict(d, &cm)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	f := filepath.Join(t.TempDir(), "seine.yaml")
+	if err := os.WriteFile(f, []byte(cm.Data["seine.yaml"]), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("NODE_NAME", "n1")
+	cfg, err := config.Load(f, nil)
+	if err != nil {
+		t.Fatalf("the ConfigMap's configuration: %v", err)
+	}
+	return ds, cfg
+}
+
+// hostMount returns the host path container c sees at dir (a hostPath
+// volume mounted there), or "".
+func hostMount(ds appsv1.DaemonSet, c corev1.Container, dir string) string {
+	for _, vm := range c.VolumeMounts {
+		if vm.MountPath != dir {
+			continue
+		}
+		for _, v := range ds.Spec.Template.Spec.Volumes {
+			if v.Name == vm.Name && v.HostPath != nil {
+				return v.HostPath.Path
+			}
+		}
+	}
+	return ""
+}
+
+// TestNetworkPolicyOnlyManifest: rendered for networkPolicyOnly, the
+// configuration names the mode and the primary's conflist; install-cni
+// reads that configuration (so it chains seine into the conflist, which
+// it sees under its host root, instead of writing seine's own), and the
+// daemon sees the conflist at its host path, to keep itself in it.
+func TestNetworkPolicyOnlyManifest(t *testing.T) {
+	v := DefaultValues()
+	v.TrafficEncapMode, v.PrimaryCNIConflist = "networkPolicyOnly", "/etc/cni/net.d/10-aws.conflist"
+	ds, cfg := renderDaemonSet(t, v)
+	if cfg.TrafficEncapMode != config.ModeNetworkPolicyOnly || cfg.PrimaryCNIConflist != v.PrimaryCNIConflist {
+		t.Errorf("configuration: mode %q, primaryCNIConflist %q", cfg.TrafficEncapMode, cfg.PrimaryCNIConflist)
+	}
+	spec := ds.Spec.Template.Spec
+	if len(spec.InitContainers) != 1 {
+		t.Fatalf("%d init containers", len(spec.InitContainers))
+	}
+	initc := spec.InitContainers[0]
+	root := ""
+	var configFile string
+	for _, a := range initc.Command {
+		if r, ok := strings.CutPrefix(a, "--host-root="); ok {
+			root = r
+		}
+		if f, ok := strings.CutPrefix(a, "--config="); ok {
+			configFile = f
+		}
+	}
+	if configFile == "" || !slices.ContainsFunc(initc.VolumeMounts, func(m corev1.VolumeMount) bool {
+		return m.Name == "config" && m.MountPath == filepath.Dir(configFile)
+	}) {
+		t.Errorf("install-cni does not read the ConfigMap's configuration: command %v, mounts %+v", initc.Command, initc.VolumeMounts)
+	}
+	if got := hostMount(ds, initc, filepath.Join(root, PrimaryCNIConfDir)); got != PrimaryCNIConfDir {
+		t.Errorf("install-cni sees %s at %s, want the host's %s", got, filepath.Join(root, PrimaryCNIConfDir), PrimaryCNIConfDir)
+	}
+	for _, c := range spec.Containers {
+		if c.Name == "seine" && hostMount(ds, c, PrimaryCNIConfDir) != PrimaryCNIConfDir {
+			t.Errorf("the seine container does not see the host's %s", PrimaryCNIConfDir)
+		}
+	}
+
+	for _, tc := range []struct{ mode, conflist, want string }{
+		{"networkPolicyOnly", "", "primaryCNIConflist"},
+		{"networkPolicyOnly", "/opt/cni/10-x.conflist", "/etc/cni/net.d"},
+		{"networkPolicyOnly", "/etc/cni/net.d/../x.conflist", "primaryCNIConflist"},
+		{"encap", "/etc/cni/net.d/10-x.conflist", "--traffic-mode networkPolicyOnly"},
+		{"routed", "", "trafficEncapMode"},
+	} {
+		v := DefaultValues()
+		v.TrafficEncapMode, v.PrimaryCNIConflist = tc.mode, tc.conflist
+		if _, err := Render(v); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("mode %q, conflist %q: %v, want an error naming %s", tc.mode, tc.conflist, err, tc.want)
 		}
 	}
 }

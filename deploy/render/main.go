@@ -27,6 +27,9 @@ func main() {
 	flag.StringVar(&v.KubeAPIServerOverride, "kube-apiserver", v.KubeAPIServerOverride,
 		"API server URL to use instead of the in-cluster kubernetes Service (needed without kube-proxy)")
 	flag.BoolVar(&v.ProxyAll, "proxy-all", v.ProxyAll, "replace kube-proxy entirely (NodePorts, externalIPs, LoadBalancer IPs, host traffic); needs --kube-apiserver")
+	flag.StringVar(&v.TrafficEncapMode, "traffic-mode", v.TrafficEncapMode, "encap (default), noEncap, hybrid or networkPolicyOnly")
+	flag.StringVar(&v.PrimaryCNIConflist, "primary-cni-conflist", v.PrimaryCNIConflist,
+		"networkPolicyOnly: the routed primary CNI's conflist seine chains itself into, in /etc/cni/net.d")
 	flag.BoolVar(&v.WithoutDaemonSet, "without-daemonset", v.WithoutDaemonSet,
 		"leave out the ConfigMap and DaemonSet: the cluster-wide objects for Nodes that run seine as a systemd service")
 	printImage := flag.Bool("print-image", false, "print the image reference and exit (for the Makefile)")

@@ -43,6 +43,7 @@ import (
 	"github.com/seine-net/seine/node/cni/install"
 	cniserver "github.com/seine-net/seine/node/cni/server"
 	"github.com/seine-net/seine/node/config"
+	"github.com/seine-net/seine/node/health"
 	"github.com/seine-net/seine/node/hostport"
 	"github.com/seine-net/seine/node/noderoute"
 	"github.com/seine-net/seine/node/podnet"
@@ -703,6 +704,7 @@ func (d *daemon) serve(ctx context.Context) error {
 		d.comps.Go(func() error {
 			return install.KeepChained(ctx, cfg.PrimaryCNIConflist, cfg.CNISocket, d.log.Named("cni-chain"))
 		})
+		d.ops.probes.Ready.Add(health.CheckCNIChained, func() error { return chainedCheck(cfg.PrimaryCNIConflist) })
 	}
 	dp := &datapath{bridge: d.bridge, ovs: d.ovs, ofc: d.ofc, appctl: ovsctl.New(cfg.OVSRunDir), flows: d.flows,
 		pods: d.pods, policy: d.policyAgent, routes: d.routes, factory: d.factory, kube: d.kube, nodeUID: d.node.UID}
@@ -1015,3 +1017,16 @@ func podMeters(ctx context.Context, ownsPods bool, podCIDR *net.IPNet, ofc *of.C
 // section 7.2.1, OFPP_MAX is 0xffffff00; OVS gives ports at most 0xfeff):
 // the most Pods one bridge can hold, and so the most meters it needs.
 const maxOFPort = 0xfeff
+
+// chainedCheck fails until seine is in the primary CNI's conflist at path
+// (networkPolicyOnly), naming the file and why.
+func chainedCheck(path string) error {
+	ok, err := install.Chained(path)
+	switch {
+	case err != nil:
+		return fmt.Errorf("seine is not chained into %s: %w", path, err)
+	case !ok:
+		return fmt.Errorf("seine is not chained into %s (yet)", path)
+	}
+	return nil
+}

@@ -3,9 +3,12 @@
 package cmd
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
 	"github.com/urfave/cli/v2"
@@ -119,10 +122,25 @@ func installCNICommand() *cli.Command {
 			&cli.StringFlag{Name: "chain-into", Usage: "networkPolicyOnly: insert seine after the primary plugin of this conflist instead of writing " + install.ConfListName},
 			&cli.BoolFlag{Name: "unchain", Usage: "with --chain-into: remove seine from that conflist instead (stop the daemon first: it puts itself back)"},
 			&cli.StringFlag{Name: "install-plugins-from", Usage: "copy each plugin seine relies on (the chained ones, loopback) that the CNI bin dir lacks from this directory (the image's /opt/cni/bin)"},
+			&cli.StringFlag{Name: "config", Usage: "the daemon's configuration file: its cniSocket goes into the conflist (unless --cni-socket), and with trafficEncapMode networkPolicyOnly seine is chained into its primaryCNIConflist instead of writing " + install.ConfListName},
+			&cli.StringFlag{Name: "host-root", Usage: "with --config: where the host's file system is mounted (in a container, /host), prefixed to primaryCNIConflist"},
 		},
 		Action: func(c *cli.Context) error {
+			socket := c.String("cni-socket")
+			if path := c.String("config"); path != "" {
+				cfg, err := config.Load(path, nil)
+				if err != nil {
+					return fmt.Errorf("install-cni --config: %w", err)
+				}
+				if !c.IsSet("cni-socket") {
+					socket = cfg.CNISocket
+				}
+				if cfg.TrafficEncapMode == config.ModeNetworkPolicyOnly && c.String("chain-into") == "" {
+					return chainFromConfig(c, filepath.Join("/", c.String("host-root"), cfg.PrimaryCNIConflist), socket)
+				}
+			}
 			if primary := c.String("chain-into"); primary != "" {
-				return chainCNI(c, primary)
+				return chainCNI(c, primary, socket)
 			}
 			if c.Bool("unchain") {
 				return fmt.Errorf("--unchain needs --chain-into")
@@ -130,7 +148,7 @@ func installCNICommand() *cli.Command {
 			o := install.Options{
 				BinDir:      c.String("cni-bin-dir"),
 				ConfDir:     c.String("cni-conf-dir"),
-				SocketPath:  c.String("cni-socket"),
+				SocketPath:  socket,
 				MTU:         c.Int("mtu"),
 				PluginDirs:  c.StringSlice("plugin-dir"),
 				CNIVersion:  c.String("cni-version"),
@@ -159,9 +177,39 @@ func installCNICommand() *cli.Command {
 	}
 }
 
+// chainFromConfig is install-cni in networkPolicyOnly mode (from
+// --config): it installs the binary, removes a conflist of seine's own
+// that an install in another mode left in the configuration directory
+// (it could sort before the primary's and take every Pod), and chains
+// seine into the primary's conflist. A primary that has not written its
+// conflist yet is no error: the daemon chains itself in once it does.
+func chainFromConfig(c *cli.Context, primary, socket string) error {
+	o := install.Options{BinDir: c.String("cni-bin-dir")}
+	if err := install.InstallBinary(o); err != nil {
+		return err
+	}
+	own := filepath.Join(c.String("cni-conf-dir"), install.ConfListName)
+	if err := os.Remove(own); err == nil {
+		fmt.Fprintf(c.App.Writer, "removed %s: in networkPolicyOnly mode seine runs chained after the primary CNI\n", own)
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("removing %s: %w", own, err)
+	}
+	changed, err := install.Chain(primary, socket)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		fmt.Fprintf(c.App.Writer, "installed %s/%s; %s does not exist yet: the daemon chains seine into it once the primary CNI writes it\n",
+			o.BinDir, install.PluginType, primary)
+		return nil
+	case err != nil:
+		return err
+	}
+	fmt.Fprintf(c.App.Writer, "installed %s/%s and chained it into %s (changed: %v)\n", o.BinDir, install.PluginType, primary, changed)
+	return nil
+}
+
 // chainCNI installs the binary and chains seine into (or, with --unchain,
 // out of) the primary CNI's conflist.
-func chainCNI(c *cli.Context, primary string) error {
+func chainCNI(c *cli.Context, primary, socket string) error {
 	if c.Bool("unchain") {
 		changed, err := install.Unchain(primary)
 		if err != nil {
@@ -174,7 +222,7 @@ func chainCNI(c *cli.Context, primary string) error {
 	if err := install.InstallBinary(o); err != nil {
 		return err
 	}
-	changed, err := install.Chain(primary, c.String("cni-socket"))
+	changed, err := install.Chain(primary, socket)
 	if err != nil {
 		return err
 	}

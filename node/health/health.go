@@ -39,6 +39,10 @@ const (
 	CheckPodsRestored     = "pods-restored"
 	CheckPoliciesRealized = "policies-realized"
 	CheckCNIServing       = "cni-serving"
+	// CheckCNIChained: in networkPolicyOnly mode, seine is in the primary
+	// CNI's conflist (without it the runtime never calls seine, and no
+	// Pod of the Node is under its NetworkPolicies).
+	CheckCNIChained = "cni-chained"
 )
 
 // Checks is an ordered set of named checks. It is safe for concurrent
