@@ -187,8 +187,23 @@ func TestManifestObjects(t *testing.T) {
 		}
 	}
 	seine, ovs := containers["seine"], containers["openvswitch"]
-	if _, ok := containers["install-cni"]; !ok || len(spec.InitContainers) != 1 {
-		t.Error("no install-cni init container")
+	// install-cni runs first and ends; openvswitch is a sidecar, which
+	// the kubelet stops only after seine.
+	if len(spec.InitContainers) != 2 || spec.InitContainers[0].Name != "install-cni" || spec.InitContainers[0].RestartPolicy != nil ||
+		spec.InitContainers[1].Name != "openvswitch" || spec.InitContainers[1].RestartPolicy == nil ||
+		*spec.InitContainers[1].RestartPolicy != corev1.ContainerRestartPolicyAlways {
+		t.Errorf("init containers %v: want install-cni, then openvswitch as a sidecar", containerNames(spec.InitContainers))
+	}
+	if len(spec.Containers) != 1 || spec.Containers[0].Name != "seine" {
+		t.Errorf("containers %v, want seine", containerNames(spec.Containers))
+	}
+	// The daemon's stop (shutdownGrace in node/agent: 25 s) and then the
+	// sidecar's (up to 50 s on netdev) fit the grace period.
+	if g := spec.TerminationGracePeriodSeconds; g == nil || *g < 25+50 {
+		t.Errorf("terminationGracePeriodSeconds %v: less than the daemon's and OVS's stops", g)
+	}
+	if ovs.StartupProbe == nil || ovs.StartupProbe.Exec == nil {
+		t.Errorf("openvswitch startup probe %+v: seine would start before OVS answers", ovs.StartupProbe)
 	}
 	if seine.ReadinessProbe == nil || seine.ReadinessProbe.HTTPGet == nil || seine.ReadinessProbe.HTTPGet.Path != "/readyz" ||
 		seine.ReadinessProbe.HTTPGet.Port.IntValue() != DefaultMetricsPort {
@@ -214,20 +229,16 @@ func TestManifestTiesConfigKeys(t *testing.T) {
 	ds, cfg := renderDaemonSet(t, DefaultValues())
 	fromHost := func(c corev1.Container, dir string) bool { return hostMount(ds, c, dir) == dir }
 	spec := ds.Spec.Template.Spec
-	var seine, ovs corev1.Container
-	for _, c := range spec.Containers {
-		switch c.Name {
-		case "seine":
-			seine = c
-		case "openvswitch":
-			ovs = c
+	seine, ovs, initc := container(t, spec, "seine"), container(t, spec, "openvswitch"), container(t, spec, "install-cni")
+	// install-cni writes the socket of the configuration it reads (or of
+	// its --cni-socket).
+	socket := install.DefaultOptions().SocketPath
+	for _, a := range initc.Command {
+		if strings.HasPrefix(a, "--config=") {
+			socket = cfg.CNISocket
 		}
 	}
-	if len(spec.InitContainers) != 1 {
-		t.Fatalf("%d init containers", len(spec.InitContainers))
-	}
-	socket := install.DefaultOptions().SocketPath
-	for _, a := range spec.InitContainers[0].Command {
+	for _, a := range initc.Command {
 		if v, ok := strings.CutPrefix(a, "--cni-socket="); ok {
 			socket = v
 		}
@@ -276,6 +287,27 @@ func renderDaemonSet(t *testing.T, v Values) (appsv1.DaemonSet, config.Config) {
 	return ds, cfg
 }
 
+// container returns the container (or init container) of spec named
+// name, failing the test if there is none.
+func container(t *testing.T, spec corev1.PodSpec, name string) corev1.Container {
+	t.Helper()
+	for _, c := range append(append([]corev1.Container{}, spec.InitContainers...), spec.Containers...) {
+		if c.Name == name {
+			return c
+		}
+	}
+	t.Fatalf("no container %s", name)
+	return corev1.Container{}
+}
+
+func containerNames(cs []corev1.Container) []string {
+	var out []string
+	for _, c := range cs {
+		out = append(out, c.Name)
+	}
+	return out
+}
+
 // hostMount returns the host path container c sees at dir (a hostPath
 // volume mounted there), or "".
 func hostMount(ds appsv1.DaemonSet, c corev1.Container, dir string) string {
@@ -305,10 +337,7 @@ func TestNetworkPolicyOnlyManifest(t *testing.T) {
 		t.Errorf("configuration: mode %q, primaryCNIConflist %q", cfg.TrafficEncapMode, cfg.PrimaryCNIConflist)
 	}
 	spec := ds.Spec.Template.Spec
-	if len(spec.InitContainers) != 1 {
-		t.Fatalf("%d init containers", len(spec.InitContainers))
-	}
-	initc := spec.InitContainers[0]
+	initc := container(t, spec, "install-cni")
 	root := ""
 	var configFile string
 	for _, a := range initc.Command {

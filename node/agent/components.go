@@ -11,9 +11,10 @@ import (
 // components to return before it closes the connections they use: longer
 // than the CNI server's stop (its requests in flight get
 // cniserver.DefaultShutdownGrace to finish, then as long again to roll
-// back once cancelled), shorter than the 30 s the DaemonSet
-// (terminationGracePeriodSeconds) and the systemd unit (TimeoutStopSec)
-// give the daemon.
+// back once cancelled), shorter than the 30 s the systemd unit
+// (TimeoutStopSec) gives the daemon, and than the DaemonSet's 90 s
+// (terminationGracePeriodSeconds), which also covers the openvswitch
+// sidecar's stop after the daemon's.
 const shutdownGrace = 2*cniserver.DefaultShutdownGrace + 5*time.Second
 
 // components are the daemon's long-lived goroutines: servers, controllers,
