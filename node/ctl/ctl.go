@@ -9,9 +9,12 @@
 package ctl
 
 import (
+	"context"
 	"fmt"
 	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 
 	"github.com/urfave/cli/v2"
 	"k8s.io/client-go/kubernetes"
@@ -53,8 +56,13 @@ func NewApp() *cli.App {
 // Main runs seinectl with args (args[0] is the program name) and returns
 // the process exit status.
 func Main(args []string) int {
+	// SIGINT and SIGTERM cancel the command's context, so that it can
+	// clean up (traceflow deletes its Traceflow); a second one kills.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	go func() { <-ctx.Done(); stop() }()
 	app := NewApp()
-	if err := app.Run(interspersed(app, args)); err != nil {
+	if err := app.RunContext(ctx, interspersed(app, args)); err != nil {
 		fmt.Fprintln(os.Stderr, "seinectl:", err)
 		return 1
 	}
@@ -73,9 +81,16 @@ type clients struct {
 	ops  opsclient.Interface
 }
 
+// clientsKey in App.Metadata holds *clients to use instead of building
+// them from the kubeconfig.
+const clientsKey = "seinectl.clients"
+
 // cluster builds the cluster clients from --kubeconfig (like kubectl: the
 // file, else in-cluster, else ~/.kube/config).
 func cluster(c *cli.Context) (*clients, error) {
+	if cl, ok := c.App.Metadata[clientsKey].(*clients); ok {
+		return cl, nil // set by tests
+	}
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	if p := c.String("kubeconfig"); p != "" {
 		rules.ExplicitPath = p
