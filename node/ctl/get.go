@@ -138,8 +138,8 @@ func fromAgentFlag() cli.Flag {
 
 func getNetworkPolicy() *cli.Command {
 	return &cli.Command{
-		Name: "networkpolicy", Aliases: []string{"networkpolicies", "netpol", "snp"}, ArgsUsage: "[namespace/name | np-<uid>]",
-		Usage: "computed NetworkPolicies (controlplane.seine.io): rules, span, realization",
+		Name: "networkpolicy", Aliases: []string{"networkpolicies", "netpol", "snp"}, ArgsUsage: "[namespace/name | name | np-<uid>]",
+		Usage: "computed NetworkPolicies (controlplane.seine.io): rules, span, realization (a bare name: in the -n namespace, else in any)",
 		Flags: []cli.Flag{outputFlag(), fromAgentFlag(), &cli.StringFlag{Name: "namespace", Aliases: []string{"n"}, Usage: "only policies of this namespace"}},
 		Action: func(c *cli.Context) error {
 			ctx, cancel := timeout(c)
@@ -147,7 +147,14 @@ func getNetworkPolicy() *cli.Command {
 			ref, ns := c.Args().First(), c.String("namespace")
 			keep := func(np *cpv1alpha1.NetworkPolicy) bool {
 				src := np.Spec.Source
-				return (ns == "" || src.Namespace == ns) && (ref == "" || ref == np.Name || ref == src.Namespace+"/"+src.Name)
+				return (ns == "" || src.Namespace == ns) &&
+					(ref == "" || ref == np.Name || ref == src.Namespace+"/"+src.Name || (!strings.Contains(ref, "/") && ref == src.Name))
+			}
+			notFound := func(where string) error {
+				if ns != "" {
+					where = fmt.Sprintf(" in namespace %q%s", ns, where)
+				}
+				return fmt.Errorf("networkpolicy %q not found%s", ref, where)
 			}
 			if c.Bool("agent") {
 				var ps []localapi.AgentPolicy
@@ -165,6 +172,9 @@ func getNetworkPolicy() *cli.Command {
 					src := p.Policy.Spec.Source
 					t.add(p.Policy.Name, src.Namespace+"/"+src.Name, len(p.Policy.Spec.Rules), len(p.Targets), p.Flows, p.Installed,
 						src.Generation, p.Policy.Spec.AppliedToGroup, p.Policy.Spec.PolicyTypes, p.Targets)
+				}
+				if ref != "" && len(out) == 0 {
+					return notFound(" in this Node's agent")
 				}
 				return print(c, out, t)
 			}
@@ -194,6 +204,9 @@ func getNetworkPolicy() *cli.Command {
 				src := np.Spec.Source
 				t.add(np.Name, src.Namespace+"/"+src.Name, np.Status.RuleCount, np.Status.SpanSize, realized[np.Name], src.Generation,
 					np.Spec.AppliedToGroup, np.Spec.PolicyTypes)
+			}
+			if ref != "" && len(out) == 0 {
+				return notFound("")
 			}
 			return print(c, out, t)
 		},
@@ -244,13 +257,21 @@ func groupCommand[T any](k groupKind[T]) *cli.Command {
 				}
 			}
 			var out []T
+			n := c.Args().First()
 			for _, g := range items {
 				m := k.meta(g)
-				if n := c.Args().First(); n != "" && m.GetName() != n && m.GetLabels()[cpv1alpha1.GroupLabel] != n {
+				if n != "" && m.GetName() != n && m.GetLabels()[cpv1alpha1.GroupLabel] != n {
 					continue
 				}
 				out = append(out, g)
 				k.row(k.table, g)
+			}
+			if n != "" && len(out) == 0 {
+				where := ""
+				if c.Bool("agent") {
+					where = " in this Node's agent"
+				}
+				return fmt.Errorf("%s %q not found%s", k.name, n, where)
 			}
 			return print(c, out, k.table)
 		},
