@@ -7,6 +7,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kubefake "k8s.io/client-go/kubernetes/fake"
 
+	opsfake "github.com/seine-net/seine/node/client/clientset/versioned/fake"
 	cpv1alpha1 "github.com/seine-net/seine/policy/apis/controlplane/v1alpha1"
 	cpfake "github.com/seine-net/seine/policy/client/clientset/versioned/fake"
 )
@@ -59,6 +60,22 @@ func TestGetByNameNotFound(t *testing.T) {
 			t.Errorf("%s: printed %q", tc.args, out.String())
 		case !strings.Contains(out.String(), tc.shows):
 			t.Errorf("%s: printed %q, want %s", tc.args, out.String(), tc.shows)
+		}
+	}
+}
+
+// An empty list is [] in JSON and YAML, not null.
+func TestEmptyListPrintsEmpty(t *testing.T) {
+	for _, o := range []string{"json", "yaml"} {
+		for _, args := range []string{"get networkpolicy", "get appliedtogroup", "get controllerinfo"} {
+			cl := &clients{kube: kubefake.NewSimpleClientset(), cp: cpfake.NewSimpleClientset(), ops: opsfake.NewSimpleClientset()}
+			app, out, _ := testApp(cl)
+			if err := app.Run(append(append([]string{"seinectl"}, strings.Fields(args)...), "-o", o)); err != nil {
+				t.Fatalf("%s -o %s: %v", args, o, err)
+			}
+			if got := strings.TrimSpace(out.String()); got != "[]" {
+				t.Errorf("%s -o %s printed %q, want []", args, o, got)
+			}
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"reflect"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -82,8 +83,12 @@ func (t *table) write(w io.Writer, wide bool) error {
 }
 
 // print writes obj as JSON or YAML, or the table (wide with -o wide).
+// An empty list prints as [] (not null).
 func print(c *cli.Context, obj any, t *table) error {
 	w := c.App.Writer
+	if v := reflect.ValueOf(obj); v.Kind() == reflect.Slice && v.IsNil() {
+		obj = reflect.MakeSlice(v.Type(), 0, 0).Interface()
+	}
 	switch f := c.String("output"); f {
 	case "json":
 		enc := json.NewEncoder(w)
