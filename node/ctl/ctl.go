@@ -4,8 +4,8 @@
 // a kubeconfig, as kubectl does. `seinectl` (the busybox name of the seine
 // binary) and `seine ctl` run it.
 //
-// Output is a table by default; -o wide adds columns, -o json and -o yaml
-// print the objects. Flags may follow arguments, as with kubectl.
+// Output is a table (or text) by default; -o wide adds columns to a table,
+// -o json and -o yaml print the objects; any other -o is refused. Flags may follow arguments, as with kubectl.
 package ctl
 
 import (

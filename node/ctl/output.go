@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"reflect"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -15,9 +16,25 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// outputFlag is -o: table (default), wide, json or yaml.
-func outputFlag() cli.Flag {
-	return &cli.StringFlag{Name: "output", Aliases: []string{"o"}, Usage: "output format: wide, json or yaml (default: a table)"}
+// outputFlag is -o for the commands that print a table: wide, json or
+// yaml (default: the table).
+func outputFlag() cli.Flag { return outputFlagOf("a table", "wide", "json", "yaml") }
+
+// textOutputFlag is -o for the commands that print text: json or yaml
+// (default: the text).
+func textOutputFlag() cli.Flag { return outputFlagOf("text", "json", "yaml") }
+
+// outputFlagOf is -o, refusing any format but formats before the command
+// runs.
+func outputFlagOf(def string, formats ...string) cli.Flag {
+	want := strings.Join(formats[:len(formats)-1], ", ") + " or " + formats[len(formats)-1]
+	return &cli.StringFlag{Name: "output", Aliases: []string{"o"}, Usage: "output format: " + want + " (default: " + def + ")",
+		Action: func(_ *cli.Context, f string) error {
+			if f != "" && !slices.Contains(formats, f) {
+				return fmt.Errorf("output format %q: want %s", f, want)
+			}
+			return nil
+		}}
 }
 
 // table is a kubectl-style table: the Wide columns only with -o wide.

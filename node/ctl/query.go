@@ -52,7 +52,7 @@ func queryCommand() *cli.Command {
 		Subcommands: []*cli.Command{{
 			Name:  "endpoint",
 			Usage: "which NetworkPolicies select a Pod and what their rules admit; which rules admit it as a peer",
-			Flags: []cli.Flag{outputFlag(), &cli.StringFlag{Name: "pod", Aliases: []string{"p"}, Required: true, Usage: "namespace/name"}},
+			Flags: []cli.Flag{textOutputFlag(), &cli.StringFlag{Name: "pod", Aliases: []string{"p"}, Required: true, Usage: "namespace/name"}},
 			Action: func(c *cli.Context) error {
 				ctx, cancel := timeout(c)
 				defer cancel()

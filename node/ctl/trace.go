@@ -28,7 +28,7 @@ func traceCommand() *cli.Command {
 			"  seinectl trace-packet -S default/client -D default/server -f tcp,tcp_dst=80\n" +
 			"  seinectl trace-packet -S default/client -D 10.96.0.10 -f udp,udp_dst=53\n" +
 			"A destination on another Node is traced up to the tunnel: its ingress policy runs there (see seinectl traceflow).",
-		Flags: []cli.Flag{outputFlag(),
+		Flags: []cli.Flag{textOutputFlag(),
 			&cli.StringFlag{Name: "source", Aliases: []string{"S"}, Required: true, Usage: "the sending Pod, namespace/name (on this Node)"},
 			&cli.StringFlag{Name: "destination", Aliases: []string{"D"}, Required: true, Usage: "a Pod (namespace/name) or an IPv4 address"},
 			&cli.StringFlag{Name: "flow", Aliases: []string{"f"}, Usage: "more flow fields in ovs-ofctl(8) syntax, e.g. tcp,tcp_dst=80 (default: an ICMP echo request)"},
@@ -84,7 +84,7 @@ func traceflowCommand() *cli.Command {
 			"  seinectl traceflow -S default/client -D default/server:80         (TCP SYN to port 80)\n" +
 			"  seinectl traceflow -S default/client -D 10.96.0.10:53 --protocol UDP\n" +
 			"Works from anywhere the kubeconfig reaches: the source Pod's Node injects the packet.",
-		Flags: []cli.Flag{outputFlag(),
+		Flags: []cli.Flag{textOutputFlag(),
 			&cli.StringFlag{Name: "source", Aliases: []string{"S"}, Required: true, Usage: "the sending Pod, namespace/name"},
 			&cli.StringFlag{Name: "destination", Aliases: []string{"D"}, Required: true, Usage: "namespace/name or IPv4 address, with an optional :port"},
 			&cli.StringFlag{Name: "protocol", Usage: "ICMP, TCP or UDP (default ICMP, or TCP with a port)"},

@@ -54,7 +54,7 @@ func deleted(ops *opsfake.Clientset) bool {
 func TestTraceflowExitsNonZeroUnlessSucceeded(t *testing.T) {
 	start := metav1.Now()
 	for _, phase := range []string{opsv1alpha1.TraceflowSucceeded, opsv1alpha1.TraceflowFailed} {
-		for _, o := range []string{"", "wide", "json", "yaml"} {
+		for _, o := range []string{"", "json", "yaml"} {
 			ops := tracingNodes(opsv1alpha1.TraceflowStatus{Phase: phase, SourceNode: "n1", StartTime: &start,
 				Reason: "no Node reported the packet in time", Result: opsv1alpha1.TraceDelivered})
 			app, out, _ := testApp(&clients{ops: ops})

@@ -22,7 +22,7 @@ func versionCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "version",
 		Usage: "print the versions of seinectl, the local daemon and its Open vSwitch",
-		Flags: []cli.Flag{outputFlag()},
+		Flags: []cli.Flag{textOutputFlag()},
 		Action: func(c *cli.Context) error {
 			v := versions{Client: version.String()}
 			ctx, cancel := context.WithTimeout(c.Context, 10*time.Second)
