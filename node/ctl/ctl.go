@@ -37,8 +37,8 @@ func NewApp() *cli.App {
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "socket", Value: localapi.DefaultSocket, EnvVars: []string{"SEINE_API_SOCKET"},
 				Usage: "the local seine daemon's API socket (root only)"},
-			&cli.StringFlag{Name: "kubeconfig", EnvVars: []string{"KUBECONFIG"},
-				Usage: "kubeconfig file for the cluster (default: in-cluster, then ~/.kube/config)"},
+			&cli.StringFlag{Name: "kubeconfig",
+				Usage: "kubeconfig file for the cluster (default: $KUBECONFIG, a list of files merged as kubectl does; else in-cluster, then ~/.kube/config)"},
 		},
 		Commands: []*cli.Command{
 			versionCommand(),
@@ -85,24 +85,14 @@ type clients struct {
 // them from the kubeconfig.
 const clientsKey = "seinectl.clients"
 
-// cluster builds the cluster clients from --kubeconfig (like kubectl: the
-// file, else in-cluster, else ~/.kube/config).
+// cluster builds the cluster clients, configured like kubectl's: the
+// --kubeconfig file, else the files $KUBECONFIG lists (merged), else
+// in-cluster, else ~/.kube/config.
 func cluster(c *cli.Context) (*clients, error) {
 	if cl, ok := c.App.Metadata[clientsKey].(*clients); ok {
 		return cl, nil // set by tests
 	}
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	if p := c.String("kubeconfig"); p != "" {
-		rules.ExplicitPath = p
-	}
-	var rc *rest.Config
-	var err error
-	if c.String("kubeconfig") == "" {
-		rc, err = rest.InClusterConfig()
-	}
-	if rc == nil {
-		rc, err = clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
-	}
+	rc, err := restConfig(c.String("kubeconfig"))
 	if err != nil {
 		return nil, fmt.Errorf("kubeconfig: %w", err)
 	}
@@ -118,6 +108,21 @@ func cluster(c *cli.Context) (*clients, error) {
 		return nil, err
 	}
 	return out, nil
+}
+
+// restConfig is the configuration of the cluster: the file explicit (the
+// flag) if set, else client-go's default loading rules ($KUBECONFIG, a
+// list merged in order, else ~/.kube/config), in-cluster before
+// ~/.kube/config when neither is set.
+func restConfig(explicit string) (*rest.Config, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = explicit
+	if explicit == "" && os.Getenv(clientcmd.RecommendedConfigPathEnvVar) == "" {
+		if rc, err := rest.InClusterConfig(); err == nil {
+			return rc, nil
+		}
+	}
+	return clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
 }
 
 // splitRef splits "namespace/name"; a bare name takes namespace def.
