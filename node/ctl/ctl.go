@@ -5,7 +5,9 @@
 // binary) and `seine ctl` run it.
 //
 // Output is a table (or text) by default; -o wide adds columns to a table,
-// -o json and -o yaml print the objects; any other -o is refused. Flags may follow arguments, as with kubectl.
+// -o json and -o yaml print the objects; any other -o is refused. Flags,
+// the global --socket and --kubeconfig included, may follow arguments, as
+// with kubectl.
 package ctl
 
 import (
@@ -13,6 +15,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -142,7 +145,9 @@ func splitRef(ref, def string) (string, string, error) {
 
 // interspersed moves the flags that follow a leaf command's arguments in
 // front of them, so that `seinectl get agentinfo n1 -o wide` parses as
-// kubectl users expect (urfave/cli stops at the first argument).
+// kubectl users expect (urfave/cli stops at the first argument), and the
+// application's own flags (--socket, --kubeconfig) given after a command
+// in front of the commands, where urfave/cli looks for them.
 func interspersed(app *cli.App, args []string) []string {
 	if len(args) < 2 {
 		return args
@@ -153,19 +158,32 @@ func interspersed(app *cli.App, args []string) []string {
 		args, tail = args[:len(args)-1], []string{complete}
 	}
 	out := []string{args[0]}
+	var global []string // the application's flags met after a command
 	cmds, flags := app.Commands, app.Flags
+	atRoot := true
 	i := 1
+	// take moves the flag args[i], and its value, to dst, or to global if
+	// it is the application's and not also the current command's.
+	take := func(dst *[]string) {
+		a, fs := args[i], flags
+		if !atRoot && flagNamed(flags, a) == nil && flagNamed(app.Flags, a) != nil {
+			dst, fs = &global, app.Flags
+		}
+		*dst = append(*dst, a)
+		if takesValue(fs, a) && i+1 < len(args) {
+			*dst = append(*dst, args[i+1])
+			i++
+		}
+		i++
+	}
 	takeFlags := func() {
 		for i < len(args) && isFlag(args[i]) {
-			out = append(out, args[i])
-			if takesValue(flags, args[i]) && i+1 < len(args) {
-				out = append(out, args[i+1])
-				i++
-			}
-			i++
+			take(&out)
 		}
 	}
 	takeFlags()
+	atRoot = false
+	rootEnd := len(out)
 	var leaf *cli.Command
 	for i < len(args) {
 		var c *cli.Command
@@ -189,41 +207,44 @@ func interspersed(app *cli.App, args []string) []string {
 		return append(args, tail...)
 	}
 	var fl, pos []string
-	for ; i < len(args); i++ {
+	for i < len(args) {
 		a := args[i]
 		if a == "--" {
 			pos = append(pos, args[i:]...)
 			break
 		}
 		if isFlag(a) {
-			fl = append(fl, a)
-			if takesValue(flags, a) && i+1 < len(args) {
-				fl = append(fl, args[i+1])
-				i++
-			}
+			take(&fl)
 			continue
 		}
 		pos = append(pos, a)
+		i++
 	}
+	out = append(out[:rootEnd:rootEnd], append(global, out[rootEnd:]...)...)
 	out = append(append(out, fl...), pos...)
 	return append(out, tail...)
 }
 
 func isFlag(a string) bool { return len(a) > 1 && a[0] == '-' && a != "--" }
 
+// flagNamed is the flag of flags that a (-name, --name or --name=value)
+// names, or nil.
+func flagNamed(flags []cli.Flag, a string) cli.Flag {
+	name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
+	for _, f := range flags {
+		if slices.Contains(f.Names(), name) {
+			return f
+		}
+	}
+	return nil
+}
+
 // takesValue reports whether flag a (without "=value") expects a value.
 func takesValue(flags []cli.Flag, a string) bool {
 	if strings.Contains(a, "=") {
 		return false
 	}
-	name := strings.TrimLeft(a, "-")
-	for _, f := range flags {
-		for _, n := range f.Names() {
-			if n == name {
-				_, isBool := f.(*cli.BoolFlag)
-				return !isBool
-			}
-		}
-	}
-	return false
+	f := flagNamed(flags, a)
+	_, isBool := f.(*cli.BoolFlag)
+	return f != nil && !isBool
 }
