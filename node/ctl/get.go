@@ -10,6 +10,7 @@ import (
 	"github.com/urfave/cli/v2"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/duration"
 
 	opsv1alpha1 "github.com/seine-net/seine/node/apis/ops/v1alpha1"
 	"github.com/seine-net/seine/node/info"
@@ -83,12 +84,9 @@ func getAgentInfo() *cli.Command {
 			}
 			t := &table{Columns: []string{"NAME", "READY", "VERSION", "OVS", "DATAPATH", "MODE", "PODS", "FLOWS", "POLICIES", "HEARTBEAT"},
 				Wide: []string{"TUNNEL", "NODE-IP", "POD-CIDR", "PEERS", "OVS-CONNECTED", "API-CONNECTED", "POLICIES-REALIZED"}}
-			for _, a := range items {
-				s := a.Status
-				t.add(a.Name, condStatus(s.Conditions, opsv1alpha1.AgentReady), s.Version, s.OVS.Version, s.OVS.DatapathType,
-					s.TrafficMode, s.PodCount, s.FlowCount, s.NetworkPolicyCount, s.LastHeartbeatTime,
-					s.TunnelType, s.NodeIP, s.PodCIDR, s.PeerCount, condStatus(s.Conditions, opsv1alpha1.AgentOVSConnected),
-					condStatus(s.Conditions, opsv1alpha1.AgentAPIConnected), condStatus(s.Conditions, opsv1alpha1.AgentPoliciesRealized))
+			now := time.Now()
+			for i := range items {
+				t.add(agentInfoRow(&items[i], now)...)
 			}
 			if len(items) == 1 && c.Args().Len() > 0 {
 				return print(c, items[0], t)
@@ -96,6 +94,35 @@ func getAgentInfo() *cli.Command {
 			return print(c, items, t)
 		},
 	}
+}
+
+// staleHeartbeat is how long an AgentInfo may go unwritten before its
+// conditions show Unknown: three heartbeats (a daemon writes it at least
+// every info.DefaultHeartbeat while it runs and reaches the API server).
+const staleHeartbeat = 3 * info.DefaultHeartbeat
+
+// agentInfoRow is the `get agentinfo` row of a at now: the columns, then
+// the wide ones. The conditions of an AgentInfo not written for
+// staleHeartbeat are Unknown, not the last ones written: its daemon is
+// down, stuck or cut off from the API server (HEARTBEAT says since when).
+func agentInfoRow(a *opsv1alpha1.AgentInfo, now time.Time) []any {
+	s := a.Status
+	hb := s.LastHeartbeatTime
+	stale := hb.IsZero() || now.Sub(hb.Time) > staleHeartbeat
+	cond := func(typ string) string {
+		if stale {
+			return string(metav1.ConditionUnknown)
+		}
+		return condStatus(s.Conditions, typ)
+	}
+	age := "<unknown>"
+	if !hb.IsZero() {
+		age = duration.HumanDuration(now.Sub(hb.Time))
+	}
+	return []any{a.Name, cond(opsv1alpha1.AgentReady), s.Version, s.OVS.Version, s.OVS.DatapathType,
+		s.TrafficMode, s.PodCount, s.FlowCount, s.NetworkPolicyCount, age,
+		s.TunnelType, s.NodeIP, s.PodCIDR, s.PeerCount, cond(opsv1alpha1.AgentOVSConnected),
+		cond(opsv1alpha1.AgentAPIConnected), cond(opsv1alpha1.AgentPoliciesRealized)}
 }
 
 func getControllerInfo() *cli.Command {
