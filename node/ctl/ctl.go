@@ -4,14 +4,20 @@
 // a kubeconfig, as kubectl does. `seinectl` (the busybox name of the seine
 // binary) and `seine ctl` run it.
 //
-// Output is a table by default; -o wide adds columns, -o json and -o yaml
-// print the objects. Flags may follow arguments, as with kubectl.
+// Output is a table (or text) by default; -o wide adds columns to a table,
+// -o json and -o yaml print the objects; any other -o is refused. Flags,
+// the global --socket and --kubeconfig included, may follow arguments, as
+// with kubectl.
 package ctl
 
 import (
+	"context"
 	"fmt"
 	"os"
+	"os/signal"
+	"slices"
 	"strings"
+	"syscall"
 
 	"github.com/urfave/cli/v2"
 	"k8s.io/client-go/kubernetes"
@@ -34,8 +40,8 @@ func NewApp() *cli.App {
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "socket", Value: localapi.DefaultSocket, EnvVars: []string{"SEINE_API_SOCKET"},
 				Usage: "the local seine daemon's API socket (root only)"},
-			&cli.StringFlag{Name: "kubeconfig", EnvVars: []string{"KUBECONFIG"},
-				Usage: "kubeconfig file for the cluster (default: in-cluster, then ~/.kube/config)"},
+			&cli.StringFlag{Name: "kubeconfig",
+				Usage: "kubeconfig file for the cluster (default: $KUBECONFIG, a list of files merged as kubectl does; else in-cluster, then ~/.kube/config)"},
 		},
 		Commands: []*cli.Command{
 			versionCommand(),
@@ -53,8 +59,13 @@ func NewApp() *cli.App {
 // Main runs seinectl with args (args[0] is the program name) and returns
 // the process exit status.
 func Main(args []string) int {
+	// SIGINT and SIGTERM cancel the command's context, so that it can
+	// clean up (traceflow deletes its Traceflow); a second one kills.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	go func() { <-ctx.Done(); stop() }()
 	app := NewApp()
-	if err := app.Run(interspersed(app, args)); err != nil {
+	if err := app.RunContext(ctx, interspersed(app, args)); err != nil {
 		fmt.Fprintln(os.Stderr, "seinectl:", err)
 		return 1
 	}
@@ -73,21 +84,18 @@ type clients struct {
 	ops  opsclient.Interface
 }
 
-// cluster builds the cluster clients from --kubeconfig (like kubectl: the
-// file, else in-cluster, else ~/.kube/config).
+// clientsKey in App.Metadata holds *clients to use instead of building
+// them from the kubeconfig.
+const clientsKey = "seinectl.clients"
+
+// cluster builds the cluster clients, configured like kubectl's: the
+// --kubeconfig file, else the files $KUBECONFIG lists (merged), else
+// in-cluster, else ~/.kube/config.
 func cluster(c *cli.Context) (*clients, error) {
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	if p := c.String("kubeconfig"); p != "" {
-		rules.ExplicitPath = p
+	if cl, ok := c.App.Metadata[clientsKey].(*clients); ok {
+		return cl, nil // set by tests
 	}
-	var rc *rest.Config
-	var err error
-	if c.String("kubeconfig") == "" {
-		rc, err = rest.InClusterConfig()
-	}
-	if rc == nil {
-		rc, err = clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
-	}
+	rc, err := restConfig(c.String("kubeconfig"))
 	if err != nil {
 		return nil, fmt.Errorf("kubeconfig: %w", err)
 	}
@@ -103,6 +111,21 @@ func cluster(c *cli.Context) (*clients, error) {
 		return nil, err
 	}
 	return out, nil
+}
+
+// restConfig is the configuration of the cluster: the file explicit (the
+// flag) if set, else client-go's default loading rules ($KUBECONFIG, a
+// list merged in order, else ~/.kube/config), in-cluster before
+// ~/.kube/config when neither is set.
+func restConfig(explicit string) (*rest.Config, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = explicit
+	if explicit == "" && os.Getenv(clientcmd.RecommendedConfigPathEnvVar) == "" {
+		if rc, err := rest.InClusterConfig(); err == nil {
+			return rc, nil
+		}
+	}
+	return clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
 }
 
 // splitRef splits "namespace/name"; a bare name takes namespace def.
@@ -122,7 +145,9 @@ func splitRef(ref, def string) (string, string, error) {
 
 // interspersed moves the flags that follow a leaf command's arguments in
 // front of them, so that `seinectl get agentinfo n1 -o wide` parses as
-// kubectl users expect (urfave/cli stops at the first argument).
+// kubectl users expect (urfave/cli stops at the first argument), and the
+// application's own flags (--socket, --kubeconfig) given after a command
+// in front of the commands, where urfave/cli looks for them.
 func interspersed(app *cli.App, args []string) []string {
 	if len(args) < 2 {
 		return args
@@ -133,19 +158,32 @@ func interspersed(app *cli.App, args []string) []string {
 		args, tail = args[:len(args)-1], []string{complete}
 	}
 	out := []string{args[0]}
+	var global []string // the application's flags met after a command
 	cmds, flags := app.Commands, app.Flags
+	atRoot := true
 	i := 1
+	// take moves the flag args[i], and its value, to dst, or to global if
+	// it is the application's and not also the current command's.
+	take := func(dst *[]string) {
+		a, fs := args[i], flags
+		if !atRoot && flagNamed(flags, a) == nil && flagNamed(app.Flags, a) != nil {
+			dst, fs = &global, app.Flags
+		}
+		*dst = append(*dst, a)
+		if takesValue(fs, a) && i+1 < len(args) {
+			*dst = append(*dst, args[i+1])
+			i++
+		}
+		i++
+	}
 	takeFlags := func() {
 		for i < len(args) && isFlag(args[i]) {
-			out = append(out, args[i])
-			if takesValue(flags, args[i]) && i+1 < len(args) {
-				out = append(out, args[i+1])
-				i++
-			}
-			i++
+			take(&out)
 		}
 	}
 	takeFlags()
+	atRoot = false
+	rootEnd := len(out)
 	var leaf *cli.Command
 	for i < len(args) {
 		var c *cli.Command
@@ -169,41 +207,44 @@ func interspersed(app *cli.App, args []string) []string {
 		return append(args, tail...)
 	}
 	var fl, pos []string
-	for ; i < len(args); i++ {
+	for i < len(args) {
 		a := args[i]
 		if a == "--" {
 			pos = append(pos, args[i:]...)
 			break
 		}
 		if isFlag(a) {
-			fl = append(fl, a)
-			if takesValue(flags, a) && i+1 < len(args) {
-				fl = append(fl, args[i+1])
-				i++
-			}
+			take(&fl)
 			continue
 		}
 		pos = append(pos, a)
+		i++
 	}
+	out = append(out[:rootEnd:rootEnd], append(global, out[rootEnd:]...)...)
 	out = append(append(out, fl...), pos...)
 	return append(out, tail...)
 }
 
 func isFlag(a string) bool { return len(a) > 1 && a[0] == '-' && a != "--" }
 
+// flagNamed is the flag of flags that a (-name, --name or --name=value)
+// names, or nil.
+func flagNamed(flags []cli.Flag, a string) cli.Flag {
+	name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
+	for _, f := range flags {
+		if slices.Contains(f.Names(), name) {
+			return f
+		}
+	}
+	return nil
+}
+
 // takesValue reports whether flag a (without "=value") expects a value.
 func takesValue(flags []cli.Flag, a string) bool {
 	if strings.Contains(a, "=") {
 		return false
 	}
-	name := strings.TrimLeft(a, "-")
-	for _, f := range flags {
-		for _, n := range f.Names() {
-			if n == name {
-				_, isBool := f.(*cli.BoolFlag)
-				return !isBool
-			}
-		}
-	}
-	return false
+	f := flagNamed(flags, a)
+	_, isBool := f.(*cli.BoolFlag)
+	return f != nil && !isBool
 }

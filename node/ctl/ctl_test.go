@@ -17,12 +17,30 @@ func TestInterspersed(t *testing.T) {
 		{"seinectl log-level debug", "seinectl log-level debug"},
 		{"seinectl get ovsflows --table --generate-bash-completion", "seinectl get ovsflows --table --generate-bash-completion"},
 		{"seinectl get", "seinectl get"},
+		// The application's flags move in front of the commands.
+		{"seinectl get agentinfo n1 --socket /s -o wide", "seinectl --socket /s get agentinfo -o wide n1"},
+		{"seinectl get --kubeconfig k agentinfo", "seinectl --kubeconfig k get agentinfo"},
+		{"seinectl --socket /a get podinterface --socket=/b", "seinectl --socket /a --socket=/b get podinterface"},
+		{"seinectl traceflow -S a -D b --kubeconfig=/k --timeout 3s", "seinectl --kubeconfig=/k traceflow -S a -D b --timeout 3s"},
+		{"seinectl log-level debug --socket /s", "seinectl --socket /s log-level debug"},
+		{"seinectl query --kubeconfig k endpoint -p a --socket /s", "seinectl --kubeconfig k --socket /s query endpoint -p a"},
+		{"seinectl get ovsflows --socket /s --table --generate-bash-completion", "seinectl --socket /s get ovsflows --table --generate-bash-completion"},
 	}
 	for _, c := range cases {
 		got := strings.Join(interspersed(app, strings.Fields(c.in)), " ")
 		if got != c.want {
 			t.Errorf("%q:\n got %q\nwant %q", c.in, got, c.want)
 		}
+	}
+}
+
+// A global flag after the command is taken, not refused.
+func TestGlobalFlagAfterTheCommand(t *testing.T) {
+	sock := t.TempDir() + "/elsewhere.sock"
+	app, _, _ := testApp(nil)
+	err := app.Run(interspersed(app, []string{"seinectl", "log-level", "--socket", sock}))
+	if err == nil || !strings.Contains(err.Error(), sock) {
+		t.Fatalf("log-level --socket %s: error %v, want one naming that socket", sock, err)
 	}
 }
 

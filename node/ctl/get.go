@@ -10,6 +10,7 @@ import (
 	"github.com/urfave/cli/v2"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/duration"
 
 	opsv1alpha1 "github.com/seine-net/seine/node/apis/ops/v1alpha1"
 	"github.com/seine-net/seine/node/info"
@@ -83,12 +84,9 @@ func getAgentInfo() *cli.Command {
 			}
 			t := &table{Columns: []string{"NAME", "READY", "VERSION", "OVS", "DATAPATH", "MODE", "PODS", "FLOWS", "POLICIES", "HEARTBEAT"},
 				Wide: []string{"TUNNEL", "NODE-IP", "POD-CIDR", "PEERS", "OVS-CONNECTED", "API-CONNECTED", "POLICIES-REALIZED"}}
-			for _, a := range items {
-				s := a.Status
-				t.add(a.Name, condStatus(s.Conditions, opsv1alpha1.AgentReady), s.Version, s.OVS.Version, s.OVS.DatapathType,
-					s.TrafficMode, s.PodCount, s.FlowCount, s.NetworkPolicyCount, s.LastHeartbeatTime,
-					s.TunnelType, s.NodeIP, s.PodCIDR, s.PeerCount, condStatus(s.Conditions, opsv1alpha1.AgentOVSConnected),
-					condStatus(s.Conditions, opsv1alpha1.AgentAPIConnected), condStatus(s.Conditions, opsv1alpha1.AgentPoliciesRealized))
+			now := time.Now()
+			for i := range items {
+				t.add(agentInfoRow(&items[i], now)...)
 			}
 			if len(items) == 1 && c.Args().Len() > 0 {
 				return print(c, items[0], t)
@@ -96,6 +94,35 @@ func getAgentInfo() *cli.Command {
 			return print(c, items, t)
 		},
 	}
+}
+
+// staleHeartbeat is how long an AgentInfo may go unwritten before its
+// conditions show Unknown: three heartbeats (a daemon writes it at least
+// every info.DefaultHeartbeat while it runs and reaches the API server).
+const staleHeartbeat = 3 * info.DefaultHeartbeat
+
+// agentInfoRow is the `get agentinfo` row of a at now: the columns, then
+// the wide ones. The conditions of an AgentInfo not written for
+// staleHeartbeat are Unknown, not the last ones written: its daemon is
+// down, stuck or cut off from the API server (HEARTBEAT says since when).
+func agentInfoRow(a *opsv1alpha1.AgentInfo, now time.Time) []any {
+	s := a.Status
+	hb := s.LastHeartbeatTime
+	stale := hb.IsZero() || now.Sub(hb.Time) > staleHeartbeat
+	cond := func(typ string) string {
+		if stale {
+			return string(metav1.ConditionUnknown)
+		}
+		return condStatus(s.Conditions, typ)
+	}
+	age := "<unknown>"
+	if !hb.IsZero() {
+		age = duration.HumanDuration(now.Sub(hb.Time))
+	}
+	return []any{a.Name, cond(opsv1alpha1.AgentReady), s.Version, s.OVS.Version, s.OVS.DatapathType,
+		s.TrafficMode, s.PodCount, s.FlowCount, s.NetworkPolicyCount, age,
+		s.TunnelType, s.NodeIP, s.PodCIDR, s.PeerCount, cond(opsv1alpha1.AgentOVSConnected),
+		cond(opsv1alpha1.AgentAPIConnected), cond(opsv1alpha1.AgentPoliciesRealized)}
 }
 
 func getControllerInfo() *cli.Command {
@@ -138,8 +165,8 @@ func fromAgentFlag() cli.Flag {
 
 func getNetworkPolicy() *cli.Command {
 	return &cli.Command{
-		Name: "networkpolicy", Aliases: []string{"networkpolicies", "netpol", "snp"}, ArgsUsage: "[namespace/name | np-<uid>]",
-		Usage: "computed NetworkPolicies (controlplane.seine.io): rules, span, realization",
+		Name: "networkpolicy", Aliases: []string{"networkpolicies", "netpol", "snp"}, ArgsUsage: "[namespace/name | name | np-<uid>]",
+		Usage: "computed NetworkPolicies (controlplane.seine.io): rules, span, realization (a bare name: in the -n namespace, else in any)",
 		Flags: []cli.Flag{outputFlag(), fromAgentFlag(), &cli.StringFlag{Name: "namespace", Aliases: []string{"n"}, Usage: "only policies of this namespace"}},
 		Action: func(c *cli.Context) error {
 			ctx, cancel := timeout(c)
@@ -147,7 +174,14 @@ func getNetworkPolicy() *cli.Command {
 			ref, ns := c.Args().First(), c.String("namespace")
 			keep := func(np *cpv1alpha1.NetworkPolicy) bool {
 				src := np.Spec.Source
-				return (ns == "" || src.Namespace == ns) && (ref == "" || ref == np.Name || ref == src.Namespace+"/"+src.Name)
+				return (ns == "" || src.Namespace == ns) &&
+					(ref == "" || ref == np.Name || ref == src.Namespace+"/"+src.Name || (!strings.Contains(ref, "/") && ref == src.Name))
+			}
+			notFound := func(where string) error {
+				if ns != "" {
+					where = fmt.Sprintf(" in namespace %q%s", ns, where)
+				}
+				return fmt.Errorf("networkpolicy %q not found%s", ref, where)
 			}
 			if c.Bool("agent") {
 				var ps []localapi.AgentPolicy
@@ -165,6 +199,9 @@ func getNetworkPolicy() *cli.Command {
 					src := p.Policy.Spec.Source
 					t.add(p.Policy.Name, src.Namespace+"/"+src.Name, len(p.Policy.Spec.Rules), len(p.Targets), p.Flows, p.Installed,
 						src.Generation, p.Policy.Spec.AppliedToGroup, p.Policy.Spec.PolicyTypes, p.Targets)
+				}
+				if ref != "" && len(out) == 0 {
+					return notFound(" in this Node's agent")
 				}
 				return print(c, out, t)
 			}
@@ -194,6 +231,9 @@ func getNetworkPolicy() *cli.Command {
 				src := np.Spec.Source
 				t.add(np.Name, src.Namespace+"/"+src.Name, np.Status.RuleCount, np.Status.SpanSize, realized[np.Name], src.Generation,
 					np.Spec.AppliedToGroup, np.Spec.PolicyTypes)
+			}
+			if ref != "" && len(out) == 0 {
+				return notFound("")
 			}
 			return print(c, out, t)
 		},
@@ -244,13 +284,21 @@ func groupCommand[T any](k groupKind[T]) *cli.Command {
 				}
 			}
 			var out []T
+			n := c.Args().First()
 			for _, g := range items {
 				m := k.meta(g)
-				if n := c.Args().First(); n != "" && m.GetName() != n && m.GetLabels()[cpv1alpha1.GroupLabel] != n {
+				if n != "" && m.GetName() != n && m.GetLabels()[cpv1alpha1.GroupLabel] != n {
 					continue
 				}
 				out = append(out, g)
 				k.row(k.table, g)
+			}
+			if n != "" && len(out) == 0 {
+				where := ""
+				if c.Bool("agent") {
+					where = " in this Node's agent"
+				}
+				return fmt.Errorf("%s %q not found%s", k.name, n, where)
 			}
 			return print(c, out, k.table)
 		},

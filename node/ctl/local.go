@@ -128,7 +128,7 @@ func logLevelCommand() *cli.Command {
 	return &cli.Command{
 		Name: "log-level", ArgsUsage: "[debug|info|warn|error]",
 		Usage: "show or change the running daemon's log level (not persisted: a restart reads logLevel from the configuration)",
-		Flags: []cli.Flag{outputFlag()},
+		Flags: []cli.Flag{textOutputFlag()},
 		Action: func(c *cli.Context) error {
 			ctx, cancel := timeout(c)
 			defer cancel()

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"reflect"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -14,9 +16,25 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// outputFlag is -o: table (default), wide, json or yaml.
-func outputFlag() cli.Flag {
-	return &cli.StringFlag{Name: "output", Aliases: []string{"o"}, Usage: "output format: wide, json or yaml (default: a table)"}
+// outputFlag is -o for the commands that print a table: wide, json or
+// yaml (default: the table).
+func outputFlag() cli.Flag { return outputFlagOf("a table", "wide", "json", "yaml") }
+
+// textOutputFlag is -o for the commands that print text: json or yaml
+// (default: the text).
+func textOutputFlag() cli.Flag { return outputFlagOf("text", "json", "yaml") }
+
+// outputFlagOf is -o, refusing any format but formats before the command
+// runs.
+func outputFlagOf(def string, formats ...string) cli.Flag {
+	want := strings.Join(formats[:len(formats)-1], ", ") + " or " + formats[len(formats)-1]
+	return &cli.StringFlag{Name: "output", Aliases: []string{"o"}, Usage: "output format: " + want + " (default: " + def + ")",
+		Action: func(_ *cli.Context, f string) error {
+			if f != "" && !slices.Contains(formats, f) {
+				return fmt.Errorf("output format %q: want %s", f, want)
+			}
+			return nil
+		}}
 }
 
 // table is a kubectl-style table: the Wide columns only with -o wide.
@@ -82,8 +100,12 @@ func (t *table) write(w io.Writer, wide bool) error {
 }
 
 // print writes obj as JSON or YAML, or the table (wide with -o wide).
+// An empty list prints as [] (not null).
 func print(c *cli.Context, obj any, t *table) error {
 	w := c.App.Writer
+	if v := reflect.ValueOf(obj); v.Kind() == reflect.Slice && v.IsNil() {
+		obj = reflect.MakeSlice(v.Type(), 0, 0).Interface()
+	}
 	switch f := c.String("output"); f {
 	case "json":
 		enc := json.NewEncoder(w)

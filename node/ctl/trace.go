@@ -3,6 +3,7 @@ package ctl
 import (
 	"context"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	opsv1alpha1 "github.com/seine-net/seine/node/apis/ops/v1alpha1"
+	opsclient "github.com/seine-net/seine/node/client/clientset/versioned/typed/ops/v1alpha1"
 	"github.com/seine-net/seine/node/localapi"
 )
 
@@ -26,7 +28,7 @@ func traceCommand() *cli.Command {
 			"  seinectl trace-packet -S default/client -D default/server -f tcp,tcp_dst=80\n" +
 			"  seinectl trace-packet -S default/client -D 10.96.0.10 -f udp,udp_dst=53\n" +
 			"A destination on another Node is traced up to the tunnel: its ingress policy runs there (see seinectl traceflow).",
-		Flags: []cli.Flag{outputFlag(),
+		Flags: []cli.Flag{textOutputFlag(),
 			&cli.StringFlag{Name: "source", Aliases: []string{"S"}, Required: true, Usage: "the sending Pod, namespace/name (on this Node)"},
 			&cli.StringFlag{Name: "destination", Aliases: []string{"D"}, Required: true, Usage: "a Pod (namespace/name) or an IPv4 address"},
 			&cli.StringFlag{Name: "flow", Aliases: []string{"f"}, Usage: "more flow fields in ovs-ofctl(8) syntax, e.g. tcp,tcp_dst=80 (default: an ICMP echo request)"},
@@ -82,11 +84,11 @@ func traceflowCommand() *cli.Command {
 			"  seinectl traceflow -S default/client -D default/server:80         (TCP SYN to port 80)\n" +
 			"  seinectl traceflow -S default/client -D 10.96.0.10:53 --protocol UDP\n" +
 			"Works from anywhere the kubeconfig reaches: the source Pod's Node injects the packet.",
-		Flags: []cli.Flag{outputFlag(),
+		Flags: []cli.Flag{textOutputFlag(),
 			&cli.StringFlag{Name: "source", Aliases: []string{"S"}, Required: true, Usage: "the sending Pod, namespace/name"},
 			&cli.StringFlag{Name: "destination", Aliases: []string{"D"}, Required: true, Usage: "namespace/name or IPv4 address, with an optional :port"},
 			&cli.StringFlag{Name: "protocol", Usage: "ICMP, TCP or UDP (default ICMP, or TCP with a port)"},
-			&cli.DurationFlag{Name: "timeout", Value: 10 * time.Second, Usage: "how long the trace may take"},
+			&cli.DurationFlag{Name: "timeout", Value: 10 * time.Second, Usage: "how long the trace may take: whole seconds, at least 1s (a fraction rounds up)"},
 			&cli.BoolFlag{Name: "keep", Usage: "keep the Traceflow object (default: delete it once done)"},
 		},
 		Action: runTraceflow,
@@ -112,6 +114,28 @@ func parseDestination(s string) (opsv1alpha1.TraceflowDestination, int32, error)
 	return opsv1alpha1.TraceflowDestination{Namespace: ns, Pod: name}, port, nil
 }
 
+// traceflowGrace is how long past the trace's timeout seinectl waits for
+// the source Node to write the final phase.
+const traceflowGrace = 5 * time.Second
+
+// deleteTimeout bounds deleting the Traceflow once seinectl is done with it,
+// also after an interrupt (the command's context is cancelled then).
+const deleteTimeout = 10 * time.Second
+
+// timeoutSeconds turns --timeout into the Traceflow's timeoutSeconds: the
+// API counts whole seconds, so a fraction rounds up and less than 1s is
+// refused (0 would mean the Node's default of 10s).
+func timeoutSeconds(d time.Duration) (int32, error) {
+	if d < time.Second {
+		return 0, fmt.Errorf("--timeout %s: a Traceflow's timeout is whole seconds, at least 1s", d)
+	}
+	secs := (d + time.Second - 1) / time.Second
+	if secs > math.MaxInt32 {
+		return 0, fmt.Errorf("--timeout %s: at most %ds", d, math.MaxInt32)
+	}
+	return int32(secs), nil
+}
+
 func runTraceflow(c *cli.Context) error {
 	sns, sname, err := splitRef(c.String("source"), "default")
 	if err != nil {
@@ -128,53 +152,90 @@ func runTraceflow(c *cli.Context) error {
 			proto = opsv1alpha1.ProtocolTCP
 		}
 	}
+	secs, err := timeoutSeconds(c.Duration("timeout"))
+	if err != nil {
+		return err
+	}
 	cl, err := cluster(c)
 	if err != nil {
 		return err
 	}
-	to := c.Duration("timeout")
-	ctx, cancel := context.WithTimeout(c.Context, to+30*time.Second)
-	defer cancel()
+	ctx := c.Context
 	tfs := cl.ops.OpsV1alpha1().Traceflows()
 	tf, err := tfs.Create(ctx, &opsv1alpha1.Traceflow{
 		ObjectMeta: metav1.ObjectMeta{GenerateName: "tf-" + sname + "-"},
 		Spec: opsv1alpha1.TraceflowSpec{Source: opsv1alpha1.TraceflowSource{Namespace: sns, Pod: sname}, Destination: dst,
-			Packet: opsv1alpha1.TraceflowPacket{Protocol: proto, DstPort: port}, TimeoutSeconds: int32(to.Seconds())},
+			Packet: opsv1alpha1.TraceflowPacket{Protocol: proto, DstPort: port}, TimeoutSeconds: secs},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		return fmt.Errorf("creating the Traceflow: %w", err)
 	}
-	if !c.Bool("keep") {
-		defer func() { _ = tfs.Delete(context.WithoutCancel(ctx), tf.Name, metav1.DeleteOptions{}) }()
-	}
-	deadline := time.Now().Add(to + 5*time.Second)
-	for {
-		cur, err := tfs.Get(ctx, tf.Name, metav1.GetOptions{})
-		if err != nil && !apierrors.IsNotFound(err) {
-			return err
-		}
-		if err == nil {
-			tf = cur
-		}
-		if p := tf.Status.Phase; p == opsv1alpha1.TraceflowSucceeded || p == opsv1alpha1.TraceflowFailed {
-			break
-		}
-		if time.Now().After(deadline) {
-			if tf.Status.Phase == "" {
-				return fmt.Errorf("traceflow %s: no Node started it: is Pod %s/%s running on a Node with seine?", tf.Name, sns, sname)
+	if name := tf.Name; !c.Bool("keep") {
+		defer func() {
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), deleteTimeout)
+			defer cancel()
+			if err := tfs.Delete(dctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+				fmt.Fprintf(c.App.ErrWriter, "seinectl: deleting Traceflow %s: %v (kubectl delete stf %s removes it)\n", name, err, name)
 			}
-			break
-		}
-		time.Sleep(200 * time.Millisecond)
+		}()
+	}
+	wait := time.Duration(secs)*time.Second + traceflowGrace
+	if tf, err = waitTraceflow(ctx, tfs, tf, time.Now().Add(wait)); err != nil {
+		return err
+	}
+	if tf.Status.Phase == "" {
+		return fmt.Errorf("traceflow %s: no Node started it within %s: is Pod %s/%s running on a Node with seine?", tf.Name, wait, sns, sname)
 	}
 	if o := c.String("output"); o == "json" || o == "yaml" {
-		return print(c, tf, nil)
+		if err := print(c, tf, nil); err != nil {
+			return err
+		}
+	} else {
+		writeTraceflow(c, tf)
 	}
-	writeTraceflow(c, tf)
-	if tf.Status.Phase == opsv1alpha1.TraceflowFailed {
-		return fmt.Errorf("traceflow %s failed: %s", tf.Name, tf.Status.Reason)
+	return traceflowOutcome(tf, wait)
+}
+
+// waitTraceflow polls tf until its phase is final or until passes; it
+// returns the last version read.
+func waitTraceflow(ctx context.Context, tfs opsclient.TraceflowInterface, tf *opsv1alpha1.Traceflow, until time.Time) (*opsv1alpha1.Traceflow, error) {
+	for {
+		cur, err := tfs.Get(ctx, tf.Name, metav1.GetOptions{})
+		switch {
+		case ctx.Err() != nil:
+			return nil, fmt.Errorf("traceflow %s: %w", tf.Name, context.Cause(ctx))
+		case apierrors.IsNotFound(err):
+			return nil, fmt.Errorf("traceflow %s was deleted before it finished", tf.Name)
+		case err != nil:
+			return nil, fmt.Errorf("reading traceflow %s: %w", tf.Name, err)
+		}
+		tf = cur
+		if p := tf.Status.Phase; p == opsv1alpha1.TraceflowSucceeded || p == opsv1alpha1.TraceflowFailed || !time.Now().Before(until) {
+			return tf, nil
+		}
+		t := time.NewTimer(min(200*time.Millisecond, time.Until(until)))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("traceflow %s: %w", tf.Name, context.Cause(ctx))
+		case <-t.C:
+		}
 	}
-	return nil
+}
+
+// traceflowOutcome is nil for a Succeeded trace and otherwise says why it
+// did not succeed: Failed with the Node's reason, or still running when
+// seinectl stopped waiting, after waited.
+func traceflowOutcome(tf *opsv1alpha1.Traceflow, waited time.Duration) error {
+	switch st := tf.Status; st.Phase {
+	case opsv1alpha1.TraceflowSucceeded:
+		return nil
+	case opsv1alpha1.TraceflowFailed:
+		return fmt.Errorf("traceflow %s failed: %s", tf.Name, st.Reason)
+	default:
+		return fmt.Errorf("traceflow %s: phase still %s after %s: its source Node %s did not finish it (is that Node's seine daemon running?)",
+			tf.Name, st.Phase, waited, st.SourceNode)
+	}
 }
 
 func writeTraceflow(c *cli.Context, tf *opsv1alpha1.Traceflow) {

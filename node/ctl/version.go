@@ -2,6 +2,7 @@ package ctl
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -22,7 +23,7 @@ func versionCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "version",
 		Usage: "print the versions of seinectl, the local daemon and its Open vSwitch",
-		Flags: []cli.Flag{outputFlag()},
+		Flags: []cli.Flag{textOutputFlag()},
 		Action: func(c *cli.Context) error {
 			v := versions{Client: version.String()}
 			ctx, cancel := context.WithTimeout(c.Context, 10*time.Second)
@@ -34,17 +35,25 @@ func versionCommand() *cli.Command {
 				v.Daemon = &d
 			}
 			if o := c.String("output"); o == "json" || o == "yaml" {
-				return print(c, v, nil)
+				if err := print(c, v, nil); err != nil {
+					return err
+				}
+			} else {
+				w := c.App.Writer
+				fmtLine := func(k, v string) { _, _ = w.Write([]byte(k + v + "\n")) }
+				fmtLine("seinectl: ", v.Client)
+				if v.Daemon == nil {
+					fmtLine("daemon:   ", "unreachable: "+v.DaemonError)
+				} else {
+					fmtLine("daemon:   ", v.Daemon.Daemon+" on Node "+v.Daemon.Node)
+					fmtLine("ovs:      ", v.Daemon.OVS+" ("+v.Daemon.Datapath+" datapath)")
+				}
 			}
-			w := c.App.Writer
-			fmtLine := func(k, v string) { _, _ = w.Write([]byte(k + v + "\n")) }
-			fmtLine("seinectl: ", v.Client)
+			// Like kubectl version without a server: the client's version
+			// is printed, the exit status says the daemon did not answer.
 			if v.Daemon == nil {
-				fmtLine("daemon:   ", "unreachable: "+v.DaemonError)
-				return nil
+				return fmt.Errorf("the daemon's version: %s", v.DaemonError)
 			}
-			fmtLine("daemon:   ", v.Daemon.Daemon+" on Node "+v.Daemon.Node)
-			fmtLine("ovs:      ", v.Daemon.OVS+" ("+v.Daemon.Datapath+" datapath)")
 			return nil
 		},
 	}

@@ -18,7 +18,8 @@
 //     and Delivered, Forwarded (with the next Node), ToHost or Dropped.
 //  3. The status is Succeeded once the chain of Nodes from the source
 //     ends in a Node that did not forward the packet. The source Node
-//     fails the trace when that did not happen within the timeout.
+//     fails the trace when that did not happen within the timeout, counted
+//     from the status's StartTime (so a daemon restarted mid-trace does too).
 package traceflow
 
 import (
@@ -35,6 +36,7 @@ import (
 	"go.uber.org/zap"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/client-go/util/workqueue"
@@ -113,7 +115,7 @@ type Controller struct {
 	obs     map[key]*observation
 	pending map[key]opsv1alpha1.TraceflowNode // finished hops waiting for their Traceflow
 	pendAt  map[key]time.Time
-	owned   map[string]time.Time // Traceflows this Node injected → deadline
+	owned   map[string]ownedTrace // Traceflows this Node injected, by name
 	ins     chan of.PacketIn
 }
 
@@ -122,7 +124,7 @@ func New(ops opsclient.Interface, cfg Config, log *zap.Logger) *Controller {
 	return &Controller{ops: ops, cfg: cfg, log: log,
 		queue: workqueue.NewTypedRateLimitingQueue(workqueue.NewTypedItemExponentialFailureRateLimiter[string](50*time.Millisecond, 5*time.Second)),
 		obs:   map[key]*observation{}, pending: map[key]opsv1alpha1.TraceflowNode{}, pendAt: map[key]time.Time{},
-		owned: map[string]time.Time{}, ins: make(chan of.PacketIn, 4096)}
+		owned: map[string]ownedTrace{}, ins: make(chan of.PacketIn, 4096)}
 }
 
 // Run watches Traceflows and packet-ins until ctx ends.
@@ -202,19 +204,52 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 		}
 	case opsv1alpha1.TraceflowRunning:
 		if tf.Status.SourceNode == c.cfg.NodeName {
-			c.mu.Lock()
-			deadline, ok := c.owned[name]
-			c.mu.Unlock()
-			if ok && time.Now().After(deadline) {
+			end := c.deadline(tf)
+			if !time.Now().Before(end) {
 				return c.fail(ctx, tf, timeoutReason(tf))
 			}
-			if ok {
-				c.queue.AddAfter(name, time.Until(deadline)+10*time.Millisecond)
-			}
+			c.queue.AddAfter(name, time.Until(end)+10*time.Millisecond)
 		}
 		return c.flushPending(ctx, tf)
+	default: // Succeeded or Failed: no deadline left to keep
+		c.mu.Lock()
+		delete(c.owned, name)
+		c.mu.Unlock()
 	}
 	return nil
+}
+
+// deadline is when the source Node fails a Running trace of its own. The
+// object holds it (StartTime + the timeout), so a daemon that restarted
+// mid-trace still fails the trace and frees its tag; owned only caches
+// the exact instant of the traces started by this run.
+func (c *Controller) deadline(tf *opsv1alpha1.Traceflow) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if d, ok := c.owned[tf.Name]; ok && d.uid == tf.UID {
+		return d.at
+	}
+	start := tf.CreationTimestamp.Time
+	if tf.Status.StartTime != nil {
+		start = tf.Status.StartTime.Time
+	}
+	d := ownedTrace{uid: tf.UID, at: start.Add(traceTimeout(tf))}
+	c.owned[tf.Name] = d
+	return d.at
+}
+
+// ownedTrace is when a trace of this Node fails, for the object uid.
+type ownedTrace struct {
+	uid types.UID
+	at  time.Time
+}
+
+// traceTimeout is the trace's timeoutSeconds, or DefaultTimeout when unset.
+func traceTimeout(tf *opsv1alpha1.Traceflow) time.Duration {
+	if tf.Spec.TimeoutSeconds > 0 {
+		return time.Duration(tf.Spec.TimeoutSeconds) * time.Second
+	}
+	return DefaultTimeout
 }
 
 func timeoutReason(tf *opsv1alpha1.Traceflow) string {
@@ -267,10 +302,7 @@ func (c *Controller) start(ctx context.Context, tf *opsv1alpha1.Traceflow) error
 	if err != nil {
 		return c.fail(ctx, tf, err.Error())
 	}
-	timeout := DefaultTimeout
-	if tf.Spec.TimeoutSeconds > 0 {
-		timeout = time.Duration(tf.Spec.TimeoutSeconds) * time.Second
-	}
+	timeout := traceTimeout(tf)
 	c.mu.Lock()
 	tag := c.freeTagLocked()
 	c.mu.Unlock()
@@ -288,7 +320,7 @@ func (c *Controller) start(ctx context.Context, tf *opsv1alpha1.Traceflow) error
 		return fmt.Errorf("starting traceflow %s: %w", tf.Name, err)
 	}
 	c.mu.Lock()
-	c.owned[tf.Name] = now.Add(timeout)
+	c.owned[tf.Name] = ownedTrace{uid: tf.UID, at: now.Add(timeout)}
 	c.mu.Unlock()
 	c.queue.AddAfter(tf.Name, timeout+10*time.Millisecond)
 	c.log.Info("traceflow started", zap.String("traceflow", tf.Name), zap.Uint16("tag", tag),

@@ -5,6 +5,7 @@ import (
 	"net"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -200,5 +201,45 @@ func TestStartRefusesOutOfBoundsSpec(t *testing.T) {
 				t.Errorf("reason %q does not name %s %s", st.Reason, tc.field, tc.value)
 			}
 		})
+	}
+}
+
+// A Running trace of this Node fails once its object's StartTime plus its
+// timeoutSeconds (DefaultTimeout when 0) has passed, even when this daemon
+// did not start it (it restarted mid-trace): the deadline is read from the
+// object, not only from memory.
+func TestSyncFailsATraceStartedBeforeARestart(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		started time.Duration // before now
+		secs    int32
+		want    string
+	}{
+		{"default timeout passed", time.Minute, 0, opsv1alpha1.TraceflowFailed},
+		{"timeoutSeconds passed", 5 * time.Second, 3, opsv1alpha1.TraceflowFailed},
+		{"default timeout not passed", 0, 0, opsv1alpha1.TraceflowRunning},
+		{"timeoutSeconds not passed", time.Minute, 3600, opsv1alpha1.TraceflowRunning},
+	} {
+		start := metav1.NewTime(time.Now().Add(-tc.started))
+		tf := &opsv1alpha1.Traceflow{ObjectMeta: metav1.ObjectMeta{Name: "tf-a", UID: "u1"},
+			Spec:   opsv1alpha1.TraceflowSpec{TimeoutSeconds: tc.secs},
+			Status: opsv1alpha1.TraceflowStatus{Phase: opsv1alpha1.TraceflowRunning, SourceNode: "n1", Tag: 9, StartTime: &start}}
+		ops := opsfake.NewSimpleClientset(tf.DeepCopy())
+		c := New(ops, Config{NodeName: "n1", NodeIP: net.ParseIP("198.18.0.11")}, zap.NewNop())
+		c.store = cache.NewStore(cache.MetaNamespaceKeyFunc)
+		if err := c.store.Add(tf); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.sync(context.Background(), "tf-a"); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		c.queue.ShutDown()
+		got, err := ops.OpsV1alpha1().Traceflows().Get(context.Background(), "tf-a", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Status.Phase != tc.want || (tc.want == opsv1alpha1.TraceflowFailed && got.Status.Reason == "") {
+			t.Errorf("%s: status %+v, want phase %s", tc.name, got.Status, tc.want)
+		}
 	}
 }
