@@ -197,7 +197,11 @@ func TestInstalledByManifest(t *testing.T) {
 			"seine", "ovs", "health", "--config=/etc/seine/seine.yaml"); strings.TrimSpace(out) != "ok" {
 			t.Errorf("ovs health in %s: %q", p.Name, out)
 		}
-		for _, cs := range p.Status.ContainerStatuses {
+		running := runningStatuses(p)
+		if len(running) != 2 {
+			t.Errorf("%s: containers %v running, want seine and the openvswitch sidecar", p.Name, running)
+		}
+		for _, cs := range running {
 			if !cs.Ready || cs.RestartCount != 0 {
 				t.Errorf("%s/%s: ready %v, %d restarts", p.Name, cs.Name, cs.Ready, cs.RestartCount)
 			}
@@ -469,12 +473,30 @@ func TestNetworkPolicyEnforced(t *testing.T) {
 	}
 }
 
-// restarts sums the restart counts of the Pods' containers.
+// restarts sums the restart counts of the Pods' long-running containers.
 func restarts(pods []corev1.Pod) map[string]int32 {
 	out := map[string]int32{}
 	for _, p := range pods {
-		for _, cs := range p.Status.ContainerStatuses {
+		for _, cs := range runningStatuses(p) {
 			out[p.Name] += cs.RestartCount
+		}
+	}
+	return out
+}
+
+// runningStatuses returns the statuses of the Pod's long-running
+// containers: its containers and its sidecars (init containers with
+// restartPolicy Always, seine's openvswitch), not the init containers that
+// ran to completion.
+func runningStatuses(p corev1.Pod) []corev1.ContainerStatus {
+	sidecar := map[string]bool{}
+	for _, c := range p.Spec.InitContainers {
+		sidecar[c.Name] = c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways
+	}
+	out := append([]corev1.ContainerStatus{}, p.Status.ContainerStatuses...)
+	for _, cs := range p.Status.InitContainerStatuses {
+		if sidecar[cs.Name] {
+			out = append(out, cs)
 		}
 	}
 	return out
