@@ -122,6 +122,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger, opts ...Option
 		{"serve", d.serve},
 	} {
 		began := time.Now()
+		d.step.Store(step.name)
 		if err := step.run(ctx); err != nil {
 			return fmt.Errorf("start-up step %s: %w", step.name, err)
 		}
@@ -155,6 +156,7 @@ type daemon struct {
 	opts  []Option
 	comps *components // the long-lived goroutines, see components
 	fail  context.CancelCauseFunc
+	step  atomic.Value // string: the start-up step running, for the local API
 	// closers run in reverse order when Run returns.
 	closers []func()
 
@@ -227,6 +229,9 @@ func (d *daemon) findNode(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// seinectl reaches a daemon that is still starting (log-level, and
+	// what it is waiting for).
+	d.ops.serveAPI(ctx, d.comps, func() string { return "start-up step " + d.step.Load().(string) })
 	if d.kube, d.cp, err = kubeClients(d.rc); err != nil {
 		return err
 	}

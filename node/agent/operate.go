@@ -66,6 +66,9 @@ type operations struct {
 	probes  health.Probes
 	ops     opsclient.Interface
 	started time.Time
+	// api is the local API (seinectl), served from the first start-up
+	// step on; run gives it its backend once the datapath is up.
+	api *localapi.Server
 
 	pipelineGate, podsGate, cniGate *health.Gate
 }
@@ -82,6 +85,7 @@ func newOperations(cfg config.Config, rc *rest.Config, reg *prometheus.Registry,
 	for _, fn := range opts {
 		fn(&o.opts)
 	}
+	o.api = localapi.NewServer(nil, o.opts.level, o.probes.Handler(nil), log.Named("localapi"))
 	orc := rest.CopyConfig(rc)
 	orc.UserAgent = "seine-node"
 	ops, err := opsclient.NewForConfig(orc)
@@ -203,12 +207,19 @@ func (o *operations) inspector(d *datapath) *inspect.Inspector {
 	})
 }
 
-// run starts, once the datapath is ready, the local API, the AgentInfo
-// writer and Traceflow, as components.
+// serveAPI serves the local API as a component: until run, only the log
+// level and the probes, the other routes answering that the daemon is
+// starting, doing what step returns.
+func (o *operations) serveAPI(ctx context.Context, comps *components, step func() string) {
+	o.api.SetStarting(step)
+	comps.Go(func() error { return o.api.Serve(ctx, o.cfg.APISocket) })
+}
+
+// run, once the datapath is ready, gives the local API its backend and
+// starts the AgentInfo writer and Traceflow, as components.
 func (o *operations) run(ctx context.Context, d *datapath, comps *components) {
 	in := o.inspector(d)
-	api := localapi.NewServer(in, o.opts.level, o.probes.Handler(nil), o.log.Named("localapi"))
-	comps.Go(func() error { return api.Serve(ctx, o.cfg.APISocket) })
+	o.api.SetBackend(in)
 	comps.Go(func() error {
 		return info.RunAgent(ctx, o.ops, info.AgentConfig{NodeName: o.cfg.NodeName, NodeUID: d.nodeUID,
 			Status: in.AgentInfo}, o.log.Named("agentinfo"))

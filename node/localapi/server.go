@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/pprof"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -53,16 +54,42 @@ func NotFound(format string, a ...any) error {
 
 // Server serves the local API.
 type Server struct {
-	backend Backend
-	level   zap.AtomicLevel
-	probes  http.Handler
-	log     *zap.Logger
+	backend  atomic.Pointer[Backend]
+	starting atomic.Pointer[func() string]
+	level    zap.AtomicLevel
+	probes   http.Handler
+	log      *zap.Logger
 }
 
 // NewServer returns a server over backend; level is the daemon's logger
 // level (changed by PUT /v1/loglevel), probes serves /healthz and /readyz.
+// backend may be nil while the daemon starts (SetBackend gives it later):
+// until then the log level, the probes and pprof are served, and every
+// other route answers 503 Service Unavailable, saying what the daemon is
+// doing (SetStarting).
 func NewServer(backend Backend, level zap.AtomicLevel, probes http.Handler, log *zap.Logger) *Server {
-	return &Server{backend: backend, level: level, probes: probes, log: log}
+	s := &Server{level: level, probes: probes, log: log}
+	if backend != nil {
+		s.SetBackend(backend)
+	}
+	return s
+}
+
+// SetBackend makes the server answer every route from b.
+func (s *Server) SetBackend(b Backend) { s.backend.Store(&b) }
+
+// SetStarting sets what a 503 says while there is no backend: fn returns
+// what the daemon is doing, e.g. "start-up step ovsdb".
+func (s *Server) SetStarting(fn func() string) { s.starting.Store(&fn) }
+
+// errStarting is the 503 of a route that needs the backend.
+func (s *Server) errStarting() error {
+	what := "starting"
+	if fn := s.starting.Load(); fn != nil {
+		what = "starting: " + (*fn)()
+	}
+	return &StatusError{Code: http.StatusServiceUnavailable, Err: fmt.Errorf("the seine daemon is %s; "+
+		"only log-level and its probes answer until it has started", what)}
 }
 
 // Serve listens on socket (mode 0600) and serves until ctx ends.
@@ -83,23 +110,31 @@ func (s *Server) Serve(ctx context.Context, socket string) error {
 // Handler routes the API.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
-	get := func(path string, fn func(r *http.Request) (any, error)) {
+	// get serves a route from the backend, or 503 while there is none.
+	get := func(path string, fn func(r *http.Request, b Backend) (any, error)) {
 		mux.HandleFunc("GET "+path, func(w http.ResponseWriter, r *http.Request) {
-			v, err := fn(r)
+			b := s.backend.Load()
+			if b == nil {
+				s.reply(w, nil, s.errStarting())
+				return
+			}
+			v, err := fn(r, *b)
 			s.reply(w, v, err)
 		})
 	}
-	get("/v1/version", func(r *http.Request) (any, error) { return s.backend.Version(r.Context()) })
-	get("/v1/agentinfo", func(r *http.Request) (any, error) { return s.backend.AgentInfo(r.Context()) })
-	get("/v1/podinterfaces", func(*http.Request) (any, error) { return s.backend.PodInterfaces(), nil })
-	get("/v1/networkpolicies", func(*http.Request) (any, error) { return s.backend.NetworkPolicies(), nil })
-	get("/v1/appliedtogroups", func(*http.Request) (any, error) { return s.backend.AppliedToGroups(), nil })
-	get("/v1/addressgroups", func(*http.Request) (any, error) { return s.backend.AddressGroups(), nil })
-	get("/v1/ovsflows", func(r *http.Request) (any, error) {
+	get("/v1/version", func(r *http.Request, b Backend) (any, error) { return b.Version(r.Context()) })
+	get("/v1/agentinfo", func(r *http.Request, b Backend) (any, error) { return b.AgentInfo(r.Context()) })
+	get("/v1/podinterfaces", func(_ *http.Request, b Backend) (any, error) { return b.PodInterfaces(), nil })
+	get("/v1/networkpolicies", func(_ *http.Request, b Backend) (any, error) { return b.NetworkPolicies(), nil })
+	get("/v1/appliedtogroups", func(_ *http.Request, b Backend) (any, error) { return b.AppliedToGroups(), nil })
+	get("/v1/addressgroups", func(_ *http.Request, b Backend) (any, error) { return b.AddressGroups(), nil })
+	get("/v1/ovsflows", func(r *http.Request, b Backend) (any, error) {
 		q := r.URL.Query()
-		return s.backend.Flows(r.Context(), FlowQuery{Pod: q.Get("pod"), NetworkPolicy: q.Get("networkpolicy"), Table: q.Get("table")})
+		return b.Flows(r.Context(), FlowQuery{Pod: q.Get("pod"), NetworkPolicy: q.Get("networkpolicy"), Table: q.Get("table")})
 	})
-	get("/v1/loglevel", func(*http.Request) (any, error) { return LogLevel{Level: s.level.Level().String()}, nil })
+	mux.HandleFunc("GET /v1/loglevel", func(w http.ResponseWriter, _ *http.Request) {
+		s.reply(w, LogLevel{Level: s.level.Level().String()}, nil)
+	})
 	mux.HandleFunc("PUT /v1/loglevel", func(w http.ResponseWriter, r *http.Request) {
 		var in LogLevel
 		if err := json.NewDecoder(r.Body).Decode(&in); err != nil {
@@ -122,12 +157,22 @@ func (s *Server) Handler() http.Handler {
 			s.reply(w, nil, BadRequest("trace request: %v", err))
 			return
 		}
-		res, err := s.backend.TracePacket(r.Context(), in)
+		b := s.backend.Load()
+		if b == nil {
+			s.reply(w, nil, s.errStarting())
+			return
+		}
+		res, err := (*b).TracePacket(r.Context(), in)
 		s.reply(w, res, err)
 	})
 	mux.HandleFunc("GET /v1/supportbundle", func(w http.ResponseWriter, r *http.Request) {
+		b := s.backend.Load()
+		if b == nil {
+			s.reply(w, nil, s.errStarting())
+			return
+		}
 		w.Header().Set("Content-Type", "application/gzip")
-		if err := s.backend.SupportBundle(r.Context(), w); err != nil {
+		if err := (*b).SupportBundle(r.Context(), w); err != nil {
 			// The archive may be half written; the client sees a broken
 			// gzip stream and this log line says why.
 			s.log.Error("support bundle failed", zap.Error(err))

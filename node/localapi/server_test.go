@@ -106,3 +106,48 @@ func TestServerAndClient(t *testing.T) {
 		t.Errorf("no daemon: %v", err)
 	}
 }
+
+// A daemon still starting answers seinectl: the log level can be changed,
+// and every route that needs the datapath says what the daemon is doing
+// (503); once it has a backend, those routes answer from it.
+func TestServerWhileStarting(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "api.sock")
+	level := zap.NewAtomicLevelAt(zap.InfoLevel)
+	srv := NewServer(nil, level, nil, zaptest.NewLogger(t))
+	srv.SetStarting(func() string { return "start-up step ovsdb" })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, sock) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	cl := NewClient(sock)
+	var l LogLevel
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if err := cl.Put(ctx, "/v1/loglevel", LogLevel{Level: "debug"}, &l); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+	}
+	if level.Level() != zap.DebugLevel {
+		t.Errorf("log level %v after PUT debug", level.Level())
+	}
+	var pods []PodInterface
+	for _, call := range []func() error{
+		func() error { return cl.Get(ctx, "/v1/podinterfaces", nil, &pods) },
+		func() error { return cl.Post(ctx, "/v1/trace-packet", TraceRequest{Source: "x/y"}, &TraceResult{}) },
+		func() error { return cl.Stream(ctx, "/v1/supportbundle", io.Discard) },
+	} {
+		if err := call(); err == nil || !strings.Contains(err.Error(), "starting: start-up step ovsdb") {
+			t.Errorf("a route that needs the datapath while starting: %v, want the step named", err)
+		}
+	}
+	srv.SetBackend(&stubBackend{})
+	if err := cl.Get(ctx, "/v1/podinterfaces", nil, &pods); err != nil || len(pods) != 1 {
+		t.Errorf("after SetBackend: %v %v", pods, err)
+	}
+}
