@@ -190,6 +190,13 @@ type ServicePort struct {
 	// Kubernetes sends those to every endpoint, not only the Node's own
 	// (kube-proxy's "short-circuit" of locally originated traffic).
 	Sources []net.IP
+	// SourceRanges, when set, admit new connections from these ranges
+	// only; the frontend drops those from anywhere else, and they reach
+	// no other frontend of the VIP and port (a Service's
+	// loadBalancerSourceRanges on its LoadBalancer IPs, as kube-proxy
+	// enforces them). With Sources too, Sources alone decide (the caller
+	// keeps only the sources the ranges admit).
+	SourceRanges []*net.IPNet
 }
 
 // ServiceBaseFlows returns the fixed flows of the Service tables, cookie
@@ -314,7 +321,9 @@ func ServicePortFlows(b Bridge, sp ServicePort) ([]of.Flow, []of.GroupEntry, err
 		lbPrio, lbRegs = PrioHigh, []of.RegMatch{PktSource.Match(FromGateway)}
 	}
 	sources := []*net.IPNet{nil}
-	if sp.External && len(sp.Sources) > 0 {
+	ranged := false // sources are SourceRanges: the others are dropped
+	switch {
+	case sp.External && len(sp.Sources) > 0:
 		sources = sources[:0]
 		for _, src := range sp.Sources {
 			if src.To4() != nil {
@@ -322,6 +331,14 @@ func ServicePortFlows(b Bridge, sp ServicePort) ([]of.Flow, []of.GroupEntry, err
 			}
 		}
 		lbPrio = PrioHigh + 2
+	case len(sp.SourceRanges) > 0:
+		sources = sources[:0]
+		for _, r := range sp.SourceRanges {
+			if r.IP.To4() != nil {
+				sources = append(sources, &net.IPNet{IP: r.IP.To4().Mask(r.Mask), Mask: r.Mask})
+			}
+		}
+		ranged = true
 	}
 	for _, vip := range sp.VIPs {
 		if vip.To4() == nil {
@@ -332,13 +349,22 @@ func ServicePortFlows(b Bridge, sp ServicePort) ([]of.Flow, []of.GroupEntry, err
 				Match: of.Match{EthType: EthTypeIPv4, IPSrc: src, IPDst: host(vip), IPProto: sp.Protocol,
 					L4Dst: &of.PortMatch{Port: sp.Port}, CtState: newConn, Regs: lbRegs},
 				Actions: lbActs})
+			if sp.Action == ServiceReject && !sp.External {
+				// The host's own connections enter from the gateway.
+				fs = append(fs, of.Flow{Table: uint8(ServiceLB), Priority: lbPrio + 1, Cookie: ck,
+					Match: of.Match{EthType: EthTypeIPv4, IPSrc: src, IPDst: host(vip), IPProto: sp.Protocol,
+						L4Dst: &of.PortMatch{Port: sp.Port}, CtState: newConn, Regs: []of.RegMatch{PktSource.Match(FromGateway)}},
+					Actions: toHostForReject(b, true)})
+			}
 		}
-		if sp.Action == ServiceReject && !sp.External {
-			// The host's own connections enter from the gateway.
-			fs = append(fs, of.Flow{Table: uint8(ServiceLB), Priority: lbPrio + 1, Cookie: ck,
+		if ranged {
+			// Below the admitted ranges, above every other frontend of
+			// the VIP and port (the internal one is at PrioNormal, the
+			// external one at PrioHigh): a new connection from elsewhere
+			// is dropped.
+			fs = append(fs, of.Flow{Table: uint8(ServiceLB), Priority: lbPrio - 1, Cookie: ck,
 				Match: of.Match{EthType: EthTypeIPv4, IPDst: host(vip), IPProto: sp.Protocol,
-					L4Dst: &of.PortMatch{Port: sp.Port}, CtState: newConn, Regs: []of.RegMatch{PktSource.Match(FromGateway)}},
-				Actions: toHostForReject(b, true)})
+					L4Dst: &of.PortMatch{Port: sp.Port}, CtState: newConn, Regs: lbRegs}})
 		}
 	}
 	if sp.Protocol == 17 && !sp.External {

@@ -137,3 +137,66 @@ func TestServiceFlowsInOVS(t *testing.T) {
 		t.Errorf("plain traffic:\n%s", out)
 	}
 }
+
+// A LoadBalancer IP with loadBalancerSourceRanges: a new connection from
+// an admitted range reaches the frontend's group, from a Pod as from the
+// gateway; one from elsewhere is dropped, and does not fall through to a
+// frontend without ranges on the same VIP and port (here a plain internal
+// one, as a Service's externalIPs frontend would be).
+func TestServiceSourceRanges(t *testing.T) {
+	o, c, ctx := testBridge(t, gw0, podPort("p1", 3), podPort("p2", 4))
+	br := pipeline.Bridge{Round: 1, GatewayPort: 2, GatewayMAC: mustMAC("0a:00:00:00:00:01"), GatewayIP: net.ParseIP("10.244.1.1"),
+		PodCIDR: mustCIDR("10.244.1.0/24"), NodeIP: net.ParseIP("198.18.0.11")}
+	p1 := pipeline.Pod{OFPort: 3, IP: net.ParseIP("10.244.1.5"), MAC: mustMAC("0a:00:00:00:01:05")}
+	p2 := pipeline.Pod{OFPort: 4, IP: net.ParseIP("10.244.1.6"), MAC: mustMAC("0a:00:00:00:01:06")}
+	lbIP := []net.IP{net.ParseIP("198.18.100.2")}
+	eps := []pipeline.ServiceEndpoint{{IP: net.ParseIP("10.244.2.7"), Port: 8080}}
+	ranges := []*net.IPNet{mustCIDR("10.244.1.5/32"), mustCIDR("198.19.5.0/24")}
+	open := pipeline.ServicePort{ID: 20, VIPs: lbIP, Protocol: 6, Port: 80, Endpoints: eps}
+	pods := pipeline.ServicePort{ID: 21, VIPs: lbIP, Protocol: 6, Port: 80, Endpoints: eps, SourceRanges: ranges}
+	outside := pipeline.ServicePort{ID: 22, VIPs: lbIP, Protocol: 6, Port: 80, Endpoints: eps, External: true, SNAT: true,
+		SourceRanges: ranges}
+	flows := append(pipeline.BaseFlows(br), pipeline.PodFlows(br, p1)...)
+	flows = append(flows, pipeline.PodFlows(br, p2)...)
+	flows = append(flows, pipeline.ServiceBaseFlows(br)...)
+	var groups []of.GroupMod
+	for _, sp := range []pipeline.ServicePort{open, pods, outside} {
+		fs, gs, err := pipeline.ServicePortFlows(br, sp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		flows = append(flows, fs...)
+		for _, g := range gs {
+			groups = append(groups, of.GroupMod{Op: of.GroupOpAdd, Group: g})
+		}
+	}
+	if err := c.ApplyGroups(ctx, groups); err != nil {
+		t.Fatal(err)
+	}
+	addFlows(ctx, t, c, flows)
+	trace := func(flow string) string {
+		return o.Run("ovs-appctl", "ofproto/trace", "br-int", flow, "--ct-next", "trk,new")
+	}
+	fromPod := func(port int, mac, ip string) string {
+		return fmt.Sprintf("in_port=%d,dl_src=%s,dl_dst=0a:00:00:00:00:01,tcp,nw_ttl=64,nw_src=%s,tp_src=40000,nw_dst=198.18.100.2,tp_dst=80", port, mac, ip)
+	}
+	fromGateway := func(src string) string {
+		return "in_port=2,dl_src=0a:00:00:00:00:01,dl_dst=0e:5e:1e:00:00:01,tcp,nw_ttl=64,nw_src=" + src + ",tp_src=40000,nw_dst=198.18.100.2,tp_dst=80"
+	}
+	for _, tc := range []struct {
+		what, flow, group string // group "" : dropped
+	}{
+		{"a Pod in the ranges", fromPod(3, "0a:00:00:00:01:05", "10.244.1.5"), "group:21"},
+		{"a Pod outside them", fromPod(4, "0a:00:00:00:01:06", "10.244.1.6"), ""},
+		{"a client in the ranges, from the gateway", fromGateway("198.19.5.7"), "group:22"},
+		{"a client outside them, from the gateway", fromGateway("198.19.6.7"), ""},
+	} {
+		out := trace(tc.flow)
+		switch {
+		case tc.group != "" && !strings.Contains(out, tc.group):
+			t.Errorf("%s: does not reach %s:\n%s", tc.what, tc.group, out)
+		case tc.group == "" && (strings.Contains(out, "group:") || !strings.Contains(out, "Datapath actions: drop")):
+			t.Errorf("%s: not dropped:\n%s", tc.what, out)
+		}
+	}
+}

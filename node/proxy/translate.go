@@ -5,6 +5,7 @@ import (
 	"net"
 	"sort"
 	"strconv"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -82,6 +83,13 @@ type Scope struct {
 //     ipMode Proxy, KEP-1860), key suffix "/external": those IPs for
 //     traffic routed in by the host.
 //
+// A LoadBalancer Service with loadBalancerSourceRanges (sourceRanges) has
+// its LoadBalancer IPs in neither the internal nor the "/external"
+// frontend but in two of their own that admit the ranges only and drop
+// the other new connections: key suffix "/loadbalancer-pods" for traffic
+// from Pods, and with ProxyAll "/loadbalancer" for traffic routed in by
+// the host (and its "/node" twin).
+//
 // Endpoint rules:
 //
 //   - new connections go to ready endpoints; when none is ready, to the
@@ -115,13 +123,21 @@ func Translate(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, scope S
 		return nil, nil
 	}
 	external := ipv4s(svc.Spec.ExternalIPs)
+	var lbIPs []net.IP
 	if svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
 		for _, in := range svc.Status.LoadBalancer.Ingress {
 			if in.IPMode != nil && *in.IPMode == corev1.LoadBalancerIPModeProxy {
 				continue
 			}
-			external = append(external, ipv4s([]string{in.IP})...)
+			lbIPs = append(lbIPs, ipv4s([]string{in.IP})...)
 		}
+	}
+	// The LoadBalancer IPs of a Service with loadBalancerSourceRanges get
+	// frontends of their own, which admit those ranges only; otherwise
+	// they join the externalIPs.
+	ranges := sourceRanges(svc, lbIPs, scope.HostIPs)
+	if len(ranges) == 0 {
+		external = append(external, lbIPs...)
 	}
 	var affinity uint16
 	if svc.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
@@ -158,6 +174,11 @@ func Translate(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, scope S
 		}
 		choose(&in, ready, serving, internalLocal)
 		out = append(out, PortState{Key: key, Port: in})
+		if len(ranges) > 0 {
+			lb := in
+			lb.VIPs, lb.FragmentVIPs, lb.SourceRanges = lbIPs, nil, ranges
+			out = append(out, PortState{Key: key + "/loadbalancer-pods", Port: lb})
+		}
 		if !scope.ProxyAll {
 			continue
 		}
@@ -187,9 +208,76 @@ func Translate(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, scope S
 		if len(external) > 0 {
 			add(key+"/external", ext, external, p.Port)
 		}
+		if len(ranges) > 0 {
+			lb := ext
+			lb.VIPs, lb.Port, lb.SourceRanges = lbIPs, uint16(p.Port), ranges
+			out = append(out, PortState{Key: key + "/loadbalancer", Port: lb})
+			if fromNode != nil {
+				// The Node's own connections: only from its addresses
+				// the ranges admit; the others are dropped with the rest.
+				n := *fromNode
+				n.VIPs, n.Port, n.Sources = lbIPs, uint16(p.Port), nil
+				for _, ip := range fromNode.Sources {
+					if inRanges(ranges, ip) {
+						n.Sources = append(n.Sources, ip)
+					}
+				}
+				if len(n.Sources) > 0 {
+					out = append(out, PortState{Key: key + "/loadbalancer/node", Port: n})
+				}
+			}
+		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
 	return out, nil
+}
+
+// inRanges reports whether one of ranges holds ip.
+func inRanges(ranges []*net.IPNet, ip net.IP) bool {
+	for _, r := range ranges {
+		if r.Contains(ip) {
+			return true
+		}
+	}
+	return false
+}
+
+// sourceRanges returns the IPv4 loadBalancerSourceRanges of svc that
+// apply to its LoadBalancer IPs lbIPs: none when it has no such IP, no
+// IPv4 range, or a range of every address (0.0.0.0/0 admits all, as no
+// range does). The API admits ranges padded with white space; they are
+// trimmed. When a range holds one of the Node's addresses hostIPs, the
+// LoadBalancer IPs are admitted as sources too: a load balancer that
+// hands the Node its VIP as a local address makes the Node's own
+// connections to it come from the VIP. This follows kube-proxy
+// (pkg/proxy/serviceport.go, nftables proxier's firewall chains).
+func sourceRanges(svc *corev1.Service, lbIPs, hostIPs []net.IP) []*net.IPNet {
+	if len(lbIPs) == 0 {
+		return nil
+	}
+	var out []*net.IPNet
+	for _, r := range svc.Spec.LoadBalancerSourceRanges {
+		_, n, err := net.ParseCIDR(strings.TrimSpace(r))
+		if err != nil || n.IP.To4() == nil {
+			continue
+		}
+		if ones, _ := n.Mask.Size(); ones == 0 {
+			return nil
+		}
+		out = append(out, n)
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	for _, ip := range hostIPs {
+		if inRanges(out, ip) {
+			for _, vip := range lbIPs {
+				out = append(out, &net.IPNet{IP: vip, Mask: net.CIDRMask(32, 32)})
+			}
+			break
+		}
+	}
+	return out
 }
 
 // choose sets sp's endpoints and action: ready endpoints, else serving

@@ -281,3 +281,77 @@ func TestTranslateFragmentVIPs(t *testing.T) {
 		t.Errorf("two UDP ports: fragment VIPs %v, want none", got)
 	}
 }
+
+// loadBalancerSourceRanges: the LoadBalancer IPs get frontends of their
+// own, for Pods and (with proxyAll) from outside, that admit the ranges
+// only (trimmed, IPv4); the ClusterIP and externalIPs stay open. A range
+// of every address, or no IPv4 range, admits all, as none does. A range
+// holding a Node address admits the LoadBalancer IPs as sources too, and
+// under externalTrafficPolicy Local the Node's own connections keep their
+// frontend only from the addresses the ranges admit.
+func TestTranslateLoadBalancerSourceRanges(t *testing.T) {
+	svc := service(corev1.ServicePort{Name: "http", Port: 80, NodePort: 30080})
+	svc.Spec.Type = corev1.ServiceTypeLoadBalancer
+	svc.Spec.ExternalIPs = []string{"198.18.100.1"}
+	svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.18.100.2"}}
+	svc.Spec.LoadBalancerSourceRanges = []string{" 198.19.5.0/24", "2001:db8::/64"}
+	eps := []*discoveryv1.EndpointSlice{slice("http", 8080,
+		ep{"10.244.1.5", "n1", true, true, false}, ep{"10.244.2.5", "n2", true, true, false})}
+	byKey := func(scope Scope) map[string]pipeline.ServicePort {
+		t.Helper()
+		got, err := Translate(svc, eps, scope)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]pipeline.ServicePort{}
+		for _, ps := range got {
+			m[ps.Key] = ps.Port
+		}
+		return m
+	}
+	m := byKey(Scope{NodeName: "n1", ProxyAll: true, HostIPs: []net.IP{net.ParseIP("198.18.0.11").To4()}})
+	want := map[string]string{
+		"ns/web/http/TCP":                   "[10.96.0.10 198.18.100.1] []",
+		"ns/web/http/TCP/loadbalancer-pods": "[198.18.100.2] [198.19.5.0/24]",
+		"ns/web/http/TCP/nodeport":          fmt.Sprint([]net.IP{pipeline.NodePortVIP}) + " []",
+		"ns/web/http/TCP/external":          "[198.18.100.1] []",
+		"ns/web/http/TCP/loadbalancer":      "[198.18.100.2] [198.19.5.0/24]",
+	}
+	if len(m) != len(want) {
+		t.Errorf("frontends %v, want %d", m, len(want))
+	}
+	for k, w := range want {
+		sp, ok := m[k]
+		if got := fmt.Sprint(sp.VIPs, sp.SourceRanges); !ok || got != w {
+			t.Errorf("%s: VIPs and ranges %s (present %v), want %s", k, got, ok, w)
+		}
+	}
+	if lb := m["ns/web/http/TCP/loadbalancer"]; !lb.External || lb.Port != 80 || len(lb.Endpoints) != 2 {
+		t.Errorf("external LoadBalancer frontend %+v", lb)
+	}
+	if lb := m["ns/web/http/TCP/loadbalancer-pods"]; lb.External || len(lb.Endpoints) != 2 {
+		t.Errorf("LoadBalancer frontend for Pods %+v", lb)
+	}
+
+	// A range holding the Node's address admits the LoadBalancer IP too;
+	// externalTrafficPolicy Local: the Node's own connections only from
+	// the admitted addresses.
+	svc.Spec.LoadBalancerSourceRanges = []string{"198.18.0.0/24"}
+	svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	m = byKey(Scope{NodeName: "n1", ProxyAll: true, HostIPs: []net.IP{net.ParseIP("198.18.0.11").To4(), net.ParseIP("10.244.1.1").To4()}})
+	if r := fmt.Sprint(m["ns/web/http/TCP/loadbalancer"].SourceRanges); r != "[198.18.0.0/24 198.18.100.2/32]" {
+		t.Errorf("ranges %s, want the range and the LoadBalancer IP", r)
+	}
+	if n, ok := m["ns/web/http/TCP/loadbalancer/node"]; !ok || fmt.Sprint(n.Sources) != "[198.18.0.11]" || n.SNAT {
+		t.Errorf("the Node's own frontend on the LoadBalancer IP: %+v (present %v), want from 198.18.0.11 only", n, ok)
+	}
+
+	for _, open := range [][]string{{"0.0.0.0/0"}, {"2001:db8::/64"}, nil} {
+		svc.Spec.LoadBalancerSourceRanges = open
+		for k, sp := range byKey(Scope{NodeName: "n1", ProxyAll: true}) {
+			if len(sp.SourceRanges) > 0 || strings.Contains(k, "loadbalancer") {
+				t.Errorf("ranges %q: frontend %s with ranges %v, want the LoadBalancer IP open", open, k, sp.SourceRanges)
+			}
+		}
+	}
+}

@@ -234,3 +234,68 @@ func TestServiceExternalIPsAndLoadBalancer(t *testing.T) {
 		return nil
 	})
 }
+
+// loadBalancerSourceRanges: the LoadBalancer IP admits new connections
+// from the ranges only, from outside as from Pods, and follows changes of
+// the ranges; the Service's ClusterIP is not subject to them.
+func TestServiceLoadBalancerSourceRanges(t *testing.T) {
+	c := shared
+	ns := "svc-lbsr"
+	pods := svcPods(t, c, ns, "lbsr", 1)
+	client := svcPods(t, c, ns, "lbsr-client", 0)[0]
+	const lbIP = "198.18.100.12"
+	extNS, extIP := c.ExternalHost()
+	lb := createService(t, c, ns, "lb", "lbsr", func(s *corev1.Service) {
+		s.Spec.Type = corev1.ServiceTypeLoadBalancer
+		s.Spec.LoadBalancerSourceRanges = []string{extIP + "/32"}
+	})
+	ctx := testCtx(t, 2*time.Minute)
+	lb.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: lbIP}}
+	if _, err := c.Client().CoreV1().Services(ns).UpdateStatus(ctx, lb, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("setting LoadBalancer ingress: %v", err)
+	}
+	undo, err := c.RouteToNode(ctx, lbIP+"/32", c.Nodes()[0].Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(undo)
+	setRanges := func(ranges ...string) {
+		t.Helper()
+		cur, err := c.Client().CoreV1().Services(ns).Get(ctx, lb.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cur.Spec.LoadBalancerSourceRanges = ranges
+		if _, err := c.Client().CoreV1().Services(ns).Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+			t.Fatalf("setting loadBalancerSourceRanges %v: %v", ranges, err)
+		}
+	}
+	fromExt := func() echo.Result { return c.ProbeFrom(testCtx(t, 10*time.Second), extNS, lbIP, 80, corev1.ProtocolTCP, time.Second) }
+	fromPod := func() echo.Result { return probeSvc(t, c, client, lbIP, 80, corev1.ProtocolTCP, time.Second) }
+	want := func(what string, probe func() echo.Result, outcome echo.Outcome) {
+		t.Helper()
+		eventually(t, 20*time.Second, what, func() error {
+			if r := probe(); r.Outcome != outcome || (outcome == echo.Connected && r.Reply != pods[0].name) {
+				return fmt.Errorf("got %s (%v), want %s", r, r.Err, outcome)
+			}
+			return nil
+		})
+	}
+	// Admitted: the external host. Once it connects the frontends are in,
+	// so the Pod outside the ranges is dropped, not merely early.
+	want("the external host, in the ranges", fromExt, echo.Connected)
+	if r := fromPod(); r.Outcome != echo.TimedOut {
+		t.Errorf("a Pod outside the ranges: %s (%v), want the connection dropped", r, r.Err)
+	}
+	if r := probeSvc(t, c, client, lb.Spec.ClusterIP, 80, corev1.ProtocolTCP, 2*time.Second); r.Outcome != echo.Connected {
+		t.Errorf("the ClusterIP from a Pod outside the ranges: %s (%v), want it served", r, r.Err)
+	}
+	// Now the Pod only.
+	setRanges(client.ip + "/32")
+	want("the Pod, in the ranges now", fromPod, echo.Connected)
+	want("the external host, outside the ranges now", fromExt, echo.TimedOut)
+	// No range: open to all again.
+	setRanges()
+	want("the external host, without ranges", fromExt, echo.Connected)
+	want("the Pod, without ranges", fromPod, echo.Connected)
+}
