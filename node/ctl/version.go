@@ -23,16 +23,20 @@ func versionCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "version",
 		Usage: "print the versions of seinectl, the local daemon and its Open vSwitch",
-		Flags: []cli.Flag{textOutputFlag()},
+		Flags: []cli.Flag{textOutputFlag(),
+			&cli.BoolFlag{Name: "client", Usage: "only seinectl's own version: no daemon is asked (as kubectl version --client)"}},
 		Action: func(c *cli.Context) error {
 			v := versions{Client: version.String()}
-			ctx, cancel := context.WithTimeout(c.Context, 10*time.Second)
-			defer cancel()
-			var d localapi.Version
-			if err := local(c).Get(ctx, "/v1/version", nil, &d); err != nil {
-				v.DaemonError = err.Error()
-			} else {
-				v.Daemon = &d
+			client := c.Bool("client")
+			if !client {
+				ctx, cancel := context.WithTimeout(c.Context, 10*time.Second)
+				defer cancel()
+				var d localapi.Version
+				if err := local(c).Get(ctx, "/v1/version", nil, &d); err != nil {
+					v.DaemonError = err.Error()
+				} else {
+					v.Daemon = &d
+				}
 			}
 			if o := c.String("output"); o == "json" || o == "yaml" {
 				if err := print(c, v, nil); err != nil {
@@ -42,16 +46,18 @@ func versionCommand() *cli.Command {
 				w := c.App.Writer
 				fmtLine := func(k, v string) { _, _ = w.Write([]byte(k + v + "\n")) }
 				fmtLine("seinectl: ", v.Client)
-				if v.Daemon == nil {
+				switch {
+				case client:
+				case v.Daemon == nil:
 					fmtLine("daemon:   ", "unreachable: "+v.DaemonError)
-				} else {
+				default:
 					fmtLine("daemon:   ", v.Daemon.Daemon+" on Node "+v.Daemon.Node)
 					fmtLine("ovs:      ", v.Daemon.OVS+" ("+v.Daemon.Datapath+" datapath)")
 				}
 			}
 			// Like kubectl version without a server: the client's version
 			// is printed, the exit status says the daemon did not answer.
-			if v.Daemon == nil {
+			if !client && v.Daemon == nil {
 				return fmt.Errorf("the daemon's version: %s", v.DaemonError)
 			}
 			return nil

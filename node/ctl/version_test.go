@@ -51,5 +51,13 @@ func TestVersionWithoutTheDaemonFails(t *testing.T) {
 		if !strings.Contains(out.String(), "v1.2.3") {
 			t.Errorf("-o %q: printed %q", o, out.String())
 		}
+		// --client asks no daemon and succeeds without one.
+		app, out, _ = testApp(nil)
+		if err := app.Run([]string{"seinectl", "--socket", down, "version", "--client", "-o", o}); err != nil {
+			t.Errorf("-o %q --client, no daemon: %v", o, err)
+		}
+		if strings.Contains(out.String(), "unreachable") || strings.Contains(out.String(), "daemonError") {
+			t.Errorf("-o %q --client: printed %q, want no daemon asked", o, out.String())
+		}
 	}
 }

@@ -26,8 +26,12 @@ func TestBinaryIsStatic(t *testing.T) {
 		t.Fatalf("bin/seine needs shared libraries %v", libs)
 	}
 	bin := filepath.Dir(seineBin())
-	for name, want := range map[string]string{"seinectl": "seinectl: ", "seine": "seine "} {
-		out, err := exec.Command(filepath.Join(bin, name), "version").CombinedOutput()
+	for name, args := range map[string][]string{"seinectl": {"version", "--client"}, "seine": {"version"}} {
+		want := name + " "
+		if name == "seinectl" {
+			want = "seinectl: "
+		}
+		out, err := exec.Command(filepath.Join(bin, name), args...).CombinedOutput()
 		if err != nil || !strings.HasPrefix(string(out), want) || !strings.Contains(string(out), "linux/amd64") {
 			t.Errorf("%s version: %q, %v", name, out, err)
 		}
