@@ -309,7 +309,7 @@ func TestSeinectl(t *testing.T) {
 			}
 		}
 		out = mustCtl(t, c, n0, "query", "endpoint", "-p", "ops-ctl/client")
-		if !strings.Contains(out, "Isolated for: nothing") || !strings.Contains(out, "ops-ctl/servers rule 1 (In)") {
+		if !strings.Contains(out, "Isolated for: nothing") || !regexp.MustCompile(`ops-ctl/servers \(np-\S+\) computed rule 1 \(In\)`).MatchString(out) {
 			t.Errorf("query endpoint client:\n%s", out)
 		}
 		out = mustCtl(t, c, n0, "query", "endpoint", "-p", stranger.ns+"/"+stranger.name)
