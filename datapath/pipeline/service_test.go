@@ -138,11 +138,11 @@ func TestServiceFlowsInOVS(t *testing.T) {
 	}
 }
 
-// A LoadBalancer IP with loadBalancerSourceRanges: a new connection from
-// an admitted range reaches the frontend's group, from a Pod as from the
-// gateway; one from elsewhere is dropped, and does not fall through to a
-// frontend without ranges on the same VIP and port (here a plain internal
-// one, as a Service's externalIPs frontend would be).
+// A LoadBalancer IP with loadBalancerSourceRanges, as the proxy gives it
+// two frontends (for Pods, and external from the gateway): a new
+// connection from an admitted range reaches its frontend's group, from a
+// Pod as from the gateway; one from elsewhere is dropped, the one from the
+// gateway without falling through to the Pods' frontend below it.
 func TestServiceSourceRanges(t *testing.T) {
 	o, c, ctx := testBridge(t, gw0, podPort("p1", 3), podPort("p2", 4))
 	br := pipeline.Bridge{Round: 1, GatewayPort: 2, GatewayMAC: mustMAC("0a:00:00:00:00:01"), GatewayIP: net.ParseIP("10.244.1.1"),
@@ -151,16 +151,18 @@ func TestServiceSourceRanges(t *testing.T) {
 	p2 := pipeline.Pod{OFPort: 4, IP: net.ParseIP("10.244.1.6"), MAC: mustMAC("0a:00:00:00:01:06")}
 	lbIP := []net.IP{net.ParseIP("198.18.100.2")}
 	eps := []pipeline.ServiceEndpoint{{IP: net.ParseIP("10.244.2.7"), Port: 8080}}
+	// 198.19.6.0/24 is admitted from Pods' side only: a gateway packet
+	// from there must not fall through to the Pods' frontend.
 	ranges := []*net.IPNet{mustCIDR("10.244.1.5/32"), mustCIDR("198.19.5.0/24")}
-	open := pipeline.ServicePort{ID: 20, VIPs: lbIP, Protocol: 6, Port: 80, Endpoints: eps}
-	pods := pipeline.ServicePort{ID: 21, VIPs: lbIP, Protocol: 6, Port: 80, Endpoints: eps, SourceRanges: ranges}
+	podRanges := append([]*net.IPNet{mustCIDR("198.19.6.0/24")}, ranges...)
+	pods := pipeline.ServicePort{ID: 21, VIPs: lbIP, Protocol: 6, Port: 80, Endpoints: eps, SourceRanges: podRanges}
 	outside := pipeline.ServicePort{ID: 22, VIPs: lbIP, Protocol: 6, Port: 80, Endpoints: eps, External: true, SNAT: true,
 		SourceRanges: ranges}
 	flows := append(pipeline.BaseFlows(br), pipeline.PodFlows(br, p1)...)
 	flows = append(flows, pipeline.PodFlows(br, p2)...)
 	flows = append(flows, pipeline.ServiceBaseFlows(br)...)
 	var groups []of.GroupMod
-	for _, sp := range []pipeline.ServicePort{open, pods, outside} {
+	for _, sp := range []pipeline.ServicePort{pods, outside} {
 		fs, gs, err := pipeline.ServicePortFlows(br, sp)
 		if err != nil {
 			t.Fatal(err)
