@@ -270,7 +270,9 @@ func TestServiceLoadBalancerSourceRanges(t *testing.T) {
 			t.Fatalf("setting loadBalancerSourceRanges %v: %v", ranges, err)
 		}
 	}
-	fromExt := func() echo.Result { return c.ProbeFrom(testCtx(t, 10*time.Second), extNS, lbIP, 80, corev1.ProtocolTCP, time.Second) }
+	fromExt := func() echo.Result {
+		return c.ProbeFrom(testCtx(t, 10*time.Second), extNS, lbIP, 80, corev1.ProtocolTCP, time.Second)
+	}
 	fromPod := func() echo.Result { return probeSvc(t, c, client, lbIP, 80, corev1.ProtocolTCP, time.Second) }
 	want := func(what string, probe func() echo.Result, outcome echo.Outcome) {
 		t.Helper()
