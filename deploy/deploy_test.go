@@ -198,8 +198,8 @@ func TestManifestObjects(t *testing.T) {
 		t.Errorf("containers %v, want seine", containerNames(spec.Containers))
 	}
 	// The daemon's stop (shutdownGrace in node/agent: 25 s) and then the
-	// sidecar's (up to 50 s on netdev) fit the grace period.
-	if g := spec.TerminationGracePeriodSeconds; g == nil || *g < 25+50 {
+	// sidecar's (up to 60 s on netdev) fit the grace period.
+	if g := spec.TerminationGracePeriodSeconds; g == nil || *g < 25+60 {
 		t.Errorf("terminationGracePeriodSeconds %v: less than the daemon's and OVS's stops", g)
 	}
 	if ovs.StartupProbe == nil || ovs.StartupProbe.Exec == nil {

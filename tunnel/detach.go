@@ -25,10 +25,12 @@ type BridgeRemover interface {
 // goes through OVS's userspace tunnelling (a kernel VXLAN device sends
 // from the transport device itself, tunnel.Choose): the Node's IPv4
 // addresses and routes move from the bridge's internal interface back to
-// the transport device (the bridge's only system port), GRO is turned back
-// on, and, only once the bridge's interface holds no IPv4 address, the
+// the transport device (the bridge's only system port), and, only once
+// the bridge's interface holds no IPv4 address, GRO is turned back on, the
 // nftables ingress drop on the device is removed and the bridge deleted,
-// so the kernel owns the device again.
+// so the kernel owns the device again. (When ovs-vswitchd exits next, the
+// caller removes the drop even after an error: see node/cmd's
+// releaseTransport.)
 //
 // Without it the Node would lose its own address with ovs-vswitchd: the
 // bridge's tap keeps the address but nothing forwards for it, and the
@@ -77,13 +79,9 @@ func DetachNetdev(ctx context.Context, pm BridgeRemover, nft knftables.Interface
 		if err := netlink.LinkSetUp(dev); err != nil {
 			return fmt.Errorf("bringing up %s: %w", device, err)
 		}
-		// GRO back on, as a NIC's driver has it (AttachNetdev turned it off).
-		if err := offload.SetGRO(device, true); err != nil {
-			errs = append(errs, err)
-		}
 		if br != nil {
 			if err := moveAddresses(br, dev, log); err != nil {
-				return errors.Join(append(errs, err)...)
+				return err
 			}
 		}
 	}
@@ -94,7 +92,14 @@ func DetachNetdev(ctx context.Context, pm BridgeRemover, nft knftables.Interface
 			if device == "" {
 				err = fmt.Errorf("no transport port on bridge %s to move its addresses to: %w", bridge, err)
 			}
-			return errors.Join(append(errs, err)...)
+			return err
+		}
+	}
+	if device != "" {
+		// GRO back on, as a NIC's driver has it (AttachNetdev turned it
+		// off), only now: a device that stays the bridge's needs it off.
+		if err := offload.SetGRO(device, true); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	if err := nftables.DeleteTable(ctx, nft); err != nil {

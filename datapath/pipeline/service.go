@@ -358,10 +358,14 @@ func ServicePortFlows(b Bridge, sp ServicePort) ([]of.Flow, []of.GroupEntry, err
 			}
 		}
 		if ranged {
-			// Below the admitted ranges, above every other frontend of
-			// the VIP and port (the internal one is at PrioNormal, the
-			// external one at PrioHigh): a new connection from elsewhere
-			// is dropped.
+			// One priority below the admitted ranges: a new connection
+			// from elsewhere is dropped. The caller gives the VIP no
+			// other frontend of the same registers below this one (the
+			// proxy keeps LoadBalancer IPs with ranges out of the
+			// internal and external frontends), so nothing else takes
+			// it; the external frontend's drop (PrioHigh-1, from the
+			// gateway) also keeps the gateway's packets from the
+			// internal one at PrioNormal.
 			fs = append(fs, of.Flow{Table: uint8(ServiceLB), Priority: lbPrio - 1, Cookie: ck,
 				Match: of.Match{EthType: EthTypeIPv4, IPDst: host(vip), IPProto: sp.Protocol,
 					L4Dst: &of.PortMatch{Port: sp.Port}, CtState: newConn, Regs: lbRegs}})

@@ -126,6 +126,9 @@ func installCNICommand() *cli.Command {
 			&cli.StringFlag{Name: "host-root", Usage: "with --config: where the host's file system is mounted (in a container, /host), prefixed to primaryCNIConflist"},
 		},
 		Action: func(c *cli.Context) error {
+			if c.Bool("unchain") && c.String("chain-into") == "" {
+				return fmt.Errorf("--unchain needs --chain-into")
+			}
 			socket := c.String("cni-socket")
 			if path := c.String("config"); path != "" {
 				cfg, err := config.Load(path, nil)
@@ -141,9 +144,6 @@ func installCNICommand() *cli.Command {
 			}
 			if primary := c.String("chain-into"); primary != "" {
 				return chainCNI(c, primary, socket)
-			}
-			if c.Bool("unchain") {
-				return fmt.Errorf("--unchain needs --chain-into")
 			}
 			o := install.Options{
 				BinDir:      c.String("cni-bin-dir"),

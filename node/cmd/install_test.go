@@ -91,6 +91,13 @@ func TestInstallCNIFromConfig(t *testing.T) {
 		t.Errorf("seine's conflist in encap mode: %v\n%s", err, b)
 	}
 
+	// --unchain without --chain-into is refused, also with --config in
+	// networkPolicyOnly (it must not chain seine in instead).
+	writeConfig("trafficEncapMode: networkPolicyOnly\nprimaryCNIConflist: /etc/cni/net.d/20-routed.conflist\n")
+	if _, err := runInstallCNI(t, append(args, "--unchain")...); err == nil || !strings.Contains(err.Error(), "--unchain needs --chain-into") {
+		t.Errorf("--unchain with --config: %v", err)
+	}
+
 	// A configuration the daemon would refuse is refused here too.
 	writeConfig("trafficEncapMode: networkPolicyOnly\n")
 	if _, err := runInstallCNI(t, args...); err == nil || !strings.Contains(err.Error(), "primaryCNIConflist") {

@@ -2,6 +2,7 @@ package cmd
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os/signal"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"go.uber.org/zap"
 	"sigs.k8s.io/knftables"
 
+	"github.com/seine-net/seine/datapath/nftables"
 	"github.com/seine-net/seine/datapath/ovsdaemon"
 	"github.com/seine-net/seine/datapath/ovsdb"
 	"github.com/seine-net/seine/node/agent"
@@ -86,18 +88,27 @@ func ovsCommand() *cli.Command {
 }
 
 // releaseTransport hands the transport device of the userspace datapath
-// back to the kernel (tunnel.DetachNetdev).
+// back to the kernel (tunnel.DetachNetdev) before ovs-vswitchd exits. When
+// that fails, the device's ingress drop goes anyway: once ovs-vswitchd is
+// gone nothing reads the device behind it, and an address already on the
+// device (or put there by hand) would be cut off.
 func releaseTransport(ctx context.Context, cfg config.Config, log *zap.Logger) error {
-	ovs, err := ovsdb.Dial(ctx, cfg.OVSDBEndpoint(), log.Named("ovsdb"))
-	if err != nil {
-		return err
-	}
-	defer ovs.Close()
 	nft, err := knftables.New(knftables.NetDevFamily, tunnel.TransportTable)
 	if err != nil {
 		return fmt.Errorf("nftables: %w", err)
 	}
-	return tunnel.DetachNetdev(ctx, ovs, nft, cfg.TransportBridge, log)
+	ovs, err := ovsdb.Dial(ctx, cfg.OVSDBEndpoint(), log.Named("ovsdb"))
+	if err == nil {
+		defer ovs.Close()
+		err = tunnel.DetachNetdev(ctx, ovs, nft, cfg.TransportBridge, log)
+	}
+	if err != nil {
+		if derr := nftables.DeleteTable(ctx, nft); derr != nil {
+			return errors.Join(err, fmt.Errorf("removing the transport device's ingress drop: %w", derr))
+		}
+		log.Warn("the transport device was not handed back; its ingress drop is removed all the same", zap.Error(err))
+	}
+	return err
 }
 
 // ovsConfig maps seine's configuration onto the daemons'.

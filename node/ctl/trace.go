@@ -122,6 +122,11 @@ const traceflowGrace = 5 * time.Second
 // also after an interrupt (the command's context is cancelled then).
 const deleteTimeout = 10 * time.Second
 
+// apiCallTimeout bounds each other API call of seinectl traceflow
+// (client-go sets none), so an API server that does not answer fails the
+// command instead of hanging it.
+const apiCallTimeout = 10 * time.Second
+
 // timeoutSeconds turns --timeout into the Traceflow's timeoutSeconds: the
 // API counts whole seconds, so a fraction rounds up and less than 1s is
 // refused (0 would mean the Node's default of 10s).
@@ -162,7 +167,9 @@ func runTraceflow(c *cli.Context) error {
 	}
 	ctx := c.Context
 	tfs := cl.ops.OpsV1alpha1().Traceflows()
-	tf, err := tfs.Create(ctx, &opsv1alpha1.Traceflow{
+	cctx, cancel := context.WithTimeout(ctx, apiCallTimeout)
+	defer cancel()
+	tf, err := tfs.Create(cctx, &opsv1alpha1.Traceflow{
 		ObjectMeta: metav1.ObjectMeta{GenerateName: "tf-" + sname + "-"},
 		Spec: opsv1alpha1.TraceflowSpec{Source: opsv1alpha1.TraceflowSource{Namespace: sns, Pod: sname}, Destination: dst,
 			Packet: opsv1alpha1.TraceflowPacket{Protocol: proto, DstPort: port}, TimeoutSeconds: secs},
@@ -200,7 +207,9 @@ func runTraceflow(c *cli.Context) error {
 // returns the last version read.
 func waitTraceflow(ctx context.Context, tfs opsclient.TraceflowInterface, tf *opsv1alpha1.Traceflow, until time.Time) (*opsv1alpha1.Traceflow, error) {
 	for {
-		cur, err := tfs.Get(ctx, tf.Name, metav1.GetOptions{})
+		gctx, cancel := context.WithTimeout(ctx, apiCallTimeout)
+		cur, err := tfs.Get(gctx, tf.Name, metav1.GetOptions{})
+		cancel()
 		switch {
 		case ctx.Err() != nil:
 			return nil, fmt.Errorf("traceflow %s: %w", tf.Name, context.Cause(ctx))

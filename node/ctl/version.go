@@ -28,12 +28,13 @@ func versionCommand() *cli.Command {
 		Action: func(c *cli.Context) error {
 			v := versions{Client: version.String()}
 			client := c.Bool("client")
+			var daemonErr error
 			if !client {
 				ctx, cancel := context.WithTimeout(c.Context, 10*time.Second)
 				defer cancel()
 				var d localapi.Version
-				if err := local(c).Get(ctx, "/v1/version", nil, &d); err != nil {
-					v.DaemonError = err.Error()
+				if daemonErr = local(c).Get(ctx, "/v1/version", nil, &d); daemonErr != nil {
+					v.DaemonError = daemonErr.Error()
 				} else {
 					v.Daemon = &d
 				}
@@ -57,8 +58,8 @@ func versionCommand() *cli.Command {
 			}
 			// Like kubectl version without a server: the client's version
 			// is printed, the exit status says the daemon did not answer.
-			if !client && v.Daemon == nil {
-				return fmt.Errorf("the daemon's version: %s", v.DaemonError)
+			if daemonErr != nil {
+				return fmt.Errorf("the daemon's version: %w", daemonErr)
 			}
 			return nil
 		},

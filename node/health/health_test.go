@@ -70,8 +70,11 @@ func TestServerClosesIdleConnection(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- serve(ctx, lis, p.Handler(nil), Timeouts{ReadHeader: 5 * time.Second, Read: 5 * time.Second,
-			Write: 5 * time.Second, Idle: 100 * time.Millisecond})
+		// The other timeouts are longer than the test waits for EOF
+		// (net/http falls back to them when IdleTimeout is zero): only
+		// the idle timeout can close the connection in time.
+		done <- serve(ctx, lis, p.Handler(nil), Timeouts{ReadHeader: 2 * time.Minute, Read: 2 * time.Minute,
+			Write: 2 * time.Minute, Idle: 100 * time.Millisecond})
 	}()
 	defer func() {
 		cancel()

@@ -220,14 +220,20 @@ func (c *Controller) Run(ctx context.Context) error {
 	if len(nodes) == 0 {
 		c.queue.Add(staleKey)
 	}
-	go wait.UntilWithContext(ctx, c.worker, time.Second)
+	// Run returns only once its goroutines have: a sync or the stale-state
+	// removal in flight finishes before the caller closes what they use.
+	var wg sync.WaitGroup
+	wg.Go(func() { wait.UntilWithContext(ctx, c.worker, time.Second) })
 	if c.cfg.Neighbors != nil {
 		for i := 0; i < neighborWorkers; i++ {
-			go c.neighborWorker(ctx)
+			wg.Go(func() { c.neighborWorker(ctx) })
 		}
-		go wait.UntilWithContext(ctx, c.refreshNeighbors, neighborRefresh)
+		wg.Go(func() { wait.UntilWithContext(ctx, c.refreshNeighbors, neighborRefresh) })
 	}
 	<-ctx.Done()
+	c.queue.ShutDown()
+	c.neighQueue.ShutDown()
+	wg.Wait()
 	return nil
 }
 

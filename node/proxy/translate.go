@@ -3,6 +3,7 @@ package proxy
 import (
 	"fmt"
 	"net"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -71,9 +72,10 @@ type Scope struct {
 
 // Translate computes the desired state of every port of svc from its
 // EndpointSlices (IPv4 only), as seen from the Node scope.NodeName. Each
-// Service port gives up to five frontends, each its own PortState (the
-// three below, and under externalTrafficPolicy Local a "/node" twin of
-// each external one, see the endpoint rules):
+// Service port gives up to eight frontends, each its own PortState (the
+// three below, the two of loadBalancerSourceRanges, and under
+// externalTrafficPolicy Local a "/node" twin of each external one, see
+// the endpoint rules):
 //
 //   - the internal one (key "ns/name/port/PROTO"): the ClusterIPs, and the
 //     externalIPs and LoadBalancer IPs for traffic from Pods;
@@ -114,7 +116,7 @@ type Scope struct {
 //     capped at 65535, the width of OpenFlow's hard_timeout).
 //
 // The result is sorted by Key.
-func Translate(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, scope Scope) ([]PortState, error) {
+func Translate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, scope Scope) ([]PortState, error) {
 	vips := ipv4s(svc.Spec.ClusterIPs)
 	if len(vips) == 0 {
 		vips = ipv4s([]string{svc.Spec.ClusterIP})
@@ -138,6 +140,10 @@ func Translate(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, scope S
 	ranges := sourceRanges(svc, lbIPs, scope.HostIPs)
 	if len(ranges) == 0 {
 		external = append(external, lbIPs...)
+	} else {
+		// An externalIP that is also a LoadBalancer IP is the latter's:
+		// the ranges apply to it.
+		external = slices.DeleteFunc(external, func(ip net.IP) bool { return containsIP(lbIPs, ip) })
 	}
 	var affinity uint16
 	if svc.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
@@ -161,7 +167,7 @@ func Translate(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, scope S
 		if !ok {
 			return nil, fmt.Errorf("service %s/%s port %q: unsupported protocol %q", svc.Namespace, svc.Name, p.Name, p.Protocol)
 		}
-		ready, serving := endpointsFor(slices, p.Name, p.Protocol, scope.NodeName)
+		ready, serving := endpointsFor(epSlices, p.Name, p.Protocol, scope.NodeName)
 		key := svc.Namespace + "/" + svc.Name + "/" + p.Name + "/" + string(protoOrTCP(p.Protocol))
 		if p.Name == "" {
 			key = svc.Namespace + "/" + svc.Name + "/" + strconv.Itoa(int(p.Port)) + "/" + string(protoOrTCP(p.Protocol))
@@ -230,6 +236,16 @@ func Translate(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, scope S
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
 	return out, nil
+}
+
+// containsIP reports whether ips holds ip.
+func containsIP(ips []net.IP, ip net.IP) bool {
+	for _, i := range ips {
+		if i.Equal(ip) {
+			return true
+		}
+	}
+	return false
 }
 
 // inRanges reports whether one of ranges holds ip.

@@ -284,7 +284,8 @@ func TestTranslateFragmentVIPs(t *testing.T) {
 
 // loadBalancerSourceRanges: the LoadBalancer IPs get frontends of their
 // own, for Pods and (with proxyAll) from outside, that admit the ranges
-// only (trimmed, IPv4); the ClusterIP and externalIPs stay open. A range
+// only (trimmed, IPv4), also where the LoadBalancer IP is an externalIP
+// too; the ClusterIP and the other externalIPs stay open. A range
 // of every address, or no IPv4 range, admits all, as none does. A range
 // holding a Node address admits the LoadBalancer IPs as sources too, and
 // under externalTrafficPolicy Local the Node's own connections keep their
@@ -292,7 +293,8 @@ func TestTranslateFragmentVIPs(t *testing.T) {
 func TestTranslateLoadBalancerSourceRanges(t *testing.T) {
 	svc := service(corev1.ServicePort{Name: "http", Port: 80, NodePort: 30080})
 	svc.Spec.Type = corev1.ServiceTypeLoadBalancer
-	svc.Spec.ExternalIPs = []string{"198.18.100.1"}
+	// The LoadBalancer IP is an externalIP too: the ranges apply to it.
+	svc.Spec.ExternalIPs = []string{"198.18.100.1", "198.18.100.2"}
 	svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.18.100.2"}}
 	svc.Spec.LoadBalancerSourceRanges = []string{" 198.19.5.0/24", "2001:db8::/64"}
 	eps := []*discoveryv1.EndpointSlice{slice("http", 8080,
@@ -346,6 +348,7 @@ func TestTranslateLoadBalancerSourceRanges(t *testing.T) {
 		t.Errorf("the Node's own frontend on the LoadBalancer IP: %+v (present %v), want from 198.18.0.11 only", n, ok)
 	}
 
+	svc.Spec.ExternalIPs = []string{"198.18.100.1"}
 	for _, open := range [][]string{{"0.0.0.0/0"}, {"2001:db8::/64"}, nil} {
 		svc.Spec.LoadBalancerSourceRanges = open
 		for k, sp := range byKey(Scope{NodeName: "n1", ProxyAll: true}) {

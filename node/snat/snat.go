@@ -4,7 +4,8 @@
 //
 // The rules live in their own table, "ip seine", and are replaced as a whole
 // in one nftables transaction, so they never exist half-written, and only
-// when the Node IPs differ from those last written. Until Prune, the Node
+// when the Node IPs differ from those last written (or were written over a
+// minute ago: a table someone removed comes back). Until Prune, the Node
 // IPs are only added, so a restarted daemon keeps its previous run's until
 // it knows every Node again:
 //
@@ -28,6 +29,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"time"
 
 	"sigs.k8s.io/knftables"
 
@@ -64,19 +66,29 @@ type Masquerade struct {
 	// written is what the last successful transaction wrote; nil when
 	// unknown: before the first, after a failed one, after Cleanup.
 	written *tableState
+	// now is the clock of rewriteAfter (time.Now; tests set it).
+	now func() time.Time
 }
+
+// rewriteAfter is how long an unchanged table goes without being written
+// again: a Sync after that writes it anyway, so that a table something
+// else removed (a firewall reload, nft flush ruleset) comes back with the
+// next Node update.
+const rewriteAfter = time.Minute
 
 // tableState is what a transaction writes besides the fixed rules.
 type tableState struct {
-	ips   []string // node-ips elements, sorted
-	prune bool     // node-ips flushed first
+	ips   []string  // node-ips elements, sorted
+	prune bool      // node-ips flushed first
+	at    time.Time // when it was written
 }
 
 // New returns a Masquerade for Pods in clusterCIDR whose gateway interface
 // is gateway. With enabled false, Sync keeps the table (and the Node IP
 // set) but installs no masquerade rule.
 func New(nft knftables.Interface, clusterCIDR *net.IPNet, gateway string, enabled bool) *Masquerade {
-	return &Masquerade{nft: nft, clusterCIDR: clusterCIDR, gateway: gateway, enabled: enabled, nodeIPs: map[string]net.IP{}}
+	return &Masquerade{nft: nft, clusterCIDR: clusterCIDR, gateway: gateway, enabled: enabled, nodeIPs: map[string]net.IP{},
+		now: time.Now}
 }
 
 // NewNFTables returns the knftables handle for Seine's table.
@@ -104,10 +116,11 @@ func (m *Masquerade) SetNodeIP(node string, ip net.IP) {
 // process). Until Prune, IPs already in the set that no Node recorded
 // stay (left by the previous run: those of Nodes not recorded yet); from
 // Prune on, the set is replaced too. The rules are fixed at New, so when
-// the IPs are those the last successful transaction wrote, Sync starts
-// none: the route controller calls it for every Node it syncs, which at
-// start is every Node, and most of those calls change nothing. After a
-// failed transaction, or Cleanup, the next Sync writes again.
+// the IPs are those the last successful transaction wrote, less than
+// rewriteAfter ago, Sync starts none: the route controller calls it for
+// every Node it syncs, which at start is every Node, and most of those
+// calls change nothing. After a failed transaction, or Cleanup, the next
+// Sync writes again.
 func (m *Masquerade) Sync(ctx context.Context) error {
 	m.runMu.Lock()
 	defer m.runMu.Unlock()
@@ -138,8 +151,8 @@ func (m *Masquerade) write(ctx context.Context) error {
 	}
 	m.mu.Unlock()
 	sort.Strings(ips)
-	want := tableState{ips: ips, prune: m.prune}
-	if m.written != nil && m.written.prune == want.prune && slices.Equal(m.written.ips, want.ips) {
+	want := tableState{ips: ips, prune: m.prune, at: m.now()}
+	if w := m.written; w != nil && w.prune == want.prune && slices.Equal(w.ips, want.ips) && want.at.Sub(w.at) < rewriteAfter {
 		return nil
 	}
 	m.written = nil

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"sigs.k8s.io/knftables"
 
@@ -135,6 +136,13 @@ func TestSyncSkipsUnchanged(t *testing.T) {
 		}
 	}
 	sync("after Prune", 7, "198.18.0.11", "198.18.0.12", "198.18.0.13")
+
+	// An unchanged table is written again once rewriteAfter has passed:
+	// one that something else removed comes back.
+	later := time.Now().Add(rewriteAfter + time.Second)
+	m.now = func() time.Time { return later }
+	sync("unchanged, rewriteAfter later", 8, "198.18.0.11", "198.18.0.12", "198.18.0.13")
+	sync("unchanged again", 8, "198.18.0.11", "198.18.0.12", "198.18.0.13")
 }
 
 // nodeIPs lists the elements of the real node-ips set.
