@@ -138,16 +138,7 @@ func TestManifestObjects(t *testing.T) {
 	}
 
 	// The ConfigMap is a configuration the daemon accepts, with the values.
-	dir := t.TempDir()
-	f := filepath.Join(dir, "seine.yaml")
-	if err := os.WriteFile(f, []byte(cm.Data["seine.yaml"]), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("NODE_NAME", "n1")
-	cfg, err := config.Load(f, nil)
-	if err != nil {
-		t.Fatalf("the ConfigMap's configuration: %v", err)
-	}
+	cfg := loadConfigMap(t, *cm)
 	if cfg.ClusterCIDR != v.ClusterCIDR || cfg.OVSDatapathType != "netdev" || !cfg.ProxyAllEnabled() ||
 		cfg.KubeAPIServerOverride != v.KubeAPIServerOverride || cfg.LeaderElection.Namespace != v.Namespace {
 		t.Errorf("configuration does not carry the values: %+v", cfg)
@@ -275,6 +266,13 @@ func renderDaemonSet(t *testing.T, v Values) (appsv1.DaemonSet, config.Config) {
 			t.Fatal(err)
 		}
 	}
+	return ds, loadConfigMap(t, cm)
+}
+
+// loadConfigMap returns the configuration the daemon reads from cm
+// (config.Load, with NODE_NAME set), failing the test if it refuses it.
+func loadConfigMap(t *testing.T, cm corev1.ConfigMap) config.Config {
+	t.Helper()
 	f := filepath.Join(t.TempDir(), "seine.yaml")
 	if err := os.WriteFile(f, []byte(cm.Data["seine.yaml"]), 0o644); err != nil {
 		t.Fatal(err)
@@ -284,7 +282,7 @@ func renderDaemonSet(t *testing.T, v Values) (appsv1.DaemonSet, config.Config) {
 	if err != nil {
 		t.Fatalf("the ConfigMap's configuration: %v", err)
 	}
-	return ds, cfg
+	return cfg
 }
 
 // container returns the container (or init container) of spec named

@@ -51,25 +51,10 @@ func TestServerAndClient(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "run", "api.sock")
 	level := zap.NewAtomicLevelAt(zap.InfoLevel)
 	b := &stubBackend{}
-	srv := NewServer(b, level, nil, zaptest.NewLogger(t))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, sock) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	})
+	ctx := serve(t, NewServer(b, level, nil, zaptest.NewLogger(t)), sock)
 	cl := NewClient(sock)
 	var v Version
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if err := cl.Get(ctx, "/v1/version", nil, &v); err == nil {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatal(err)
-		}
-	}
+	until(t, func() error { return cl.Get(ctx, "/v1/version", nil, &v) })
 	if v.OVS != "3.1.0" {
 		t.Fatalf("version %+v", v)
 	}
@@ -115,24 +100,10 @@ func TestServerWhileStarting(t *testing.T) {
 	level := zap.NewAtomicLevelAt(zap.InfoLevel)
 	srv := NewServer(nil, level, nil, zaptest.NewLogger(t))
 	srv.SetStarting(func() string { return "start-up step ovsdb" })
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, sock) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	})
+	ctx := serve(t, srv, sock)
 	cl := NewClient(sock)
 	var l LogLevel
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if err := cl.Put(ctx, "/v1/loglevel", LogLevel{Level: "debug"}, &l); err == nil {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatal(err)
-		}
-	}
+	until(t, func() error { return cl.Put(ctx, "/v1/loglevel", LogLevel{Level: "debug"}, &l) })
 	if level.Level() != zap.DebugLevel {
 		t.Errorf("log level %v after PUT debug", level.Level())
 	}
@@ -149,5 +120,36 @@ func TestServerWhileStarting(t *testing.T) {
 	srv.SetBackend(&stubBackend{})
 	if err := cl.Get(ctx, "/v1/podinterfaces", nil, &pods); err != nil || len(pods) != 1 {
 		t.Errorf("after SetBackend: %v %v", pods, err)
+	}
+}
+
+// serve runs srv on sock until the test ends, and returns the context it
+// serves under.
+func serve(t *testing.T, srv *Server, sock string) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, sock) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	return ctx
+}
+
+// until calls call until it succeeds (the server is up), failing the test
+// after 5 s.
+func until(t *testing.T, call func() error) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		err := call()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
 	}
 }
