@@ -498,15 +498,9 @@ func (c *Controller) removePeer(ctx context.Context, name string) error {
 // changed) and was synced first has its route there already, and a
 // route is known by its destination alone.
 func (c *Controller) removeRoute(name string, podCIDR *net.IPNet) error {
-	c.mu.Lock()
-	other := ""
-	for n, p := range c.peers {
-		if n != name && (p.route == RouteTunnel || p.route == RouteDirect) && p.podCIDR.String() == podCIDR.String() {
-			other = n
-			break
-		}
-	}
-	c.mu.Unlock()
+	other := c.otherPeer(name, func(p peer) bool {
+		return (p.route == RouteTunnel || p.route == RouteDirect) && p.podCIDR.String() == podCIDR.String()
+	})
 	if other != "" {
 		c.log.Info("route kept: another peer Node routes the podCIDR", zap.String("node", name),
 			zap.String("other_node", other), zap.String("pod_cidr", podCIDR.String()))
@@ -523,21 +517,26 @@ func (c *Controller) removeTunnelPeer(name string, nodeIP net.IP) error {
 	if c.cfg.Tunnel == nil {
 		return nil
 	}
-	c.mu.Lock()
-	other := ""
-	for n, p := range c.peers {
-		if n != name && p.route == RouteTunnel && p.nodeIP.Equal(nodeIP) {
-			other = n
-			break
-		}
-	}
-	c.mu.Unlock()
+	other := c.otherPeer(name, func(p peer) bool { return p.route == RouteTunnel && p.nodeIP.Equal(nodeIP) })
 	if other != "" {
 		c.log.Info("tunnel entry kept: another peer Node has the Node IP", zap.String("node", name),
 			zap.String("other_node", other), zap.String("node_ip", nodeIP.String()))
 		return nil
 	}
 	return c.cfg.Tunnel.RemovePeer(nodeIP)
+}
+
+// otherPeer returns a recorded peer other than name for which uses holds,
+// or "".
+func (c *Controller) otherPeer(name string, uses func(peer) bool) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for n, p := range c.peers {
+		if n != name && uses(p) {
+			return n
+		}
+	}
+	return ""
 }
 
 // ensureTunnelRoute installs "podCIDR via gw dev <gateway> onlink": the
