@@ -20,6 +20,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -79,13 +80,16 @@ type Proxier struct {
 	sw      Switch
 	log     *zap.Logger
 	factory informers.SharedInformerFactory
-	svcs    corelisters.ServiceLister
-	slices  cache.Indexer // EndpointSlices, indexed by Service (byService)
-	queue   workqueue.TypedRateLimitingInterface[string]
-	host    *host
-	health  *healthChecks // nil without ProxyAll
-	synced  []cache.InformerSynced
-	metrics *metrics
+	// nodeFactory watches this Node alone, for its zone label.
+	nodeFactory informers.SharedInformerFactory
+	nodes       corelisters.NodeLister
+	svcs        corelisters.ServiceLister
+	slices      cache.Indexer // EndpointSlices, indexed by Service (byService)
+	queue       workqueue.TypedRateLimitingInterface[string]
+	host        *host
+	health      *healthChecks // nil without ProxyAll
+	synced      []cache.InformerSynced
+	metrics     *metrics
 	// initial holds the Services known at start not yet synced; nil once
 	// all were (the worker's own).
 	initial map[string]bool
@@ -179,8 +183,51 @@ func New(kube kubernetes.Interface, flows Flows, sw Switch, cfg Config, log *zap
 	if _, err := sliceInf.AddEventHandler(h); err != nil {
 		return nil, err
 	}
-	p.synced = []cache.InformerSynced{svcInf.HasSynced, sliceInf.HasSynced}
+	// The Node's zone picks the endpoints under zone hints: a change of
+	// its label requeues every Service.
+	p.nodeFactory = informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", cfg.NodeName).String()
+	}))
+	nodeInf := p.nodeFactory.Core().V1().Nodes().Informer()
+	p.nodes = p.nodeFactory.Core().V1().Nodes().Lister()
+	zoneChanged := func(old, cur any) {
+		o, _ := old.(*corev1.Node)
+		n, _ := cur.(*corev1.Node)
+		if o == nil || n == nil || o.Labels[corev1.LabelTopologyZone] != n.Labels[corev1.LabelTopologyZone] {
+			p.requeueAll()
+		}
+	}
+	if _, err := nodeInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { zoneChanged(nil, obj) },
+		UpdateFunc: zoneChanged,
+		DeleteFunc: func(obj any) { zoneChanged(obj, nil) },
+	}); err != nil {
+		return nil, err
+	}
+	p.synced = []cache.InformerSynced{svcInf.HasSynced, sliceInf.HasSynced, nodeInf.HasSynced}
 	return p, nil
+}
+
+// requeueAll queues every Service known (after a change of the Node's
+// zone).
+func (p *Proxier) requeueAll() {
+	svcs, err := p.svcs.List(labels.Everything())
+	if err != nil {
+		return
+	}
+	for _, svc := range svcs {
+		p.queue.Add(svc.Namespace + "/" + svc.Name)
+	}
+}
+
+// zone returns the Node's topology.kubernetes.io/zone label, "" when the
+// Node or the label is missing.
+func (p *Proxier) zone() string {
+	n, err := p.nodes.Get(p.cfg.NodeName)
+	if err != nil {
+		return ""
+	}
+	return n.Labels[corev1.LabelTopologyZone]
 }
 
 // byService is the EndpointSlice index by owning Service.
@@ -226,6 +273,7 @@ func (p *Proxier) Run(ctx context.Context) error {
 		return fmt.Errorf("service base flows: %w", err)
 	}
 	p.factory.Start(ctx.Done())
+	p.nodeFactory.Start(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), p.synced...) {
 		return fmt.Errorf("service informers did not sync: %w", ctx.Err())
 	}
@@ -386,7 +434,7 @@ func (p *Proxier) desired(key string) (want []PortState, hcErr, err error) {
 			}
 		}
 		want, err = Translate(svc, slices, Scope{NodeName: p.cfg.NodeName, ProxyAll: p.cfg.ProxyAll,
-			HostIPs: hostIPs(p.cfg.Bridge)})
+			HostIPs: hostIPs(p.cfg.Bridge), Zone: p.zone()})
 		if err != nil {
 			return nil, nil, err
 		}

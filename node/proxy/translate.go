@@ -68,6 +68,9 @@ type Scope struct {
 	// InternalIP, its gateway IP): to a Service whose
 	// externalTrafficPolicy is Local they go to every endpoint.
 	HostIPs []net.IP
+	// Zone is the Node's topology.kubernetes.io/zone label ("" when it
+	// has none), for the EndpointSlice zone hints.
+	Zone string
 }
 
 // Translate computes the desired state of every port of svc from its
@@ -113,7 +116,10 @@ type Scope struct {
 //     ports a fragment names none of them, and large datagrams to such a
 //     Service need the kernel datapath;
 //   - sessionAffinity ClientIP sets AffinitySeconds (default 10800 s,
-//     capped at 65535, the width of OpenFlow's hard_timeout).
+//     capped at 65535, the width of OpenFlow's hard_timeout);
+//   - the frontends that send to endpoints cluster-wide follow the
+//     EndpointSlice hints (KEP-2433 topology aware routing, KEP-3015
+//     trafficDistribution), see nearest; the Local policies ignore them.
 //
 // The result is sorted by Key.
 func Translate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, scope Scope) ([]PortState, error) {
@@ -168,6 +174,7 @@ func Translate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, scope
 			return nil, fmt.Errorf("service %s/%s port %q: unsupported protocol %q", svc.Namespace, svc.Name, p.Name, p.Protocol)
 		}
 		ready, serving := endpointsFor(epSlices, p.Name, p.Protocol, scope.NodeName)
+		near := nearest(ready, scope.NodeName, scope.Zone)
 		key := svc.Namespace + "/" + svc.Name + "/" + p.Name + "/" + string(protoOrTCP(p.Protocol))
 		if p.Name == "" {
 			key = svc.Namespace + "/" + svc.Name + "/" + strconv.Itoa(int(p.Port)) + "/" + string(protoOrTCP(p.Protocol))
@@ -178,7 +185,11 @@ func Translate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, scope
 		if p.Protocol == corev1.ProtocolUDP && udpPorts == 1 {
 			in.FragmentVIPs = vips
 		}
-		choose(&in, ready, serving, internalLocal)
+		if internalLocal {
+			choose(&in, ready, serving, true)
+		} else {
+			choose(&in, near, serving, false)
+		}
 		out = append(out, PortState{Key: key, Port: in})
 		if len(ranges) > 0 {
 			lb := in
@@ -190,13 +201,17 @@ func Translate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, scope
 		}
 		ext := base
 		ext.External, ext.SNAT = true, !externalLocal
-		choose(&ext, ready, serving, externalLocal)
+		if externalLocal {
+			choose(&ext, ready, serving, true)
+		} else {
+			choose(&ext, near, serving, false)
+		}
 		// The Node's own connections under externalTrafficPolicy Local.
 		var fromNode *pipeline.ServicePort
 		if externalLocal && len(scope.HostIPs) > 0 {
 			n := base
 			n.External, n.Sources = true, scope.HostIPs
-			choose(&n, ready, serving, false)
+			choose(&n, near, serving, false)
 			fromNode = &n
 		}
 		add := func(key string, sp pipeline.ServicePort, vips []net.IP, port int32) {
@@ -298,7 +313,7 @@ func sourceRanges(svc *corev1.Service, lbIPs, hostIPs []net.IP) []*net.IPNet {
 
 // choose sets sp's endpoints and action: ready endpoints, else serving
 // ones; local ones only when local is set, dropping when there is none.
-func choose(sp *pipeline.ServicePort, ready, serving []pipeline.ServiceEndpoint, local bool) {
+func choose(sp *pipeline.ServicePort, ready, serving []endpoint, local bool) {
 	eps := ready
 	if len(eps) == 0 {
 		eps = serving
@@ -308,14 +323,14 @@ func choose(sp *pipeline.ServicePort, ready, serving []pipeline.ServiceEndpoint,
 		return
 	}
 	if !local {
-		sp.Endpoints = eps
+		sp.Endpoints = plain(eps)
 		return
 	}
 	var mine []pipeline.ServiceEndpoint
-	for _, l := range [][]pipeline.ServiceEndpoint{ready, serving} {
+	for _, l := range [][]endpoint{ready, serving} {
 		for _, ep := range l {
 			if ep.Local {
-				mine = append(mine, ep)
+				mine = append(mine, ep.ServiceEndpoint)
 			}
 		}
 		if len(mine) > 0 {
@@ -327,6 +342,65 @@ func choose(sp *pipeline.ServicePort, ready, serving []pipeline.ServiceEndpoint,
 		return
 	}
 	sp.Endpoints = mine
+}
+
+// endpoint is a Service endpoint with the topology hints of its
+// EndpointSlice entry (discovery.k8s.io/v1 EndpointHints).
+type endpoint struct {
+	pipeline.ServiceEndpoint
+	// forZones and forNodes are the zones and Nodes whose clients the
+	// EndpointSlice controller meant the endpoint for; empty without hints.
+	forZones, forNodes []string
+}
+
+// plain drops the hints.
+func plain(eps []endpoint) []pipeline.ServiceEndpoint {
+	out := make([]pipeline.ServiceEndpoint, len(eps))
+	for i, ep := range eps {
+		out[i] = ep.ServiceEndpoint
+	}
+	return out
+}
+
+// nearest returns the ready endpoints the Node (name node, zone zone)
+// should send to under the EndpointSlice hints, as kube-proxy reads them
+// (pkg/proxy/topology.go):
+//
+//   - when every ready endpoint has Node hints (trafficDistribution
+//     PreferSameNode) and one is for this Node, those for this Node;
+//   - else when every ready endpoint has zone hints (PreferSameZone,
+//     PreferClose, or the topology-mode annotation Auto) and one is for
+//     this zone, those for this zone;
+//   - else all of them: hints on only some endpoints, or none for this
+//     Node's zone, or a Node without a zone label, mean no filtering.
+//
+// The serving-and-terminating fallback is only used when no endpoint is
+// ready, and so no hint applies to it.
+func nearest(ready []endpoint, node, zone string) []endpoint {
+	allNodes, allZones := len(ready) > 0, len(ready) > 0
+	forNode, forZone := false, false
+	for _, ep := range ready {
+		allNodes = allNodes && len(ep.forNodes) > 0
+		allZones = allZones && len(ep.forZones) > 0
+		forNode = forNode || slices.Contains(ep.forNodes, node)
+		forZone = forZone || (zone != "" && slices.Contains(ep.forZones, zone))
+	}
+	var keep func(endpoint) bool
+	switch {
+	case allNodes && forNode:
+		keep = func(ep endpoint) bool { return slices.Contains(ep.forNodes, node) }
+	case allZones && forZone:
+		keep = func(ep endpoint) bool { return slices.Contains(ep.forZones, zone) }
+	default:
+		return ready
+	}
+	var out []endpoint
+	for _, ep := range ready {
+		if keep(ep) {
+			out = append(out, ep)
+		}
+	}
+	return out
 }
 
 // ipv4s parses the IPv4 addresses of l, skipping others.
@@ -351,7 +425,7 @@ func protoOrTCP(p corev1.Protocol) corev1.Protocol {
 // Service port named portName: the ready ones, and the serving-and-
 // terminating ones. An address listed twice counts once. Both lists are
 // sorted by IP so that the group's buckets do not move needlessly.
-func endpointsFor(slices []*discoveryv1.EndpointSlice, portName string, proto corev1.Protocol, nodeName string) (ready, serving []pipeline.ServiceEndpoint) {
+func endpointsFor(slices []*discoveryv1.EndpointSlice, portName string, proto corev1.Protocol, nodeName string) (ready, serving []endpoint) {
 	seen := map[string]bool{}
 	for _, s := range slices {
 		if s.AddressType != discoveryv1.AddressTypeIPv4 {
@@ -383,13 +457,23 @@ func endpointsFor(slices []*discoveryv1.EndpointSlice, portName string, proto co
 				continue
 			}
 			isLocal := e.NodeName != nil && *e.NodeName == nodeName
+			var zones, nodes []string
+			if h := e.Hints; h != nil {
+				for _, z := range h.ForZones {
+					zones = append(zones, z.Name)
+				}
+				for _, n := range h.ForNodes {
+					nodes = append(nodes, n.Name)
+				}
+			}
 			for _, a := range e.Addresses {
 				ip := net.ParseIP(a).To4()
 				if ip == nil || seen[ip.String()] {
 					continue
 				}
 				seen[ip.String()] = true
-				ep := pipeline.ServiceEndpoint{IP: ip, Port: uint16(port), Local: isLocal}
+				ep := endpoint{ServiceEndpoint: pipeline.ServiceEndpoint{IP: ip, Port: uint16(port), Local: isLocal},
+					forZones: zones, forNodes: nodes}
 				if isReady {
 					ready = append(ready, ep)
 				} else {
@@ -398,7 +482,7 @@ func endpointsFor(slices []*discoveryv1.EndpointSlice, portName string, proto co
 			}
 		}
 	}
-	byIP := func(l []pipeline.ServiceEndpoint) {
+	byIP := func(l []endpoint) {
 		sort.Slice(l, func(i, j int) bool { return string(l[i].IP.To16()) < string(l[j].IP.To16()) })
 	}
 	byIP(ready)

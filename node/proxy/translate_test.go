@@ -358,3 +358,124 @@ func TestTranslateLoadBalancerSourceRanges(t *testing.T) {
 		}
 	}
 }
+
+// hinted gives the endpoints of s zone hints (zones[i] for endpoint i,
+// "" for none) and Node hints (nodes[i]).
+func hinted(s *discoveryv1.EndpointSlice, zones, nodes []string) *discoveryv1.EndpointSlice {
+	for i := range s.Endpoints {
+		h := &discoveryv1.EndpointHints{}
+		if i < len(zones) && zones[i] != "" {
+			h.ForZones = []discoveryv1.ForZone{{Name: zones[i]}}
+		}
+		if i < len(nodes) && nodes[i] != "" {
+			h.ForNodes = []discoveryv1.ForNode{{Name: nodes[i]}}
+		}
+		s.Endpoints[i].Hints = h
+	}
+	return s
+}
+
+func TestTranslateTopologyHints(t *testing.T) {
+	eps := func() *discoveryv1.EndpointSlice {
+		return slice("http", 8080, ep{"10.244.1.5", "n1", true, true, false},
+			ep{"10.244.2.5", "n2", true, true, false}, ep{"10.244.3.5", "n3", true, true, false})
+	}
+	all := "10.244.1.5:8080 10.244.2.5:8080 10.244.3.5:8080 "
+	for _, tc := range []struct {
+		name         string
+		zones, nodes []string
+		zone         string // the Node's (n1)
+		mutate       func(*discoveryv1.EndpointSlice)
+		want         string
+	}{
+		{name: "no hints", zone: "a", want: all},
+		{name: "zone hints", zones: []string{"a", "b", "a"}, zone: "a", want: "10.244.1.5:8080 10.244.3.5:8080 "},
+		{name: "zone hints, none for this zone", zones: []string{"b", "b", "c"}, zone: "a", want: all},
+		{name: "zone hints, Node without zone", zones: []string{"a", "b", "a"}, want: all},
+		{name: "zone hints on some endpoints only", zones: []string{"a", "", "a"}, zone: "a", want: all},
+		{name: "node hints first", zones: []string{"a", "a", "b"}, nodes: []string{"n1", "n2", "n3"}, zone: "a",
+			want: "10.244.1.5:8080 "},
+		{name: "node hints, none for this Node: zone hints", zones: []string{"b", "a", "a"}, nodes: []string{"n2", "n2", "n3"},
+			zone: "a", want: "10.244.2.5:8080 10.244.3.5:8080 "},
+		{name: "node hints on some endpoints only: zone hints", zones: []string{"a", "b", "b"}, nodes: []string{"n1", "", "n3"},
+			zone: "a", want: "10.244.1.5:8080 "},
+		{name: "hints of endpoints not ready do not count", zones: []string{"b", "a", "a"}, zone: "a",
+			mutate: func(s *discoveryv1.EndpointSlice) { s.Endpoints[0].Conditions.Ready = ptr(false) },
+			want:   "10.244.2.5:8080 10.244.3.5:8080 "},
+		{name: "only terminating endpoints: no filtering", zones: []string{"a", "b", "b"}, zone: "a",
+			mutate: func(s *discoveryv1.EndpointSlice) {
+				for i := range s.Endpoints {
+					s.Endpoints[i].Conditions.Ready, s.Endpoints[i].Conditions.Terminating = ptr(false), ptr(true)
+				}
+			},
+			want: all},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := hinted(eps(), tc.zones, tc.nodes)
+			if tc.mutate != nil {
+				tc.mutate(s)
+			}
+			svc := service(corev1.ServicePort{Name: "http", Port: 80})
+			got, err := Translate(svc, []*discoveryv1.EndpointSlice{s}, Scope{NodeName: "n1", Zone: tc.zone})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != 1 {
+				t.Fatalf("got %d ports, want 1", len(got))
+			}
+			if g := ips(got[0].Port.Endpoints); g != tc.want {
+				t.Errorf("endpoints %q, want %q", g, tc.want)
+			}
+		})
+	}
+}
+
+// The Local traffic policies ignore hints; the other frontends of the
+// same Service follow them, and the Node's own connections under
+// externalTrafficPolicy Local take the hinted endpoints too, as
+// kube-proxy sends them to its cluster-wide set.
+func TestTranslateTopologyHintsAndLocalPolicies(t *testing.T) {
+	s := hinted(slice("http", 8080, ep{"10.244.1.5", "n1", true, true, false},
+		ep{"10.244.2.5", "n2", true, true, false}, ep{"10.244.3.5", "n1", true, true, false}),
+		[]string{"b", "a", "b"}, nil)
+	svc := service(corev1.ServicePort{Name: "http", Port: 80, NodePort: 30080})
+	svc.Spec.Type = corev1.ServiceTypeNodePort
+	svc.Spec.InternalTrafficPolicy = ptr(corev1.ServiceInternalTrafficPolicyLocal)
+	got, err := Translate(svc, []*discoveryv1.EndpointSlice{s}, Scope{NodeName: "n1", Zone: "a", ProxyAll: true,
+		HostIPs: []net.IP{net.ParseIP("198.18.0.1")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"ns/web/http/TCP":          "10.244.1.5:8080 10.244.3.5:8080 ", // internal Local: this Node's
+		"ns/web/http/TCP/nodeport": "10.244.2.5:8080 ",                 // external Cluster: zone a's
+	}
+	if len(got) != len(want) {
+		t.Errorf("got %d ports, want %d", len(got), len(want))
+	}
+	for _, ps := range got {
+		if w, ok := want[ps.Key]; !ok || ips(ps.Port.Endpoints) != w {
+			t.Errorf("%s: endpoints %q, want %q", ps.Key, ips(ps.Port.Endpoints), w)
+		}
+	}
+	svc.Spec.InternalTrafficPolicy = nil
+	svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	got, err = Translate(svc, []*discoveryv1.EndpointSlice{s}, Scope{NodeName: "n1", Zone: "a", ProxyAll: true,
+		HostIPs: []net.IP{net.ParseIP("198.18.0.1")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = map[string]string{
+		"ns/web/http/TCP":               "10.244.2.5:8080 ",
+		"ns/web/http/TCP/nodeport":      "10.244.1.5:8080 10.244.3.5:8080 ",
+		"ns/web/http/TCP/nodeport/node": "10.244.2.5:8080 ",
+	}
+	if len(got) != len(want) {
+		t.Errorf("got %d ports, want %d", len(got), len(want))
+	}
+	for _, ps := range got {
+		if w, ok := want[ps.Key]; !ok || ips(ps.Port.Endpoints) != w {
+			t.Errorf("%s: endpoints %q, want %q", ps.Key, ips(ps.Port.Endpoints), w)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/seine-net/seine/tests/sandbox"
@@ -321,6 +323,67 @@ func TestServiceInternalTrafficPolicyLocal(t *testing.T) {
 	if r := probeSvc(t, c, clients[1], pods[1].ip, tcpPort, corev1.ProtocolTCP, 2*time.Second); r.Outcome != echo.Connected || r.Reply != pods[1].name {
 		t.Errorf("from a Node without local endpoint to the endpoint's Pod IP: %s (%v), want %s to answer", r, r.Err, pods[1].name)
 	}
+}
+
+// labelZone sets (zone != "") or removes the topology.kubernetes.io/zone
+// label of a Node.
+func labelZone(t *testing.T, c *sandbox.Cluster, node, zone string) {
+	t.Helper()
+	ctx := testCtx(t, 30*time.Second)
+	v := "null"
+	if zone != "" {
+		v = strconv.Quote(zone)
+	}
+	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%s}}}`, corev1.LabelTopologyZone, v)
+	if _, err := c.Client().CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatalf("labelling node %s with zone %q: %v", node, zone, err)
+	}
+}
+
+// trafficDistribution: the EndpointSlice controller (the real
+// kube-controller-manager) gives the endpoints zone hints for
+// PreferSameZone and Node hints for PreferSameNode, and each Node's proxy
+// sends only to the endpoints hinted for it. A Node losing its zone label
+// sends to every endpoint again.
+func TestServiceTrafficDistribution(t *testing.T) {
+	c := shared
+	ns := "svc-topology"
+	zones := []string{"e2e-zone-a", "e2e-zone-b", "e2e-zone-a"}
+	// Registered first: the labels go even when labelling fails midway.
+	t.Cleanup(func() {
+		for _, n := range c.Nodes() {
+			labelZone(t, c, n.Name, "")
+		}
+	})
+	for i, n := range c.Nodes() {
+		labelZone(t, c, n.Name, zones[i])
+	}
+	clients := svcPods(t, c, ns, "client", 0, 1)
+	pods := svcPods(t, c, ns, "tz", 0, 1, 2)
+	sameZone := createService(t, c, ns, "same-zone", "tz", func(s *corev1.Service) {
+		s.Spec.TrafficDistribution = ptrTo(corev1.ServiceTrafficDistributionPreferSameZone)
+	})
+	sameNode := createService(t, c, ns, "same-node", "tz", func(s *corev1.Service) {
+		s.Spec.TrafficDistribution = ptrTo(corev1.ServiceTrafficDistributionPreferSameNode)
+	})
+	expect := func(what string, from podRef, svc *corev1.Service, want []podRef) {
+		t.Helper()
+		eventually(t, 30*time.Second, what, func() error {
+			if got := replies(t, c, from, svc.Spec.ClusterIP, 80, corev1.ProtocolTCP, 24); keys(got) != names(want) {
+				return fmt.Errorf("from %s to %s: got %v, want %s", from.node, svc.Name, got, names(want))
+			}
+			return nil
+		})
+	}
+	expect("zone a's endpoints from zone a", clients[0], sameZone, []podRef{pods[0], pods[2]})
+	expect("zone b's endpoint from zone b", clients[1], sameZone, []podRef{pods[1]})
+	expect("the Node's own endpoint", clients[0], sameNode, []podRef{pods[0]})
+	expect("the Node's own endpoint", clients[1], sameNode, []podRef{pods[1]})
+	// The hints stay (the controller recomputes them on a Pod or Service
+	// change, not on a Node's), so only the proxy's own watch of its Node
+	// can see that it has no zone any more.
+	labelZone(t, c, clients[1].node, "")
+	expect("every endpoint from a Node without zone", clients[1], sameZone, pods)
 }
 
 // A Service with 1,000 endpoints (hand-written EndpointSlice, a Service
