@@ -499,7 +499,7 @@ func (d *daemon) startProxy(ctx context.Context) error {
 	_, svcCIDR, _ := net.ParseCIDR(cfg.ServiceCIDR)
 	pcfg := proxy.Config{NodeName: cfg.NodeName, Bridge: d.bridge,
 		SkipServices: cfg.Proxy.SkipServices, ProxyAll: cfg.ProxyAllEnabled(), Gateway: cfg.GatewayName,
-		ServiceCIDR: svcCIDR, NodePortAddresses: npAddrs, Registry: d.reg}
+		ServiceCIDR: svcCIDR, NodePortAddresses: npAddrs, Registry: d.reg, QueueMetrics: d.ops.queues}
 	if d.gwIP == nil {
 		pcfg.RouteSource = d.nodeIP // the gateway has no address of its own
 	}
@@ -528,7 +528,8 @@ func (d *daemon) restorePods(ctx context.Context) error {
 			OnIsolation: func(ctx context.Context, namespace, name string, ingress, egress bool) error {
 				return d.pods.SetIsolation(ctx, namespace, name, ingress, egress)
 			},
-			AfterChange: ovsctl.New(cfg.OVSRunDir).PurgeDatapathFlows,
+			AfterChange:  ovsctl.New(cfg.OVSRunDir).PurgeDatapathFlows,
+			QueueMetrics: d.ops.queues,
 		}, d.log.Named("policy-agent"))
 	}
 	if d.ownsPods {
@@ -582,7 +583,8 @@ func (d *daemon) startPeers(ctx context.Context) error {
 	}
 	masq := snat.New(nft, d.clusterCIDR, cfg.GatewayName, cfg.SNATEnabled())
 	rcfg := noderoute.Config{NodeName: cfg.NodeName, Mode: cfg.TrafficEncapMode, Transport: d.transport.Name,
-		Gateway: cfg.GatewayName, Bridge: d.bridge, Flows: d.flows, Tunnel: peerTunnel(d.kernelTunnel)}
+		Gateway: cfg.GatewayName, Bridge: d.bridge, Flows: d.flows, Tunnel: peerTunnel(d.kernelTunnel),
+		QueueMetrics: d.ops.queues}
 	if d.ownsPods {
 		masq.SetNodeIP(cfg.NodeName, d.nodeIP)
 		if err := masq.Sync(ctx); err != nil {
@@ -633,6 +635,7 @@ func (d *daemon) startPolicy(ctx context.Context) error {
 		Workers:        cfg.NetworkPolicy.ControllerWorkers,
 		Registry:       d.reg,
 		Ops:            d.ops.ops,
+		QueueMetrics:   d.ops.queues,
 	}, d.log.Named("policy-controller"))
 	if err != nil {
 		return err
@@ -717,7 +720,7 @@ func (d *daemon) serve(ctx context.Context) error {
 		return err
 	}
 	d.pods.MarkReady()
-	srv := cniserver.New(d.pods, d.log.Named("cni"), cniserver.WithRegistry(d.reg))
+	srv := cniserver.New(d.pods, d.log.Named("cni"), cniserver.WithRegistry(d.reg), cniserver.WithWatchdog(d.ops.watchdog))
 	d.comps.Go(func() error { return srv.Serve(ctx, cfg.CNISocket) })
 	d.ops.cniGate.Open()
 	d.log.Info("serving CNI", zap.String("socket", cfg.CNISocket))

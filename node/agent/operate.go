@@ -71,6 +71,10 @@ type operations struct {
 	api *localapi.Server
 
 	pipelineGate, podsGate, cniGate *health.Gate
+	// watchdog is the liveness check over the workers: the CNI server's
+	// requests and the items of every workqueue (queues).
+	watchdog *health.Watchdog
+	queues   *health.QueueMetrics
 }
 
 // newOperations starts what needs nothing but the configuration: the
@@ -93,7 +97,9 @@ func newOperations(cfg config.Config, rc *rest.Config, reg *prometheus.Registry,
 		return nil, err
 	}
 	o.ops = ops
-	o.probes.Live.Add("ping", func() error { return nil })
+	o.watchdog = health.NewWatchdog(health.DefaultStuckAfter)
+	o.queues = health.NewQueueMetrics(reg, o.watchdog)
+	o.probes.Live.Add(health.CheckWorkers, o.watchdog.Check)
 	o.probes.Ready.Add(health.CheckOVSConnected, func() error { return fmt.Errorf("not connected to OVS yet") })
 	o.probes.Ready.Add(health.CheckPipeline, o.pipelineGate.Check)
 	o.probes.Ready.Add(health.CheckPodsRestored, o.podsGate.Check)
@@ -225,7 +231,8 @@ func (o *operations) run(ctx context.Context, d *datapath, comps *components) {
 			Status: in.AgentInfo}, o.log.Named("agentinfo"))
 	})
 	tf := traceflow.New(o.ops, traceflow.Config{NodeName: o.cfg.NodeName, NodeIP: d.bridge.NodeIP, Bridge: d.bridge,
-		Pods: d.pods, Switch: d.ofc, Describe: in.DescribeOutput, NodeByIP: nodeByIP(d.factory), PodIP: podIP(d.kube)},
+		Pods: d.pods, Switch: d.ofc, Describe: in.DescribeOutput, NodeByIP: nodeByIP(d.factory), PodIP: podIP(d.kube),
+		QueueMetrics: o.queues},
 		o.log.Named("traceflow"))
 	comps.Go(func() error { return tf.Run(ctx) })
 }

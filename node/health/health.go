@@ -8,6 +8,9 @@
 //   - /healthz is the liveness probe: it fails only when the daemon is
 //     stuck in a way a restart fixes. It passes while the daemon starts
 //     (waiting for its podCIDR or for OVS is not a reason to restart it).
+//     Its check, workers-progressing, fails when a CNI request or a
+//     workqueue item has been in progress for longer than
+//     DefaultStuckAfter (see Watchdog).
 //   - /readyz is the readiness probe: ovs-connected (OVSDB and OpenFlow),
 //     pipeline-installed (the bridge's flows of this run installed and the
 //     previous run's removed), pods-restored (the Pods already attached at
@@ -31,6 +34,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
+
+// CheckWorkers is the liveness check of the Watchdog.
+const CheckWorkers = "workers-progressing"
 
 // Readiness check names.
 const (

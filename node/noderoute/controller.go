@@ -117,6 +117,10 @@ type Config struct {
 	// Tunnel, when set, is told about every peer before its flows and
 	// after their removal.
 	Tunnel PeerTunnel
+	// QueueMetrics, when set, receives the metrics of the workqueues
+	// (named "noderoute" and "noderoute-neighbors"), and with them their
+	// stuck items (health.QueueMetrics).
+	QueueMetrics workqueue.MetricsProvider
 }
 
 type peer struct {
@@ -153,10 +157,11 @@ func New(informer coreinformers.NodeInformer, cfg Config, log *zap.Logger) (*Con
 		synced: informer.Informer().HasSynced,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.DefaultTypedControllerRateLimiter[string](),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "noderoute"}),
-		neighQueue: workqueue.NewTypedWithConfig(workqueue.TypedQueueConfig[string]{Name: "noderoute-neighbors"}),
-		log:        log,
-		peers:      map[string]peer{},
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "noderoute", MetricsProvider: cfg.QueueMetrics}),
+		neighQueue: workqueue.NewTypedWithConfig(workqueue.TypedQueueConfig[string]{Name: "noderoute-neighbors",
+			MetricsProvider: cfg.QueueMetrics}),
+		log:   log,
+		peers: map[string]peer{},
 	}
 	if c.cfg.Mode == "" {
 		c.cfg.Mode = config.ModeEncap

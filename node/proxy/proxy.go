@@ -70,6 +70,9 @@ type Config struct {
 	RouteSource net.IP
 	// Registry, when set, receives the proxy's metrics (see metrics.go).
 	Registry prometheus.Registerer
+	// QueueMetrics, when set, receives the metrics of the workqueue
+	// (named "proxy"), and with them its stuck items (health.QueueMetrics).
+	QueueMetrics workqueue.MetricsProvider
 }
 
 // Proxier programs Services. Create with New, then Run.
@@ -131,8 +134,9 @@ func New(kube kubernetes.Interface, flows Flows, sw Switch, cfg Config, log *zap
 	}))
 	p := &Proxier{
 		cfg: cfg, skip: map[string]bool{}, flows: flows, sw: sw, log: log, factory: f,
-		svcs:      f.Core().V1().Services().Lister(),
-		queue:     workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
+		svcs: f.Core().V1().Services().Lister(),
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "proxy", MetricsProvider: cfg.QueueMetrics}),
 		host:      hs,
 		installed: map[string]map[string]*portInstall{},
 		book:      newGroupBook(),

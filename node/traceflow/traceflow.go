@@ -83,6 +83,9 @@ type Config struct {
 	NodeByIP func(ip net.IP) string
 	// PodIP returns a Pod's IP.
 	PodIP func(ctx context.Context, namespace, name string) (string, error)
+	// QueueMetrics, when set, receives the metrics of the workqueue
+	// (named "traceflow"), and with them its stuck items (health.QueueMetrics).
+	QueueMetrics workqueue.MetricsProvider
 }
 
 // key identifies a trace cluster-wide: the source Node's IP and its tag,
@@ -122,8 +125,10 @@ type Controller struct {
 // New returns a controller; Run starts it.
 func New(ops opsclient.Interface, cfg Config, log *zap.Logger) *Controller {
 	return &Controller{ops: ops, cfg: cfg, log: log,
-		queue: workqueue.NewTypedRateLimitingQueue(workqueue.NewTypedItemExponentialFailureRateLimiter[string](50*time.Millisecond, 5*time.Second)),
-		obs:   map[key]*observation{}, pending: map[key]opsv1alpha1.TraceflowNode{}, pendAt: map[key]time.Time{},
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[string](50*time.Millisecond, 5*time.Second),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "traceflow", MetricsProvider: cfg.QueueMetrics}),
+		obs: map[key]*observation{}, pending: map[key]opsv1alpha1.TraceflowNode{}, pendAt: map[key]time.Time{},
 		owned: map[string]ownedTrace{}, ins: make(chan of.PacketIn, 4096)}
 }
 

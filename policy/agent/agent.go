@@ -108,6 +108,9 @@ type Config struct {
 	// the switch's cached datapath flows here, see datapath/ovsctl). Its
 	// error is logged, not retried.
 	AfterChange func(ctx context.Context) error
+	// QueueMetrics, when set, receives the metrics of the workqueue
+	// (named "policy-agent"), and with them its stuck items (health.QueueMetrics).
+	QueueMetrics workqueue.MetricsProvider
 }
 
 // isolation is the isolation of one Pod: the directions some policy
@@ -209,7 +212,7 @@ func New(cp versioned.Interface, cfg Config, log *zap.Logger) *Agent {
 		cp: cp, cfg: cfg, log: log.With(zap.String("node", cfg.NodeName)),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](retryMin, retryMax),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "policy-agent"}),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "policy-agent", MetricsProvider: cfg.QueueMetrics}),
 		pods:  map[string]flows.Pod{},
 		dirty: map[string]bool{},
 		done:  map[string]*installed{},

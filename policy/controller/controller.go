@@ -32,6 +32,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/client-go/util/workqueue"
 
 	opsclient "github.com/seine-net/seine/node/client/clientset/versioned"
 	"github.com/seine-net/seine/policy/client/clientset/versioned"
@@ -84,6 +85,10 @@ type Config struct {
 	// must exceed before its PodRealization is split; default
 	// compute.DefaultPodRealizationSliceSize (128).
 	PodRealizationSliceSize int
+	// QueueMetrics, when set, receives the metrics of each term's
+	// workqueue (named "policy-controller"), and with them its stuck
+	// items (health.QueueMetrics).
+	QueueMetrics workqueue.MetricsProvider
 }
 
 func (c *Config) defaults() {

@@ -152,8 +152,9 @@ func (c *Controller) lead(ctx context.Context, since time.Time) error {
 		c:     c,
 		log:   c.log,
 		model: compute.New(c.cfg.SliceSize, compute.WithPodRealizationSliceSize(c.cfg.PodRealizationSliceSize)),
-		queue: workqueue.NewTypedRateLimitingQueue(
-			workqueue.NewTypedItemExponentialFailureRateLimiter[compute.Key](5*time.Millisecond, 10*time.Second)),
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[compute.Key](5*time.Millisecond, 10*time.Second),
+			workqueue.TypedRateLimitingQueueConfig[compute.Key]{Name: "policy-controller", MetricsProvider: c.cfg.QueueMetrics}),
 		scheduled: make(map[compute.Key]struct{}),
 		written:   make(map[compute.Key]metav1.Object),
 		deleteAt:  make(map[compute.Key]time.Time),

@@ -35,6 +35,7 @@ import (
 	"github.com/seine-net/seine/datapath/pipeline"
 	opsv1alpha1 "github.com/seine-net/seine/node/apis/ops/v1alpha1"
 	opsclient "github.com/seine-net/seine/node/client/clientset/versioned"
+	"github.com/seine-net/seine/node/health"
 	"github.com/seine-net/seine/node/info"
 	"github.com/seine-net/seine/node/inspect"
 	"github.com/seine-net/seine/node/localapi"
@@ -702,6 +703,12 @@ func TestMetricsScrape(t *testing.T) {
 		must("seine_policy_controller_leader", nil, func(v float64) bool { return v == 0 || v == 1 })
 		must("seine_policy_agent_pending_policies", nil, func(v float64) bool { return v >= 0 })
 		must("seine_build_info", nil, func(v float64) bool { return v == 1 })
+		// The workqueues report to the liveness watchdog through the
+		// same provider that exports their metrics.
+		for _, q := range []string{"proxy", "policy-agent", "noderoute"} {
+			must("seine_workqueue_adds_total", map[string]string{"name": q}, positive)
+			must("seine_workqueue_longest_running_processor_seconds", map[string]string{"name": q}, func(v float64) bool { return v < 60 })
+		}
 		if _, ok := mfs["seine_policy_realization_duration_seconds"]; !ok {
 			t.Errorf("%s: no policy realization histogram", n.Name)
 		}
@@ -718,6 +725,10 @@ func TestMetricsScrape(t *testing.T) {
 		if v, _ := val("seine_policy_controller_leader", nil); v == 1 {
 			must("seine_policy_controller_round_duration_seconds", nil, positive)
 			must("seine_policy_controller_compute_duration_seconds", nil, positive)
+		}
+		// The probes answer on the same address.
+		if got := get(t, extNS, "http://"+net.JoinHostPort(n.IP, "9345")+"/healthz?verbose"); !strings.Contains(got, "[+]"+health.CheckWorkers+" ok") {
+			t.Errorf("%s /healthz?verbose = %q, want the workers check passing", n.Name, got)
 		}
 		// The probes answer on the same address.
 		for path, want := range map[string]string{"/healthz": "ok\n", "/readyz": "ok\n"} {

@@ -34,6 +34,7 @@ type Server struct {
 	log     *zap.Logger
 	locks   *opLock
 	grace   time.Duration
+	watch   Watchdog
 
 	duration *prometheus.HistogramVec
 	errors   *prometheus.CounterVec
@@ -81,6 +82,18 @@ func WithRegistry(reg *prometheus.Registry) Option {
 			s.log.Error("cannot register CNI metrics", zap.Error(err))
 		}
 	}
+}
+
+// Watchdog is told of every request from its decoding to its answer
+// (health.Watchdog): a request that never ends is a stuck daemon.
+type Watchdog interface {
+	// Start records the start of the work named what; done its end.
+	Start(what string) (done func())
+}
+
+// WithWatchdog tells w of every request.
+func WithWatchdog(w Watchdog) Option {
+	return func(s *Server) { s.watch = w }
 }
 
 // WithShutdownGrace sets how long Serve waits for in-flight requests once
@@ -256,7 +269,13 @@ func (s *Server) handle(ctx context.Context, in *wire.Request, decodeErr error) 
 		err = perr
 	} else {
 		req = r
-		out, err = s.dispatch(ctx, req)
+		if s.watch != nil {
+			done := s.watch.Start("cni " + in.Command + " " + in.ContainerID)
+			out, err = s.dispatch(ctx, req)
+			done()
+		} else {
+			out, err = s.dispatch(ctx, req)
+		}
 	}
 	// The command labels metrics: only the five the spec names, so a
 	// client cannot make up label values.

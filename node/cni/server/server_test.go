@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/seine-net/seine/node/cni/wire"
+	"github.com/seine-net/seine/node/health"
 )
 
 // blockingBackend lets a test hold an ADD open and see which calls reached
@@ -669,5 +670,33 @@ func waitWaiting(t *testing.T, ctx context.Context, srv *Server, command string,
 			t.Fatalf("%s never waited for its turn: %v", command, ctx.Err())
 		case <-time.After(5 * time.Millisecond):
 		}
+	}
+}
+
+// The watchdog sees a request from the moment it is decoded until its
+// answer: a held ADD counts as work in progress, a finished one does not.
+func TestWatchdogSeesRequests(t *testing.T) {
+	be := &blockingBackend{
+		release: map[string]chan struct{}{"ADD c1": make(chan struct{})},
+		entered: make(chan string, 10),
+	}
+	w := health.NewWatchdog(time.Nanosecond) // every request in progress is past it
+	srv := New(be, zaptest.NewLogger(t), WithWatchdog(w))
+	c := client(t, startServer(t, srv))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	addDone := make(chan error, 1)
+	go func() { _, err := c.call(ctx, CmdAdd, addReq("c1", goodConf)); addDone <- err }()
+	defer close(be.release["ADD c1"])
+	<-be.entered
+	if err := w.Check(); err == nil || !strings.Contains(err.Error(), "cni ADD c1") {
+		t.Fatalf("check with ADD c1 held: %v, want it named", err)
+	}
+	be.release["ADD c1"] <- struct{}{}
+	if err := <-addDone; err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Check(); err != nil {
+		t.Errorf("check once ADD c1 answered: %v", err)
 	}
 }
