@@ -129,7 +129,41 @@ func parseNetConf(cmd string, raw []byte) (*NetConf, *Error) {
 			return nil, &Error{Code: types.ErrInvalidNetworkConfig, Msg: "invalid network configuration: bad prevResult", Err: err}
 		}
 	}
+	if cmd == CmdGC {
+		valid, e := validAttachments(raw)
+		if e != nil {
+			return nil, e
+		}
+		conf.ValidAttachments = valid
+	}
 	return conf, nil
+}
+
+// validAttachments reads the attachments a GC must keep (CNI spec 1.1,
+// "GC"): "cni.dev/valid-attachments", or "cni.dev/attachments", the name
+// the spec first gave it, which libcni v1.2.0 to v1.2.2 send alone
+// (containernetworking/cni#1101). A null list keeps nothing, as CRI-O
+// sends for a network without Pods. A configuration with neither key
+// does not say what is valid, and is refused: read as an empty list, it
+// would release every attachment of the Node.
+func validAttachments(raw []byte) ([]types.GCAttachment, *Error) {
+	var keys map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &keys); err != nil {
+		return nil, &Error{Code: types.ErrDecodingFailure, Msg: "failed to decode network configuration", Err: err}
+	}
+	v, ok := keys["cni.dev/valid-attachments"]
+	if !ok {
+		v, ok = keys["cni.dev/attachments"]
+	}
+	if !ok {
+		return nil, &Error{Code: types.ErrInvalidNetworkConfig,
+			Msg: "invalid network configuration: GC without cni.dev/valid-attachments; nothing released, since which attachments are valid is unknown"}
+	}
+	var valid []types.GCAttachment
+	if err := json.Unmarshal(v, &valid); err != nil {
+		return nil, &Error{Code: types.ErrDecodingFailure, Msg: "failed to decode cni.dev/valid-attachments", Err: err}
+	}
+	return valid, nil
 }
 
 // parseK8sArgs fills the pod fields of req from CNI_ARGS, a string of

@@ -133,6 +133,9 @@ func code(resp *wire.Response) uint {
 
 const goodConf = `{"cniVersion":"1.1.0","name":"seine","type":"seine","socketPath":"/x"}`
 
+// gcConf is goodConf as a GC gets it: with the attachments to keep.
+const gcConf = `{"cniVersion":"1.1.0","name":"seine","type":"seine","socketPath":"/x","cni.dev/valid-attachments":[]}`
+
 func addReq(id, conf string) *wire.Request {
 	return &wire.Request{ContainerID: id, Netns: "/var/run/netns/" + id, IfName: "eth0", Config: []byte(conf)}
 }
@@ -342,7 +345,7 @@ func TestGCExcludesContainerCommands(t *testing.T) {
 	<-be.entered
 	gcDone := make(chan error, 1)
 	go func() {
-		_, err := c.call(ctx, CmdGC, &wire.Request{Config: []byte(goodConf)})
+		_, err := c.call(ctx, CmdGC, &wire.Request{Config: []byte(gcConf)})
 		gcDone <- err
 	}()
 	waitWaiting(t, ctx, srv, CmdGC, gcDone)
@@ -630,6 +633,7 @@ func TestDispatch(t *testing.T) {
 	ctx := context.Background()
 	confs := map[string]string{
 		CmdCheck: `{"cniVersion":"1.1.0","name":"seine","type":"seine","prevResult":{"cniVersion":"1.1.0"}}`,
+		CmdGC:    gcConf,
 	}
 	want := map[string]string{CmdAdd: "ADD c1", CmdDel: "DEL c1", CmdCheck: "CHECK c1", CmdStatus: "STATUS ", CmdGC: "GC "}
 	for _, cmd := range wire.ForwardedCommands() {
@@ -698,5 +702,66 @@ func TestWatchdogSeesRequests(t *testing.T) {
 	}
 	if err := w.Check(); err != nil {
 		t.Errorf("check once ADD c1 answered: %v", err)
+	}
+}
+
+// gcBackend records the attachments each GC was told to keep.
+type gcBackend struct {
+	blockingBackend
+	valid [][]types.GCAttachment
+}
+
+func (b *gcBackend) GC(ctx context.Context, req *Request, valid []types.GCAttachment) error {
+	b.valid = append(b.valid, valid)
+	return nil
+}
+
+// A GC keeps what cni.dev/valid-attachments lists, or the older
+// cni.dev/attachments (libcni v1.2.0 to v1.2.2); null keeps nothing; a
+// configuration with neither releases nothing and is refused.
+func TestGCValidAttachments(t *testing.T) {
+	be := &gcBackend{}
+	c := client(t, startServer(t, New(be, zaptest.NewLogger(t))))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const base = `{"cniVersion":"1.1.0","name":"seine","type":"seine","socketPath":"/x"`
+	for _, tc := range []struct {
+		name, conf string
+		code       uint // 0: success
+		want       string
+	}{
+		{"valid-attachments", base + `,"cni.dev/valid-attachments":[{"containerID":"a","ifname":"eth0"}]}`, 0, "a/eth0"},
+		{"the spec's first name", base + `,"cni.dev/attachments":[{"containerID":"b","ifname":"eth0"}]}`, 0, "b/eth0"},
+		{"both: valid-attachments wins", base + `,"cni.dev/attachments":[],"cni.dev/valid-attachments":[{"containerID":"c","ifname":"eth0"}]}`, 0, "c/eth0"},
+		{"null", base + `,"cni.dev/valid-attachments":null}`, 0, ""},
+		{"neither", base + `}`, types.ErrInvalidNetworkConfig, ""},
+		{"not a list", base + `,"cni.dev/valid-attachments":"a"}`, types.ErrDecodingFailure, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := len(be.valid)
+			resp, err := c.call(ctx, CmdGC, &wire.Request{Config: []byte(tc.conf)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if code(resp) != tc.code {
+				t.Fatalf("code %d (%v), want %d", code(resp), resp.Error, tc.code)
+			}
+			if tc.code != 0 {
+				if len(be.valid) != before {
+					t.Errorf("a refused GC reached the backend")
+				}
+				return
+			}
+			if len(be.valid) != before+1 {
+				t.Fatalf("GC did not reach the backend")
+			}
+			var got []string
+			for _, a := range be.valid[before] {
+				got = append(got, a.ContainerID+"/"+a.IfName)
+			}
+			if strings.Join(got, ",") != tc.want {
+				t.Errorf("kept %v, want %q", got, tc.want)
+			}
+		})
 	}
 }
