@@ -93,3 +93,59 @@ func (c *Client) PurgeDatapathFlows(ctx context.Context) error {
 	_, err := c.Run(ctx, "revalidator/purge")
 	return err
 }
+
+// CTTuple is one direction of a conntrack entry to match, as
+// "dpctl/flush-conntrack" (ovs-vswitchd(8)) and "ct-flush" (ovs-ofctl(8))
+// take it. A zero field matches any value, so the tuple may be partial
+// (OVS 3.1 and later).
+type CTTuple struct {
+	// Src and Dst are IPv4 addresses; nil matches any.
+	Src, Dst net.IP
+	// Proto is the IP protocol number (6 TCP, 17 UDP, 132 SCTP); 0 any.
+	Proto uint8
+	// SrcPort and DstPort are the transport ports; 0 any.
+	SrcPort, DstPort uint16
+}
+
+// String is the tuple in OVS's syntax: "ct_nw_dst=10.96.0.10,ct_nw_proto=17,ct_tp_dst=53".
+func (t CTTuple) String() string {
+	var f []string
+	if t.Src != nil {
+		f = append(f, "ct_nw_src="+t.Src.String())
+	}
+	if t.Dst != nil {
+		f = append(f, "ct_nw_dst="+t.Dst.String())
+	}
+	if t.Proto != 0 {
+		f = append(f, "ct_nw_proto="+strconv.Itoa(int(t.Proto)))
+	}
+	if t.SrcPort != 0 {
+		f = append(f, "ct_tp_src="+strconv.Itoa(int(t.SrcPort)))
+	}
+	if t.DstPort != 0 {
+		f = append(f, "ct_tp_dst="+strconv.Itoa(int(t.DstPort)))
+	}
+	return strings.Join(f, ",")
+}
+
+// FlushConntrack removes the connections of conntrack zone zone whose
+// original direction matches orig and whose reply direction matches reply
+// ("dpctl/flush-conntrack", ovs-vswitchd(8)), in the one datapath of the
+// ovs-vswitchd (OVS 3.1 takes no datapath name alongside tuples). The
+// userspace connection tracker matches the original direction as it was
+// before NAT, which is what orig should give. An empty orig and reply
+// would flush the whole zone, and is refused.
+func (c *Client) FlushConntrack(ctx context.Context, zone uint16, orig, reply CTTuple) error {
+	o, r := orig.String(), reply.String()
+	if o == "" && r == "" {
+		return errors.New("flushing conntrack: no tuple given (that would flush the whole zone)")
+	}
+	params := []string{"zone=" + strconv.Itoa(int(zone)), o}
+	if r != "" {
+		params = append(params, r)
+	}
+	if _, err := c.Run(ctx, "dpctl/flush-conntrack", params...); err != nil {
+		return fmt.Errorf("flushing conntrack zone %d (%s | %s): %w", zone, o, r, err)
+	}
+	return nil
+}

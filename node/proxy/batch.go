@@ -147,6 +147,12 @@ func (p *Proxier) installPlans(ctx context.Context, plans []*portPlan) error {
 	if err := p.flows.SetMany(ctx, ups); err != nil {
 		return fmt.Errorf("flows: %w", err)
 	}
+	for _, pl := range plans {
+		sp := pl.ps.Port
+		sp.ID = pl.pi.id
+		p.flushStale(ctx, pl.pi.port, sp)
+		pl.pi.port = sp
+	}
 	var stale []of.GroupMod
 	for _, pl := range plans {
 		for id := range pl.pi.groups {

@@ -30,6 +30,7 @@ import (
 
 	"github.com/seine-net/seine/datapath/flowsync"
 	of "github.com/seine-net/seine/datapath/openflow"
+	"github.com/seine-net/seine/datapath/ovsctl"
 	"github.com/seine-net/seine/datapath/pipeline"
 )
 
@@ -73,6 +74,15 @@ type Config struct {
 	// QueueMetrics, when set, receives the metrics of the workqueue
 	// (named "proxy"), and with them its stuck items (health.QueueMetrics).
 	QueueMetrics workqueue.MetricsProvider
+	// Conntrack, when set, removes the UDP and SCTP connections that a
+	// change left pointing at an endpoint no longer behind their VIP (see
+	// flushStale).
+	Conntrack Conntrack
+}
+
+// Conntrack is the part of ovsctl.Client the proxy uses.
+type Conntrack interface {
+	FlushConntrack(ctx context.Context, zone uint16, orig, reply ovsctl.CTTuple) error
 }
 
 // Proxier programs Services. Create with New, then Run.
@@ -113,6 +123,9 @@ type Proxier struct {
 
 type portInstall struct {
 	id uint32
+	// port is what the switch was last programmed with (zero before the
+	// first time): what the connections in conntrack were balanced by.
+	port pipeline.ServicePort
 	// groups are the installed groups by ID, second-level ones included.
 	groups   map[uint32]of.GroupEntry
 	elements []element // host nftables elements
@@ -528,6 +541,8 @@ func (p *Proxier) installPort(ctx context.Context, pi *portInstall, ps PortState
 	if err := p.flows.Set(ctx, pipeline.ServiceOwner(pi.id), flows); err != nil {
 		return err
 	}
+	p.flushStale(ctx, pi.port, sp)
+	pi.port = sp
 	var stale []of.GroupMod
 	for id := range pi.groups {
 		if !wantGroups[id] {
@@ -589,6 +604,8 @@ func (p *Proxier) removePort(ctx context.Context, pi *portInstall) error {
 	if err := p.flows.Set(ctx, pipeline.ServiceOwner(pi.id), nil); err != nil {
 		return err
 	}
+	p.flushStale(ctx, pi.port, pipeline.ServicePort{})
+	pi.port = pipeline.ServicePort{}
 	// Learned affinity flows carry the port's cookie.
 	ck := pipeline.Cookie(p.cfg.Bridge.Round, pipeline.CategoryService, uint64(pi.id))
 	if err := p.sw.DeleteMatching(ctx, ck, ^uint64(0)); err != nil {

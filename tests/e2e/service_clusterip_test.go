@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net"
 	"sort"
 	"strconv"
 	"strings"
@@ -323,6 +324,69 @@ func TestServiceInternalTrafficPolicyLocal(t *testing.T) {
 	if r := probeSvc(t, c, clients[1], pods[1].ip, tcpPort, corev1.ProtocolTCP, 2*time.Second); r.Outcome != echo.Connected || r.Reply != pods[1].name {
 		t.Errorf("from a Node without local endpoint to the endpoint's Pod IP: %s (%v), want %s to answer", r, r.Err, pods[1].name)
 	}
+}
+
+// A UDP flow (one source port) stays with its endpoint while that endpoint
+// serves the Service, and moves to another once it leaves: the proxy
+// flushes the flow's conntrack entry, which each datagram would otherwise
+// keep alive for good. The endpoint that leaves keeps running (its Pod is
+// relabelled), so without the flush it would keep answering.
+func TestServiceUDPFlowLeavesGoneEndpoint(t *testing.T) {
+	c := shared
+	ns := "svc-udp-stale"
+	clients := svcPods(t, c, ns, "client", 2)
+	pods := svcPods(t, c, ns, "udpflow", 0, 1)
+	svc := createService(t, c, ns, "udp", "udpflow", nil)
+	eventually(t, 30*time.Second, "both endpoints answering", func() error {
+		if got := replies(t, c, clients[0], svc.Spec.ClusterIP, 53, corev1.ProtocolUDP, 16); keys(got) != names(pods) {
+			return fmt.Errorf("got %v, want %s", got, names(pods))
+		}
+		return nil
+	})
+	conn, err := c.DialNetFrom(testCtx(t, 10*time.Second), ns, clients[0].name, "udp", net.JoinHostPort(svc.Spec.ClusterIP, "53"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ask := func() (string, error) {
+		_ = conn.SetDeadline(time.Now().Add(time.Second))
+		if _, err := conn.Write([]byte("probe\n")); err != nil {
+			return "", err
+		}
+		buf := make([]byte, 512)
+		n, err := conn.Read(buf)
+		if err != nil {
+			return "", err
+		}
+		name, _, _ := strings.Cut(string(buf[:n]), "\n")
+		return name, nil
+	}
+	var first string
+	eventually(t, 10*time.Second, "the flow answered", func() error {
+		var err error
+		first, err = ask()
+		return err
+	})
+	for i := 0; i < 5; i++ {
+		if got, err := ask(); err != nil || got != first {
+			t.Fatalf("datagram %d of the flow: %q (%v), want %s again", i, got, err, first)
+		}
+	}
+	gone, stays := pods[0], pods[1]
+	if first == pods[1].name {
+		gone, stays = pods[1], pods[0]
+	}
+	patch := []byte(`{"metadata":{"labels":{"app":"udpflow-left"}}}`)
+	if _, err := c.Client().CoreV1().Pods(ns).Patch(testCtx(t, 10*time.Second), gone.name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the flow moved to "+stays.name, func() error {
+		got, err := ask()
+		if err != nil || got != stays.name {
+			return fmt.Errorf("answered by %q (%v)", got, err)
+		}
+		return nil
+	})
 }
 
 // labelZone sets (zone != "") or removes the topology.kubernetes.io/zone

@@ -335,6 +335,13 @@ func (c *Cluster) RouteToNode(ctx context.Context, dst, node string) (func(), er
 // namespace (the socket stays there), for tests that need a long-lived
 // connection.
 func (c *Cluster) DialFrom(ctx context.Context, namespace, pod, addr string) (net.Conn, error) {
+	return c.DialNetFrom(ctx, namespace, pod, "tcp", addr)
+}
+
+// DialNetFrom is DialFrom for any network of net.Dial: "udp" gives a
+// socket that sends every datagram from the same source port, as a
+// long-lived UDP flow does.
+func (c *Cluster) DialNetFrom(ctx context.Context, namespace, pod, network, addr string) (net.Conn, error) {
 	name, err := c.podNetNS(namespace, pod)
 	if err != nil {
 		return nil, err
@@ -343,7 +350,7 @@ func (c *Cluster) DialFrom(ctx context.Context, namespace, pod, addr string) (ne
 	err = ns.WithNetNSPath(netnsPath(name), func(ns.NetNS) error {
 		var d net.Dialer
 		var err error
-		conn, err = d.DialContext(ctx, "tcp", addr)
+		conn, err = d.DialContext(ctx, network, addr)
 		return err
 	})
 	return conn, err
