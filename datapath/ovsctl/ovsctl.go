@@ -149,3 +149,108 @@ func (c *Client) FlushConntrack(ctx context.Context, zone uint16, orig, reply CT
 	}
 	return nil
 }
+
+// CTEntry is one connection of a conntrack dump: the tuples of its two
+// directions (each with Proto set) and its zone.
+type CTEntry struct {
+	Orig, Reply CTTuple
+	Zone        uint16
+}
+
+// DumpConntrack lists the UDP, TCP and SCTP connections of conntrack
+// zone zone ("dpctl/dump-conntrack", ovs-vswitchd(8)), in the one
+// datapath of the ovs-vswitchd. Other protocols are left out.
+func (c *Client) DumpConntrack(ctx context.Context, zone uint16) ([]CTEntry, error) {
+	out, err := c.Run(ctx, "dpctl/dump-conntrack", "zone="+strconv.Itoa(int(zone)))
+	if err != nil {
+		return nil, fmt.Errorf("dumping conntrack zone %d: %w", zone, err)
+	}
+	return ParseConntrack(out)
+}
+
+// ctProtos are the protocols ParseConntrack keeps, by dump name.
+var ctProtos = map[string]uint8{"tcp": 6, "udp": 17, "sctp": 132}
+
+// ParseConntrack reads the lines of a conntrack dump, such as
+// "udp,orig=(src=10.244.0.3,dst=10.96.0.10,sport=40000,dport=53),reply=(src=10.244.1.5,dst=10.244.0.3,sport=5353,dport=40000),zone=65520".
+// Lines of other protocols (icmp, ...) and of IPv6 connections are
+// skipped; a malformed UDP, TCP or SCTP line is an error naming it.
+func ParseConntrack(out string) ([]CTEntry, error) {
+	var entries []CTEntry
+	for _, line := range strings.Split(out, "\n") {
+		line = strings.TrimSpace(line)
+		proto, rest, _ := strings.Cut(line, ",")
+		p, ok := ctProtos[proto]
+		if !ok {
+			continue
+		}
+		e := CTEntry{}
+		var err error
+		if e.Orig, rest, err = ctDirection(rest, "orig=(", p); err == nil {
+			e.Reply, rest, err = ctDirection(strings.TrimPrefix(rest, ","), "reply=(", p)
+		}
+		if errors.Is(err, errNotIPv4) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("conntrack entry %q: %w", line, err)
+		}
+		for _, f := range strings.Split(rest, ",") {
+			if z, ok := strings.CutPrefix(f, "zone="); ok {
+				n, err := strconv.ParseUint(z, 10, 16)
+				if err != nil {
+					return nil, fmt.Errorf("conntrack entry %q: zone: %w", line, err)
+				}
+				e.Zone = uint16(n)
+			}
+		}
+		entries = append(entries, e)
+	}
+	return entries, nil
+}
+
+// errNotIPv4 marks a connection of IPv6 addresses.
+var errNotIPv4 = errors.New("not IPv4")
+
+// ctDirection parses "<prefix>src=A,dst=B,sport=C,dport=D)" at the start
+// of s and returns the tuple and what follows it.
+func ctDirection(s, prefix string, proto uint8) (CTTuple, string, error) {
+	body, ok := strings.CutPrefix(s, prefix)
+	if !ok {
+		return CTTuple{}, "", fmt.Errorf("want %q", prefix)
+	}
+	body, rest, ok := strings.Cut(body, ")")
+	if !ok {
+		return CTTuple{}, "", fmt.Errorf("%s not closed", prefix)
+	}
+	t := CTTuple{Proto: proto}
+	for _, kv := range strings.Split(body, ",") {
+		k, v, _ := strings.Cut(kv, "=")
+		switch k {
+		case "src", "dst":
+			ip := net.ParseIP(v)
+			if ip == nil {
+				return CTTuple{}, "", fmt.Errorf("%s %q is not an IP address", k, v)
+			}
+			if ip = ip.To4(); ip == nil {
+				return CTTuple{}, "", errNotIPv4
+			}
+			if k == "src" {
+				t.Src = ip
+			} else {
+				t.Dst = ip
+			}
+		case "sport", "dport":
+			n, err := strconv.ParseUint(v, 10, 16)
+			if err != nil {
+				return CTTuple{}, "", fmt.Errorf("%s: %w", k, err)
+			}
+			if k == "sport" {
+				t.SrcPort = uint16(n)
+			} else {
+				t.DstPort = uint16(n)
+			}
+		}
+	}
+	return t, rest, nil
+}

@@ -125,6 +125,19 @@ func TestFlushConntrack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	entries, err := c.DumpConntrack(ctx, 65520)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ports := map[uint16]bool{}
+	for _, e := range entries {
+		if e.Zone == 65520 && e.Orig.Proto == 17 && e.Orig.Dst.Equal(dst) && e.Reply.Src.Equal(dst) {
+			ports[e.Orig.DstPort] = true
+		}
+	}
+	if !ports[5353] || !ports[5354] {
+		t.Errorf("DumpConntrack: %+v, want the entries to ports 5353 and 5354", entries)
+	}
 	if err := c.FlushConntrack(ctx, 65520,
 		CTTuple{Dst: dst, Proto: 17, DstPort: 5353}, CTTuple{Src: dst, Proto: 17, SrcPort: 5353}); err != nil {
 		t.Fatal(err)
@@ -142,5 +155,33 @@ func TestFlushConntrack(t *testing.T) {
 	}
 	if err := c.FlushConntrack(ctx, 65520, CTTuple{}, CTTuple{}); err == nil {
 		t.Error("a flush of the whole zone was accepted")
+	}
+}
+
+func TestParseConntrack(t *testing.T) {
+	out := strings.Join([]string{
+		"udp,orig=(src=10.244.0.3,dst=10.96.0.10,sport=40000,dport=53),reply=(src=10.244.1.5,dst=10.244.0.3,sport=5353,dport=40000),zone=65520,mark=1",
+		"icmp,orig=(src=10.244.0.3,dst=10.244.1.5,id=7,type=8,code=0),reply=(src=10.244.1.5,dst=10.244.0.3,id=7,type=0,code=0),zone=65520",
+		"udp,orig=(src=fd00::1,dst=fd00::2,sport=1,dport=2),reply=(src=fd00::2,dst=fd00::1,sport=2,dport=1),zone=65520",
+		"tcp,orig=(src=10.244.0.3,dst=10.96.0.1,sport=5000,dport=443),reply=(src=198.18.0.1,dst=10.244.0.3,sport=6443,dport=5000),zone=65520,protoinfo=(state=ESTABLISHED)",
+		"",
+	}, "\n")
+	got, err := ParseConntrack(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 {
+		t.Fatalf("%d entries, want the UDP and TCP IPv4 ones: %+v", len(got), got)
+	}
+	u := got[0]
+	if u.Zone != 65520 || u.Orig.String() != "ct_nw_src=10.244.0.3,ct_nw_dst=10.96.0.10,ct_nw_proto=17,ct_tp_src=40000,ct_tp_dst=53" ||
+		u.Reply.String() != "ct_nw_src=10.244.1.5,ct_nw_dst=10.244.0.3,ct_nw_proto=17,ct_tp_src=5353,ct_tp_dst=40000" {
+		t.Errorf("UDP entry %+v", u)
+	}
+	if got[1].Orig.Proto != 6 || got[1].Reply.SrcPort != 6443 {
+		t.Errorf("TCP entry %+v", got[1])
+	}
+	if _, err := ParseConntrack("udp,orig=(src=10.244.0.3,dst=10.96.0.10,sport=x,dport=53),reply=(src=1.1.1.1,dst=2.2.2.2,sport=1,dport=2)"); err == nil {
+		t.Error("a malformed entry parsed")
 	}
 }

@@ -500,7 +500,7 @@ func (d *daemon) startProxy(ctx context.Context) error {
 	pcfg := proxy.Config{NodeName: cfg.NodeName, Bridge: d.bridge,
 		SkipServices: cfg.Proxy.SkipServices, ProxyAll: cfg.ProxyAllEnabled(), Gateway: cfg.GatewayName,
 		ServiceCIDR: svcCIDR, NodePortAddresses: npAddrs, Registry: d.reg, QueueMetrics: d.ops.queues,
-		Conntrack: ovsctl.New(cfg.OVSRunDir)}
+		Conntrack: ovsctl.New(cfg.OVSRunDir), HealthAddress: cfg.Proxy.HealthzBindAddress}
 	if d.gwIP == nil {
 		pcfg.RouteSource = d.nodeIP // the gateway has no address of its own
 	}

@@ -157,6 +157,10 @@ type ProxyConfig struct {
 	// NodePortAddresses are IPv4 CIDRs: NodePorts answer on the local
 	// addresses inside them. Empty: the Node's transport address only.
 	NodePortAddresses []string `json:"nodePortAddresses,omitempty"`
+	// HealthzBindAddress serves kube-proxy's health check (/healthz and
+	// /livez, host:port) with proxyAll, for the cloud load balancers that
+	// probe it; "" disables. Default 0.0.0.0:10256, kube-proxy's.
+	HealthzBindAddress string `json:"healthzBindAddress,omitempty"`
 }
 
 // ProxyEnabled reports whether the Service proxy runs.
@@ -244,6 +248,7 @@ func Default() Config {
 		APISocket:           "/var/run/seine/seine.sock",
 		MetricsAddress:      ":9345",
 		LogLevel:            "info",
+		Proxy:               ProxyConfig{HealthzBindAddress: "0.0.0.0:10256"},
 		NetworkPolicy: NetworkPolicyConfig{
 			Enable:                &t,
 			RealizeTimeout:        metav1.Duration{Duration: 10 * time.Second},
@@ -378,6 +383,11 @@ func (c Config) Validate() error {
 	if c.MetricsAddress != "" {
 		if _, port, err := net.SplitHostPort(c.MetricsAddress); err != nil || port == "" {
 			bad("metricsAddress", "%q is not host:port (an empty host means the Node's address)", c.MetricsAddress)
+		}
+	}
+	if a := c.Proxy.HealthzBindAddress; a != "" {
+		if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
+			bad("proxy.healthzBindAddress", "%q is not host:port (\"\" disables it)", a)
 		}
 	}
 	if c.DataDir == "" || !filepath.IsAbs(c.DataDir) {

@@ -30,6 +30,10 @@ type healthChecks struct {
 	log *zap.Logger
 	// addrs returns the addresses to listen on; nil means every address.
 	addrs func() ([]net.IP, error)
+	// proxyHealthy reports whether the proxy keeps up (syncHealth): a
+	// Node whose proxy lags answers 503 whatever its endpoints, as
+	// kube-proxy's does.
+	proxyHealthy func() bool
 
 	mu      sync.Mutex
 	servers map[int32]*healthServer // by port
@@ -37,7 +41,8 @@ type healthChecks struct {
 }
 
 type healthServer struct {
-	srv *http.Server
+	srv          *http.Server
+	proxyHealthy func() bool
 
 	mu        sync.Mutex
 	namespace string
@@ -56,9 +61,14 @@ type healthBody struct {
 }
 
 // newHealthChecks returns health check servers that listen on the
-// addresses addrs returns when a server starts.
-func newHealthChecks(addrs func() ([]net.IP, error), log *zap.Logger) *healthChecks {
-	return &healthChecks{log: log, addrs: addrs, servers: map[int32]*healthServer{}, byKey: map[string]int32{}}
+// addresses addrs returns when a server starts, failing while proxyHealthy
+// (nil: always) reports false.
+func newHealthChecks(addrs func() ([]net.IP, error), proxyHealthy func() bool, log *zap.Logger) *healthChecks {
+	if proxyHealthy == nil {
+		proxyHealthy = func() bool { return true }
+	}
+	return &healthChecks{log: log, addrs: addrs, proxyHealthy: proxyHealthy,
+		servers: map[int32]*healthServer{}, byKey: map[string]int32{}}
 }
 
 // localAddrsIn returns a function listing the local IPv4 addresses inside
@@ -132,11 +142,15 @@ func (h *healthChecks) listen(port int32) ([]net.Listener, error) {
 func (s *healthServer) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	s.mu.Lock()
 	var b healthBody
-	b.Service.Namespace, b.Service.Name, b.LocalEndpoints, b.ServiceProxyHealthy = s.namespace, s.name, s.local, true
+	b.Service.Namespace, b.Service.Name, b.LocalEndpoints = s.namespace, s.name, s.local
 	s.mu.Unlock()
+	b.ServiceProxyHealthy = s.proxyHealthy()
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
-	if b.LocalEndpoints == 0 {
+	// The local endpoints, for load balancers that weigh Nodes by them
+	// (kube-proxy sends it too).
+	w.Header().Set("X-Load-Balancing-Endpoint-Weight", strconv.Itoa(b.LocalEndpoints))
+	if b.LocalEndpoints == 0 || !b.ServiceProxyHealthy {
 		w.WriteHeader(http.StatusServiceUnavailable)
 	}
 	_ = json.NewEncoder(w).Encode(b)
@@ -182,7 +196,7 @@ func (h *healthChecks) set(key string, port int32, local int) error {
 	ns, name, _ := cache.SplitMetaNamespaceKey(key)
 	s := h.servers[port]
 	if s == nil {
-		s = &healthServer{namespace: ns, name: name}
+		s = &healthServer{namespace: ns, name: name, proxyHealthy: h.proxyHealthy}
 		ls, err := h.listen(port)
 		if err != nil {
 			return fmt.Errorf("health check node port %d: %w", port, err)

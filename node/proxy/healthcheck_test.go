@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"go.uber.org/zap/zaptest"
@@ -36,6 +38,9 @@ func checkAt(t *testing.T, ip string, port int32) (int, healthBody, error) {
 	defer resp.Body.Close()
 	var b healthBody
 	err = json.NewDecoder(resp.Body).Decode(&b)
+	if w := resp.Header.Get("X-Load-Balancing-Endpoint-Weight"); err == nil && w != strconv.Itoa(b.LocalEndpoints) {
+		err = fmt.Errorf("X-Load-Balancing-Endpoint-Weight %q, want %d", w, b.LocalEndpoints)
+	}
 	return resp.StatusCode, b, err
 }
 
@@ -43,7 +48,8 @@ func checkAt(t *testing.T, ip string, port int32) (int, healthBody, error) {
 // with one, names its Service, refuses a second Service on the same port,
 // and stops when the Service no longer needs it.
 func TestHealthCheckNodePort(t *testing.T) {
-	h := newHealthChecks(nil, zaptest.NewLogger(t))
+	var lagging atomic.Bool
+	h := newHealthChecks(nil, func() bool { return !lagging.Load() }, zaptest.NewLogger(t))
 	defer h.close()
 	port := freePort(t)
 	if err := h.set("ns/lb", port, 0); err != nil {
@@ -59,6 +65,12 @@ func TestHealthCheckNodePort(t *testing.T) {
 	if code, b, err := check(t, port); err != nil || code != http.StatusOK || b.LocalEndpoints != 2 {
 		t.Errorf("two local endpoints: %d %+v %v", code, b, err)
 	}
+	// A proxy that lags fails the check whatever the endpoints.
+	lagging.Store(true)
+	if code, b, err := check(t, port); err != nil || code != http.StatusServiceUnavailable || b.ServiceProxyHealthy {
+		t.Errorf("proxy lagging: %d %+v %v", code, b, err)
+	}
+	lagging.Store(false)
 	if err := h.set("ns/other", port, 1); err == nil {
 		t.Error("a second Service took the same health check port")
 	}
@@ -81,7 +93,7 @@ func TestHealthCheckListensOnNodePortAddresses(t *testing.T) {
 		}
 		return n
 	}
-	h := newHealthChecks(localAddrsIn([]*net.IPNet{mustCIDR("127.0.0.1/32")}), zaptest.NewLogger(t))
+	h := newHealthChecks(localAddrsIn([]*net.IPNet{mustCIDR("127.0.0.1/32")}), nil, zaptest.NewLogger(t))
 	defer h.close()
 	port := freePort(t)
 	if err := h.set("ns/lb", port, 1); err != nil {
@@ -94,7 +106,7 @@ func TestHealthCheckListensOnNodePortAddresses(t *testing.T) {
 		t.Error("127.0.0.2 is outside nodePortAddresses but answers")
 	}
 
-	all := newHealthChecks(localAddrsIn([]*net.IPNet{mustCIDR("0.0.0.0/0")}), zaptest.NewLogger(t))
+	all := newHealthChecks(localAddrsIn([]*net.IPNet{mustCIDR("0.0.0.0/0")}), nil, zaptest.NewLogger(t))
 	defer all.close()
 	port2 := freePort(t)
 	if err := all.set("ns/lb", port2, 1); err != nil {
@@ -104,7 +116,7 @@ func TestHealthCheckListensOnNodePortAddresses(t *testing.T) {
 		t.Errorf("0.0.0.0/0: 127.0.0.2 does not answer: %d %v", code, err)
 	}
 
-	none := newHealthChecks(localAddrsIn([]*net.IPNet{mustCIDR("198.19.255.0/24")}), zaptest.NewLogger(t))
+	none := newHealthChecks(localAddrsIn([]*net.IPNet{mustCIDR("198.19.255.0/24")}), nil, zaptest.NewLogger(t))
 	defer none.close()
 	if err := none.set("ns/lb", freePort(t), 1); err == nil || !strings.Contains(err.Error(), "no local address inside nodePortAddresses") {
 		t.Errorf("no local address in range: %v", err)

@@ -134,11 +134,15 @@ func (h *host) reset(ctx context.Context) error {
 			Priority: knftables.PtrTo(c.priority)})
 		tx.Flush(&knftables.Chain{Name: c.name})
 	}
+	// New connections only, as kube-proxy rejects them: a Service whose
+	// endpoints all went away for a moment must not reset the connections
+	// that still reach the old ones. A connection the bridge hands back
+	// for rejecting has seen no reply, so it is still new here.
 	for _, c := range chains[:2] {
 		tx.Add(&knftables.Rule{Chain: c.name, Rule: knftables.Concat(
-			"ip daddr . meta l4proto . th dport", "@"+SetNoEndpoints, "meta l4proto tcp reject with tcp reset")})
+			"ct state new", "ip daddr . meta l4proto . th dport", "@"+SetNoEndpoints, "meta l4proto tcp reject with tcp reset")})
 		tx.Add(&knftables.Rule{Chain: c.name, Rule: knftables.Concat(
-			"ip daddr . meta l4proto . th dport", "@"+SetNoEndpoints, "reject with icmp type port-unreachable")})
+			"ct state new", "ip daddr . meta l4proto . th dport", "@"+SetNoEndpoints, "reject with icmp type port-unreachable")})
 	}
 	if h.cfg.proxyAll {
 		for _, c := range chains[2:4] {

@@ -74,6 +74,13 @@ type Config struct {
 	// QueueMetrics, when set, receives the metrics of the workqueue
 	// (named "proxy"), and with them its stuck items (health.QueueMetrics).
 	QueueMetrics workqueue.MetricsProvider
+	// HealthAddress, when set (ProxyAll only), serves kube-proxy's health
+	// check there (host:port, kube-proxy's is 0.0.0.0:10256): /healthz
+	// and /livez, see syncHealth.
+	HealthAddress string
+	// HealthTimeout is how long a change may wait to be programmed before
+	// the health check fails; default DefaultHealthTimeout.
+	HealthTimeout time.Duration
 	// Conntrack, when set, removes the UDP and SCTP connections that a
 	// change left pointing at an endpoint no longer behind their VIP (see
 	// flushStale).
@@ -83,6 +90,7 @@ type Config struct {
 // Conntrack is the part of ovsctl.Client the proxy uses.
 type Conntrack interface {
 	FlushConntrack(ctx context.Context, zone uint16, orig, reply ovsctl.CTTuple) error
+	DumpConntrack(ctx context.Context, zone uint16) ([]ovsctl.CTEntry, error)
 }
 
 // Proxier programs Services. Create with New, then Run.
@@ -101,6 +109,7 @@ type Proxier struct {
 	queue       workqueue.TypedRateLimitingInterface[string]
 	host        *host
 	health      *healthChecks // nil without ProxyAll
+	sync        *syncHealth
 	synced      []cache.InformerSynced
 	metrics     *metrics
 	// initial holds the Services known at start not yet synced; nil once
@@ -124,8 +133,11 @@ type Proxier struct {
 type portInstall struct {
 	id uint32
 	// port is what the switch was last programmed with (zero before the
-	// first time): what the connections in conntrack were balanced by.
-	port pipeline.ServicePort
+	// first time): what the connections in conntrack were balanced by;
+	// serving, the endpoints then serving the Service port
+	// (PortState.Serving).
+	port    pipeline.ServicePort
+	serving []pipeline.ServiceEndpoint
 	// groups are the installed groups by ID, second-level ones included.
 	groups   map[uint32]of.GroupEntry
 	elements []element // host nftables elements
@@ -155,12 +167,13 @@ func New(kube kubernetes.Interface, flows Flows, sw Switch, cfg Config, log *zap
 		book:      newGroupBook(),
 		ids:       newIDAllocator(pipeline.MaxServicePortID),
 		metrics:   newMetrics(cfg.Registry),
+		sync:      newSyncHealth(cfg.HealthTimeout),
 	}
 	for _, s := range cfg.SkipServices {
 		p.skip[s] = true
 	}
 	if cfg.ProxyAll {
-		p.health = newHealthChecks(localAddrsIn(cfg.NodePortAddresses), log)
+		p.health = newHealthChecks(localAddrsIn(cfg.NodePortAddresses), p.sync.healthy, log)
 	}
 	svcInf := f.Core().V1().Services().Informer()
 	sliceInf := f.Discovery().V1().EndpointSlices().Informer()
@@ -177,9 +190,11 @@ func New(kube kubernetes.Interface, flows Flows, sw Switch, cfg Config, log *zap
 		}
 		switch o := obj.(type) {
 		case *corev1.Service:
+			p.sync.queued()
 			p.queue.Add(o.Namespace + "/" + o.Name)
 		case *discoveryv1.EndpointSlice:
 			if name := o.Labels[discoveryv1.LabelServiceName]; name != "" {
+				p.sync.queued()
 				p.queue.Add(o.Namespace + "/" + name)
 			}
 		}
@@ -210,6 +225,7 @@ func New(kube kubernetes.Interface, flows Flows, sw Switch, cfg Config, log *zap
 	zoneChanged := func(old, cur any) {
 		o, _ := old.(*corev1.Node)
 		n, _ := cur.(*corev1.Node)
+		p.sync.setNode(n)
 		if o == nil || n == nil || o.Labels[corev1.LabelTopologyZone] != n.Labels[corev1.LabelTopologyZone] {
 			p.requeueAll()
 		}
@@ -231,6 +247,9 @@ func (p *Proxier) requeueAll() {
 	svcs, err := p.svcs.List(labels.Everything())
 	if err != nil {
 		return
+	}
+	if len(svcs) > 0 {
+		p.sync.queued()
 	}
 	for _, svc := range svcs {
 		p.queue.Add(svc.Namespace + "/" + svc.Name)
@@ -289,6 +308,9 @@ func (p *Proxier) Run(ctx context.Context) error {
 	if err := p.flows.Set(ctx, "service-base", pipeline.ServiceBaseFlows(p.cfg.Bridge)); err != nil {
 		return fmt.Errorf("service base flows: %w", err)
 	}
+	if p.cfg.ProxyAll && p.cfg.HealthAddress != "" {
+		go serveHealth(ctx, p.cfg.HealthAddress, p.sync, p.log)
+	}
 	p.factory.Start(ctx.Done())
 	p.nodeFactory.Start(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), p.synced...) {
@@ -330,6 +352,9 @@ func (p *Proxier) markSynced(ctx context.Context, keys []string) {
 	p.mu.Lock()
 	p.ready = true
 	err := errors.Join(p.host.prune(ctx), p.pruneGroups(ctx))
+	if cerr := p.reconcileConntrack(ctx); cerr != nil {
+		p.log.Warn("flushing stale Service connections failed; they expire on their own", zap.Error(cerr))
+	}
 	p.prior = nil
 	p.mu.Unlock()
 	if err != nil {
@@ -363,6 +388,9 @@ func (p *Proxier) processNext(ctx context.Context) bool {
 	errs := p.SyncServices(ctx, keys)
 	if ctx.Err() != nil {
 		return false
+	}
+	if len(errs) < len(keys) {
+		p.sync.programmed(start, p.queue.Len() > 0)
 	}
 	for _, k := range keys {
 		if err := errs[k]; err != nil {
@@ -541,8 +569,8 @@ func (p *Proxier) installPort(ctx context.Context, pi *portInstall, ps PortState
 	if err := p.flows.Set(ctx, pipeline.ServiceOwner(pi.id), flows); err != nil {
 		return err
 	}
-	p.flushStale(ctx, pi.port, sp)
-	pi.port = sp
+	p.flushStale(ctx, pi.port, sp, ps.Serving)
+	pi.port, pi.serving = sp, ps.Serving
 	var stale []of.GroupMod
 	for id := range pi.groups {
 		if !wantGroups[id] {
@@ -604,8 +632,8 @@ func (p *Proxier) removePort(ctx context.Context, pi *portInstall) error {
 	if err := p.flows.Set(ctx, pipeline.ServiceOwner(pi.id), nil); err != nil {
 		return err
 	}
-	p.flushStale(ctx, pi.port, pipeline.ServicePort{})
-	pi.port = pipeline.ServicePort{}
+	p.flushStale(ctx, pi.port, pipeline.ServicePort{}, nil)
+	pi.port, pi.serving = pipeline.ServicePort{}, nil
 	// Learned affinity flows carry the port's cookie.
 	ck := pipeline.Cookie(p.cfg.Bridge.Round, pipeline.CategoryService, uint64(pi.id))
 	if err := p.sw.DeleteMatching(ctx, ck, ^uint64(0)); err != nil {

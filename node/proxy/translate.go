@@ -25,6 +25,10 @@ type PortState struct {
 	// Key identifies the port within the Node: "ns/name/portName/PROTO".
 	Key  string
 	Port pipeline.ServicePort // ID left 0
+	// Serving are the endpoints serving the Service port (ready, or
+	// serving and terminating), whatever the traffic policy and topology
+	// hints choose of them: connections to these are not stale.
+	Serving []pipeline.ServiceEndpoint
 }
 
 // Ignored reports why the proxy leaves svc alone ("" when it handles it):
@@ -75,13 +79,17 @@ type Scope struct {
 
 // Translate computes the desired state of every port of svc from its
 // EndpointSlices (IPv4 only), as seen from the Node scope.NodeName. Each
-// Service port gives up to eight frontends, each its own PortState (the
-// three below, the two of loadBalancerSourceRanges, and under
+// Service port gives up to nine frontends, each its own PortState (the
+// four below, the two of loadBalancerSourceRanges, and under
 // externalTrafficPolicy Local a "/node" twin of each external one, see
 // the endpoint rules):
 //
 //   - the internal one (key "ns/name/port/PROTO"): the ClusterIPs, and the
 //     externalIPs and LoadBalancer IPs for traffic from Pods;
+//   - under internalTrafficPolicy Local, key suffix "/external-pods": the
+//     externalIPs and LoadBalancer IPs for traffic from Pods, which
+//     kube-proxy sends to the endpoints cluster-wide whatever the
+//     policies (the ClusterIPs alone follow internalTrafficPolicy);
 //   - with ProxyAll and a nodePort, key suffix "/nodeport": NodePortVIP
 //     on the nodePort, for what the host DNATs there;
 //   - with ProxyAll and externalIPs or LoadBalancer ingress IPs (except
@@ -175,26 +183,40 @@ func Translate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, scope
 		}
 		ready, serving := endpointsFor(epSlices, p.Name, p.Protocol, scope.NodeName)
 		near := nearest(ready, scope.NodeName, scope.Zone)
+		alive := append(plain(ready), plain(serving)...)
 		key := svc.Namespace + "/" + svc.Name + "/" + p.Name + "/" + string(protoOrTCP(p.Protocol))
 		if p.Name == "" {
 			key = svc.Namespace + "/" + svc.Name + "/" + strconv.Itoa(int(p.Port)) + "/" + string(protoOrTCP(p.Protocol))
 		}
 		base := pipeline.ServicePort{Protocol: proto, AffinitySeconds: affinity}
-		in := base
-		in.VIPs, in.Port = append(append([]net.IP{}, vips...), external...), uint16(p.Port)
+		// From Pods, externalIPs and LoadBalancer IPs go to the endpoints
+		// cluster-wide whatever the traffic policies, as under
+		// kube-proxy (its external chain short-circuits Pod traffic to
+		// the cluster endpoints): only the ClusterIPs follow
+		// internalTrafficPolicy.
+		fromPods := base
+		fromPods.Port = uint16(p.Port)
+		choose(&fromPods, near, serving, false)
+		in := fromPods
+		in.VIPs = append(append([]net.IP{}, vips...), external...)
+		if internalLocal {
+			in = base
+			in.VIPs, in.Port = append([]net.IP{}, vips...), uint16(p.Port)
+			choose(&in, ready, serving, true)
+		}
 		if p.Protocol == corev1.ProtocolUDP && udpPorts == 1 {
 			in.FragmentVIPs = vips
 		}
-		if internalLocal {
-			choose(&in, ready, serving, true)
-		} else {
-			choose(&in, near, serving, false)
+		out = append(out, PortState{Key: key, Port: in, Serving: alive})
+		if internalLocal && len(external) > 0 {
+			ep := fromPods
+			ep.VIPs = external
+			out = append(out, PortState{Key: key + "/external-pods", Port: ep, Serving: alive})
 		}
-		out = append(out, PortState{Key: key, Port: in})
 		if len(ranges) > 0 {
-			lb := in
-			lb.VIPs, lb.FragmentVIPs, lb.SourceRanges = lbIPs, nil, ranges
-			out = append(out, PortState{Key: key + "/loadbalancer-pods", Port: lb})
+			lb := fromPods
+			lb.VIPs, lb.SourceRanges = lbIPs, ranges
+			out = append(out, PortState{Key: key + "/loadbalancer-pods", Port: lb, Serving: alive})
 		}
 		if !scope.ProxyAll {
 			continue
@@ -216,11 +238,11 @@ func Translate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, scope
 		}
 		add := func(key string, sp pipeline.ServicePort, vips []net.IP, port int32) {
 			sp.VIPs, sp.Port = vips, uint16(port)
-			out = append(out, PortState{Key: key, Port: sp})
+			out = append(out, PortState{Key: key, Port: sp, Serving: alive})
 			if fromNode != nil {
 				n := *fromNode
 				n.VIPs, n.Port = vips, uint16(port)
-				out = append(out, PortState{Key: key + "/node", Port: n})
+				out = append(out, PortState{Key: key + "/node", Port: n, Serving: alive})
 			}
 		}
 		if p.NodePort > 0 && (svc.Spec.Type == corev1.ServiceTypeNodePort || svc.Spec.Type == corev1.ServiceTypeLoadBalancer) {
@@ -232,7 +254,7 @@ func Translate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, scope
 		if len(ranges) > 0 {
 			lb := ext
 			lb.VIPs, lb.Port, lb.SourceRanges = lbIPs, uint16(p.Port), ranges
-			out = append(out, PortState{Key: key + "/loadbalancer", Port: lb})
+			out = append(out, PortState{Key: key + "/loadbalancer", Port: lb, Serving: alive})
 			if fromNode != nil {
 				// The Node's own connections: only from its addresses
 				// the ranges admit; the others are dropped with the rest.
@@ -244,7 +266,7 @@ func Translate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, scope
 					}
 				}
 				if len(n.Sources) > 0 {
-					out = append(out, PortState{Key: key + "/loadbalancer/node", Port: n})
+					out = append(out, PortState{Key: key + "/loadbalancer/node", Port: n, Serving: alive})
 				}
 			}
 		}

@@ -479,3 +479,51 @@ func TestTranslateTopologyHintsAndLocalPolicies(t *testing.T) {
 		}
 	}
 }
+
+// Under internalTrafficPolicy Local, the ClusterIPs alone keep to the
+// Node's endpoints: from Pods, externalIPs and LoadBalancer IPs (ranged or
+// not) go to the endpoints cluster-wide, as kube-proxy sends them.
+func TestTranslateInternalLocalSparesExternalIPs(t *testing.T) {
+	s := slice("http", 8080, ep{"10.244.1.5", "n1", true, true, false}, ep{"10.244.2.5", "n2", true, true, false})
+	svc := service(corev1.ServicePort{Name: "http", Port: 80})
+	svc.Spec.Type = corev1.ServiceTypeLoadBalancer
+	svc.Spec.InternalTrafficPolicy = ptr(corev1.ServiceInternalTrafficPolicyLocal)
+	svc.Spec.ExternalIPs = []string{"198.18.5.5"}
+	svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.18.5.6"}}
+	check := func(want map[string]string) {
+		t.Helper()
+		got, err := Translate(svc, []*discoveryv1.EndpointSlice{s}, Scope{NodeName: "n1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != len(want) {
+			t.Errorf("got %d frontends, want %d: %+v", len(got), len(want), got)
+		}
+		for _, ps := range got {
+			var vips []string
+			for _, v := range ps.Port.VIPs {
+				vips = append(vips, v.String())
+			}
+			g := strings.Join(vips, ",") + " → " + ips(ps.Port.Endpoints)
+			if want[ps.Key] != g {
+				t.Errorf("%s: %q, want %q", ps.Key, g, want[ps.Key])
+			}
+		}
+	}
+	both := "10.244.1.5:8080 10.244.2.5:8080 "
+	check(map[string]string{
+		"ns/web/http/TCP":               "10.96.0.10 → 10.244.1.5:8080 ",
+		"ns/web/http/TCP/external-pods": "198.18.5.5,198.18.5.6 → " + both,
+	})
+	svc.Spec.LoadBalancerSourceRanges = []string{"198.18.0.0/24"}
+	check(map[string]string{
+		"ns/web/http/TCP":                   "10.96.0.10 → 10.244.1.5:8080 ",
+		"ns/web/http/TCP/external-pods":     "198.18.5.5 → " + both,
+		"ns/web/http/TCP/loadbalancer-pods": "198.18.5.6 → " + both,
+	})
+	svc.Spec.InternalTrafficPolicy = nil
+	check(map[string]string{
+		"ns/web/http/TCP":                   "10.96.0.10,198.18.5.5 → " + both,
+		"ns/web/http/TCP/loadbalancer-pods": "198.18.5.6 → " + both,
+	})
+}

@@ -376,13 +376,35 @@ func TestServiceUDPFlowLeavesGoneEndpoint(t *testing.T) {
 	if first == pods[1].name {
 		gone, stays = pods[1], pods[0]
 	}
-	patch := []byte(`{"metadata":{"labels":{"app":"udpflow-left"}}}`)
-	if _, err := c.Client().CoreV1().Pods(ns).Patch(testCtx(t, 10*time.Second), gone.name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-		t.Fatal(err)
+	relabel := func(pod podRef, app string) {
+		t.Helper()
+		patch := []byte(fmt.Sprintf(`{"metadata":{"labels":{"app":%q}}}`, app))
+		if _, err := c.Client().CoreV1().Pods(ns).Patch(testCtx(t, 10*time.Second), pod.name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
 	}
+	relabel(gone, "udpflow-left")
 	eventually(t, 30*time.Second, "the flow moved to "+stays.name, func() error {
 		got, err := ask()
 		if err != nil || got != stays.name {
+			return fmt.Errorf("answered by %q (%v)", got, err)
+		}
+		return nil
+	})
+	// No endpoint left: the flow's datagrams are refused, and its
+	// connection is committed untranslated meanwhile. An endpoint back
+	// must take the flow over all the same.
+	relabel(stays, "udpflow-left")
+	eventually(t, 30*time.Second, "the flow refused without endpoints", func() error {
+		if got, err := ask(); err == nil {
+			return fmt.Errorf("still answered by %q", got)
+		}
+		return nil
+	})
+	relabel(gone, "udpflow")
+	eventually(t, 30*time.Second, "the flow on the endpoint back, "+gone.name, func() error {
+		got, err := ask()
+		if err != nil || got != gone.name {
 			return fmt.Errorf("answered by %q (%v)", got, err)
 		}
 		return nil

@@ -8,11 +8,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/plugins/pkg/ns"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/seine-net/seine/node/config"
 	"github.com/seine-net/seine/tests/sandbox"
+	"github.com/seine-net/seine/tests/sandbox/echo"
 )
 
 // lineServer answers every line of every connection with name+"\n" until
@@ -136,6 +140,65 @@ func TestServiceKeepsEstablishedConnections(t *testing.T) {
 			if who, err := h.ask(); err != nil || who != keep {
 				t.Errorf("established connection %d to %s: answered by %q (%v)", i, keep, who, err)
 			}
+		}
+	}
+}
+
+// A connection from outside through a NodePort survives a moment when
+// the Service has no endpoint at all (its one endpoint's Pod relabelled
+// away, still running): new connections are refused meanwhile, the
+// established one keeps its endpoint, as under kube-proxy.
+func TestServiceNodePortKeepsConnectionsWithoutEndpoints(t *testing.T) {
+	c := shared
+	namespace := "svc-est-np"
+	const port = 9000
+	pod := svcPods(t, c, namespace, "estnp", 1)[0]
+	l, err := c.ListenIn(pod.ns, pod.name, fmt.Sprintf(":%d", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go lineServer(l, pod.name)
+	svc := createService(t, c, namespace, "estnp", "estnp", func(s *corev1.Service) {
+		s.Spec.Type = corev1.ServiceTypeNodePort
+		s.Spec.Ports = []corev1.ServicePort{{Name: "hold", Port: port, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(port)}}
+	})
+	node := c.Nodes()[0]
+	addr := net.JoinHostPort(node.IP, fmt.Sprint(svc.Spec.Ports[0].NodePort))
+	extNS, _ := c.ExternalHost()
+	var held *heldConn
+	eventually(t, 20*time.Second, "a connection through the NodePort", func() error {
+		var conn net.Conn
+		err := ns.WithNetNSPath("/run/netns/"+extNS, func(ns.NetNS) error {
+			var err error
+			conn, err = net.DialTimeout("tcp", addr, 2*time.Second)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		h := &heldConn{conn: conn, r: bufio.NewReader(conn)}
+		if who, err := h.ask(); err != nil || who != pod.name {
+			conn.Close()
+			return fmt.Errorf("answered by %q (%v)", who, err)
+		}
+		held = h
+		return nil
+	})
+	t.Cleanup(func() { held.conn.Close() })
+	patch := []byte(`{"metadata":{"labels":{"app":"estnp-away"}}}`)
+	if _, err := c.Client().CoreV1().Pods(namespace).Patch(testCtx(t, 10*time.Second), pod.name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, "new connections refused", func() error {
+		if r := c.ProbeFrom(testCtx(t, 10*time.Second), extNS, node.IP, int(svc.Spec.Ports[0].NodePort), corev1.ProtocolTCP, 2*time.Second); r.Outcome != echo.Refused {
+			return fmt.Errorf("new connection: %s", r)
+		}
+		return nil
+	})
+	for i := 0; i < 3; i++ {
+		if who, err := held.ask(); err != nil || who != pod.name {
+			t.Fatalf("the established connection, with no endpoint left: answered by %q (%v)", who, err)
 		}
 	}
 }

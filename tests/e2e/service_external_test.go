@@ -3,12 +3,14 @@ package e2e
 import (
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/seine-net/seine/tests/sandbox"
 	"github.com/seine-net/seine/tests/sandbox/echo"
@@ -300,4 +302,59 @@ func TestServiceLoadBalancerSourceRanges(t *testing.T) {
 	setRanges()
 	want("the external host, without ranges", fromExt, echo.Connected)
 	want("the Pod, without ranges", fromPod, echo.Connected)
+}
+
+// Seine serves kube-proxy's health check on port 10256 in its place:
+// /healthz answers 200 on every Node, and 503 on a Node the cluster
+// autoscaler has tainted for removal, while /livez keeps answering 200
+// there; both JSON with kube-proxy's fields.
+func TestProxyHealthz(t *testing.T) {
+	c := shared
+	nodes := c.Nodes()
+	expect := func(node sandbox.Node, path, want string) {
+		t.Helper()
+		url := fmt.Sprintf("http://%s:10256%s", node.IP, path)
+		eventually(t, 20*time.Second, url+" on "+node.Name, func() error {
+			out, err := c.ExternalExec(testCtx(t, 10*time.Second), "curl", "-s", "-w", "\n%{http_code}", "--max-time", "2", url)
+			body, code, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
+			if code != want || !strings.Contains(body, `"lastUpdated"`) {
+				return fmt.Errorf("got %s %q (%v), want %s", code, body, err, want)
+			}
+			return nil
+		})
+	}
+	for _, n := range nodes {
+		expect(n, "/healthz", "200")
+	}
+	const taint = "ToBeDeletedByClusterAutoscaler"
+	setTaint := func(name string, on bool) error {
+		ctx := testCtx(t, 30*time.Second)
+		return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			n, err := c.Client().CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			n.Spec.Taints = slices.DeleteFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == taint })
+			if on {
+				n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: taint, Value: "1", Effect: corev1.TaintEffectNoSchedule})
+			}
+			_, err = c.Client().CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+			return err
+		})
+	}
+	t.Cleanup(func() {
+		if err := setTaint(nodes[1].Name, false); err != nil {
+			t.Errorf("removing the taint: %v", err)
+		}
+	})
+	if err := setTaint(nodes[1].Name, true); err != nil {
+		t.Fatal(err)
+	}
+	expect(nodes[1], "/healthz", "503")
+	expect(nodes[1], "/livez", "200")
+	expect(nodes[0], "/healthz", "200")
+	if err := setTaint(nodes[1].Name, false); err != nil {
+		t.Fatal(err)
+	}
+	expect(nodes[1], "/healthz", "200")
 }
