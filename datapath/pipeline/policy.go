@@ -37,9 +37,17 @@ func (t Table) Next() Table { return t.next() }
 // cookie Cookie(b.Round, CategoryPolicy, 0):
 //
 //   - in EgressRule and IngressRule, tracked packets that do not start a
-//     connection (ct_state=-new+trk: replies, established, related) skip
-//     the policy tables, since only a connection's first packet is subject
-//     to NetworkPolicy;
+//     connection skip the policy tables, since only a connection's first
+//     packet is subject to NetworkPolicy: replies (ct_state=-new+rpl),
+//     related packets (+rel, ICMP errors) and TCP packets of established
+//     connections (-new); a TCP connection is established only once the
+//     far end answered. Packets of UDP, SCTP and other connections in the
+//     original direction are checked again: OVS's userspace connection
+//     tracker takes the third datagram of a connection for established
+//     whether or not anything answered (lib/conntrack-other.c), and the
+//     Service tables commit a connection before the policy tables see its
+//     first packet (EndpointDNAT), so a denied flow sent again and again
+//     would otherwise get past the policy from its third datagram;
 //   - in IngressRule, packets from this Node itself (PktSource gateway with
 //     nw_src the gateway IP or the Node IP, e.g. kubelet probes) skip the
 //     ingress policy, as the Kubernetes NetworkPolicy documentation
@@ -51,19 +59,23 @@ func (t Table) Next() Table { return t.next() }
 //     direction whatever the number of isolated Pods.
 func PolicyBaseFlows(b Bridge) []of.Flow {
 	ck := Cookie(b.Round, CategoryPolicy, 0)
-	notNew := &of.CtStateMatch{Set: of.CtTrk, Clear: of.CtNew}
-	fs := []of.Flow{
-		{Table: uint8(EgressRule), Priority: PrioPolicyBypass, Cookie: ck,
-			Match:   of.Match{EthType: EthTypeIPv4, CtState: notNew},
-			Actions: []of.Action{goTo(EgressDefault.next())}},
-		{Table: uint8(IngressRule), Priority: PrioPolicyBypass, Cookie: ck,
-			Match:   of.Match{EthType: EthTypeIPv4, CtState: notNew},
-			Actions: []of.Action{goTo(IngressDefault.next())}},
+	var fs []of.Flow
+	for _, t := range []struct{ rule, def Table }{{EgressRule, EgressDefault}, {IngressRule, IngressDefault}} {
+		for _, m := range []of.Match{
+			{EthType: EthTypeIPv4, CtState: &of.CtStateMatch{Set: of.CtTrk | of.CtRpl, Clear: of.CtNew}},
+			{EthType: EthTypeIPv4, CtState: &of.CtStateMatch{Set: of.CtTrk | of.CtRel}},
+			{EthType: EthTypeIPv4, IPProto: 6, CtState: &of.CtStateMatch{Set: of.CtTrk, Clear: of.CtNew}},
+		} {
+			fs = append(fs, of.Flow{Table: uint8(t.rule), Priority: PrioPolicyBypass, Cookie: ck,
+				Match: m, Actions: []of.Action{goTo(t.def.next())}})
+		}
+	}
+	fs = append(fs, []of.Flow{
 		{Table: uint8(EgressDefault), Priority: PrioPolicyDefault, Cookie: ck,
 			Match: of.Match{EthType: EthTypeIPv4, Regs: []of.RegMatch{EgressIsolated.Match(1)}}}, // drop
 		{Table: uint8(IngressDefault), Priority: PrioPolicyDefault, Cookie: ck,
 			Match: of.Match{EthType: EthTypeIPv4, Regs: []of.RegMatch{IngressIsolated.Match(1)}}}, // drop
-	}
+	}...)
 	for _, ip := range []net.IP{b.GatewayIP, b.NodeIP} {
 		if ip.To4() == nil {
 			continue

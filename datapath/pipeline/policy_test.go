@@ -15,8 +15,8 @@ import (
 func TestPolicyBaseFlows(t *testing.T) {
 	br := pipeline.Bridge{Round: 3, GatewayPort: 2, GatewayIP: net.ParseIP("10.244.1.1"), NodeIP: net.ParseIP("198.18.0.11")}
 	fs := pipeline.PolicyBaseFlows(br)
-	if len(fs) != 6 {
-		t.Fatalf("%d flows, want 6 (two -new bypasses, two host sources, two default drops)", len(fs))
+	if len(fs) != 10 {
+		t.Fatalf("%d flows, want 10 (three bypasses per direction: replies, related, established TCP; two host sources, two default drops)", len(fs))
 	}
 	drops := map[uint8]of.Flow{}
 	for _, f := range fs {

@@ -658,10 +658,13 @@ func (d *daemon) finishRound(ctx context.Context) error {
 			return fmt.Errorf("informer for %v did not sync: %w", typ, ctx.Err())
 		}
 	}
-	// Let the route controller install every known peer before the old
-	// round's flows go away.
+	// Let the route controller install every known peer, the proxy every
+	// Service and the policy agent every policy before the old round's
+	// flows go away: the restored Pods are isolated already, and would
+	// otherwise lose their allows until the agent's are in.
 	_ = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
-		return len(d.routes.Peers()) >= countPeers(d.factory, cfg.NodeName) && (d.svcProxy == nil || d.svcProxy.Synced()), nil
+		return len(d.routes.Peers()) >= countPeers(d.factory, cfg.NodeName) && (d.svcProxy == nil || d.svcProxy.Synced()) &&
+			(d.policyAgent == nil || d.policyAgent.Synced()), nil
 	})
 	if prevRound := d.round - 1; prevRound != 0 {
 		if err := d.ofc.DeleteMatching(ctx, uint64(prevRound)<<pipeline.CookieRoundShift, pipeline.CookieRoundMask); err != nil {

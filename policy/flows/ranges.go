@@ -7,6 +7,8 @@ import (
 	"net"
 	"sort"
 
+	netutils "k8s.io/utils/net"
+
 	of "github.com/seine-net/seine/datapath/openflow"
 )
 
@@ -39,8 +41,11 @@ func (p prefix4) ipNet() *net.IPNet {
 
 // parsePrefix4 parses an IPv4 CIDR, normalising host bits away. ok is false
 // for IPv6 prefixes (Seine's pipeline is IPv4-only); err for malformed ones.
+// Leading zeros ("010.0.0.0/8") are read as decimal, as the API server
+// admitted them before Kubernetes 1.33's strict validation: objects
+// stored then keep them (k8s.io/utils/net ParseCIDRSloppy).
 func parsePrefix4(s string) (p prefix4, ok bool, err error) {
-	_, n, err := net.ParseCIDR(s)
+	_, n, err := netutils.ParseCIDRSloppy(s)
 	if err != nil {
 		return prefix4{}, false, fmt.Errorf("parse CIDR %q: %w", s, err)
 	}

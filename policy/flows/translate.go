@@ -21,9 +21,10 @@
 //     EgressDefault, the Pod matched by in_port; ingress on the destination
 //     Pod's Node, in IngressRule / IngressDefault, the Pod matched by the
 //     output port register (pipeline.TargetOFPort);
-//   - only a connection's first packet is checked (pipeline.PolicyBaseFlows
-//     lets the others through), and traffic from the Node itself is never
-//     subject to ingress policy.
+//   - a connection's first packet is checked, and every packet of a
+//     connectionless flow (UDP, SCTP) in its original direction; replies,
+//     related packets and established TCP pass (pipeline.PolicyBaseFlows),
+//     and traffic from the Node itself is never subject to ingress policy.
 //
 // One rule becomes one conjunction: a clause of Pod flows, a clause of peer
 // flows (nw_src for ingress, nw_dst for egress) unless the rule allows every

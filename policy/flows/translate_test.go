@@ -412,6 +412,11 @@ func TestSubtractCIDRs(t *testing.T) {
 	if _, err := SubtractCIDRs("10.0.0.0/33", nil); err == nil {
 		t.Error("malformed CIDR accepted")
 	}
+	// Leading zeros, which API servers before 1.33 admitted, read as
+	// decimal.
+	if got, err := SubtractCIDRs("010.000.002.000/24", []string{"010.0.2.128/25"}); err != nil || len(got) != 1 || got[0].String() != "10.0.2.0/25" {
+		t.Errorf("leading zeros: %v, %v; want 10.0.2.0/25", got, err)
+	}
 }
 
 func TestPortRange(t *testing.T) {

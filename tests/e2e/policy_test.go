@@ -239,3 +239,64 @@ func TestPolicyFollowsChurn(t *testing.T) {
 	}
 	probeUntil(t, c, stranger, server.ip, echo.Connected, 5*time.Second)
 }
+
+// A UDP flow that a policy denies stays denied however many datagrams it
+// sends from one socket, through a Service as to the Pod: the Service
+// tables commit the flow's connection before the policy judges it, and
+// the userspace connection tracker calls the third datagram established.
+// Both directions: the server's ingress (client on the same Node, where
+// the Service commit happens) and the client's egress (server elsewhere).
+func TestPolicyDeniesRepeatedUDP(t *testing.T) {
+	c := shared
+	ns := "pol-udp"
+	server := svcPods(t, c, ns, "udpsrv", 1)[0]
+	near := svcPods(t, c, ns, "near", 1)[0]
+	far := svcPods(t, c, ns, "far", 0)[0]
+	svc := createService(t, c, ns, "udpsrv", "udpsrv", nil)
+	ctx := testCtx(t, time.Minute)
+	policies := []*networkingv1.NetworkPolicy{
+		// The server admits only Pods labelled friend (none here).
+		allowFrom(ns, "server-ingress", map[string]string{"app": "udpsrv"}, map[string]string{"app": "friend"}),
+		// far may send nowhere.
+		{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "far-egress"},
+			Spec: networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "far"}},
+				PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}}},
+	}
+	for _, p := range policies {
+		if _, err := c.Client().NetworkingV1().NetworkPolicies(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = c.Client().NetworkingV1().NetworkPolicies(ns).Delete(context.Background(), p.Name, metav1.DeleteOptions{})
+		})
+	}
+	for _, from := range []podRef{near, far} {
+		for _, dst := range []string{svc.Spec.ClusterIP + ":53", server.ip + ":" + strconv.Itoa(udpPort)} {
+			// The policies are in place once a fresh datagram goes
+			// unanswered.
+			host, port, _ := strings.Cut(dst, ":")
+			p, _ := strconv.Atoi(port)
+			eventually(t, 20*time.Second, from.name+" denied "+dst, func() error {
+				if r := probeSvc(t, c, from, host, p, corev1.ProtocolUDP, time.Second); r.Outcome != echo.TimedOut {
+					return fmt.Errorf("got %s", r)
+				}
+				return nil
+			})
+			conn, err := c.DialNetFrom(ctx, ns, from.name, "udp", dst)
+			if err != nil {
+				t.Fatal(err)
+			}
+			buf := make([]byte, 512)
+			for i := 1; i <= 6; i++ {
+				_ = conn.SetDeadline(time.Now().Add(500 * time.Millisecond))
+				if _, err := conn.Write([]byte("probe\n")); err != nil {
+					continue // an ICMP error of an earlier datagram
+				}
+				if n, err := conn.Read(buf); err == nil {
+					t.Errorf("%s to %s: datagram %d of one flow answered: %q", from.name, dst, i, buf[:n])
+				}
+			}
+			conn.Close()
+		}
+	}
+}
