@@ -496,6 +496,18 @@ func (s *source) AppliedTo(g string) []v1alpha1.GroupMember {
 	return out
 }
 
+// hasAppliedTo reports whether this Node's part of the target group g
+// has arrived.
+func (s *source) hasAppliedTo(g string) bool {
+	objs, _ := s.atg.ByIndex(idxGroup, g)
+	for _, o := range objs {
+		if o.(*v1alpha1.AppliedToGroup).Spec.NodeName == s.node {
+			return true
+		}
+	}
+	return false
+}
+
 func (s *source) AddressGroup(g string) []v1alpha1.GroupMember {
 	objs, _ := s.ag.ByIndex(idxGroup, g)
 	var out []v1alpha1.GroupMember
@@ -549,6 +561,18 @@ func (a *Agent) reconcile(ctx context.Context) error {
 			continue
 		}
 		np := obj.(*v1alpha1.NetworkPolicy)
+		if !src.hasAppliedTo(np.Spec.AppliedToGroup) {
+			// A policy spans the Nodes where its target group has
+			// members, so this Node's part of the group exists; it
+			// has not arrived yet (the controller writes the two
+			// concurrently, e.g. after a podSelector edit). Until it
+			// does, the policy keeps what is installed: read as an
+			// empty group, it would release its Pods' isolation in
+			// between. The group's arrival marks the policy dirty.
+			a.log.Debug("policy waits for its AppliedToGroup", zap.String("policy", name),
+				zap.String("group", np.Spec.AppliedToGroup))
+			continue
+		}
 		id, ok := a.cookies.Get(name)
 		if !ok {
 			a.log.Error("no cookie ID left for policy", zap.String("policy", name))

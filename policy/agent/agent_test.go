@@ -14,7 +14,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
@@ -575,4 +578,80 @@ func TestRestoredIsolationCheckedWithoutPolicies(t *testing.T) {
 	b.Restored = true
 	ag.PodAttached(b)
 	eventually(t, "b's stale isolation lifted", func() bool { return slices.Contains(n.isolationCalls(), "b false false") })
+}
+
+// A policy whose target group changes (a podSelector edit) keeps what is
+// installed until this Node's part of the new group arrives: the
+// controller writes the two objects concurrently, and reading the missing
+// group as empty would lift the Pods' isolation in between.
+func TestPolicyWaitsForItsAppliedToGroup(t *testing.T) {
+	cs := startControlPlane(t)
+	n := startNode(t)
+	api := cs.ControlplaneV1alpha1()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	nk := v1alpha1.NodeKey(nodeName)
+	atg := func(group string) *v1alpha1.AppliedToGroup {
+		return &v1alpha1.AppliedToGroup{ObjectMeta: metav1.ObjectMeta{Name: group + "-" + nk,
+			Labels: span(map[string]string{v1alpha1.GroupLabel: group})},
+			Spec: v1alpha1.AppliedToGroupSpec{NodeName: nodeName, Members: []v1alpha1.GroupMember{member("a", "10.244.1.3")}}}
+	}
+	must := func(_ any, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(api.AppliedToGroups().Create(ctx, atg("tgt-a"), metav1.CreateOptions{}))
+	must(api.AddressGroups().Create(ctx, &v1alpha1.AddressGroup{ObjectMeta: metav1.ObjectMeta{Name: "peers-b-0",
+		Labels: span(map[string]string{v1alpha1.GroupLabel: "peers-b"})},
+		Spec: v1alpha1.AddressGroupSpec{Members: []v1alpha1.GroupMember{member("b", "10.244.1.4")}}}, metav1.CreateOptions{}))
+	must(api.NetworkPolicies().Create(ctx, inPolicy("np-web", "tgt-a", "peers-b", 80, span(nil)), metav1.CreateOptions{}))
+	core, logs := observer.New(zapcore.DebugLevel)
+	onIsolation := func(_ context.Context, _, name string, ingress, egress bool) error {
+		n.mu.Lock()
+		n.calls = append(n.calls, fmt.Sprintf("%s %v %v", name, ingress, egress))
+		n.mu.Unlock()
+		return n.setPod(name, ingress, egress)
+	}
+	ag := New(cs, Config{NodeName: nodeName, Bridge: n.br, Flows: n.syncer, RealizeTimeout: 3 * time.Second,
+		OnIsolation: onIsolation}, zap.New(core))
+	for _, p := range n.pods {
+		ag.PodAttached(p)
+	}
+	runAgent(t, ctx, ag)
+	eventually(t, "a isolated", func() bool { return slices.Contains(n.isolationCalls(), "a true false") })
+	np, err := api.NetworkPolicies().Get(ctx, "np-web", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	np.Spec.AppliedToGroup = "tgt-a2"
+	must(api.NetworkPolicies().Update(ctx, np, metav1.UpdateOptions{}))
+	// The agent has seen the update once it says it waits, or once it
+	// lifted a's isolation (what it must not do).
+	eventually(t, "the agent seeing the policy without its group", func() bool {
+		return logs.FilterMessage("policy waits for its AppliedToGroup").Len() > 0 ||
+			slices.Contains(n.isolationCalls(), "a false false")
+	})
+	if got := n.isolationCalls(); !reflect.DeepEqual(got, []string{"a true false"}) {
+		t.Errorf("isolation calls %v while the new group is on its way, want a to stay isolated", got)
+	}
+	if got := n.verdict(t, n.podToPod("c", "a", 80)); got != "drop" {
+		t.Errorf("c→a:80 = %s while the new group is on its way, want drop", got)
+	}
+	must(api.AppliedToGroups().Create(ctx, atg("tgt-a2"), metav1.CreateOptions{}))
+	eventually(t, "np-web on its new group", func() bool {
+		for _, p := range ag.View().Policies {
+			if p.Object.Name == "np-web" && p.Installed && slices.Contains(p.Targets, "default/a") {
+				return true
+			}
+		}
+		return false
+	})
+	if got := n.verdict(t, n.podToPod("b", "a", 80)); got != "output:3" {
+		t.Errorf("b→a:80 = %s on the new group, want output:3", got)
+	}
+	if got := n.isolationCalls(); !reflect.DeepEqual(got, []string{"a true false"}) {
+		t.Errorf("isolation calls %v, want a isolated throughout", got)
+	}
 }
