@@ -97,7 +97,10 @@ func newOperations(cfg config.Config, rc *rest.Config, reg *prometheus.Registry,
 		return nil, err
 	}
 	o.ops = ops
-	o.watchdog = health.NewWatchdog(health.DefaultStuckAfter)
+	// A CNI ADD may wait up to networkPolicy.realizeTimeout for the Pod's
+	// policies: a longer timeout than the watchdog's would be taken for
+	// a stuck worker.
+	o.watchdog = health.NewWatchdog(max(health.DefaultStuckAfter, 2*cfg.NetworkPolicy.RealizeTimeout.Duration))
 	o.queues = health.NewQueueMetrics(reg, o.watchdog)
 	o.probes.Live.Add(health.CheckWorkers, o.watchdog.Check)
 	o.probes.Ready.Add(health.CheckOVSConnected, func() error { return fmt.Errorf("not connected to OVS yet") })
