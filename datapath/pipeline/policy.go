@@ -15,7 +15,8 @@ import (
 // conjunction clause (ovs-fields(7): a flow with conjunction actions may
 // have no other action).
 const (
-	// PrioPolicyBypass: -new packets and host traffic skip the policy.
+	// PrioPolicyBypass: replies, related packets, established TCP and host
+	// traffic skip the policy (PolicyBaseFlows).
 	PrioPolicyBypass uint16 = PrioHigh
 	// PrioPolicyAllow: a rule whose only restriction is the Pod it
 	// applies to (no peer and no port restriction).

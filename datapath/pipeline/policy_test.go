@@ -39,6 +39,43 @@ func TestPolicyBaseFlows(t *testing.T) {
 			t.Errorf("flow in table %d goes to %d, want %d", f.Table, g.Table, want)
 		}
 	}
+	// Which tracked packets skip the rule tables: replies, related
+	// packets and established TCP; never a UDP, SCTP or ICMP packet in
+	// the original direction, established or not.
+	skips := func(table pipeline.Table, proto uint8, state uint32) bool {
+		for _, f := range fs {
+			m := f.Match
+			if f.Table != uint8(table) || m.IPSrc != nil || len(m.Regs) > 0 || m.CtState == nil ||
+				(m.IPProto != 0 && m.IPProto != proto) {
+				continue
+			}
+			if state&m.CtState.Set == m.CtState.Set && state&m.CtState.Clear == 0 {
+				return true
+			}
+		}
+		return false
+	}
+	for _, table := range []pipeline.Table{pipeline.EgressRule, pipeline.IngressRule} {
+		for _, c := range []struct {
+			proto uint8
+			state uint32
+			want  bool
+		}{
+			{6, of.CtTrk | of.CtEst, true},
+			{6, of.CtTrk | of.CtEst | of.CtRpl, true},
+			{17, of.CtTrk | of.CtEst | of.CtRpl, true},
+			{1, of.CtTrk | of.CtRel, true},
+			{6, of.CtTrk | of.CtNew, false},
+			{17, of.CtTrk | of.CtNew, false},
+			{17, of.CtTrk | of.CtEst, false},
+			{132, of.CtTrk | of.CtEst, false},
+			{1, of.CtTrk | of.CtEst, false},
+		} {
+			if got := skips(table, c.proto, c.state); got != c.want {
+				t.Errorf("%s: proto %d ct_state %#x skips the policy: %v, want %v", table, c.proto, c.state, got, c.want)
+			}
+		}
+	}
 	// One default drop per direction, keyed on the direction's bit, below
 	// the allows and above the miss flow.
 	for table, bit := range map[pipeline.Table]pipeline.RegField{

@@ -156,6 +156,8 @@ type datapath struct {
 // datapathUp registers the datapath's checks and metrics.
 func (o *operations) datapathUp(d *datapath) error {
 	o.probes.Ready.Add(health.CheckOVSConnected, func() error { return inspect.OVSConnected(d.ovs, d.ofc) })
+	// Work waiting for an ovs-vswitchd that is down is not stuck.
+	o.watchdog.PauseWhile(func() bool { return inspect.OVSConnected(d.ovs, d.ofc) != nil })
 	if d.policy != nil {
 		o.probes.Ready.Add(health.CheckPoliciesRealized, d.policy.Realized)
 		if err := d.policy.Register(o.reg); err != nil {

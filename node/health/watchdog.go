@@ -11,10 +11,11 @@ import (
 
 // DefaultStuckAfter is how long one unit of work may run before the
 // Watchdog takes its worker for stuck. Nothing the daemon does legitimately
-// takes that long: its OVSDB, OpenFlow and API calls run under deadlines
-// of seconds, and a CNI request ends when the runtime gives up on it (the
-// kubelet's --runtime-request-timeout, 2 minutes by default), which
-// cancels the request's context.
+// takes that long while Open vSwitch is up: a CNI request ends when the
+// runtime gives up on it (the kubelet's --runtime-request-timeout, 2
+// minutes by default), which cancels the request's context, and the
+// workers' calls to OVS and the API server take seconds at most. Work
+// waiting for an ovs-vswitchd that is down is not stuck (see PauseWhile).
 const DefaultStuckAfter = 5 * time.Minute
 
 // Watchdog is the liveness check over the daemon's workers: it fails when
@@ -27,6 +28,7 @@ type Watchdog struct {
 	now   func() time.Time
 
 	mu      sync.Mutex
+	paused  func() bool
 	next    uint64
 	running map[uint64]unit
 	// queues holds each workqueue's longest-running item's age in
@@ -64,9 +66,25 @@ func (w *Watchdog) Start(what string) (done func()) {
 	}
 }
 
+// PauseWhile makes Check pass while paused reports true: waiting on
+// something outside the daemon (ovs-vswitchd restarting, say) is no reason
+// to restart it. A worker still stuck once paused reports false fails the
+// check again.
+func (w *Watchdog) PauseWhile(paused func() bool) {
+	w.mu.Lock()
+	w.paused = paused
+	w.mu.Unlock()
+}
+
 // Check is the liveness check: an error naming the oldest unit of work
 // past the limit, and how many are, else nil.
 func (w *Watchdog) Check() error {
+	w.mu.Lock()
+	paused := w.paused
+	w.mu.Unlock()
+	if paused != nil && paused() {
+		return nil
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	now := w.now()

@@ -35,6 +35,16 @@ func TestWatchdogUnits(t *testing.T) {
 	if err := w.Check(); err == nil || !strings.Contains(err.Error(), "cni DEL b for 1m40s") {
 		t.Fatalf("b still past the limit: %v", err)
 	}
+	var paused bool
+	w.PauseWhile(func() bool { return paused })
+	paused = true
+	if err := w.Check(); err != nil {
+		t.Fatalf("paused (OVS down): %v", err)
+	}
+	paused = false
+	if err := w.Check(); err == nil {
+		t.Fatal("b still past the limit once no longer paused: passed")
+	}
 	doneB()
 	if err := w.Check(); err != nil {
 		t.Fatalf("all done: %v", err)

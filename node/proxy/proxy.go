@@ -389,8 +389,13 @@ func (p *Proxier) processNext(ctx context.Context) bool {
 	if ctx.Err() != nil {
 		return false
 	}
-	if len(errs) < len(keys) {
-		p.sync.programmed(start, p.queue.Len() > 0)
+	// A Service whose only error is its health check node port is
+	// programmed all the same.
+	for _, k := range keys {
+		if e := errs[k]; e == nil || onlyHealthCheck(e) {
+			p.sync.programmed(start, p.queue.Len() > 0)
+			break
+		}
 	}
 	for _, k := range keys {
 		if err := errs[k]; err != nil {
@@ -413,6 +418,27 @@ func (p *Proxier) SyncService(ctx context.Context, key string) error {
 	return p.SyncServices(ctx, []string{key})[key]
 }
 
+// healthCheckError is a health check node port that cannot listen: its
+// Service is programmed all the same, and retried for the port.
+type healthCheckError struct{ error }
+
+func (e healthCheckError) Unwrap() error { return e.error }
+
+// onlyHealthCheck reports whether err holds nothing but health check
+// errors (alone or joined).
+func onlyHealthCheck(err error) bool {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		for _, e := range j.Unwrap() {
+			if !onlyHealthCheck(e) {
+				return false
+			}
+		}
+		return true
+	}
+	_, ok := err.(healthCheckError)
+	return ok
+}
+
 // SyncServices is SyncService for several Services at once, sharing
 // OpenFlow bundles between them (see applyBatch). It returns the errors by
 // Service key; Services without an entry are programmed.
@@ -428,7 +454,7 @@ func (p *Proxier) SyncServices(ctx context.Context, keys []string) map[string]er
 			continue
 		}
 		if hcErr != nil {
-			errs[key] = hcErr
+			errs[key] = healthCheckError{hcErr}
 		}
 		wants[key] = want
 	}

@@ -38,6 +38,10 @@ type syncHealth struct {
 	// pendingSince is when the oldest change not yet programmed came in;
 	// zero when none is waiting.
 	pendingSince time.Time
+	// lastQueued is when the latest change came in: one that came in
+	// while a batch was being programmed waits even when the queue looks
+	// empty (the queue holds it back until the batch is done).
+	lastQueued   time.Time
 	lastUpdated  time.Time
 	nodeEligible bool
 }
@@ -53,8 +57,9 @@ func newSyncHealth(timeout time.Duration) *syncHealth {
 func (h *syncHealth) queued() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.lastQueued = h.now()
 	if h.pendingSince.IsZero() {
-		h.pendingSince = h.now()
+		h.pendingSince = h.lastQueued
 	}
 }
 
@@ -67,7 +72,7 @@ func (h *syncHealth) programmed(start time.Time, more bool) {
 	defer h.mu.Unlock()
 	h.lastUpdated = h.now()
 	h.pendingSince = time.Time{}
-	if more {
+	if more || !h.lastQueued.Before(start) {
 		h.pendingSince = start
 	}
 }

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -56,6 +57,16 @@ func TestSyncHealth(t *testing.T) {
 		t.Errorf("/livez names the Node's eligibility: %+v", b)
 	}
 
+	// A change that came in while a batch was programmed still waits,
+	// though the queue looked empty.
+	start = now
+	now = now.Add(time.Second)
+	h.queued()
+	h.programmed(start, false)
+	now = now.Add(time.Minute)
+	expect("a change from during the batch, a minute on", 503, 503)
+	h.programmed(now, false)
+
 	node := &corev1.Node{}
 	node.Spec.Taints = []corev1.Taint{{Key: TaintToBeDeleted, Effect: corev1.TaintEffectNoSchedule}}
 	h.setNode(node)
@@ -71,5 +82,23 @@ func TestSyncHealth(t *testing.T) {
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
 	if rec.Code != http.StatusNotFound {
 		t.Errorf("/metrics: %d, want 404", rec.Code)
+	}
+}
+
+func TestOnlyHealthCheck(t *testing.T) {
+	hc := healthCheckError{errors.New("port taken")}
+	other := errors.New("bundle refused")
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{hc, true},
+		{errors.Join(nil, hc), true},
+		{errors.Join(other, hc), false},
+		{other, false},
+	} {
+		if got := onlyHealthCheck(tc.err); got != tc.want {
+			t.Errorf("onlyHealthCheck(%v) = %v, want %v", tc.err, got, tc.want)
+		}
 	}
 }

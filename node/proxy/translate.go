@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	netutils "k8s.io/utils/net"
 
 	"github.com/seine-net/seine/datapath/pipeline"
 )
@@ -310,7 +311,7 @@ func sourceRanges(svc *corev1.Service, lbIPs, hostIPs []net.IP) []*net.IPNet {
 	}
 	var out []*net.IPNet
 	for _, r := range svc.Spec.LoadBalancerSourceRanges {
-		_, n, err := net.ParseCIDR(strings.TrimSpace(r))
+		_, n, err := netutils.ParseCIDRSloppy(strings.TrimSpace(r))
 		if err != nil || n.IP.To4() == nil {
 			continue
 		}
@@ -425,11 +426,13 @@ func nearest(ready []endpoint, node, zone string) []endpoint {
 	return out
 }
 
-// ipv4s parses the IPv4 addresses of l, skipping others.
+// ipv4s parses the IPv4 addresses of l, skipping others. Leading zeros
+// read as decimal, as the API server admitted them before Kubernetes
+// 1.33's strict validation (objects stored then keep them).
 func ipv4s(l []string) []net.IP {
 	var out []net.IP
 	for _, s := range l {
-		if ip := net.ParseIP(s).To4(); ip != nil {
+		if ip := netutils.ParseIPSloppy(s).To4(); ip != nil {
 			out = append(out, ip)
 		}
 	}

@@ -316,7 +316,10 @@ func TestProxyHealthz(t *testing.T) {
 		url := fmt.Sprintf("http://%s:10256%s", node.IP, path)
 		eventually(t, 20*time.Second, url+" on "+node.Name, func() error {
 			out, err := c.ExternalExec(testCtx(t, 10*time.Second), "curl", "-s", "-w", "\n%{http_code}", "--max-time", "2", url)
-			body, code, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
+			// The status code is the last line, after the body's own.
+			o := strings.TrimSpace(string(out))
+			i := strings.LastIndex(o, "\n")
+			body, code := o[:max(i, 0)], o[i+1:]
 			if code != want || !strings.Contains(body, `"lastUpdated"`) {
 				return fmt.Errorf("got %s %q (%v), want %s", code, body, err, want)
 			}

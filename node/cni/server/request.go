@@ -141,8 +141,9 @@ func parseNetConf(cmd string, raw []byte) (*NetConf, *Error) {
 
 // validAttachments reads the attachments a GC must keep (CNI spec 1.1,
 // "GC"): "cni.dev/valid-attachments", or "cni.dev/attachments", the name
-// the spec first gave it, which libcni v1.2.0 to v1.2.2 send alone
-// (containernetworking/cni#1101). A null list keeps nothing, as CRI-O
+// the spec's text first gave it (containernetworking/cni#1101; libcni
+// sends both since v1.2.3), which a runtime written to that text sends
+// alone. A null list keeps nothing, as CRI-O
 // sends for a network without Pods. A configuration with neither key
 // does not say what is valid, and is refused: read as an empty list, it
 // would release every attachment of the Node.

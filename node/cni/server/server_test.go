@@ -717,7 +717,7 @@ func (b *gcBackend) GC(ctx context.Context, req *Request, valid []types.GCAttach
 }
 
 // A GC keeps what cni.dev/valid-attachments lists, or the older
-// cni.dev/attachments (libcni v1.2.0 to v1.2.2); null keeps nothing; a
+// cni.dev/attachments (the spec text's first name for it); null keeps nothing; a
 // configuration with neither releases nothing and is refused.
 func TestGCValidAttachments(t *testing.T) {
 	be := &gcBackend{}
