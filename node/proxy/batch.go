@@ -150,7 +150,7 @@ func (p *Proxier) installPlans(ctx context.Context, plans []*portPlan) error {
 	for _, pl := range plans {
 		sp := pl.ps.Port
 		sp.ID = pl.pi.id
-		p.flushStale(ctx, pl.pi.port, sp, pl.ps.Serving)
+		p.noteConntrack(pl.pi, sp, pl.ps.Serving)
 		pl.pi.port, pl.pi.serving = sp, pl.ps.Serving
 	}
 	var stale []of.GroupMod

@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"context"
+	"net"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -9,100 +11,52 @@ import (
 	"github.com/seine-net/seine/datapath/pipeline"
 )
 
-// maxEndpointFlushes is the most endpoints of one VIP whose connections
-// are flushed one by one; past it, every connection to the VIP and port is
-// flushed at once. Each flush with a partial tuple scans the whole
-// connection table.
-const maxEndpointFlushes = 16
+// UDP and SCTP "connections" have no end a client would see: one sending
+// from a fixed source port renews its conntrack entry with every datagram
+// and keeps the translation it first got. So once a batch of Services is
+// programmed the proxy flushes, for every VIP and port whose UDP or SCTP
+// frontends changed (a ctKey):
+//
+//   - the entries balanced to an endpoint that served the port before and
+//     serves it no longer (deleted, relabelled, not ready and not
+//     terminating), or all of them when no frontend has the VIP and port
+//     any more;
+//   - when the VIP and port start balancing (their first endpoint, their
+//     first programming, a VIP added), the entries committed untranslated
+//     while they rejected or did not exist, whose reply would come from
+//     the VIP itself.
+//
+// An endpoint that still serves the port, though the frontends' choice
+// left it out (it is terminating, or the traffic policy or topology
+// hints pass it by), keeps its flows, as kube-proxy's conntrack cleanup
+// leaves them (pkg/proxy/conntrack). TCP needs none of this: its
+// connections end (reset or timeout) and clients reconnect from a new
+// port. After a restart, once the Services known at start are programmed,
+// reconcileConntrack checks every entry against them once.
 
-// flushStale removes from conntrack the UDP and SCTP connections that
-// would otherwise stay stuck once the frontend goes from old (as the
-// switch had it; zero before its first programming) to cur (zero when
-// removed), serving being every endpoint that still serves the Service
-// port (see PortState.Serving). Such "connections" have no end a client
-// would see: one sending from a fixed source port renews its entry with
-// every datagram and keeps the translation it first got. So:
-//
-//   - connections balanced to an endpoint that no longer serves the port,
-//     or to a VIP or port that left, are flushed;
-//   - when cur balances and old did not (no endpoint, or not programmed
-//     yet), the connections committed without translation (rejected, or
-//     sent before the frontend existed) are flushed.
-//
-// An endpoint that still serves but left the frontend's choice (it is
-// terminating, or the traffic policy or topology hints leave it out)
-// keeps its connections, as kube-proxy's conntrack cleanup leaves them
-// (pkg/proxy/conntrack). TCP needs none of this: its connections end
-// (reset or timeout) and clients reconnect from a new port. A flush that
-// fails is logged: the entries then expire with their timeout.
-//
-// The frontends of the initial backlog (programmed for the first time
-// before the proxy is ready) are left to reconcileConntrack, which checks
-// every connection in one pass once they are all programmed. p.mu must be
-// held.
-func (p *Proxier) flushStale(ctx context.Context, old, cur pipeline.ServicePort, serving []pipeline.ServiceEndpoint) {
-	if p.cfg.Conntrack == nil || (len(old.VIPs) == 0 && !p.ready) {
-		return
-	}
-	for _, f := range staleConns(old, cur, serving) {
-		err := p.cfg.Conntrack.FlushConntrack(ctx, pipeline.ConntrackZone, f.orig, f.reply)
-		if err != nil {
-			p.log.Warn("flushing stale conntrack entries of a Service failed; they expire on their own",
-				zap.Stringer("orig", f.orig), zap.Stringer("reply", f.reply), zap.Error(err))
-			continue
-		}
-		p.log.Debug("flushed stale conntrack entries of a Service",
-			zap.Stringer("orig", f.orig), zap.Stringer("reply", f.reply))
-	}
+// maxPartialFlushes is the most flushes by partial tuple made after one
+// batch: each scans ovs-vswitchd's whole connection table, so past it one
+// dump is read instead and each stale entry flushed by its exact tuple.
+const maxPartialFlushes = 16
+
+// ctTimeout bounds each call to ovs-vswitchd's control socket.
+const ctTimeout = 10 * time.Second
+
+// ctKey names a VIP, protocol and port: the original destination of the
+// connections a frontend translated.
+type ctKey struct {
+	vip   string
+	proto uint8
+	port  uint16
 }
 
-// reconcileConntrack removes, once the initial backlog is programmed, the
-// UDP and SCTP connections to a programmed VIP and port whose other end is
-// not an endpoint serving that port: those a restart left stale (the
-// endpoint left while the daemon was down) and those never translated
-// (sent while the frontend rejected, or did not exist yet). One dump of
-// the zone, then one flush of each stale connection by its exact tuple.
-// p.mu must be held.
-func (p *Proxier) reconcileConntrack(ctx context.Context) error {
-	if p.cfg.Conntrack == nil {
-		return nil
-	}
-	serving := map[string][]pipeline.ServiceEndpoint{} // by ovsctl.CTTuple of the VIP side
-	for _, ports := range p.installed {
-		for _, pi := range ports {
-			if !connectionless(pi.port.Protocol) || !balances(pi.port) {
-				continue
-			}
-			for _, vip := range pi.port.VIPs {
-				k := ovsctl.CTTuple{Dst: vip, Proto: pi.port.Protocol, DstPort: pi.port.Port}.String()
-				serving[k] = append(serving[k], pi.serving...)
-			}
-		}
-	}
-	if len(serving) == 0 {
-		return nil
-	}
-	entries, err := p.cfg.Conntrack.DumpConntrack(ctx, pipeline.ConntrackZone)
-	if err != nil {
-		return err
-	}
-	flushed := 0
-	for _, e := range entries {
-		eps, ok := serving[ovsctl.CTTuple{Dst: e.Orig.Dst, Proto: e.Orig.Proto, DstPort: e.Orig.DstPort}.String()]
-		if !ok || hasEndpoint(eps, pipeline.ServiceEndpoint{IP: e.Reply.Src, Port: e.Reply.SrcPort}) {
-			continue
-		}
-		if err := p.cfg.Conntrack.FlushConntrack(ctx, pipeline.ConntrackZone, e.Orig, ovsctl.CTTuple{}); err != nil {
-			return err
-		}
-		flushed++
-	}
-	p.log.Info("stale Service connections flushed", zap.Int("connections", len(entries)), zap.Int("flushed", flushed))
-	return nil
+// ctBefore is what a ctKey's connections were balanced by before the
+// changes of a batch: the endpoints then serving it, and whether it
+// balanced at all.
+type ctBefore struct {
+	serving   []pipeline.ServiceEndpoint
+	balancing bool
 }
-
-// ctFlush is one conntrack flush: the entries matching orig and reply.
-type ctFlush struct{ orig, reply ovsctl.CTTuple }
 
 // connectionless reports whether proto is UDP or SCTP.
 func connectionless(proto uint8) bool { return proto == 17 || proto == 132 }
@@ -110,43 +64,6 @@ func connectionless(proto uint8) bool { return proto == 17 || proto == 132 }
 // balances reports whether sp sends new connections to endpoints.
 func balances(sp pipeline.ServicePort) bool {
 	return len(sp.VIPs) > 0 && sp.Action == pipeline.ServiceBalance && len(sp.Endpoints) > 0
-}
-
-// staleConns returns the flushes flushStale makes.
-func staleConns(old, cur pipeline.ServicePort, serving []pipeline.ServiceEndpoint) []ctFlush {
-	var out []ctFlush
-	if connectionless(old.Protocol) {
-		for _, vip := range old.VIPs {
-			orig := ovsctl.CTTuple{Dst: vip, Proto: old.Protocol, DstPort: old.Port}
-			if cur.Protocol != old.Protocol || cur.Port != old.Port || !containsIP(cur.VIPs, vip) {
-				out = append(out, ctFlush{orig: orig})
-				continue
-			}
-			var gone []pipeline.ServiceEndpoint
-			for _, ep := range old.Endpoints {
-				if !hasEndpoint(serving, ep) {
-					gone = append(gone, ep)
-				}
-			}
-			if len(gone) > maxEndpointFlushes {
-				out = append(out, ctFlush{orig: orig})
-				continue
-			}
-			for _, ep := range gone {
-				out = append(out, ctFlush{orig: orig, reply: ovsctl.CTTuple{Src: ep.IP, Proto: old.Protocol, SrcPort: ep.Port}})
-			}
-		}
-	}
-	if connectionless(cur.Protocol) && balances(cur) && !balances(old) {
-		// Untranslated: the reply would come from the VIP itself.
-		for _, vip := range cur.VIPs {
-			out = append(out, ctFlush{
-				orig:  ovsctl.CTTuple{Dst: vip, Proto: cur.Protocol, DstPort: cur.Port},
-				reply: ovsctl.CTTuple{Src: vip, Proto: cur.Protocol, SrcPort: cur.Port},
-			})
-		}
-	}
-	return out
 }
 
 // hasEndpoint reports whether eps holds ep's address and port.
@@ -157,4 +74,232 @@ func hasEndpoint(eps []pipeline.ServiceEndpoint, ep pipeline.ServiceEndpoint) bo
 		}
 	}
 	return false
+}
+
+// noteConntrack records, before pi changes from its installed state to
+// cur (zero: removed) serving serving, the ctKeys whose connections may go
+// stale. The frontends of the initial backlog (programmed for the first
+// time before the proxy is ready) are left to reconcileConntrack. p.mu
+// must be held.
+func (p *Proxier) noteConntrack(pi *portInstall, cur pipeline.ServicePort, serving []pipeline.ServiceEndpoint) {
+	old := pi.port
+	if p.cfg.Conntrack == nil || (len(old.VIPs) == 0 && !p.ready) ||
+		(!connectionless(old.Protocol) && !connectionless(cur.Protocol)) {
+		return
+	}
+	if len(old.VIPs) > 0 && old.Protocol == cur.Protocol && old.Port == cur.Port && balances(old) == balances(cur) &&
+		slicesEqualIPs(old.VIPs, cur.VIPs) && coversAll(serving, pi.serving) {
+		return // nothing that served goes, nothing starts balancing
+	}
+	if p.ctDirty == nil {
+		p.ctDirty = map[ctKey]*ctBefore{}
+	}
+	note := func(sp pipeline.ServicePort, eps []pipeline.ServiceEndpoint) {
+		if !connectionless(sp.Protocol) {
+			return
+		}
+		for _, vip := range sp.VIPs {
+			k := ctKey{vip: vip.String(), proto: sp.Protocol, port: sp.Port}
+			if _, ok := p.ctDirty[k]; ok {
+				continue // the state before the batch's first change stands
+			}
+			p.ctDirty[k] = p.ctStateLocked(k)
+		}
+	}
+	note(old, pi.serving)
+	note(cur, serving)
+}
+
+// ctStateLocked is the ctKey's state as installed now. p.mu must be held.
+func (p *Proxier) ctStateLocked(k ctKey) *ctBefore {
+	b := &ctBefore{}
+	for _, ports := range p.installed {
+		for _, pi := range ports {
+			if pi.port.Protocol != k.proto || pi.port.Port != k.port || !containsIP(pi.port.VIPs, net.ParseIP(k.vip)) {
+				continue
+			}
+			b.serving = append(b.serving, pi.serving...)
+			b.balancing = b.balancing || balances(pi.port)
+		}
+	}
+	return b
+}
+
+// flushConntrack flushes what the ctKeys noted since the last call call
+// for, against the frontends installed now (see the comment at the top).
+// It takes p.mu only to read them: the calls to ovs-vswitchd run without
+// it. A flush that fails is logged; its entries live out their timeout.
+func (p *Proxier) flushConntrack(ctx context.Context) {
+	p.mu.Lock()
+	dirty := p.ctDirty
+	p.ctDirty = nil
+	var flushes []ctFlush
+	for k, before := range dirty {
+		now := p.ctStateLocked(k)
+		installed := p.installedLocked(k)
+		vip := net.ParseIP(k.vip)
+		orig := ovsctl.CTTuple{Dst: vip, Proto: k.proto, DstPort: k.port}
+		if !installed {
+			flushes = append(flushes, ctFlush{orig: orig})
+			continue
+		}
+		for _, ep := range before.serving {
+			if !hasEndpoint(now.serving, ep) {
+				flushes = append(flushes, ctFlush{orig: orig, reply: ovsctl.CTTuple{Src: ep.IP, Proto: k.proto, SrcPort: ep.Port}})
+			}
+		}
+		if now.balancing && !before.balancing {
+			flushes = append(flushes, ctFlush{orig: orig, reply: ovsctl.CTTuple{Src: vip, Proto: k.proto, SrcPort: k.port}})
+		}
+	}
+	p.mu.Unlock()
+	if len(flushes) == 0 {
+		return
+	}
+	if len(flushes) > maxPartialFlushes {
+		p.flushMatching(ctx, flushes)
+		return
+	}
+	for _, f := range flushes {
+		cctx, cancel := context.WithTimeout(ctx, ctTimeout)
+		err := p.cfg.Conntrack.FlushConntrack(cctx, pipeline.ConntrackZone, f.orig, f.reply)
+		cancel()
+		if err != nil {
+			p.log.Warn("flushing stale conntrack entries of a Service failed; they expire on their own",
+				zap.Stringer("orig", f.orig), zap.Stringer("reply", f.reply), zap.Error(err))
+			continue
+		}
+		p.log.Debug("flushed stale conntrack entries of a Service",
+			zap.Stringer("orig", f.orig), zap.Stringer("reply", f.reply))
+	}
+}
+
+// installedLocked reports whether a frontend has the ctKey. p.mu must be
+// held.
+func (p *Proxier) installedLocked(k ctKey) bool {
+	for _, ports := range p.installed {
+		for _, pi := range ports {
+			if pi.port.Protocol == k.proto && pi.port.Port == k.port && containsIP(pi.port.VIPs, net.ParseIP(k.vip)) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// ctFlush is one conntrack flush: the entries matching orig and reply.
+type ctFlush struct{ orig, reply ovsctl.CTTuple }
+
+// matches reports whether the entry e is one f flushes.
+func (f ctFlush) matches(e ovsctl.CTEntry) bool {
+	return tupleMatches(f.orig, e.Orig) && tupleMatches(f.reply, e.Reply)
+}
+
+// tupleMatches reports whether t, whose zero fields match anything,
+// matches the tuple of an entry.
+func tupleMatches(t, of ovsctl.CTTuple) bool {
+	return (t.Src == nil || t.Src.Equal(of.Src)) && (t.Dst == nil || t.Dst.Equal(of.Dst)) &&
+		(t.Proto == 0 || t.Proto == of.Proto) && (t.SrcPort == 0 || t.SrcPort == of.SrcPort) &&
+		(t.DstPort == 0 || t.DstPort == of.DstPort)
+}
+
+// flushMatching reads the zone once and flushes each entry one of flushes
+// matches, by its exact original tuple.
+func (p *Proxier) flushMatching(ctx context.Context, flushes []ctFlush) {
+	cctx, cancel := context.WithTimeout(ctx, ctTimeout)
+	entries, err := p.cfg.Conntrack.DumpConntrack(cctx, pipeline.ConntrackZone)
+	cancel()
+	if err != nil {
+		p.log.Warn("reading conntrack to flush stale Service connections failed; they expire on their own", zap.Error(err))
+		return
+	}
+	n := 0
+	for _, e := range entries {
+		for _, f := range flushes {
+			if f.matches(e) {
+				p.flushEntry(ctx, e)
+				n++
+				break
+			}
+		}
+	}
+	p.log.Debug("flushed stale conntrack entries of Services", zap.Int("connections", len(entries)), zap.Int("flushed", n))
+}
+
+// flushEntry flushes one entry by its exact original tuple; an entry gone
+// meanwhile is no failure worth more than a debug line.
+func (p *Proxier) flushEntry(ctx context.Context, e ovsctl.CTEntry) {
+	cctx, cancel := context.WithTimeout(ctx, ctTimeout)
+	defer cancel()
+	if err := p.cfg.Conntrack.FlushConntrack(cctx, pipeline.ConntrackZone, e.Orig, ovsctl.CTTuple{}); err != nil {
+		p.log.Debug("flushing a stale Service connection failed", zap.Stringer("orig", e.Orig), zap.Error(err))
+	}
+}
+
+// reconcileConntrack checks, once the initial backlog is programmed, every
+// UDP and SCTP entry to a VIP and port some frontend has: one whose other
+// end does not serve the port any more (an endpoint that left while the
+// daemon was down, or a flow never translated) is flushed by its exact
+// tuple. One dump of the zone; p.mu must not be held.
+func (p *Proxier) reconcileConntrack(ctx context.Context) {
+	if p.cfg.Conntrack == nil {
+		return
+	}
+	p.mu.Lock()
+	serving := map[ctKey][]pipeline.ServiceEndpoint{}
+	for _, ports := range p.installed {
+		for _, pi := range ports {
+			if !connectionless(pi.port.Protocol) {
+				continue
+			}
+			for _, vip := range pi.port.VIPs {
+				k := ctKey{vip: vip.String(), proto: pi.port.Protocol, port: pi.port.Port}
+				serving[k] = append(serving[k], pi.serving...)
+			}
+		}
+	}
+	p.mu.Unlock()
+	if len(serving) == 0 {
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, ctTimeout)
+	entries, err := p.cfg.Conntrack.DumpConntrack(cctx, pipeline.ConntrackZone)
+	cancel()
+	if err != nil {
+		p.log.Warn("reading conntrack to flush stale Service connections failed; they expire on their own", zap.Error(err))
+		return
+	}
+	flushed := 0
+	for _, e := range entries {
+		eps, ok := serving[ctKey{vip: e.Orig.Dst.String(), proto: e.Orig.Proto, port: e.Orig.DstPort}]
+		if !ok || hasEndpoint(eps, pipeline.ServiceEndpoint{IP: e.Reply.Src, Port: e.Reply.SrcPort}) {
+			continue
+		}
+		p.flushEntry(ctx, e)
+		flushed++
+	}
+	p.log.Info("stale Service connections flushed", zap.Int("connections", len(entries)), zap.Int("flushed", flushed))
+}
+
+// slicesEqualIPs reports whether a and b hold the same addresses in order.
+func slicesEqualIPs(a, b []net.IP) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if !a[i].Equal(b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// coversAll reports whether eps holds every endpoint of want.
+func coversAll(eps, want []pipeline.ServiceEndpoint) bool {
+	for _, ep := range want {
+		if !hasEndpoint(eps, ep) {
+			return false
+		}
+	}
+	return true
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"sort"
 	"strings"
 	"testing"
 
@@ -13,7 +14,34 @@ import (
 	"github.com/seine-net/seine/datapath/pipeline"
 )
 
-func TestStaleConns(t *testing.T) {
+// The flushes of one batch, against the frontends installed after it:
+// pi goes from old (installed, serving oldServing) to cur (serving
+// curServing), beside an untouched frontend other on the same VIPs when
+// set.
+func batchFlushes(t *testing.T, ready bool, old pipeline.ServicePort, oldServing []pipeline.ServiceEndpoint,
+	cur pipeline.ServicePort, curServing []pipeline.ServiceEndpoint, other *portInstall) []string {
+	t.Helper()
+	ct := &recordingConntrack{}
+	pi := &portInstall{port: old, serving: oldServing}
+	ports := map[string]*portInstall{"ns/dns/dns/UDP": pi}
+	if other != nil {
+		ports["ns/dns/dns/UDP/twin"] = other
+	}
+	p := &Proxier{cfg: Config{Conntrack: ct}, log: zaptest.NewLogger(t), ready: ready,
+		installed: map[string]map[string]*portInstall{"ns/dns": ports}}
+	p.mu.Lock()
+	p.noteConntrack(pi, cur, curServing)
+	pi.port, pi.serving = cur, curServing
+	if len(cur.VIPs) == 0 {
+		delete(ports, "ns/dns/dns/UDP")
+	}
+	p.mu.Unlock()
+	p.flushConntrack(context.Background())
+	sort.Strings(ct.flushed)
+	return ct.flushed
+}
+
+func TestConntrackFlushes(t *testing.T) {
 	vip, ext := net.ParseIP("10.96.0.10"), net.ParseIP("198.18.5.5")
 	ep := func(last byte) pipeline.ServiceEndpoint {
 		return pipeline.ServiceEndpoint{IP: net.IPv4(10, 244, 1, last), Port: 5353}
@@ -21,6 +49,7 @@ func TestStaleConns(t *testing.T) {
 	udp := func(vips []net.IP, eps ...pipeline.ServiceEndpoint) pipeline.ServicePort {
 		return pipeline.ServicePort{Protocol: 17, Port: 53, VIPs: vips, Endpoints: eps}
 	}
+	reject := pipeline.ServicePort{Protocol: 17, Port: 53, VIPs: []net.IP{vip}, Action: pipeline.ServiceReject}
 	many := func(n int) []pipeline.ServiceEndpoint {
 		var out []pipeline.ServiceEndpoint
 		for i := 0; i < n; i++ {
@@ -28,60 +57,74 @@ func TestStaleConns(t *testing.T) {
 		}
 		return out
 	}
-	show := func(fs []ctFlush) string {
-		var s []string
-		for _, f := range fs {
-			s = append(s, fmt.Sprintf("%s|%s", f.orig, f.reply))
-		}
-		return strings.Join(s, " ")
-	}
 	const o10 = "ct_nw_dst=10.96.0.10,ct_nw_proto=17,ct_tp_dst=53"
-	reject := pipeline.ServicePort{Protocol: 17, Port: 53, VIPs: []net.IP{vip}, Action: pipeline.ServiceReject}
 	const untranslated = o10 + "|ct_nw_src=10.96.0.10,ct_nw_proto=17,ct_tp_src=53"
+	gone := func(last int) string {
+		return fmt.Sprintf("%s|ct_nw_src=10.244.1.%d,ct_nw_proto=17,ct_tp_src=5353", o10, last)
+	}
+	e1, e2 := []pipeline.ServiceEndpoint{ep(1)}, []pipeline.ServiceEndpoint{ep(1), ep(2)}
 	for _, tc := range []struct {
-		name     string
-		old, cur pipeline.ServicePort
-		serving  []pipeline.ServiceEndpoint // nil: cur.Endpoints
-		want     string
+		name       string
+		ready      bool
+		old        pipeline.ServicePort
+		oldServing []pipeline.ServiceEndpoint
+		cur        pipeline.ServicePort
+		curServing []pipeline.ServiceEndpoint
+		other      *portInstall
+		want       string
 	}{
-		{"unchanged", udp([]net.IP{vip}, ep(1), ep(2)), udp([]net.IP{vip}, ep(2), ep(1)), nil, ""},
-		{"an endpoint added", udp([]net.IP{vip}, ep(1)), udp([]net.IP{vip}, ep(1), ep(2)), nil, ""},
-		{"an endpoint gone", udp([]net.IP{vip}, ep(1), ep(2)), udp([]net.IP{vip}, ep(2)), nil,
-			o10 + "|ct_nw_src=10.244.1.1,ct_nw_proto=17,ct_tp_src=5353"},
-		{"the target port changed", udp([]net.IP{vip}, ep(1)),
-			udp([]net.IP{vip}, pipeline.ServiceEndpoint{IP: ep(1).IP, Port: 5354}), nil,
-			o10 + "|ct_nw_src=10.244.1.1,ct_nw_proto=17,ct_tp_src=5353"},
-		{"a VIP gone", udp([]net.IP{vip, ext}, ep(1)), udp([]net.IP{vip}, ep(1)), nil,
+		{"unchanged", true, udp([]net.IP{vip}, e2...), e2, udp([]net.IP{vip}, ep(2), ep(1)), e2, nil, ""},
+		{"an endpoint added", true, udp([]net.IP{vip}, e1...), e1, udp([]net.IP{vip}, e2...), e2, nil, ""},
+		{"an endpoint gone", true, udp([]net.IP{vip}, e2...), e2, udp([]net.IP{vip}, ep(2)), []pipeline.ServiceEndpoint{ep(2)}, nil, gone(1)},
+		{"an endpoint left the choice but still serves", true, udp([]net.IP{vip}, e2...), e2, udp([]net.IP{vip}, ep(2)), e2, nil, ""},
+		{"a VIP gone", true, udp([]net.IP{vip, ext}, e1...), e1, udp([]net.IP{vip}, e1...), e1, nil,
 			"ct_nw_dst=198.18.5.5,ct_nw_proto=17,ct_tp_dst=53|"},
-		{"the port removed", udp([]net.IP{vip}, ep(1)), pipeline.ServicePort{}, nil, o10 + "|"},
-		{"every endpoint gone: rejected now", udp([]net.IP{vip}, ep(1)), reject, nil,
-			o10 + "|ct_nw_src=10.244.1.1,ct_nw_proto=17,ct_tp_src=5353"},
-		{"more endpoints gone than flushed one by one", udp([]net.IP{vip}, many(maxEndpointFlushes+1)...),
-			udp([]net.IP{vip}), nil, o10 + "|"},
-		{"an endpoint left the choice but still serves (terminating, policy, hints)", udp([]net.IP{vip}, ep(1), ep(2)),
-			udp([]net.IP{vip}, ep(2)), []pipeline.ServiceEndpoint{ep(1), ep(2)}, ""},
-		{"first programmed: what went untranslated before", pipeline.ServicePort{}, udp([]net.IP{vip}, ep(1)), nil, untranslated},
-		{"endpoints after none: what was rejected", reject, udp([]net.IP{vip}, ep(1)), nil, untranslated},
-		{"rejecting still", reject, reject, nil, ""},
-		{"TCP: nothing", pipeline.ServicePort{Protocol: 6, Port: 80, VIPs: []net.IP{vip}, Endpoints: []pipeline.ServiceEndpoint{ep(1)}},
-			pipeline.ServicePort{}, nil, ""},
+		{"the port removed", true, udp([]net.IP{vip}, e1...), e1, pipeline.ServicePort{}, nil, nil, o10 + "|"},
+		{"the port removed, its VIP still another frontend's", true, udp([]net.IP{vip}, e2...), e2, pipeline.ServicePort{}, nil,
+			&portInstall{port: udp([]net.IP{vip}, ep(2)), serving: []pipeline.ServiceEndpoint{ep(2)}}, gone(1)},
+		{"every endpoint gone: rejected now", true, udp([]net.IP{vip}, e1...), e1, reject, nil, nil, gone(1)},
+		{"endpoints after none", true, reject, nil, udp([]net.IP{vip}, e1...), e1, nil, untranslated},
+		{"first programmed, once ready", true, pipeline.ServicePort{}, nil, udp([]net.IP{vip}, e1...), e1, nil, untranslated},
+		{"first programmed, in the initial backlog", false, pipeline.ServicePort{}, nil, udp([]net.IP{vip}, e1...), e1, nil, ""},
+		{"TCP", true, pipeline.ServicePort{Protocol: 6, Port: 80, VIPs: []net.IP{vip}, Endpoints: e1}, e1, pipeline.ServicePort{}, nil, nil, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			serving := tc.serving
-			if serving == nil {
-				serving = tc.cur.Endpoints
-			}
-			if got := show(staleConns(tc.old, tc.cur, serving)); got != tc.want {
+			got := strings.Join(batchFlushes(t, tc.ready, tc.old, tc.oldServing, tc.cur, tc.curServing, tc.other), " ")
+			if got != tc.want {
 				t.Errorf("flushes %q, want %q", got, tc.want)
 			}
 		})
 	}
+	// Past maxPartialFlushes, one dump and exact flushes instead.
+	t.Run("many endpoints gone", func(t *testing.T) {
+		ct := &recordingConntrack{}
+		for i := 1; i <= maxPartialFlushes+2; i++ {
+			ct.entries = append(ct.entries, ovsctl.CTEntry{Zone: pipeline.ConntrackZone,
+				Orig:  ovsctl.CTTuple{Src: net.ParseIP("10.244.0.3"), Dst: vip, Proto: 17, SrcPort: uint16(40000 + i), DstPort: 53},
+				Reply: ovsctl.CTTuple{Src: ep(byte(i)).IP, Dst: net.ParseIP("10.244.0.3"), Proto: 17, SrcPort: 5353, DstPort: uint16(40000 + i)}})
+		}
+		all := many(maxPartialFlushes + 2)
+		pi := &portInstall{port: udp([]net.IP{vip}, all...), serving: all}
+		p := &Proxier{cfg: Config{Conntrack: ct}, log: zaptest.NewLogger(t), ready: true,
+			installed: map[string]map[string]*portInstall{"ns/dns": {"ns/dns/dns/UDP": pi}}}
+		p.mu.Lock()
+		cur := udp([]net.IP{vip}, ep(1))
+		p.noteConntrack(pi, cur, cur.Endpoints)
+		pi.port, pi.serving = cur, cur.Endpoints
+		p.mu.Unlock()
+		p.flushConntrack(context.Background())
+		want := maxPartialFlushes + 1
+		if ct.dumps != 1 || len(ct.flushed) != want || strings.Contains(strings.Join(ct.flushed, " "), "ct_tp_src=40001,") {
+			t.Errorf("%d dumps, %d flushes (%v); want one dump and the %d entries of the gone endpoints", ct.dumps, len(ct.flushed), ct.flushed, want)
+		}
+	})
 }
 
 // recordingConntrack answers a dump with entries and records flushes.
 type recordingConntrack struct {
 	entries []ovsctl.CTEntry
 	flushed []string
+	dumps   int
 }
 
 func (r *recordingConntrack) FlushConntrack(_ context.Context, _ uint16, orig, reply ovsctl.CTTuple) error {
@@ -90,6 +133,7 @@ func (r *recordingConntrack) FlushConntrack(_ context.Context, _ uint16, orig, r
 }
 
 func (r *recordingConntrack) DumpConntrack(context.Context, uint16) ([]ovsctl.CTEntry, error) {
+	r.dumps++
 	return r.entries, nil
 }
 
@@ -117,9 +161,7 @@ func TestReconcileConntrack(t *testing.T) {
 	udp := pipeline.ServicePort{Protocol: 17, Port: 53, VIPs: []net.IP{vip}, Endpoints: []pipeline.ServiceEndpoint{live}}
 	p := &Proxier{cfg: Config{Conntrack: ct}, log: zaptest.NewLogger(t),
 		installed: map[string]map[string]*portInstall{"ns/dns": {"ns/dns/dns/UDP": {port: udp, serving: udp.Endpoints}}}}
-	if err := p.reconcileConntrack(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	p.reconcileConntrack(context.Background())
 	want := []string{
 		"ct_nw_src=10.244.0.3,ct_nw_dst=10.96.0.10,ct_nw_proto=17,ct_tp_src=40002,ct_tp_dst=53|",
 		"ct_nw_src=10.244.0.3,ct_nw_dst=10.96.0.10,ct_nw_proto=17,ct_tp_src=40003,ct_tp_dst=53|",

@@ -83,7 +83,7 @@ type Config struct {
 	HealthTimeout time.Duration
 	// Conntrack, when set, removes the UDP and SCTP connections that a
 	// change left pointing at an endpoint no longer behind their VIP (see
-	// flushStale).
+	// conntrack.go).
 	Conntrack Conntrack
 }
 
@@ -127,7 +127,11 @@ type Proxier struct {
 	// existing holds the IDs of groups on the switch at start that no
 	// installed port has claimed yet: installing one modifies it.
 	existing map[uint32]bool
-	ready    bool
+	// ctDirty are the VIPs and ports whose UDP or SCTP connections may
+	// have gone stale in the batch being programmed, with their state
+	// before it (see conntrack.go).
+	ctDirty map[ctKey]*ctBefore
+	ready   bool
 }
 
 type portInstall struct {
@@ -352,14 +356,12 @@ func (p *Proxier) markSynced(ctx context.Context, keys []string) {
 	p.mu.Lock()
 	p.ready = true
 	err := errors.Join(p.host.prune(ctx), p.pruneGroups(ctx))
-	if cerr := p.reconcileConntrack(ctx); cerr != nil {
-		p.log.Warn("flushing stale Service connections failed; they expire on their own", zap.Error(cerr))
-	}
 	p.prior = nil
 	p.mu.Unlock()
 	if err != nil {
 		p.log.Warn("removing stale host rules failed", zap.Error(err))
 	}
+	p.reconcileConntrack(ctx)
 }
 
 // processNext takes the next Service from the queue, and with it every
@@ -461,6 +463,7 @@ func (p *Proxier) SyncServices(ctx context.Context, keys []string) map[string]er
 	for key, err := range p.applyBatch(ctx, wants) {
 		errs[key] = errors.Join(err, errs[key])
 	}
+	p.flushConntrack(ctx)
 	for key, ts := range triggers {
 		if errs[key] != nil {
 			p.metrics.putBack(key, ts)
@@ -595,7 +598,7 @@ func (p *Proxier) installPort(ctx context.Context, pi *portInstall, ps PortState
 	if err := p.flows.Set(ctx, pipeline.ServiceOwner(pi.id), flows); err != nil {
 		return err
 	}
-	p.flushStale(ctx, pi.port, sp, ps.Serving)
+	p.noteConntrack(pi, sp, ps.Serving)
 	pi.port, pi.serving = sp, ps.Serving
 	var stale []of.GroupMod
 	for id := range pi.groups {
@@ -658,7 +661,7 @@ func (p *Proxier) removePort(ctx context.Context, pi *portInstall) error {
 	if err := p.flows.Set(ctx, pipeline.ServiceOwner(pi.id), nil); err != nil {
 		return err
 	}
-	p.flushStale(ctx, pi.port, pipeline.ServicePort{}, nil)
+	p.noteConntrack(pi, pipeline.ServicePort{}, nil)
 	pi.port, pi.serving = pipeline.ServicePort{}, nil
 	// Learned affinity flows carry the port's cookie.
 	ck := pipeline.Cookie(p.cfg.Bridge.Round, pipeline.CategoryService, uint64(pi.id))
