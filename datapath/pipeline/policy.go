@@ -43,12 +43,12 @@ func (t Table) Next() Table { return t.next() }
 //     related packets (+rel, ICMP errors) and TCP packets of established
 //     connections (-new); a TCP connection is established only once the
 //     far end answered. Packets of UDP, SCTP and other connections in the
-//     original direction are checked again: OVS's userspace connection
-//     tracker takes the third datagram of a connection for established
-//     whether or not anything answered (lib/conntrack-other.c), and the
-//     Service tables commit a connection before the policy tables see its
-//     first packet (EndpointDNAT), so a denied flow sent again and again
-//     would otherwise get past the policy from its third datagram;
+//     original direction are checked again: by its source
+//     (lib/conntrack-other.c), OVS's userspace connection tracker takes
+//     later datagrams of a connection for established whether or not
+//     anything answered, and the Service tables commit a connection before
+//     the policy tables see its first packet (EndpointDNAT), so a denied
+//     flow sent again and again could otherwise get past the policy;
 //   - in IngressRule, packets from this Node itself (PktSource gateway with
 //     nw_src the gateway IP or the Node IP, e.g. kubelet probes) skip the
 //     ingress policy, as the Kubernetes NetworkPolicy documentation

@@ -241,11 +241,13 @@ func TestPolicyFollowsChurn(t *testing.T) {
 }
 
 // A UDP flow that a policy denies stays denied however many datagrams it
-// sends from one socket: the Service tables commit the flow's connection
-// before the policy judges it, and the userspace connection tracker calls
-// the third datagram established. Both directions: the server's ingress
-// (client on the same Node, where the Service commit happens) and the
-// client's egress (to a server nothing else protects).
+// sends from one socket, through a Service, whose tables commit the flow's
+// connection before the policy judges it (and OVS's userspace connection
+// tracker, by its source, calls later datagrams established without any
+// answer: the policy checks every datagram; this run did not show that
+// check to be needed, it guards the property). Both directions: the
+// server's ingress (client on the same Node, where the Service commit
+// happens) and the client's egress (to a server nothing else protects).
 func TestPolicyDeniesRepeatedUDP(t *testing.T) {
 	c := shared
 	ns := "pol-udp"
