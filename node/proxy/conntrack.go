@@ -206,11 +206,8 @@ func tupleMatches(t, of ovsctl.CTTuple) bool {
 // flushMatching reads the zone once and flushes each entry one of flushes
 // matches, by its exact original tuple.
 func (p *Proxier) flushMatching(ctx context.Context, flushes []ctFlush) {
-	cctx, cancel := context.WithTimeout(ctx, ctTimeout)
-	entries, err := p.cfg.Conntrack.DumpConntrack(cctx, pipeline.ConntrackZone)
-	cancel()
-	if err != nil {
-		p.log.Warn("reading conntrack to flush stale Service connections failed; they expire on their own", zap.Error(err))
+	entries, ok := p.dumpZone(ctx)
+	if !ok {
 		return
 	}
 	n := 0
@@ -224,6 +221,19 @@ func (p *Proxier) flushMatching(ctx context.Context, flushes []ctFlush) {
 		}
 	}
 	p.log.Debug("flushed stale conntrack entries of Services", zap.Int("connections", len(entries)), zap.Int("flushed", n))
+}
+
+// dumpZone reads the connections of zone 65520; ok is false, and the
+// failure logged, when it cannot.
+func (p *Proxier) dumpZone(ctx context.Context) (entries []ovsctl.CTEntry, ok bool) {
+	cctx, cancel := context.WithTimeout(ctx, ctTimeout)
+	defer cancel()
+	entries, err := p.cfg.Conntrack.DumpConntrack(cctx, pipeline.ConntrackZone)
+	if err != nil {
+		p.log.Warn("reading conntrack to flush stale Service connections failed; they expire on their own", zap.Error(err))
+		return nil, false
+	}
+	return entries, true
 }
 
 // flushEntry flushes one entry by its exact original tuple; an entry gone
@@ -262,11 +272,8 @@ func (p *Proxier) reconcileConntrack(ctx context.Context) {
 	if len(serving) == 0 {
 		return
 	}
-	cctx, cancel := context.WithTimeout(ctx, ctTimeout)
-	entries, err := p.cfg.Conntrack.DumpConntrack(cctx, pipeline.ConntrackZone)
-	cancel()
-	if err != nil {
-		p.log.Warn("reading conntrack to flush stale Service connections failed; they expire on their own", zap.Error(err))
+	entries, ok := p.dumpZone(ctx)
+	if !ok {
 		return
 	}
 	flushed := 0

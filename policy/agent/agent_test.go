@@ -545,6 +545,15 @@ func TestRecordedDigest(t *testing.T) {
 // the agent compares it with the policies even when no policy is dirty,
 // here with no policy at all, so the stale isolation of a Pod a deleted
 // policy isolated goes.
+// recordIsolation is an OnIsolation that records the call and applies it
+// as the CNI backend does.
+func (n *node) recordIsolation(_ context.Context, _, name string, ingress, egress bool) error {
+	n.mu.Lock()
+	n.calls = append(n.calls, fmt.Sprintf("%s %v %v", name, ingress, egress))
+	n.mu.Unlock()
+	return n.setPod(name, ingress, egress)
+}
+
 func TestRestoredIsolationCheckedWithoutPolicies(t *testing.T) {
 	cs := startControlPlane(t)
 	n := startNode(t)
@@ -553,12 +562,7 @@ func TestRestoredIsolationCheckedWithoutPolicies(t *testing.T) {
 	if err := n.setPod("a", true, false); err != nil { // as a deleted policy left it
 		t.Fatal(err)
 	}
-	onIsolation := func(_ context.Context, _, name string, ingress, egress bool) error {
-		n.mu.Lock()
-		n.calls = append(n.calls, fmt.Sprintf("%s %v %v", name, ingress, egress))
-		n.mu.Unlock()
-		return n.setPod(name, ingress, egress)
-	}
+	onIsolation := n.recordIsolation
 	ag := New(cs, Config{NodeName: nodeName, Bridge: n.br, Flows: n.syncer, RealizeTimeout: 3 * time.Second,
 		OnIsolation: onIsolation}, zaptest.NewLogger(t).Named("agent"))
 	a := n.pods["a"]
@@ -608,12 +612,7 @@ func TestPolicyWaitsForItsAppliedToGroup(t *testing.T) {
 		Spec: v1alpha1.AddressGroupSpec{Members: []v1alpha1.GroupMember{member("b", "10.244.1.4")}}}, metav1.CreateOptions{}))
 	must(api.NetworkPolicies().Create(ctx, inPolicy("np-web", "tgt-a", "peers-b", 80, span(nil)), metav1.CreateOptions{}))
 	core, logs := observer.New(zapcore.DebugLevel)
-	onIsolation := func(_ context.Context, _, name string, ingress, egress bool) error {
-		n.mu.Lock()
-		n.calls = append(n.calls, fmt.Sprintf("%s %v %v", name, ingress, egress))
-		n.mu.Unlock()
-		return n.setPod(name, ingress, egress)
-	}
+	onIsolation := n.recordIsolation
 	ag := New(cs, Config{NodeName: nodeName, Bridge: n.br, Flows: n.syncer, RealizeTimeout: 3 * time.Second,
 		OnIsolation: onIsolation}, zap.New(core))
 	for _, p := range n.pods {
