@@ -101,7 +101,8 @@ type Proxier struct {
 	sw      Switch
 	log     *zap.Logger
 	factory informers.SharedInformerFactory
-	// nodeFactory watches this Node alone, for its zone label.
+	// nodeFactory watches this Node alone: its zone label, and whether it
+	// is on its way out (the health check).
 	nodeFactory informers.SharedInformerFactory
 	nodes       corelisters.NodeLister
 	svcs        corelisters.ServiceLister
