@@ -263,9 +263,9 @@ func (d *daemon) findNode(ctx context.Context) error {
 }
 
 // checkPodCIDR fails when node's podCIDR (nil: the Node owns no Pod
-// addresses) is not inside clusterCIDR. The masquerade and hostPort rules
-// know the cluster's Pods by clusterCIDR alone, so Pods outside it would
-// leave the cluster with addresses nothing routes back.
+// addresses) is not inside clusterCIDR. The masquerade rules know the
+// cluster's Pods by clusterCIDR alone, so Pods outside it would leave the
+// cluster with addresses nothing routes back.
 func checkPodCIDR(node string, podCIDR, clusterCIDR *net.IPNet) error {
 	if podCIDR == nil {
 		return nil
@@ -544,7 +544,7 @@ func (d *daemon) restorePods(ctx context.Context) error {
 			d.log.Warn("podCIDR changed since the last run: previous IP allocations discarded")
 		}
 	}
-	hostPorts, err := startHostPorts(ctx, d.ownsPods, hostport.Config{Gateway: cfg.GatewayName, ClusterCIDR: d.clusterCIDR})
+	hostPorts, err := startHostPorts(ctx, d.ownsPods, hostport.Config{Gateway: cfg.GatewayName})
 	if err != nil {
 		return err
 	}

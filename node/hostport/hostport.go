@@ -13,6 +13,7 @@
 //	  map ports    { type inet_proto . inet_service : ipv4_addr . inet_service }             # hostIP unset
 //	  map ip-ports { type ipv4_addr . inet_proto . inet_service : ipv4_addr . inet_service } # hostIP set
 //	  set targets  { type ipv4_addr . inet_proto . inet_service }                            # Pod IP . proto . containerPort
+//	  set self     { type ipv4_addr . ipv4_addr }                                            # Pod IP . Pod IP
 //	  chain hostports {
 //	    dnat ip to ip daddr . meta l4proto . th dport map @ip-ports
 //	    dnat ip to meta l4proto . th dport map @ports
@@ -21,7 +22,8 @@
 //	  chain output      { type nat hook output priority dstnat; fib daddr type local jump hostports }
 //	  chain postrouting {
 //	    type nat hook postrouting priority srcnat
-//	    oifname "<gateway>" ip saddr { <clusterCIDR>, 127.0.0.0/8 } ct status dnat ip daddr . meta l4proto . th dport @targets masquerade
+//	    oifname "<gateway>" ip saddr 127.0.0.0/8 ct status dnat ip daddr . meta l4proto . th dport @targets masquerade
+//	    oifname "<gateway>" ct status dnat ip saddr . ip daddr @self ip daddr . meta l4proto . th dport @targets masquerade
 //	  }
 //	  chain localnet-guard {
 //	    type filter hook prerouting priority mangle
@@ -33,18 +35,22 @@
 // one of the Node's addresses maps nothing (Kubernetes does not check it,
 // and it must not take over traffic the Node forwards elsewhere).
 //
-// The masquerade keeps both directions of a connection on the host: a
-// Pod's reply to another Pod (on this Node or across a tunnel) would
-// otherwise go straight through the bridge, past the host's conntrack
-// that must undo the DNAT. It applies only to connections DNATed to a
-// hostPort's target. Clients outside the cluster keep their source
-// address; the target Pod's NetworkPolicies see Pods and localhost as the
-// gateway's address. Connections from 127.0.0.1 need route_localnet on
-// the gateway, which Start sets; the guard chain then drops what arrives
-// from the bridge for 127.0.0.0/8 (a Pod could otherwise reach the host's
-// loopback-only services, CVE-2020-8558). It runs before NAT (mangle,
-// -150), where the replies of those connections still carry the
-// gateway's address.
+// Every client but two keeps its source address, so the target Pod's
+// NetworkPolicies judge the real client: another Pod (on this Node or
+// another) as that Pod, a host outside the cluster as itself. The replies
+// still pass the host's conntrack, which must undo the DNAT: the bridge
+// sends the replies of every connection that entered from the gateway back
+// to it (pipeline.CtMarkFromGateway). The two masqueraded to the gateway's
+// address, and so never subject to the Pod's ingress policy (traffic from
+// the Pod's own Node), are connections from 127.0.0.0/8, whose replies
+// could not be routed, and a Pod reaching its own hostPort, whose kernel
+// would drop a packet from its own address arriving from outside. Both
+// apply only to connections DNATed to a hostPort's target. Connections
+// from 127.0.0.1 need route_localnet on the gateway, which Start sets; the
+// guard chain then drops what arrives from the bridge for 127.0.0.0/8 (a
+// Pod could otherwise reach the host's loopback-only services,
+// CVE-2020-8558). It runs before NAT (mangle, -150), where the replies of
+// those connections still carry the gateway's address.
 //
 // Each element's comment is its owner (a Pod attachment,
 // "pod/<containerID>/<ifName>"), so a restarted daemon learns the
@@ -75,6 +81,7 @@ const (
 	mapPorts         = "ports"
 	mapIPPorts       = "ip-ports"
 	setTargets       = "targets"
+	setSelf          = "self"
 	chainDNAT        = "hostports"
 	chainPrerouting  = "prerouting"
 	chainOutput      = "output"
@@ -205,14 +212,35 @@ func (m Mapping) elements(podIP net.IP, owner string) (mapEl, target *knftables.
 	return mapEl, target
 }
 
+// selfElement is the element of setSelf of the Pod at podIP: a connection
+// from it to one of its own hostPorts.
+func selfElement(podIP net.IP, owner string) *knftables.Element {
+	return &knftables.Element{Set: setSelf, Key: []string{podIP.String(), podIP.String()}, Comment: knftables.PtrTo(owner)}
+}
+
+// missingSelf returns the setSelf element an owner's elements lack (from
+// its first target's Pod IP), or nil when it has one or no target.
+func missingSelf(owner string, els []*knftables.Element) *knftables.Element {
+	var podIP net.IP
+	for _, e := range els {
+		switch {
+		case e.Set == setSelf:
+			return nil
+		case e.Set == setTargets && podIP == nil && len(e.Key) > 0:
+			podIP = net.ParseIP(e.Key[0]).To4()
+		}
+	}
+	if podIP == nil {
+		return nil
+	}
+	return selfElement(podIP, owner)
+}
+
 // Config says where the Pods are.
 type Config struct {
 	// Gateway is the gateway interface, through which the host reaches
 	// the Pods.
 	Gateway string
-	// ClusterCIDR is every Node's Pods; their connections to a host port
-	// are masqueraded.
-	ClusterCIDR *net.IPNet
 	// ProcSys is the root of the sysctl tree; default /proc/sys.
 	ProcSys string
 }
@@ -260,6 +288,8 @@ func (m *Mapper) Start(ctx context.Context) error {
 		Comment: knftables.PtrTo("hostPorts on one hostIP")})
 	tx.Add(&knftables.Set{Name: setTargets, Type: "ipv4_addr . inet_proto . inet_service",
 		Comment: knftables.PtrTo("Pod IP . protocol . containerPort of every hostPort")})
+	tx.Add(&knftables.Set{Name: setSelf, Type: "ipv4_addr . ipv4_addr",
+		Comment: knftables.PtrTo("Pod IP . Pod IP of every Pod with hostPorts (hairpin)")})
 	tx.Add(&knftables.Chain{Name: chainDNAT})
 	tx.Flush(&knftables.Chain{Name: chainDNAT})
 	tx.Add(&knftables.Rule{Chain: chainDNAT, Rule: "dnat ip to ip daddr . meta l4proto . th dport map @" + mapIPPorts})
@@ -277,9 +307,13 @@ func (m *Mapper) Start(ctx context.Context) error {
 		Hook: knftables.PtrTo(knftables.PostroutingHook), Priority: knftables.PtrTo(knftables.SNATPriority)})
 	tx.Flush(&knftables.Chain{Name: chainPostrouting})
 	tx.Add(&knftables.Rule{Chain: chainPostrouting, Rule: knftables.Concat(
-		"oifname", gw, "ip saddr {", m.cfg.ClusterCIDR.String(), ", 127.0.0.0/8 }", "ct status dnat",
+		"oifname", gw, "ip saddr 127.0.0.0/8 ct status dnat",
 		"ip daddr . meta l4proto . th dport @"+setTargets, "masquerade"),
-		Comment: knftables.PtrTo("Pods and localhost reaching a hostPort: replies must return through the host")})
+		Comment: knftables.PtrTo("localhost reaching a hostPort: its replies could not be routed")})
+	tx.Add(&knftables.Rule{Chain: chainPostrouting, Rule: knftables.Concat(
+		"oifname", gw, "ct status dnat ip saddr . ip daddr @"+setSelf,
+		"ip daddr . meta l4proto . th dport @"+setTargets, "masquerade"),
+		Comment: knftables.PtrTo("a Pod reaching its own hostPort: it drops packets from its own address")})
 	tx.Add(&knftables.Chain{Name: chainGuard, Type: knftables.PtrTo(knftables.FilterType),
 		Hook: knftables.PtrTo(knftables.PreroutingHook), Priority: knftables.PtrTo(knftables.ManglePriority)})
 	tx.Flush(&knftables.Chain{Name: chainGuard})
@@ -291,7 +325,7 @@ func (m *Mapper) Start(ctx context.Context) error {
 
 	owners := map[string][]*knftables.Element{}
 	taken := map[hostKey]string{}
-	for _, o := range []struct{ kind, name string }{{"map", mapPorts}, {"map", mapIPPorts}, {"set", setTargets}} {
+	for _, o := range []struct{ kind, name string }{{"map", mapPorts}, {"map", mapIPPorts}, {"set", setTargets}, {"set", setSelf}} {
 		els, err := m.nft.ListElements(ctx, o.kind, o.name)
 		if err != nil {
 			return fmt.Errorf("reading hostPort %s %s: %w", o.kind, o.name, err)
@@ -310,6 +344,19 @@ func (m *Mapper) Start(ctx context.Context) error {
 				e.Set = o.name
 			}
 			owners[owner] = append(owners[owner], e)
+		}
+	}
+	// Mappings written before setSelf existed get their element now.
+	tx = m.nft.NewTransaction()
+	for owner, els := range owners {
+		if el := missingSelf(owner, els); el != nil {
+			tx.Add(el)
+			owners[owner] = append(els, el)
+		}
+	}
+	if tx.NumOperations() > 0 {
+		if err := m.nft.Run(ctx, tx); err != nil {
+			return fmt.Errorf("adding hostPort hairpin elements: %w", err)
 		}
 	}
 	m.mu.Lock()
@@ -343,7 +390,7 @@ func (m *Mapper) Map(ctx context.Context, owner string, podIP net.IP, mappings [
 			}
 		}
 	}
-	var els []*knftables.Element
+	els := []*knftables.Element{selfElement(podIP.To4(), owner)}
 	targets := map[string]bool{}
 	for _, mp := range mappings {
 		mapEl, target := mp.elements(podIP.To4(), owner)

@@ -70,8 +70,7 @@ func TestMapperProgramsAndRelearns(t *testing.T) {
 		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "seine-gw0"}, PeerName: "seine-gw0-peer"}); err != nil {
 			t.Fatal(err)
 		}
-		_, clusterCIDR, _ := net.ParseCIDR("10.244.0.0/16")
-		cfg := Config{Gateway: "seine-gw0", ClusterCIDR: clusterCIDR}
+		cfg := Config{Gateway: "seine-gw0"}
 		nft, err := NewNFTables()
 		if err != nil {
 			t.Fatal(err)
@@ -94,7 +93,11 @@ func TestMapperProgramsAndRelearns(t *testing.T) {
 			`10.244.1.5 . tcp . 80 comment "pod/c1/eth0"`,
 			`10.244.1.5 . udp . 53 comment "pod/c1/eth0"`,
 			`dnat ip to meta l4proto . th dport map @ports`,
-			`oifname "seine-gw0" ip saddr { 10.244.0.0/16, 127.0.0.0/8 } ct status dnat ip daddr . meta l4proto . th dport @targets masquerade`,
+			`10.244.1.5 . 10.244.1.5 comment "pod/c1/eth0"`,
+			// Masqueraded: localhost, and a Pod to its own hostPort;
+			// other Pods keep their address for its policies.
+			`oifname "seine-gw0" ip saddr 127.0.0.0/8 ct status dnat ip daddr . meta l4proto . th dport @targets masquerade`,
+			`oifname "seine-gw0" ct status dnat ip saddr . ip daddr @self ip daddr . meta l4proto . th dport @targets masquerade`,
 			// Only local addresses: a hostIP elsewhere maps nothing.
 			"type nat hook prerouting priority dstnat; policy accept;\n\t\tfib daddr type local jump hostports",
 			"type nat hook output priority -100; policy accept;\n\t\tfib daddr type local jump hostports",
@@ -121,13 +124,21 @@ func TestMapperProgramsAndRelearns(t *testing.T) {
 			t.Errorf("same port, other protocol or other address: %v", err)
 		}
 
-		// A restarted daemon: Start again keeps the elements and learns them.
+		// A restarted daemon: Start again keeps the elements and learns
+		// them, and gives a Pod mapped before the hairpin set existed its
+		// element.
+		if out, err := exec.Command("nft", "delete", "element", "ip", TableName, "self", "{ 10.244.1.6 . 10.244.1.6 }").CombinedOutput(); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
 		m2 := New(nft, cfg)
 		if err := m2.Start(ctx); err != nil {
 			t.Fatal(err)
 		}
 		if got := m2.Owners(); !reflect.DeepEqual(got, []string{"pod/c1/eth0", "pod/c2/eth0"}) {
 			t.Errorf("owners after restart = %v", got)
+		}
+		if table := list(t); !strings.Contains(table, `10.244.1.6 . 10.244.1.6 comment "pod/c2/eth0"`) {
+			t.Errorf("the restart did not restore c2's hairpin element:\n%s", table)
 		}
 		if err := m2.Map(ctx, "pod/c3/eth0", net.ParseIP("10.244.1.7"), []Mapping{{HostPort: 8080, ContainerPort: 1, Protocol: "tcp"}}); err == nil {
 			t.Error("restarted Mapper accepted a taken host port")

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/seine-net/seine/tests/sandbox"
 	"github.com/seine-net/seine/tests/sandbox/echo"
@@ -21,7 +23,9 @@ import (
 // on the Node's address from outside the cluster (the client's address
 // kept), from a Pod on another Node and one on the same Node, from itself
 // (hairpin), and from the Node's host through its own address and
-// 127.0.0.1. A mapping whose hostIP is not the Node's (the external
+// 127.0.0.1. Pods keep their address, so an ingress policy admitting only
+// the external host refuses them through the hostPort, the Pod itself
+// still gets in. A mapping whose hostIP is not the Node's (the external
 // host's address) takes no traffic from the Node's Pods to that address.
 // Once the Pod is deleted, the host port answers no more and the Node's
 // hostPort table holds nothing of it.
@@ -32,7 +36,7 @@ func TestHostPorts(t *testing.T) {
 	const hostTCP, hostUDP = 30480, 30453
 	ctx := testCtx(t, 3*time.Minute)
 	_, err := c.CreatePod(ctx, sandbox.PodSpec{Namespace: nsName, Name: "hp", Node: nodes[0].Name,
-		Ports: []sandbox.Port{
+		Labels: map[string]string{"app": "hp"}, Ports: []sandbox.Port{
 			{Name: "http", Port: tcpPort, Protocol: corev1.ProtocolTCP, HostPort: hostTCP},
 			{Name: "dns", Port: udpPort, Protocol: corev1.ProtocolUDP, HostPort: hostUDP},
 		}})
@@ -87,6 +91,41 @@ func TestHostPorts(t *testing.T) {
 			}
 			return nil
 		})
+	}
+	// Other Pods keep their address (only the Pod itself and localhost
+	// are masqueraded), so the Pod's NetworkPolicies judge them: an
+	// ingress policy admitting only the external host refuses them
+	// through the hostPort as it does directly.
+	for _, cl := range clients {
+		r := fromPod(nsName, cl.name)(nodes[0].IP, hostTCP, corev1.ProtocolTCP)
+		if host, _, _ := net.SplitHostPort(r.Client); r.Outcome != echo.Connected || host != cl.ip {
+			t.Errorf("%s to the hostPort: %s, server saw client %q, want the Pod's address %s", cl.name, r, r.Client, cl.ip)
+		}
+	}
+	pols := c.Client().NetworkingV1().NetworkPolicies(nsName)
+	if _, err := pols.Create(ctx, &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "hp-external-only"},
+		Spec: networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "hp"}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{
+				{IPBlock: &networkingv1.IPBlock{CIDR: extIP + "/32"}}}}}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pols.Delete(context.Background(), "hp-external-only", metav1.DeleteOptions{}) })
+	for _, cl := range clients {
+		eventually(t, 15*time.Second, cl.name+" refused through the hostPort", func() error {
+			if r := fromPod(nsName, cl.name)(nodes[0].IP, hostTCP, corev1.ProtocolTCP); r.Outcome != echo.TimedOut {
+				return fmt.Errorf("got %s, want timed out (dropped by the policy)", r)
+			}
+			return nil
+		})
+	}
+	for _, s := range []source{sources[0], sources[3]} {
+		if r := s.probe(nodes[0].IP, hostTCP, corev1.ProtocolTCP); r.Outcome != echo.Connected || r.Reply != "hp" {
+			t.Errorf("%s to the hostPort under the policy: %s", s.name, r)
+		}
+	}
+	if err := pols.Delete(ctx, "hp-external-only", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
 	}
 	eventually(t, 10*time.Second, "the Node's host through 127.0.0.1", func() error {
 		if r := fromNS(nodes[0].NetNS)("127.0.0.1", hostTCP, corev1.ProtocolTCP); r.Outcome != echo.Connected || r.Reply != "hp" {
