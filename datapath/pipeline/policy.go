@@ -49,6 +49,13 @@ func (t Table) Next() Table { return t.next() }
 //     anything answered, and the Service tables commit a connection before
 //     the policy tables see its first packet (EndpointDNAT), so a denied
 //     flow sent again and again could otherwise get past the policy;
+//   - in EgressRule and IngressRule, a Pod's connection to itself through a
+//     Service (ct_mark CtMarkHairpin, from a Pod port) skips the policy in
+//     both directions: a Pod reaching its own IP never leaves its network
+//     namespace, so no policy can see or deny it, and reaching itself
+//     through a Service it backs must not depend on its own policies
+//     either (a Pod selected by an ingress policy that admits only other
+//     Pods would otherwise refuse itself);
 //   - in IngressRule, packets from this Node itself (PktSource gateway with
 //     nw_src the gateway IP or the Node IP, e.g. kubelet probes) skip the
 //     ingress policy, as the Kubernetes NetworkPolicy documentation
@@ -66,6 +73,9 @@ func PolicyBaseFlows(b Bridge) []of.Flow {
 			{EthType: EthTypeIPv4, CtState: &of.CtStateMatch{Set: of.CtTrk | of.CtRpl, Clear: of.CtNew}},
 			{EthType: EthTypeIPv4, CtState: &of.CtStateMatch{Set: of.CtTrk | of.CtRel}},
 			{EthType: EthTypeIPv4, IPProto: 6, CtState: &of.CtStateMatch{Set: of.CtTrk, Clear: of.CtNew}},
+			{EthType: EthTypeIPv4, CtState: &of.CtStateMatch{Set: of.CtTrk},
+				CtMark: &of.Masked32{Value: CtMarkHairpin, Mask: CtMarkHairpin},
+				Regs:   []of.RegMatch{PktSource.Match(FromPod)}},
 		} {
 			fs = append(fs, of.Flow{Table: uint8(t.rule), Priority: PrioPolicyBypass, Cookie: ck,
 				Match: m, Actions: []of.Action{goTo(t.def.next())}})

@@ -15,8 +15,8 @@ import (
 func TestPolicyBaseFlows(t *testing.T) {
 	br := pipeline.Bridge{Round: 3, GatewayPort: 2, GatewayIP: net.ParseIP("10.244.1.1"), NodeIP: net.ParseIP("198.18.0.11")}
 	fs := pipeline.PolicyBaseFlows(br)
-	if len(fs) != 10 {
-		t.Fatalf("%d flows, want 10 (three bypasses per direction: replies, related, established TCP; two host sources, two default drops)", len(fs))
+	if len(fs) != 12 {
+		t.Fatalf("%d flows, want 12 (four bypasses per direction: replies, related, established TCP, hairpin; two host sources, two default drops)", len(fs))
 	}
 	drops := map[uint8]of.Flow{}
 	for _, f := range fs {
@@ -45,7 +45,7 @@ func TestPolicyBaseFlows(t *testing.T) {
 	skips := func(table pipeline.Table, proto uint8, state uint32) bool {
 		for _, f := range fs {
 			m := f.Match
-			if f.Table != uint8(table) || m.IPSrc != nil || len(m.Regs) > 0 || m.CtState == nil ||
+			if f.Table != uint8(table) || m.IPSrc != nil || len(m.Regs) > 0 || m.CtMark != nil || m.CtState == nil ||
 				(m.IPProto != 0 && m.IPProto != proto) {
 				continue
 			}
@@ -74,6 +74,26 @@ func TestPolicyBaseFlows(t *testing.T) {
 			if got := skips(table, c.proto, c.state); got != c.want {
 				t.Errorf("%s: proto %d ct_state %#x skips the policy: %v, want %v", table, c.proto, c.state, got, c.want)
 			}
+		}
+	}
+	// A Pod's connection to itself through a Service skips both
+	// directions, whatever its state; only from a Pod port.
+	for _, table := range []pipeline.Table{pipeline.EgressRule, pipeline.IngressRule} {
+		n := 0
+		for _, f := range fs {
+			m := f.Match
+			if f.Table != uint8(table) || m.CtMark == nil {
+				continue
+			}
+			n++
+			if m.CtMark.Value != pipeline.CtMarkHairpin || m.CtMark.Mask != pipeline.CtMarkHairpin ||
+				m.CtState == nil || m.CtState.Set != of.CtTrk || m.CtState.Clear != 0 || m.IPProto != 0 ||
+				!reflect.DeepEqual(m.Regs, []of.RegMatch{pipeline.PktSource.Match(pipeline.FromPod)}) {
+				t.Errorf("%s: hairpin bypass matches %+v, want ct_state=+trk, the hairpin ct_mark bit and a Pod source", table, m)
+			}
+		}
+		if n != 1 {
+			t.Errorf("%s: %d hairpin bypasses, want 1", table, n)
 		}
 	}
 	// One default drop per direction, keyed on the direction's bit, below

@@ -16,7 +16,8 @@ type packet struct {
 	src, dst net.IP
 	proto    uint8
 	dport    uint16
-	est      bool // ct_state=-new+est+trk instead of +new+trk
+	est      bool   // ct_state=-new+est+trk instead of +new+trk
+	ctMark   uint32 // the connection's ct_mark (pipeline.CtMark*)
 	source   uint32
 	conjID   *uint32
 	// The isolation bits the Pod flows load (pipeline.PodFlows): egress
@@ -74,6 +75,9 @@ func matches(m of.Match, p packet) bool {
 		if regValue(p, r.Reg)&mask != r.Value&mask {
 			return false
 		}
+	}
+	if m.CtMark != nil && p.ctMark&m.CtMark.Mask != m.CtMark.Value&m.CtMark.Mask {
+		return false
 	}
 	if m.CtState != nil {
 		st := of.CtTrk

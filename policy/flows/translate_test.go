@@ -134,6 +134,12 @@ func TestDefaultDeny(t *testing.T) {
 		{"host (gateway IP) to a passes", pipeline.IngressRule, packet{outPort: 3, src: net.ParseIP("10.244.1.1"), dst: net.ParseIP("10.244.1.3"), proto: ProtoTCP, dport: 8080, source: pipeline.FromGateway}, true},
 		{"host (Node IP) to a passes", pipeline.IngressRule, packet{outPort: 3, src: net.ParseIP("198.18.0.11"), dst: net.ParseIP("10.244.1.3"), proto: ProtoTCP, dport: 8080, source: pipeline.FromGateway}, true},
 		{"gateway IP via the tunnel is not exempt", pipeline.IngressRule, packet{outPort: 3, src: net.ParseIP("10.244.1.1"), dst: net.ParseIP("10.244.1.3"), proto: ProtoTCP, dport: 8080, source: pipeline.FromTunnel}, false},
+		// A Pod reaching itself through a Service (the DNAT commit set the
+		// hairpin bit) passes its own isolation both ways.
+		{"isolated a reaching itself through a Service", pipeline.IngressRule, packet{inPort: 3, outPort: 3, src: net.ParseIP("10.244.1.3"), dst: net.ParseIP("10.244.1.3"), proto: ProtoUDP, dport: 53, source: pipeline.FromPod, ctMark: pipeline.CtMarkHairpin}, true},
+		{"isolated b reaching itself through a Service", pipeline.EgressRule, packet{inPort: 4, outPort: 4, src: net.ParseIP("10.244.1.4"), dst: net.ParseIP("10.244.1.4"), proto: ProtoTCP, dport: 80, source: pipeline.FromPod, ctMark: pipeline.CtMarkHairpin}, true},
+		{"the hairpin bit from the tunnel is not exempt", pipeline.IngressRule, packet{outPort: 3, src: net.ParseIP("10.244.1.3"), dst: net.ParseIP("10.244.1.3"), proto: ProtoTCP, dport: 80, source: pipeline.FromTunnel, ctMark: pipeline.CtMarkHairpin}, false},
+		{"other ct_mark bits are not exempt", pipeline.IngressRule, packet{inPort: 4, outPort: 3, src: net.ParseIP("10.244.1.4"), dst: net.ParseIP("10.244.1.3"), proto: ProtoTCP, dport: 80, source: pipeline.FromPod, ctMark: pipeline.CtMarkExternal | pipeline.CtMarkServiceSNAT}, false},
 	})
 	// Default deny costs the policies no flow: the only default-table
 	// flows are the two fixed drops of PolicyBaseFlows, and the isolation

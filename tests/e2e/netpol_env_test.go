@@ -561,13 +561,10 @@ func (e *netpolEnv) createServices(ctx context.Context) (func(), error) {
 }
 
 // serviceProbe connects through the destination Pod's ClusterIP. A Pod
-// reaching itself through a Service is hairpin traffic, SNATed to
-// 169.254.100.1 (kube-proxy masquerades it too), so NetworkPolicy sees
-// another source than the Pod; those pairs are probed by Pod IP.
+// reaching itself that way is hairpin traffic, which no policy denies
+// (pipeline.PolicyBaseFlows), just as the oracle expects of a Pod reaching
+// its own IP.
 func (e *netpolEnv) serviceProbe(ctx context.Context, from, to *netpol.Pod, pp netpol.PortProto) (bool, error) {
-	if from.PodID == to.PodID {
-		return e.socketProbe(ctx, from, to, pp)
-	}
 	ip, ok := e.svcIP[to.PodID]
 	if !ok {
 		return false, fmt.Errorf("no Service for %s/%s", to.Namespace, to.Name)

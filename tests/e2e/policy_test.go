@@ -318,3 +318,36 @@ func TestPolicyDeniesRepeatedUDP(t *testing.T) {
 		}
 	}
 }
+
+// TestPolicyHairpinSelf: a Pod that a policy without rules isolates both
+// ways still reaches itself through a Service it backs, as it reaches its
+// own IP (which never leaves its network namespace), while another Pod of
+// the same Node is refused through the same Service.
+func TestPolicyHairpinSelf(t *testing.T) {
+	c := shared
+	ns := "pol-hairpin"
+	self := svcPods(t, c, ns, "hp", 0)[0]
+	other := svcPods(t, c, ns, "other", 0)[0]
+	svc := createService(t, c, ns, "self", "hp", nil)
+	ctx := testCtx(t, 30*time.Second)
+	api := c.Client().NetworkingV1().NetworkPolicies(ns)
+	if _, err := api.Create(ctx, &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "isolate"},
+		Spec: networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "hp"}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress}}},
+		metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = api.Delete(context.Background(), "isolate", metav1.DeleteOptions{}) })
+	probeUntil(t, c, other, self.ip, echo.TimedOut, 15*time.Second)
+	if r := probeSvc(t, c, other, svc.Spec.ClusterIP, 80, corev1.ProtocolTCP, time.Second); r.Outcome != echo.TimedOut {
+		t.Errorf("another Pod through the Service: %s, want timed out", r)
+	}
+	for _, pp := range []struct {
+		port  int
+		proto corev1.Protocol
+	}{{80, corev1.ProtocolTCP}, {53, corev1.ProtocolUDP}} {
+		if r := probeSvc(t, c, self, svc.Spec.ClusterIP, pp.port, pp.proto, 2*time.Second); r.Outcome != echo.Connected || r.Reply != self.name {
+			t.Errorf("the isolated Pod reaching itself through its Service (%s %d): %s", pp.proto, pp.port, r)
+		}
+	}
+}
