@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"slices"
 
 	"github.com/seine-net/seine/datapath/flowsync"
 	of "github.com/seine-net/seine/datapath/openflow"
@@ -42,9 +43,12 @@ func shardOf(key string) int {
 //     numShards shared owners chosen by a hash of the entry key, holding
 //     the merge (flows.MergeFlows).
 //
-// An entry changing owner is first added to its new owner, then dropped by
-// the old one (flowsync keeps an entry while any owner wants it), so no
-// packet sees it missing. Memory is linear in the number of entries.
+// An update reaches the switch as one bundle (flowsync.SetMany), so a
+// packet meets either the old merge or the new one. Inside it, and owner
+// by owner when the switch refuses the bundle, an entry changing owner is
+// first added to its new owner, then dropped by the old one (flowsync keeps
+// an entry while any owner wants it), so no packet sees it missing. Memory
+// is linear in the number of entries.
 // It is not safe for concurrent use.
 type flowState struct {
 	sync    *flowsync.Syncer
@@ -139,25 +143,38 @@ func (s *flowState) update(ctx context.Context, want map[string][]of.Flow) (map[
 			shardNew[sh][k] = f
 		}
 	}
-	var errs []error
-	// Phase 1: shards gain their new shared entries, keeping the old ones.
+	// The three phases below, as lists of updates: shards gain their new
+	// shared entries (keeping the old ones), policy owners get exactly
+	// their exclusive entries, shards drop the entries no longer shared.
+	var gain, own, drop []flowsync.Update
+	var dropShard []int // the shard of each update in drop
+	nextShards := map[int]map[string]of.Flow{}
 	for sh, add := range shardNew {
 		cur := s.shards[sh]
 		fl := make([]of.Flow, 0, len(cur)+len(add))
+		next := make(map[string]of.Flow, len(cur))
 		for k, f := range cur {
 			if _, ok := add[k]; !ok {
 				fl = append(fl, f)
 			}
+			if _, ok := changed[k]; !ok {
+				next[k] = f
+			}
 		}
-		for _, f := range add {
+		for k, f := range add {
 			fl = append(fl, f)
+			next[k] = f
 		}
-		if err := s.sync.Set(ctx, shardOwner(sh), fl); err != nil {
-			errs = append(errs, err)
+		gain = append(gain, flowsync.Update{Owner: shardOwner(sh), Flows: fl})
+		final := make([]of.Flow, 0, len(next))
+		for _, f := range next {
+			final = append(final, f)
 		}
+		drop = append(drop, flowsync.Update{Owner: shardOwner(sh), Flows: final})
+		dropShard = append(dropShard, sh)
+		nextShards[sh] = next
 	}
-	// Phase 2: policy owners get exactly their exclusive entries.
-	done := map[string]bool{}
+	ownerOf := map[string]string{} // flowsync owner → policy
 	for p := range owners {
 		var fl []of.Flow
 		for k, f := range s.contrib[p] {
@@ -165,33 +182,49 @@ func (s *flowState) update(ctx context.Context, want map[string][]of.Flow) (map[
 				fl = append(fl, f)
 			}
 		}
-		if err := s.sync.Set(ctx, policyOwner(p), fl); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		done[p] = true
+		own = append(own, flowsync.Update{Owner: policyOwner(p), Flows: fl})
+		ownerOf[policyOwner(p)] = p
 	}
-	// Phase 3: shards drop the entries no longer shared.
-	for sh := range shardNew {
-		cur := s.shards[sh]
-		next := make(map[string]of.Flow, len(cur))
-		for k, f := range cur {
-			if _, ok := changed[k]; !ok {
-				next[k] = f
-			}
+	done := map[string]bool{}
+	// First as one bundle: the switch goes from the old merge to the new
+	// in one step, so no packet meets a conjunction whose clauses are
+	// half old and half new (say a rule's new peers with its old ports,
+	// which neither version allows).
+	all := slices.Concat(gain, own, drop)
+	if len(all) == 0 {
+		return done, nil
+	}
+	if err := s.sync.SetMany(ctx, all); err == nil {
+		for _, u := range own {
+			done[ownerOf[u.Owner]] = true
 		}
-		for k, f := range shardNew[sh] {
-			next[k] = f
+		for sh, next := range nextShards {
+			s.shards[sh] = next
 		}
-		fl := make([]of.Flow, 0, len(next))
-		for _, f := range next {
-			fl = append(fl, f)
+		return done, nil
+	}
+	// The switch refused it (one bad flow fails the whole bundle): owner
+	// by owner in the same order, so that only the owners holding the
+	// bad flow fail, and no entry is missing in between.
+	var errs []error
+	for _, u := range gain {
+		if err := s.sync.Set(ctx, u.Owner, u.Flows); err != nil {
+			errs = append(errs, err)
 		}
-		if err := s.sync.Set(ctx, shardOwner(sh), fl); err != nil {
+	}
+	for _, u := range own {
+		if err := s.sync.Set(ctx, u.Owner, u.Flows); err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		s.shards[sh] = next
+		done[ownerOf[u.Owner]] = true
+	}
+	for i, u := range drop {
+		if err := s.sync.Set(ctx, u.Owner, u.Flows); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		s.shards[dropShard[i]] = nextShards[dropShard[i]]
 	}
 	if len(errs) > 0 {
 		// A shard that failed leaves its policies not done, so they

@@ -22,12 +22,23 @@ import (
 // table is a fake switch for the pure tests: it applies flow mods to a map
 // keyed like the switch keys entries.
 type table struct {
-	flows  map[string]of.Flow
-	mods   int
-	modsOf map[string]int // by key; nil: not counted
+	flows   map[string]of.Flow
+	mods    int
+	modsOf  map[string]int // by key; nil: not counted
+	bundles int            // Apply calls that changed the table
+	// reject, when set, refuses a bundle holding a flow with this
+	// cookie (as the switch refuses one bad flow mod), leaving the table
+	// as it was.
+	reject uint64
 }
 
 func (t *table) Apply(_ context.Context, mods []of.FlowMod) error {
+	for _, m := range mods {
+		if t.reject != 0 && m.Flow.Cookie == t.reject {
+			return fmt.Errorf("flow with cookie %#x rejected", t.reject)
+		}
+	}
+	t.bundles++
 	for _, m := range mods {
 		t.mods++
 		k := flowsync.Key(m.Flow)
@@ -153,6 +164,54 @@ func TestFlowStateMatchesMerge(t *testing.T) {
 	step("unrelated", nil)
 	if len(sw.flows) != 0 {
 		t.Fatalf("%d flows left", len(sw.flows))
+	}
+}
+
+// TestFlowStateUpdateIsAtomic: an update that moves entries between a
+// policy's own owner and the shared shards reaches the switch as one
+// bundle, so no packet meets clauses of a conjunction half old and half
+// new. When the switch refuses that bundle, the owners go one by one, so
+// the flows of a policy updated beside the bad one still get installed.
+func TestFlowStateUpdateIsAtomic(t *testing.T) {
+	ctx := context.Background()
+	sw := &table{flows: map[string]of.Flow{}}
+	s := newFlowState(flowsync.New(sw))
+	src := testSource()
+	ids := flows.NewAllocator[flows.ConjKey](0)
+	tr := func(np *v1alpha1.NetworkPolicy, cookie uint64) []of.Flow {
+		return flows.Translate(np, cookie, src, ids).Flows
+	}
+	if _, err := s.update(ctx, map[string][]of.Flow{"a": tr(testPolicy("a", "t01", "g1", 80), 1)}); err != nil {
+		t.Fatal(err)
+	}
+	// b shares p1's Pod clause and g1's peers with a: entries move from
+	// a's own owner to the shards, and a shard's entries change.
+	for i, np := range []*v1alpha1.NetworkPolicy{testPolicy("b", "t12", "g1", 443), testPolicy("b", "t12", "g2", 443), nil} {
+		var fl []of.Flow
+		if np != nil {
+			fl = tr(np, 2)
+		}
+		before := sw.bundles
+		if _, err := s.update(ctx, map[string][]of.Flow{"b": fl}); err != nil {
+			t.Fatal(err)
+		}
+		if n := sw.bundles - before; n != 1 {
+			t.Errorf("step %d: %d bundles, want 1", i, n)
+		}
+	}
+	sw.reject = 3
+	done, err := s.update(ctx, map[string][]of.Flow{"c": tr(testPolicy("c", "t3", "g2", 53), 3), "d": tr(testPolicy("d", "t3", "g1", 54), 4)})
+	if err == nil || done["c"] {
+		t.Errorf("a bundle with c's bad flow: done %v, err %v; want c not done and an error", done, err)
+	}
+	found := false
+	for _, f := range sw.flows {
+		if f.Cookie == 4 {
+			found = true
+		}
+	}
+	if !found {
+		t.Error("d's flows are not on the switch")
 	}
 }
 
