@@ -638,12 +638,15 @@ func probeCommand() *cli.Command {
 		ArgsUsage: "NAMESPACE/POD HOST:PORT[/PROTO]",
 		Flags: sandboxFlags(
 			&cli.DurationFlag{Name: "timeout", Value: 2 * time.Second},
+			&cli.StringFlag{Name: "from-node", Usage: "probe from this Node's network namespace (its host) instead of a Pod"},
+			&cli.BoolFlag{Name: "from-ext", Usage: "probe from the external host instead of a Pod"},
 		),
 		Action: func(c *cli.Context) error {
-			if c.NArg() != 2 {
-				return cli.Exit("usage: sandbox probe NAMESPACE/POD HOST:PORT[/PROTO] [--timeout 2s]", 2)
+			fromHost := c.String("from-node") != "" || c.Bool("from-ext")
+			if want := map[bool]int{false: 2, true: 1}[fromHost]; c.NArg() != want {
+				return cli.Exit("usage: sandbox probe [--timeout 2s] NAMESPACE/POD HOST:PORT[/PROTO], or --from-node NODE / --from-ext HOST:PORT[/PROTO]", 2)
 			}
-			host, port, p, err := parseTarget(c.Args().Get(1))
+			host, port, p, err := parseTarget(c.Args().Get(c.NArg() - 1))
 			if err != nil {
 				return err
 			}
@@ -651,11 +654,24 @@ func probeCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			ns, name, err := splitKey(c.Args().First())
-			if err != nil {
-				return err
+			var res sandbox.ProbeResult
+			switch {
+			case c.Bool("from-ext"):
+				netns, _ := cl.ExternalHost()
+				res = cl.ProbeFrom(c.Context, netns, host, port, p.Protocol, c.Duration("timeout"))
+			case fromHost:
+				node, err := cl.Node(c.String("from-node"))
+				if err != nil {
+					return err
+				}
+				res = cl.ProbeFrom(c.Context, node.NetNS, host, port, p.Protocol, c.Duration("timeout"))
+			default:
+				ns, name, err := splitKey(c.Args().First())
+				if err != nil {
+					return err
+				}
+				res = cl.Probe(c.Context, ns, name, host, port, p.Protocol, c.Duration("timeout"))
 			}
-			res := cl.Probe(c.Context, ns, name, host, port, p.Protocol, c.Duration("timeout"))
 			fmt.Println(res.String())
 			if res.Outcome != sandbox.Connected {
 				if res.Err != nil && c.Bool("verbose") {
