@@ -350,7 +350,9 @@ func ServicePortFlows(b Bridge, sp ServicePort) ([]of.Flow, []of.GroupEntry, err
 					L4Dst: &of.PortMatch{Port: sp.Port}, CtState: newConn, Regs: lbRegs},
 				Actions: lbActs})
 			if sp.Action == ServiceReject && !sp.External {
-				// The host's own connections enter from the gateway.
+				// Connections the host forwards in enter from the
+				// gateway, and go back to it to be rejected (the host
+				// rejects its own before they leave, node/proxy).
 				fs = append(fs, of.Flow{Table: uint8(ServiceLB), Priority: lbPrio + 1, Cookie: ck,
 					Match: of.Match{EthType: EthTypeIPv4, IPSrc: src, IPDst: host(vip), IPProto: sp.Protocol,
 						L4Dst: &of.PortMatch{Port: sp.Port}, CtState: newConn, Regs: []of.RegMatch{PktSource.Match(FromGateway)}},

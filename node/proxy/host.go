@@ -23,7 +23,17 @@ import (
 //   - connections to Service frontends without endpoints are rejected in
 //     the forward and input paths (OVS cannot build a TCP RST or an ICMP
 //     error, so the bridge hands such packets to the host): TCP with a
-//     reset, everything else with ICMP port unreachable;
+//     reset, everything else with ICMP port unreachable; the host's own
+//     connections to them are rejected as they leave (output), since a
+//     packet from a local address that the bridge sent back would arrive
+//     as a martian and be dropped;
+//   - connections to a ClusterIP on a port its Service does not define
+//     are rejected the same way, as kube-proxy does: in the forward path
+//     those from Pods (no frontend matches them, so the bridge sends them
+//     on to the host), as they leave those of the host (a ClusterIP with
+//     a port not in SetServicePorts). Not in the input path: where
+//     kube-proxy runs beside Seine (proxyAll off) in IPVS mode, ClusterIPs
+//     are local addresses whose traffic it serves there;
 //   - with proxyAll, NodePort traffic to the node-port addresses is DNATed
 //     to pipeline.NodePortVIP (port unchanged) in prerouting and output,
 //     which routes it into the bridge through the gateway;
@@ -36,6 +46,8 @@ const HostTable = "seine-proxy"
 // The sets of HostTable.
 const (
 	SetNoEndpoints       = "no-endpoints"       // ipv4_addr . inet_proto . inet_service
+	SetClusterIPs        = "cluster-ips"        // ipv4_addr
+	SetServicePorts      = "service-ports"      // ipv4_addr . inet_proto . inet_service
 	SetNodePorts         = "nodeports"          // inet_proto . inet_service
 	SetNodePortAddresses = "nodeport-addresses" // ipv4_addr, intervals
 )
@@ -54,6 +66,10 @@ func (e element) id() string { return e.set + " " + strings.Join(e.key, " . ") }
 
 func rejectElement(vip net.IP, proto uint8, port uint16) element {
 	return element{SetNoEndpoints, []string{vip.String(), strconv.Itoa(int(proto)), strconv.Itoa(int(port))}}
+}
+
+func clusterIPElement(ip net.IP) element {
+	return element{SetClusterIPs, []string{ip.String()}}
 }
 
 func nodePortElement(proto uint8, port uint16) element {
@@ -108,6 +124,10 @@ func (h *host) reset(ctx context.Context) error {
 	tx.Add(&knftables.Table{Comment: knftables.PtrTo("seine: Service proxy host rules")})
 	tx.Add(&knftables.Set{Name: SetNoEndpoints, Type: "ipv4_addr . inet_proto . inet_service",
 		Comment: knftables.PtrTo("Service frontends without endpoints")})
+	tx.Add(&knftables.Set{Name: SetClusterIPs, Type: "ipv4_addr",
+		Comment: knftables.PtrTo("ClusterIPs of the Services seine proxies")})
+	tx.Add(&knftables.Set{Name: SetServicePorts, Type: "ipv4_addr . inet_proto . inet_service",
+		Comment: knftables.PtrTo("ClusterIP . protocol . port of every Service port seine proxies")})
 	tx.Add(&knftables.Set{Name: SetNodePorts, Type: "inet_proto . inet_service",
 		Comment: knftables.PtrTo("NodePorts handled by seine")})
 	tx.Add(&knftables.Set{Name: SetNodePortAddresses, Type: "ipv4_addr", Flags: []knftables.SetFlag{knftables.IntervalFlag},
@@ -125,6 +145,7 @@ func (h *host) reset(ctx context.Context) error {
 	chains := []chain{
 		{"forward", knftables.FilterType, knftables.ForwardHook, knftables.FilterPriority + "-10"},
 		{"input", knftables.FilterType, knftables.InputHook, knftables.FilterPriority + "-10"},
+		{"output-filter", knftables.FilterType, knftables.OutputHook, knftables.FilterPriority + "-10"},
 		{"prerouting", knftables.NATType, knftables.PreroutingHook, knftables.DNATPriority},
 		{"output", knftables.NATType, knftables.OutputHook, knftables.DNATPriority},
 		{"postrouting", knftables.NATType, knftables.PostroutingHook, knftables.SNATPriority},
@@ -138,14 +159,20 @@ func (h *host) reset(ctx context.Context) error {
 	// endpoints all went away for a moment must not reset the connections
 	// that still reach the old ones. A connection the bridge hands back
 	// for rejecting has seen no reply, so it is still new here.
-	for _, c := range chains[:2] {
-		tx.Add(&knftables.Rule{Chain: c.name, Rule: knftables.Concat(
-			"ct state new", "ip daddr . meta l4proto . th dport", "@"+SetNoEndpoints, "meta l4proto tcp reject with tcp reset")})
-		tx.Add(&knftables.Rule{Chain: c.name, Rule: knftables.Concat(
-			"ct state new", "ip daddr . meta l4proto . th dport", "@"+SetNoEndpoints, "reject with icmp type port-unreachable")})
+	reject := func(chain string, match string, comment *string) {
+		tx.Add(&knftables.Rule{Chain: chain, Rule: knftables.Concat("ct state new", match, "meta l4proto tcp reject with tcp reset"),
+			Comment: comment})
+		tx.Add(&knftables.Rule{Chain: chain, Rule: knftables.Concat("ct state new", match, "reject with icmp type port-unreachable"),
+			Comment: comment})
 	}
+	for _, c := range chains[:3] {
+		reject(c.name, "ip daddr . meta l4proto . th dport @"+SetNoEndpoints, nil)
+	}
+	undefined := knftables.PtrTo("a ClusterIP on a port its Service does not define")
+	reject("forward", "ip daddr @"+SetClusterIPs, undefined)
+	reject("output-filter", "ip daddr @"+SetClusterIPs+" ip daddr . meta l4proto . th dport != @"+SetServicePorts, undefined)
 	if h.cfg.proxyAll {
-		for _, c := range chains[2:4] {
+		for _, c := range chains[3:5] {
 			tx.Add(&knftables.Rule{Chain: c.name, Rule: knftables.Concat(
 				"ip daddr", "@"+SetNodePortAddresses, "fib daddr type local",
 				"meta l4proto . th dport", "@"+SetNodePorts, "dnat to", pipeline.NodePortVIP.String()),
@@ -315,7 +342,7 @@ func (h *host) prune(ctx context.Context) error {
 		return nil
 	}
 	tx := h.nft.NewTransaction()
-	for _, set := range []string{SetNoEndpoints, SetNodePorts} {
+	for _, set := range []string{SetNoEndpoints, SetClusterIPs, SetServicePorts, SetNodePorts} {
 		els, err := h.nft.ListElements(ctx, "set", set)
 		if err != nil {
 			return fmt.Errorf("listing set %s: %w", set, err)

@@ -613,19 +613,41 @@ func (p *Proxier) installPort(ctx context.Context, pi *portInstall, ps PortState
 	for _, g := range stale {
 		p.dropGroup(pi, g.Group.ID)
 	}
-	els, routes := hostNeeds(sp)
+	els, routes := p.hostNeeds(sp, ps.ClusterIPs)
 	// Recorded even when the update fails: its counts took the change.
 	err = p.host.update(ctx, els, pi.elements, routes, pi.routes)
 	pi.elements, pi.routes = els, routes
 	return err
 }
 
+// hostNeeds is the package's hostNeeds plus, with proxyAll, a route to the
+// gateway for each ClusterIP outside the serviceCIDR route: ranges added
+// with ServiceCIDR objects (KEP-1880), which the host would otherwise send
+// out of the Node.
+func (p *Proxier) hostNeeds(sp pipeline.ServicePort, clusterIPs []net.IP) ([]element, []net.IP) {
+	els, routes := hostNeeds(sp, clusterIPs)
+	if p.cfg.ProxyAll {
+		for _, ip := range clusterIPs {
+			if p.cfg.ServiceCIDR == nil || !p.cfg.ServiceCIDR.Contains(ip) {
+				routes = append(routes, ip)
+			}
+		}
+	}
+	return els, routes
+}
+
 // hostNeeds returns the host nftables elements and routes a frontend
-// needs: a reject element per VIP without endpoints, the NodePort element
-// of a NodePort frontend, a route to the gateway per external IP.
-func hostNeeds(sp pipeline.ServicePort) ([]element, []net.IP) {
+// needs: a reject element per VIP without endpoints; for an internal
+// frontend, the element of each of the Service's clusterIPs and of each
+// ClusterIP with the frontend's port (the host rejects connections to the
+// other ports); the NodePort element of a NodePort frontend; a route to
+// the gateway per external IP.
+func hostNeeds(sp pipeline.ServicePort, clusterIPs []net.IP) ([]element, []net.IP) {
 	var els []element
 	var routes []net.IP
+	for _, ip := range clusterIPs {
+		els = append(els, clusterIPElement(ip), element{SetServicePorts, rejectElement(ip, sp.Protocol, sp.Port).key})
+	}
 	if sp.Action == pipeline.ServiceReject {
 		for _, vip := range sp.VIPs {
 			els = append(els, rejectElement(vip, sp.Protocol, sp.Port))

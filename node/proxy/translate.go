@@ -30,6 +30,10 @@ type PortState struct {
 	// serving and terminating), whatever the traffic policy and topology
 	// hints choose of them: connections to these are not stale.
 	Serving []pipeline.ServiceEndpoint
+	// ClusterIPs are the Service's ClusterIPs, on its internal frontends
+	// (nil on the others): the host rejects connections to them on ports
+	// that no Service port defines, as kube-proxy does.
+	ClusterIPs []net.IP
 }
 
 // Ignored reports why the proxy leaves svc alone ("" when it handles it):
@@ -208,7 +212,7 @@ func Translate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, scope
 		if p.Protocol == corev1.ProtocolUDP && udpPorts == 1 {
 			in.FragmentVIPs = vips
 		}
-		out = append(out, PortState{Key: key, Port: in, Serving: alive})
+		out = append(out, PortState{Key: key, Port: in, Serving: alive, ClusterIPs: vips})
 		if internalLocal && len(external) > 0 {
 			ep := fromPods
 			ep.VIPs = external

@@ -232,13 +232,35 @@ func TestTranslateExternalFrontends(t *testing.T) {
 
 func TestHostNeeds(t *testing.T) {
 	els, routes := hostNeeds(pipeline.ServicePort{VIPs: []net.IP{pipeline.NodePortVIP}, Protocol: 17, Port: 30053,
-		External: true, Action: pipeline.ServiceReject})
+		External: true, Action: pipeline.ServiceReject}, nil)
 	if len(routes) != 0 || len(els) != 2 || els[0].id() != "no-endpoints 169.254.100.2 . 17 . 30053" || els[1].id() != "nodeports 17 . 30053" {
 		t.Errorf("nodeport without endpoints: %v %v", els, routes)
 	}
-	els, routes = hostNeeds(pipeline.ServicePort{VIPs: []net.IP{net.ParseIP("198.18.100.1")}, Protocol: 6, Port: 80, External: true})
+	els, routes = hostNeeds(pipeline.ServicePort{VIPs: []net.IP{net.ParseIP("198.18.100.1")}, Protocol: 6, Port: 80, External: true}, nil)
 	if len(els) != 0 || len(routes) != 1 || routes[0].String() != "198.18.100.1" {
 		t.Errorf("external IP: %v %v", els, routes)
+	}
+	els, routes = hostNeeds(pipeline.ServicePort{VIPs: []net.IP{net.ParseIP("10.96.0.10"), net.ParseIP("198.18.100.1")}, Protocol: 6, Port: 80},
+		[]net.IP{net.ParseIP("10.96.0.10")})
+	if len(routes) != 0 || len(els) != 2 || els[0].id() != "cluster-ips 10.96.0.10" || els[1].id() != "service-ports 10.96.0.10 . 6 . 80" {
+		t.Errorf("internal frontend: %v %v", els, routes)
+	}
+}
+
+// A ClusterIP outside the serviceCIDR route (a range added with a
+// ServiceCIDR object) gets a route of its own to the gateway, with
+// proxyAll only.
+func TestHostNeedsRoutesOtherServiceCIDRs(t *testing.T) {
+	_, cidr, _ := net.ParseCIDR("10.96.0.0/17")
+	ips := []net.IP{net.ParseIP("10.96.0.10"), net.ParseIP("10.96.200.10")}
+	sp := pipeline.ServicePort{VIPs: ips, Protocol: 6, Port: 80}
+	p := &Proxier{cfg: Config{ProxyAll: true, ServiceCIDR: cidr}}
+	if _, routes := p.hostNeeds(sp, ips); len(routes) != 1 || routes[0].String() != "10.96.200.10" {
+		t.Errorf("proxyAll: routes %v, want 10.96.200.10 alone", routes)
+	}
+	p.cfg.ProxyAll = false
+	if _, routes := p.hostNeeds(sp, ips); len(routes) != 0 {
+		t.Errorf("without proxyAll: routes %v, want none", routes)
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/seine-net/seine/node/config"
 	"github.com/seine-net/seine/tests/sandbox"
 	"github.com/seine-net/seine/tests/sandbox/echo"
 )
@@ -30,6 +31,9 @@ import (
 // Once the Pod is deleted, the host port answers no more and the Node's
 // hostPort table holds nothing of it.
 func TestHostPorts(t *testing.T) {
+	if e2eMode == config.ModeNetworkPolicyOnly {
+		t.Skip("the primary CNI's portmap serves hostPorts in networkPolicyOnly mode")
+	}
 	c := shared
 	nsName := "hostports"
 	nodes := c.Nodes()

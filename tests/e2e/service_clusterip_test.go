@@ -175,7 +175,9 @@ func TestServiceHairpin(t *testing.T) {
 	}
 }
 
-// A Service without endpoints is refused at once, TCP and UDP.
+// A Service without endpoints is refused at once, TCP and UDP, from a Pod
+// and from the Node's host (TCP: its datagrams are refused as they leave,
+// which the sender sees as EPERM).
 func TestServiceNoEndpointsRejects(t *testing.T) {
 	c := shared
 	client := svcPods(t, c, "svc-noep", "client", 0)[0]
@@ -188,7 +190,49 @@ func TestServiceNoEndpointsRejects(t *testing.T) {
 		// answer of a reject; a drop would time out.
 		eventually(t, 15*time.Second, fmt.Sprintf("%d/%s refused", pp.port, pp.proto), func() error {
 			if r := probeSvc(t, c, client, svc.Spec.ClusterIP, pp.port, pp.proto, 3*time.Second); r.Outcome != echo.Refused {
-				return fmt.Errorf("got %s (%v)", r, r.Err)
+				return fmt.Errorf("from a Pod: got %s (%v)", r, r.Err)
+			}
+			if pp.proto != corev1.ProtocolTCP {
+				return nil // the host's own datagram is refused as it leaves: EPERM, no ICMP error
+			}
+			if r := c.ProbeFrom(testCtx(t, 10*time.Second), c.Nodes()[0].NetNS, svc.Spec.ClusterIP, pp.port, pp.proto, 3*time.Second); r.Outcome != echo.Refused {
+				return fmt.Errorf("from the Node's host: got %s (%v)", r, r.Err)
+			}
+			return nil
+		})
+	}
+}
+
+// TestServiceUndefinedPortRejects: a connection to a ClusterIP on a port
+// its Service does not define is refused (a TCP reset, an ICMP port
+// unreachable for UDP) from a Pod and from the Node's host (TCP), as
+// kube-proxy refuses it, while the defined ports serve.
+func TestServiceUndefinedPortRejects(t *testing.T) {
+	c := shared
+	ns := "svc-undef"
+	backend := svcPods(t, c, ns, "undef", 1)[0]
+	client := svcPods(t, c, ns, "client", 0)[0]
+	svc := createService(t, c, ns, "undef", "undef", nil)
+	node := c.Nodes()[0]
+	eventually(t, 15*time.Second, "the defined port", func() error {
+		if r := probeSvc(t, c, client, svc.Spec.ClusterIP, 80, corev1.ProtocolTCP, 2*time.Second); r.Outcome != echo.Connected || r.Reply != backend.name {
+			return fmt.Errorf("got %s", r)
+		}
+		return nil
+	})
+	for _, pp := range []struct {
+		port  int
+		proto corev1.Protocol
+	}{{81, corev1.ProtocolTCP}, {54, corev1.ProtocolUDP}} {
+		eventually(t, 10*time.Second, fmt.Sprintf("%d/%s refused", pp.port, pp.proto), func() error {
+			if r := probeSvc(t, c, client, svc.Spec.ClusterIP, pp.port, pp.proto, 2*time.Second); r.Outcome != echo.Refused {
+				return fmt.Errorf("from a Pod: got %s (%v)", r, r.Err)
+			}
+			if pp.proto != corev1.ProtocolTCP {
+				return nil // the host's own datagram is refused as it leaves: EPERM, no ICMP error
+			}
+			if r := c.ProbeFrom(testCtx(t, 10*time.Second), node.NetNS, svc.Spec.ClusterIP, pp.port, pp.proto, 2*time.Second); r.Outcome != echo.Refused {
+				return fmt.Errorf("from the Node's host: got %s (%v)", r, r.Err)
 			}
 			return nil
 		})
