@@ -722,5 +722,36 @@ func encodeFlowMod(fm *FlowMod) (*of13.FlowMod, error) {
 	default:
 		return nil, fmt.Errorf("unknown flow mod op %d", fm.Op)
 	}
+	if n := flowModLen(m); n+bundleAddOverhead > maxMessageLen {
+		return nil, fmt.Errorf("flow of %d bytes (%d actions) does not fit one OpenFlow message (%d bytes, the bundle's %d included)",
+			n, len(f.Actions), maxMessageLen, bundleAddOverhead)
+	}
 	return m, nil
+}
+
+// bundleAddOverhead is what a bundle add message puts around the message
+// it carries (OpenFlow 1.4 section 7.3.9.6, the ONF extension in 1.3):
+// its header, bundle_id, pad and flags.
+const bundleAddOverhead = 16
+
+// flowModLen is m's encoded length counted in int: libOpenflow sums the
+// lengths as uint16, which wraps past 64 KiB and silently truncates the
+// message (a flow would lose actions).
+func flowModLen(m *of13.FlowMod) int {
+	n := int(m.Header.Len()) + 40 + int(m.Match.Len())
+	if m.Command == of13.FC_DELETE || m.Command == of13.FC_DELETE_STRICT {
+		return n
+	}
+	for _, in := range m.Instructions {
+		a, ok := in.(*of13.InstrActions)
+		if !ok {
+			n += int(in.Len())
+			continue
+		}
+		n += 8
+		for _, act := range a.Actions {
+			n += int(act.Len())
+		}
+	}
+	return n
 }

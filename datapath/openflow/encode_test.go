@@ -92,6 +92,29 @@ func TestEncodeRejects(t *testing.T) {
 	}
 }
 
+// A flow whose message would pass 64 KiB is refused by name: libOpenflow
+// counts lengths in 16 bits, so sent anyway it went out truncated, with
+// actions silently missing. 4,080 conjunction actions still fit.
+func TestEncodeRefusesOversizedFlows(t *testing.T) {
+	flow := func(n int) Flow {
+		f := Flow{Table: 5, Priority: 190, Match: Match{EthType: 0x0800, IPProto: 6, L4Dst: &PortMatch{Port: 80}}}
+		for i := 0; i < n; i++ {
+			f.Actions = append(f.Actions, Conjunction{ID: uint32(i + 1), Clause: 2, NClauses: 3})
+		}
+		return f
+	}
+	if _, err := encodeFlowMod(&FlowMod{Op: OpAdd, Flow: flow(4080)}); err != nil {
+		t.Errorf("4,080 conjunction actions: %v", err)
+	}
+	_, err := encodeFlowMod(&FlowMod{Op: OpAdd, Flow: flow(4100)})
+	if err == nil || !strings.Contains(err.Error(), "does not fit one OpenFlow message") {
+		t.Errorf("4,100 conjunction actions: %v, want an error", err)
+	}
+	if _, err := encodeFlowMod(&FlowMod{Op: OpDelete, Flow: flow(4100)}); err != nil {
+		t.Errorf("deleting it: %v (a delete carries no actions)", err)
+	}
+}
+
 // Deletes carry no instructions, so invalid actions do not matter there.
 func TestDeleteIgnoresActions(t *testing.T) {
 	fm, err := encodeFlowMod(&FlowMod{Op: OpDelete, Flow: Flow{Table: 3, Priority: 7, Cookie: 9, Actions: []Action{Output{0}}}})

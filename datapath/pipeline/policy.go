@@ -21,13 +21,50 @@ const (
 	// PrioPolicyAllow: a rule whose only restriction is the Pod it
 	// applies to (no peer and no port restriction).
 	PrioPolicyAllow uint16 = PrioNormal + 5
-	// PrioPolicyRule: conjunction clause flows and their conj_id flows.
+	// PrioPolicyRule: conjunction clause flows and their conj_id flows,
+	// of the first band of conjunction IDs (PolicyRulePriority).
 	PrioPolicyRule uint16 = PrioNormal
 	// PrioPolicyDefault: the default deny of isolated Pods (one flow per
 	// direction, matching the IngressIsolated / EgressIsolated bit), in
 	// the *Default tables.
 	PrioPolicyDefault uint16 = PrioLow
 )
+
+// Conjunction ID bands. A flow entry that several rules share (a Pod, a
+// peer address, a port) carries one conjunction action per rule, 16 bytes
+// each (NXAST_CONJUNCTION), and an OpenFlow message is at most 64 KiB
+// (OpenFlow 1.3 section A.1, 16-bit length): past about 4,090 rules on one
+// entry the switch refuses it. So conjunction IDs come in bands of at most
+// ConjBandSize live IDs, the band in the ID's top byte, and each band's
+// flows live one priority below the previous band's: an entry shared
+// across bands is one flow per band, none carrying more than ConjBandSize
+// actions. All the flows of one conjunction share its band's priority, as
+// ovs-fields(7) ("Conjunctive Match Fields") requires, and a packet whose
+// conjunctions do not complete at one priority is looked up again below
+// it, so every band's allows hold. Nodes with fewer than ConjBandSize
+// conjunctions use the first band only.
+const (
+	// ConjBandSize is the number of live conjunction IDs per band:
+	// 4,000 actions (64,000 bytes) leave room for the flow_mod's header,
+	// match and instruction in one bundle message.
+	ConjBandSize = 4000
+	// ConjBands is the number of bands (priorities PrioPolicyRule down
+	// to PrioPolicyRule-ConjBands+1, all above the rule tables' miss).
+	ConjBands = 64
+	// ConjBandShift places the band in a conjunction ID.
+	ConjBandShift = 24
+)
+
+// PolicyRulePriority returns the priority of the clause and conj_id flows
+// of conjunction id (PrioPolicyRule less its band); ok is false for an ID
+// whose band is ConjBands or above.
+func PolicyRulePriority(id uint32) (prio uint16, ok bool) {
+	band := id >> ConjBandShift
+	if band >= ConjBands {
+		return 0, false
+	}
+	return PrioPolicyRule - uint16(band), true
+}
 
 // Next returns the table after t in pipeline order (t itself for the last
 // table). A NetworkPolicy allow continues at EgressDefault.Next() (egress)

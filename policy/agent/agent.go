@@ -189,7 +189,7 @@ type Agent struct {
 
 	// Reconciler-only state (one goroutine).
 	state   *flowState
-	conjIDs *flows.Allocator[flows.ConjKey]
+	conjIDs *flows.ConjIDs
 	cookies *flows.Allocator[string]
 	// isoRetry makes the next reconcile apply isolation changes even when
 	// no policy is dirty (an OnIsolation call failed).
@@ -223,7 +223,7 @@ func New(cp versioned.Interface, cfg Config, log *zap.Logger) *Agent {
 		applied:    map[string]appliedIsolation{},
 		pending:    map[string]bool{},
 		state:      newFlowState(cfg.Flows),
-		conjIDs:    flows.NewAllocator[flows.ConjKey](0),
+		conjIDs:    flows.NewConjIDs(pipeline.ConjBandSize, pipeline.ConjBands),
 		cookies:    flows.NewAllocator[string](1<<32 - 1),
 		metrics:    newMetrics(),
 	}

@@ -1,5 +1,7 @@
 package flows
 
+import "github.com/seine-net/seine/datapath/pipeline"
+
 // Allocator hands out small positive IDs (1, 2, ...) for keys: a key keeps
 // its ID until released, and released IDs are reused oldest first, only
 // once every ID up to max has been handed out, so a freed ID stays unused
@@ -57,3 +59,69 @@ func (a *Allocator[K]) Release(k K) {
 
 // Len is the number of IDs in use.
 func (a *Allocator[K]) Len() int { return len(a.byKey) }
+
+// ConjIDs hands out conjunction IDs in priority bands
+// (pipeline.PolicyRulePriority): a new key gets an ID of the first band
+// holding fewer than size live IDs, band b's IDs being b<<24 | n with n
+// from that band's own Allocator. With fewer than size keys every ID is
+// in band 0, so the flows are those of an unbanded allocator. It is not
+// safe for concurrent use.
+type ConjIDs struct {
+	size  int
+	bands []*Allocator[ConjKey]
+	band  map[ConjKey]int
+}
+
+// NewConjIDs returns an allocator of bands bands of size live IDs each
+// (the agent uses pipeline.ConjBandSize and pipeline.ConjBands).
+func NewConjIDs(size, bands int) *ConjIDs {
+	c := &ConjIDs{size: size, band: map[ConjKey]int{}}
+	for range bands {
+		c.bands = append(c.bands, NewAllocator[ConjKey](1<<pipeline.ConjBandShift-1))
+	}
+	return c
+}
+
+// Get returns the ID of k, allocating one if k has none; ok is false when
+// every band is full.
+func (c *ConjIDs) Get(k ConjKey) (uint32, bool) {
+	if b, ok := c.band[k]; ok {
+		n, _ := c.bands[b].Lookup(k)
+		return uint32(b)<<pipeline.ConjBandShift | n, true
+	}
+	for b, a := range c.bands {
+		if a.Len() >= c.size {
+			continue
+		}
+		n, ok := a.Get(k)
+		if !ok {
+			continue
+		}
+		c.band[k] = b
+		return uint32(b)<<pipeline.ConjBandShift | n, true
+	}
+	return 0, false
+}
+
+// Lookup returns the ID of k without allocating.
+func (c *ConjIDs) Lookup(k ConjKey) (uint32, bool) {
+	b, ok := c.band[k]
+	if !ok {
+		return 0, false
+	}
+	n, _ := c.bands[b].Lookup(k)
+	return uint32(b)<<pipeline.ConjBandShift | n, true
+}
+
+// Release frees the ID of k; unknown keys are a no-op.
+func (c *ConjIDs) Release(k ConjKey) {
+	b, ok := c.band[k]
+	if !ok {
+		return
+	}
+	c.bands[b].Release(k)
+	delete(c.band, k)
+}
+
+// Len is the number of IDs in use.
+func (c *ConjIDs) Len() int { return len(c.band) }

@@ -85,10 +85,20 @@ func podMAC(p Pod) net.HardwareAddr {
 
 // TestEnforcementInOVS installs policies on a real OVS and checks with
 // ofproto/trace that allowed packets reach their port and denied ones are
-// dropped.
+// dropped: with conjunction IDs from one band, and with every conjunction
+// in a band (a priority) of its own, where OVS must look below a priority
+// whose conjunctions do not complete.
 func TestEnforcementInOVS(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		ids  IDs
+	}{{"one band", NewConjIDs(pipeline.ConjBandSize, pipeline.ConjBands)}, {"a band per conjunction", NewConjIDs(1, pipeline.ConjBands)}} {
+		t.Run(c.name, func(t *testing.T) { enforcementInOVS(t, c.ids) })
+	}
+}
+
+func enforcementInOVS(t *testing.T, ids IDs) {
 	src := fixture()
-	ids := NewAllocator[ConjKey](0)
 	src.AppliedToGroups["g-c"] = []v1alpha1.GroupMember{src.AppliedToGroups["g-all"][2]}
 	src.AppliedToGroups["g-b"] = []v1alpha1.GroupMember{src.AppliedToGroups["g-all"][1]}
 	fs := translate(t, src, ids,
@@ -157,6 +167,46 @@ func TestEnforcementInOVS(t *testing.T) {
 	for _, c := range cases {
 		if got := trace(c.flow, c.ct); got != c.want {
 			t.Errorf("%s: %s (ct %s) → %s, want %s", c.name, c.flow, c.ct, got, c.want)
+		}
+	}
+}
+
+// TestManyRulesOnOnePortInOVS: 4,100 rules share the flow entry of their
+// port (TCP 80), more conjunction actions than one OpenFlow message can
+// carry (about 4,090). With the bands the entry is one flow per band, the
+// switch takes them all, and a rule of each band allows its peer.
+func TestManyRulesOnOnePortInOVS(t *testing.T) {
+	src := fixture()
+	const n = pipeline.ConjBandSize + 100
+	var rules []v1alpha1.Rule
+	for i := 0; i < n; i++ {
+		rules = append(rules, v1alpha1.Rule{Direction: v1alpha1.DirectionIn,
+			IPBlocks: []v1alpha1.IPBlock{{CIDR: fmt.Sprintf("10.244.%d.%d/32", 100+i/250, 1+i%250)}},
+			Ports:    []v1alpha1.PolicyPort{port("TCP", 80)}})
+	}
+	fs := translate(t, src, NewConjIDs(pipeline.ConjBandSize, pipeline.ConjBands), policy("many", "g-a", []string{"Ingress"}, rules...))
+	most := 0
+	for _, f := range fs.flows {
+		if len(f.Actions) > most {
+			most = len(f.Actions)
+		}
+	}
+	if most > pipeline.ConjBandSize {
+		t.Fatalf("a flow carries %d actions", most)
+	}
+	trace := ovsBridge(t, src, fs)
+	const tunIn = "in_port=1,tun_id=0,tun_src=198.18.0.12,tun_dst=198.18.0.11,dl_src=0a:00:00:00:00:02,dl_dst="
+	a := src.Pods["default/a"]
+	for _, c := range []struct {
+		peer, want string
+	}{
+		{"10.244.100.1", "output:3"},                                          // rule 0, band 0
+		{fmt.Sprintf("10.244.%d.%d", 100+(n-1)/250, 1+(n-1)%250), "output:3"}, // the last rule, band 1
+		{"10.244.99.1", "drop"},                                               // no rule's peer
+	} {
+		flow := fmt.Sprintf("%s%s,tcp,tcp_dst=80,nw_ttl=64,nw_src=%s,nw_dst=%s", tunIn, podMAC(a), c.peer, a.IP)
+		if got := trace(flow, "trk,new"); got != c.want {
+			t.Errorf("%s to a on TCP 80: %s, want %s", c.peer, got, c.want)
 		}
 	}
 }

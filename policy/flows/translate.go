@@ -304,15 +304,20 @@ func (b *builder) conjunction(table pipeline.Table, key ConjKey, pods []of.Match
 		return
 	}
 	b.conj = append(b.conj, key)
+	prio, ok := pipeline.PolicyRulePriority(id)
+	if !ok {
+		b.warn("rule %d split %q: conjunction ID %#x is outside the priority bands", key.Rule, key.Split, id)
+		return
+	}
 	n := uint8(len(dims))
 	for k, d := range dims {
 		for _, m := range d {
-			b.add(of.Flow{Table: uint8(table), Priority: pipeline.PrioPolicyRule, Match: m,
+			b.add(of.Flow{Table: uint8(table), Priority: prio, Match: m,
 				Actions: []of.Action{of.Conjunction{ID: id, Clause: uint8(k + 1), NClauses: n}}})
 		}
 	}
 	cid := id
-	b.add(of.Flow{Table: uint8(table), Priority: pipeline.PrioPolicyRule, Match: of.Match{ConjID: &cid},
+	b.add(of.Flow{Table: uint8(table), Priority: prio, Match: of.Match{ConjID: &cid},
 		Actions: []of.Action{next}})
 }
 

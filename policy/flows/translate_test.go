@@ -79,7 +79,7 @@ func portRange(proto string, lo, hi int32) v1alpha1.PolicyPort {
 	return p
 }
 
-func translate(t *testing.T, src Source, ids *Allocator[ConjKey], nps ...*v1alpha1.NetworkPolicy) evalSet {
+func translate(t *testing.T, src Source, ids IDs, nps ...*v1alpha1.NetworkPolicy) evalSet {
 	t.Helper()
 	sets := [][]of.Flow{pipeline.PolicyBaseFlows(testBridge)}
 	var trs []Policy
@@ -378,6 +378,101 @@ func TestAllocatorReusesOnlyAfterFree(t *testing.T) {
 	}
 	if again, _ := a.Get("z"); again != z || a.Len() != 3 {
 		t.Errorf("z changed ID or Len wrong")
+	}
+}
+
+// ConjIDs fills band 0 first, then the next band with room; a freed ID
+// makes room in its band again.
+func TestConjIDsFillBandsInOrder(t *testing.T) {
+	c := NewConjIDs(2, 2)
+	key := func(i int) ConjKey { return ConjKey{Policy: "p", Rule: i} }
+	want := []uint32{1, 2, 1<<pipeline.ConjBandShift | 1, 1<<pipeline.ConjBandShift | 2}
+	for i, w := range want {
+		if id, ok := c.Get(key(i)); !ok || id != w {
+			t.Fatalf("key %d: got %#x %v, want %#x", i, id, ok, w)
+		}
+	}
+	if _, ok := c.Get(key(4)); ok {
+		t.Fatal("allocated beyond the last band")
+	}
+	if id, ok := c.Get(key(2)); !ok || id != want[2] {
+		t.Errorf("a known key changed ID: %#x", id)
+	}
+	c.Release(key(0))
+	if id, ok := c.Get(key(5)); !ok || id>>pipeline.ConjBandShift != 0 {
+		t.Errorf("after a release in band 0: got %#x %v, want an ID of band 0", id, ok)
+	}
+	if id, ok := c.Lookup(key(3)); !ok || id != want[3] || c.Len() != 4 {
+		t.Errorf("Lookup %#x %v, Len %d", id, ok, c.Len())
+	}
+	if prio, ok := pipeline.PolicyRulePriority(want[3]); !ok || prio != pipeline.PrioPolicyRule-1 {
+		t.Errorf("band 1 priority %d %v", prio, ok)
+	}
+	if _, ok := pipeline.PolicyRulePriority(pipeline.ConjBands << pipeline.ConjBandShift); ok {
+		t.Error("an ID past the last band has a priority")
+	}
+}
+
+// Many rules sharing one port, peers and Pods, translated with bands of
+// two conjunctions: no flow carries more than two conjunction actions,
+// and every packet gets the verdict it gets without bands (the lookup
+// falls through to lower priorities when no conjunction completes).
+func TestBandsKeepEveryVerdict(t *testing.T) {
+	src := fixture()
+	var nps []*v1alpha1.NetworkPolicy
+	for i := 0; i < 6; i++ {
+		peers := []string{"g-peers", "g-other"}[i%2]
+		nps = append(nps, policy(fmt.Sprintf("np%d", i), []string{"g-a", "g-all"}[i%2], []string{"Ingress", "Egress"},
+			v1alpha1.Rule{Direction: v1alpha1.DirectionIn, AddressGroups: []string{peers}, Ports: []v1alpha1.PolicyPort{port("TCP", 80)}},
+			v1alpha1.Rule{Direction: v1alpha1.DirectionIn, AddressGroups: []string{peers}, Ports: []v1alpha1.PolicyPort{port("UDP", int32(1000+i))}},
+			v1alpha1.Rule{Direction: v1alpha1.DirectionOut, AddressGroups: []string{peers}, Ports: []v1alpha1.PolicyPort{port("TCP", int32(8000+i))}}))
+	}
+	src.AddressGroups["g-other"] = []v1alpha1.GroupMember{{IPs: []string{"10.244.2.11"}}, {IPs: []string{"10.244.3.5"}}}
+	plain := translate(t, src, NewAllocator[ConjKey](0), nps...)
+	banded := translate(t, src, NewConjIDs(2, pipeline.ConjBands), nps...)
+	prios := map[uint16]bool{}
+	for _, f := range banded.flows {
+		n := 0
+		for _, a := range f.Actions {
+			if _, ok := a.(of.Conjunction); ok {
+				n++
+			}
+		}
+		if n > 2 {
+			t.Errorf("flow %v carries %d conjunction actions, the band holds 2", f.Match, n)
+		}
+		if n > 0 {
+			prios[f.Priority] = true
+		}
+	}
+	if len(prios) < 5 {
+		t.Fatalf("conjunctions at %d priorities: the bands were not exercised", len(prios))
+	}
+	checked, allowed := 0, 0
+	for _, pod := range []string{"a", "b", "c"} {
+		for _, peer := range []string{"10.244.2.10", "10.244.2.11", "10.244.3.5", "10.244.9.9"} {
+			for _, pp := range []struct {
+				proto uint8
+				port  uint16
+			}{{ProtoTCP, 80}, {ProtoTCP, 81}, {ProtoUDP, 1000}, {ProtoUDP, 1003}, {ProtoUDP, 1006}, {ProtoTCP, 8001}, {ProtoTCP, 8004}} {
+				for _, c := range []struct {
+					table pipeline.Table
+					pkt   packet
+				}{{pipeline.IngressRule, in(src, pod, peer, pp.proto, pp.port)}, {pipeline.EgressRule, out(src, pod, peer, pp.proto, pp.port)}} {
+					want := passes(plain, c.table, c.pkt)
+					if got := passes(banded, c.table, c.pkt); got != want {
+						t.Errorf("%s %s %s %d/%d: banded %v, unbanded %v", c.table, pod, peer, pp.proto, pp.port, got, want)
+					}
+					checked++
+					if want {
+						allowed++
+					}
+				}
+			}
+		}
+	}
+	if allowed == 0 || allowed == checked {
+		t.Fatalf("%d of %d packets allowed: the comparison says nothing", allowed, checked)
 	}
 }
 
