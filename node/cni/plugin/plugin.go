@@ -115,9 +115,10 @@ func Run(getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) 
 // (socketPath, default DefaultSocketPath) and returns the ADD result (nil
 // for the other commands) or the CNI error to report: the daemon's own; 4
 // for an unknown command; 6 for a configuration that is not JSON; when
-// the daemon's socket cannot be reached, 11 (try again later), or 50
-// (plugin not available) for STATUS (CNI spec, section "STATUS"); and 11
-// when the exchange breaks off.
+// the daemon's socket cannot be reached, 11 (try again later), or for
+// STATUS success while the daemon's heartbeat is recent (it is restarting,
+// wire.AliveGrace) and 50 (plugin not available) after that (CNI spec,
+// section "STATUS"); and 11 when the exchange breaks off.
 func Forward(ctx context.Context, req *wire.Request) (json.RawMessage, *wire.Error) {
 	if !wire.Forwarded(req.Command) {
 		return nil, &wire.Error{Code: codeInvalidEnvironment, Msg: fmt.Sprintf("unknown CNI_COMMAND %q", req.Command)}
@@ -136,6 +137,9 @@ func Forward(ctx context.Context, req *wire.Request) (json.RawMessage, *wire.Err
 	if ce := (*wire.ConnectError)(nil); errors.As(err, &ce) {
 		code := uint(codeTryAgainLater)
 		if req.Command == "STATUS" {
+			if wire.RecentlyAlive(socket, time.Now()) {
+				return nil, nil // restarting: the Node stays Ready
+			}
 			code = codeNotAvailable // CNI spec, section "STATUS"
 		}
 		return nil, &wire.Error{Code: code, Msg: fmt.Sprintf("seine daemon not running: %v", err)}

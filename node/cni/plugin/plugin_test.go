@@ -335,6 +335,32 @@ func TestDaemonNotRunning(t *testing.T) {
 	}
 }
 
+// A daemon that served lately and whose socket is gone is restarting:
+// STATUS succeeds (kubelet keeps the Node Ready) while ADD is told to try
+// again later; once the heartbeat is older than wire.AliveGrace, STATUS
+// fails with 50.
+func TestStatusWhileRestarting(t *testing.T) {
+	sock := filepath.Join(shortTempDir(t), "absent.sock")
+	if err := os.WriteFile(wire.AlivePath(sock), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, ok := runPlugin(t, invocation{cmd: "STATUS", conf: conf("1.1.0", sock)}); !ok {
+		t.Errorf("STATUS with a recent heartbeat: %s", out)
+	}
+	out, ok := runPlugin(t, invocation{cmd: "ADD", containerID: "c1", conf: conf("1.1.0", sock)})
+	if e := cniError(t, out); ok || e.Code != types.ErrTryAgainLater {
+		t.Errorf("ADD while restarting: ok=%v %+v, want 11", ok, e)
+	}
+	old := time.Now().Add(-wire.AliveGrace - time.Second)
+	if err := os.Chtimes(wire.AlivePath(sock), old, old); err != nil {
+		t.Fatal(err)
+	}
+	out, ok = runPlugin(t, invocation{cmd: "STATUS", conf: conf("1.1.0", sock)})
+	if e := cniError(t, out); ok || e.Code != types.ErrPluginNotAvailable {
+		t.Errorf("STATUS with a stale heartbeat: ok=%v %+v, want 50", ok, e)
+	}
+}
+
 func TestStatusAndVersion(t *testing.T) {
 	be := &recordingBackend{}
 	sock := startDaemon(t, be)

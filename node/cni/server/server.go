@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"strconv"
 	"sync"
 	"time"
@@ -132,6 +133,37 @@ func New(backend Backend, log *zap.Logger, opts ...Option) *Server {
 	return s
 }
 
+// heartbeat rewrites the heartbeat beside socketPath (wire.AlivePath)
+// now and every wire.AliveInterval until ctx ends, so that STATUS keeps
+// answering success while the daemon restarts. The file stays when the
+// daemon stops: that is what it is for. A failing write is logged once
+// until one succeeds again.
+func (s *Server) heartbeat(ctx context.Context, socketPath string) {
+	path := wire.AlivePath(socketPath)
+	t := time.NewTicker(wire.AliveInterval)
+	defer t.Stop()
+	failing := false
+	for {
+		now := time.Now()
+		err := os.WriteFile(path, nil, 0o600)
+		if err == nil {
+			err = os.Chtimes(path, now, now) // even when nothing was truncated
+		}
+		switch {
+		case err != nil && !failing:
+			s.log.Warn("cni server: writing the heartbeat failed", zap.String("file", path), zap.Error(err))
+		case err == nil && failing:
+			s.log.Info("cni server: heartbeat written again", zap.String("file", path))
+		}
+		failing = err != nil
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
 // Serve listens on socketPath and serves the seine CNI protocol (package
 // wire: one JSON request and one JSON response per connection) until ctx
 // ends; then it stops accepting, waits the shutdown grace for in-flight
@@ -149,6 +181,9 @@ func (s *Server) Serve(ctx context.Context, socketPath string) error {
 	s.log.Info("cni server listening", zap.String("socket", socketPath))
 	stopAccepting := context.AfterFunc(ctx, func() { lis.Close() })
 	defer stopAccepting()
+	var beating sync.WaitGroup
+	beating.Go(func() { s.heartbeat(ctx, socketPath) })
+	defer beating.Wait()
 
 	// Requests outlive ctx by the grace period, then are cancelled.
 	reqCtx, cancelRequests := context.WithCancel(context.WithoutCancel(ctx))

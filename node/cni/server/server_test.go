@@ -164,6 +164,28 @@ func TestServeSocketModeAndStaleSocket(t *testing.T) {
 	}
 }
 
+// A serving daemon keeps its heartbeat fresh, and leaves it behind when
+// it stops (a restart is what it covers).
+func TestServeWritesHeartbeat(t *testing.T) {
+	s := New(&blockingBackend{}, zaptest.NewLogger(t))
+	sock := startServer(t, s)
+	var fi os.FileInfo
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var err error
+		if fi, err = os.Stat(wire.AlivePath(sock)); err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if fi == nil || !wire.RecentlyAlive(sock, time.Now()) {
+		t.Fatalf("no recent heartbeat beside %s: %v", sock, fi)
+	}
+	if wire.RecentlyAlive(sock, fi.ModTime().Add(wire.AliveGrace)) {
+		t.Error("a heartbeat AliveGrace old still counts")
+	}
+}
+
 func TestServeReplacesStaleSocketAndRejectsNonSocket(t *testing.T) {
 	dir, err := os.MkdirTemp("", "seine-cni-stale")
 	if err != nil {

@@ -120,6 +120,31 @@ func SupportedVersions() []string {
 	return []string{"1.1.0", "1.0.0", "0.4.0", "0.3.1", "0.3.0"}
 }
 
+// The daemon's heartbeat: while it serves CNI it rewrites AlivePath(socket)
+// every AliveInterval. When the socket cannot be reached, STATUS answers
+// success as long as the heartbeat is younger than AliveGrace: a daemon
+// restarting (a DaemonSet rollout, a crash and its restart) must not fail
+// STATUS, which kubelet reports as "network not ready" and so the Node as
+// NotReady, upon which the node lifecycle controller marks every Pod of
+// the Node NotReady and Services drop them, while the bridge keeps
+// forwarding their traffic. ADDs meanwhile get 11 (try again later). A
+// daemon gone for longer, or never started, fails STATUS with 50 (CNI
+// spec, section "STATUS").
+const (
+	AliveInterval = 10 * time.Second
+	AliveGrace    = 60 * time.Second
+)
+
+// AlivePath is the heartbeat file of the daemon serving socket.
+func AlivePath(socket string) string { return socket + ".alive" }
+
+// RecentlyAlive reports whether the heartbeat of the daemon serving
+// socket was written less than AliveGrace before now.
+func RecentlyAlive(socket string, now time.Time) bool {
+	fi, err := os.Stat(AlivePath(socket))
+	return err == nil && now.Sub(fi.ModTime()) < AliveGrace
+}
+
 // ConnectTimeout bounds connecting to the daemon socket while its accept
 // queue is full; a missing socket or a socket nobody listens on fails at
 // once.
