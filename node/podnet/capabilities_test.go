@@ -25,11 +25,12 @@ import (
 
 // recordingMapper stands in for node/hostport's Mapper (tested against
 // real nftables in its own package): it records what the Backend asks and
-// fails Map when told to.
+// fails Map (Unmap) when told to.
 type recordingMapper struct {
-	mu     sync.Mutex
-	mapped map[string][]hostport.Mapping
-	fail   error
+	mu        sync.Mutex
+	mapped    map[string][]hostport.Mapping
+	fail      error
+	failUnmap error
 }
 
 func (m *recordingMapper) Map(_ context.Context, owner string, _ net.IP, ms []hostport.Mapping) error {
@@ -45,6 +46,9 @@ func (m *recordingMapper) Map(_ context.Context, owner string, _ net.IP, ms []ho
 func (m *recordingMapper) Unmap(_ context.Context, owner string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.failUnmap != nil {
+		return m.failUnmap
+	}
 	delete(m.mapped, owner)
 	return nil
 }
@@ -188,6 +192,28 @@ seine_pod_egress_meter_dropped_packets_total{namespace="ns",pod="shaped"} 0
 	}
 	if left := h.leftovers(ctx); len(left) != 0 {
 		t.Errorf("failed ADDs left: %v", left)
+	}
+
+	// A DEL whose hostPort removal fails still removes everything else
+	// (a runtime may never repeat it) and reports the failure; a repeated
+	// DEL finishes the job.
+	mapper.fail = nil
+	n5 := h.netns()
+	req = h.request(5, n5.Path())
+	req.NetConf.RuntimeConfig = map[string]json.RawMessage{"portMappings": json.RawMessage(`[{"hostPort":8081,"containerPort":80}]`)}
+	if _, err := h.be.Add(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	mapper.failUnmap = errors.New("nftables busy")
+	if err := h.be.Del(ctx, req); err == nil || !strings.Contains(err.Error(), "nftables busy") {
+		t.Errorf("DEL with a failing hostPort removal: %v, want its error", err)
+	}
+	if left := h.leftovers(ctx); len(left) != 0 {
+		t.Errorf("a DEL whose hostPort removal failed left: %v", left)
+	}
+	mapper.failUnmap = nil
+	if err := h.be.Del(ctx, req); err != nil || len(mapper.mapped) != 0 {
+		t.Errorf("repeated DEL: %v, mappings left %+v", err, mapper.mapped)
 	}
 
 	// Without meters (a datapath that has none), a Pod's egress limit

@@ -328,6 +328,11 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 		return nil, cniserver.Errorf(cniserver.ErrCodeInternal, "allocating an IP: %w", err)
 	}
 	undo.add(func() {
+		if undo.flowsStuck {
+			b.log.Warn("rollback: keeping the IP while the Pod's flows remain", zap.String("container_id", req.ContainerID),
+				zap.Stringer("ip", podIP))
+			return
+		}
 		if err := b.ipam.Release(req.ContainerID, req.IfName); err != nil {
 			b.log.Error("rollback: releasing IP", zap.String("container_id", req.ContainerID), zap.Error(err))
 		}
@@ -533,13 +538,20 @@ func gatewayRoutes(gw net.IP, routeMTU int) []*types.Route {
 
 // rollback collects the undo steps of an ADD, run in reverse order when it
 // fails.
-type rollback []func()
+// rollback holds the undo steps of an ADD, run last first.
+type rollback struct {
+	steps []func()
+	// flowsStuck: the Pod's flows could not be removed, so its IP and
+	// ofport stay held (no new Pod may get them while stale flows name
+	// them); a DEL, or the next daemon start, releases them.
+	flowsStuck bool
+}
 
-func (r *rollback) add(f func()) { *r = append(*r, f) }
+func (r *rollback) add(f func()) { r.steps = append(r.steps, f) }
 
-func (r rollback) run() {
-	for i := len(r) - 1; i >= 0; i-- {
-		r[i]()
+func (r *rollback) run() {
+	for i := len(r.steps) - 1; i >= 0; i-- {
+		r.steps[i]()
 	}
 }
 
@@ -560,7 +572,11 @@ func (b *Backend) attach(ctx context.Context, req *cniserver.Request, hostName s
 		return port, cniserver.Errorf(cniserver.ErrCodeDatapath, "attaching %s: %w", hostName, err)
 	}
 	held := ofport // the number this attachment holds in b.ofports
-	undo.add(func() { b.ofports.release(held) })
+	undo.add(func() {
+		if !undo.flowsStuck {
+			b.ofports.release(held)
+		}
+	})
 	// A new attachment starts isolated for neither direction; the policy
 	// agent isolates it (SetIsolation) before WaitRealized returns.
 	pod := pipeline.Pod{OFPort: ofport, IP: podIP, MAC: podMAC}
@@ -584,6 +600,7 @@ func (b *Backend) attach(ctx context.Context, req *cniserver.Request, hostName s
 	}()
 	undo.add(func() {
 		if err := b.flows.Set(context.WithoutCancel(ctx), key, nil); err != nil {
+			undo.flowsStuck = true
 			b.log.Error("rollback: removing flows", zap.String("container_id", req.ContainerID), zap.Error(err))
 		}
 	})
@@ -650,38 +667,55 @@ func (b *Backend) Del(ctx context.Context, req *cniserver.Request) error {
 	return b.release(ctx, req.ContainerID, req.IfName)
 }
 
+// release undoes an attachment as far as it can (CNI spec, "DEL": "to
+// the fullest extent possible"): a step that fails does not hold back the
+// ones that do not depend on it, since a runtime may never repeat a DEL
+// (containerd drops a failed DEL of a sandbox whose ADD failed). Only
+// while the Pod's flows could not be removed are its IP and ofport kept,
+// so that no new Pod gets them while stale flows still name them; a
+// repeated DEL, or the next daemon start, releases them.
 func (b *Backend) release(ctx context.Context, containerID, ifName string) error {
 	hostName := HostVethName(containerID, ifName)
+	key := owner(containerID, ifName)
+	var dpErrs []error
 	if hp := b.cfg.HostPorts; hp != nil {
-		if err := hp.Unmap(ctx, owner(containerID, ifName)); err != nil {
-			return cniserver.Errorf(cniserver.ErrCodeDatapath, "%w", err)
+		if err := hp.Unmap(ctx, key); err != nil {
+			dpErrs = append(dpErrs, err)
 		}
 	}
-	b.forget(owner(containerID, ifName))
-	if err := b.flows.Set(ctx, owner(containerID, ifName), nil); err != nil {
-		return cniserver.Errorf(cniserver.ErrCodeDatapath, "removing Pod flows: %w", err)
+	b.forget(key)
+	flowsErr := b.flows.Set(ctx, key, nil)
+	if flowsErr != nil {
+		dpErrs = append(dpErrs, fmt.Errorf("removing Pod flows: %w", flowsErr))
 	}
 	var ofport uint32
 	if p, err := b.ports.GetPort(ctx, hostName); err == nil && p != nil && p.OFPort > 0 {
 		ofport = uint32(p.OFPort)
 	}
-	// After the flows that used it.
-	if err := b.deleteMeter(ctx, owner(containerID, ifName)); err != nil {
-		return cniserver.Errorf(cniserver.ErrCodeDatapath, "%s: %w", hostName, err)
+	if flowsErr == nil { // after the flows that used it
+		if err := b.deleteMeter(ctx, key); err != nil {
+			dpErrs = append(dpErrs, fmt.Errorf("%s: %w", hostName, err))
+		}
 	}
 	if err := b.ports.DeletePort(ctx, b.cfg.BridgeName, hostName); err != nil {
-		return cniserver.Errorf(cniserver.ErrCodeDatapath, "removing OVS port %s: %w", hostName, err)
-	}
-	if ofport != 0 {
+		dpErrs = append(dpErrs, fmt.Errorf("removing OVS port %s: %w", hostName, err))
+	} else if ofport != 0 && flowsErr == nil {
 		b.ofports.release(ofport)
 	}
 	if err := deleteLink(hostName); err != nil {
-		return cniserver.Errorf(cniserver.ErrCodeDatapath, "removing veth %s: %w", hostName, err)
+		dpErrs = append(dpErrs, fmt.Errorf("removing veth %s: %w", hostName, err))
 	}
-	if b.ipam != nil {
+	var ipErr error
+	if b.ipam != nil && flowsErr == nil {
 		if err := b.ipam.Release(containerID, ifName); err != nil {
-			return cniserver.Errorf(cniserver.ErrCodeInternal, "releasing IP: %w", err)
+			ipErr = fmt.Errorf("releasing IP: %w", err)
 		}
+	}
+	if len(dpErrs) > 0 {
+		return cniserver.Errorf(cniserver.ErrCodeDatapath, "%w", errors.Join(append(dpErrs, ipErr)...))
+	}
+	if ipErr != nil {
+		return cniserver.Errorf(cniserver.ErrCodeInternal, "%w", ipErr)
 	}
 	b.log.Info("Pod detached", zap.String("container_id", containerID), zap.String("port", hostName))
 	return nil
