@@ -218,6 +218,17 @@ func selfElement(podIP net.IP, owner string) *knftables.Element {
 	return &knftables.Element{Set: setSelf, Key: []string{podIP.String(), podIP.String()}, Comment: knftables.PtrTo(owner)}
 }
 
+// onlySelf reports whether els are setSelf elements alone: an owner with
+// no mapping.
+func onlySelf(els []*knftables.Element) bool {
+	for _, e := range els {
+		if e.Set != setSelf {
+			return false
+		}
+	}
+	return len(els) > 0
+}
+
 // missingSelf returns the setSelf element an owner's elements lack (from
 // its first target's Pod IP), or nil when it has one or no target.
 func missingSelf(owner string, els []*knftables.Element) *knftables.Element {
@@ -346,8 +357,19 @@ func (m *Mapper) Start(ctx context.Context) error {
 			owners[owner] = append(owners[owner], e)
 		}
 	}
-	// Mappings written before setSelf existed get their element now.
+	// A setSelf element whose owner has no mapping left is stale (an
+	// older daemon's DEL did not know the set), and its key may be a new
+	// Pod's: it goes first. Then mappings written before setSelf existed
+	// get their element.
 	tx = m.nft.NewTransaction()
+	for owner, els := range owners {
+		if stale := onlySelf(els); stale {
+			for _, e := range els {
+				tx.Delete(e)
+			}
+			delete(owners, owner)
+		}
+	}
 	for owner, els := range owners {
 		if el := missingSelf(owner, els); el != nil {
 			tx.Add(el)

@@ -125,9 +125,13 @@ func TestMapperProgramsAndRelearns(t *testing.T) {
 		}
 
 		// A restarted daemon: Start again keeps the elements and learns
-		// them, and gives a Pod mapped before the hairpin set existed its
-		// element.
+		// them, gives a Pod mapped before the hairpin set existed its
+		// element, and drops one an older daemon's DEL left behind.
 		if out, err := exec.Command("nft", "delete", "element", "ip", TableName, "self", "{ 10.244.1.6 . 10.244.1.6 }").CombinedOutput(); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		if out, err := exec.Command("nft", "add", "element", "ip", TableName, "self",
+			`{ 10.244.1.9 . 10.244.1.9 comment "pod/gone/eth0" }`).CombinedOutput(); err != nil {
 			t.Fatalf("%v: %s", err, out)
 		}
 		m2 := New(nft, cfg)
@@ -137,8 +141,8 @@ func TestMapperProgramsAndRelearns(t *testing.T) {
 		if got := m2.Owners(); !reflect.DeepEqual(got, []string{"pod/c1/eth0", "pod/c2/eth0"}) {
 			t.Errorf("owners after restart = %v", got)
 		}
-		if table := list(t); !strings.Contains(table, `10.244.1.6 . 10.244.1.6 comment "pod/c2/eth0"`) {
-			t.Errorf("the restart did not restore c2's hairpin element:\n%s", table)
+		if table := list(t); !strings.Contains(table, `10.244.1.6 . 10.244.1.6 comment "pod/c2/eth0"`) || strings.Contains(table, "10.244.1.9") {
+			t.Errorf("the restart did not restore c2's hairpin element, or kept the stale one:\n%s", table)
 		}
 		if err := m2.Map(ctx, "pod/c3/eth0", net.ParseIP("10.244.1.7"), []Mapping{{HostPort: 8080, ContainerPort: 1, Protocol: "tcp"}}); err == nil {
 			t.Error("restarted Mapper accepted a taken host port")

@@ -27,13 +27,14 @@ import (
 //     connections to them are rejected as they leave (output), since a
 //     packet from a local address that the bridge sent back would arrive
 //     as a martian and be dropped;
-//   - connections to a ClusterIP on a port its Service does not define
-//     are rejected the same way, as kube-proxy does: in the forward path
-//     those from Pods (no frontend matches them, so the bridge sends them
-//     on to the host), as they leave those of the host (a ClusterIP with
-//     a port not in SetServicePorts). Not in the input path: where
-//     kube-proxy runs beside Seine (proxyAll off) in IPVS mode, ClusterIPs
-//     are local addresses whose traffic it serves there;
+//   - connections to a ClusterIP on a port its Service does not define (a
+//     ClusterIP with a port not in SetServicePorts) are rejected the same
+//     way, as kube-proxy does: in the forward path those from Pods (no
+//     frontend matches them, so the bridge sends them on to the host) and
+//     those the host forwards, as they leave those of the host. Not in
+//     the input path: where kube-proxy runs beside Seine (proxyAll off) in
+//     IPVS mode, ClusterIPs are local addresses whose traffic it serves
+//     there;
 //   - with proxyAll, NodePort traffic to the node-port addresses is DNATed
 //     to pipeline.NodePortVIP (port unchanged) in prerouting and output,
 //     which routes it into the bridge through the gateway;
@@ -169,8 +170,13 @@ func (h *host) reset(ctx context.Context) error {
 		reject(c.name, "ip daddr . meta l4proto . th dport @"+SetNoEndpoints, nil)
 	}
 	undefined := knftables.PtrTo("a ClusterIP on a port its Service does not define")
-	reject("forward", "ip daddr @"+SetClusterIPs, undefined)
-	reject("output-filter", "ip daddr @"+SetClusterIPs+" ip daddr . meta l4proto . th dport != @"+SetServicePorts, undefined)
+	// The defined ports are left alone: traffic the host forwards into
+	// the bridge (routed in from elsewhere, or from another network
+	// namespace of the Node) crosses this hook before the bridge
+	// balances it.
+	undefinedPort := "ip daddr @" + SetClusterIPs + " ip daddr . meta l4proto . th dport != @" + SetServicePorts
+	reject("forward", undefinedPort, undefined)
+	reject("output-filter", undefinedPort, undefined)
 	if h.cfg.proxyAll {
 		for _, c := range chains[3:5] {
 			tx.Add(&knftables.Rule{Chain: c.name, Rule: knftables.Concat(

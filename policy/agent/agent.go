@@ -613,7 +613,6 @@ func (a *Agent) reconcile(ctx context.Context) error {
 		if t := since[name]; !t.IsZero() {
 			realized = append(realized, t)
 		}
-		old := a.done[name]
 		if inst == nil {
 			delete(a.done, name)
 			a.cookies.Release(name)
@@ -630,20 +629,13 @@ func (a *Agent) reconcile(ctx context.Context) error {
 			a.done[name] = inst
 		}
 		// Conjunction IDs no longer used are freed once their flows are
-		// gone from the switch.
-		if old != nil {
-			keep := map[flows.ConjKey]bool{}
-			if inst != nil {
-				for _, k := range inst.conj {
-					keep[k] = true
-				}
-			}
-			for _, k := range old.conj {
-				if !keep[k] {
-					a.conjIDs.Release(k)
-				}
-			}
+		// gone from the switch: the old translation's, and those of a
+		// translation whose update failed and never came back.
+		var keep []flows.ConjKey
+		if inst != nil {
+			keep = inst.conj
 		}
+		a.conjIDs.Keep(name, keep)
 	}
 	changes := a.isolationChangesLocked()
 	a.lastErr = err

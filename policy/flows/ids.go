@@ -67,15 +67,16 @@ func (a *Allocator[K]) Len() int { return len(a.byKey) }
 // in band 0, so the flows are those of an unbanded allocator. It is not
 // safe for concurrent use.
 type ConjIDs struct {
-	size  int
-	bands []*Allocator[ConjKey]
-	band  map[ConjKey]int
+	size     int
+	bands    []*Allocator[ConjKey]
+	band     map[ConjKey]int
+	byPolicy map[string]map[ConjKey]bool
 }
 
 // NewConjIDs returns an allocator of bands bands of size live IDs each
 // (the agent uses pipeline.ConjBandSize and pipeline.ConjBands).
 func NewConjIDs(size, bands int) *ConjIDs {
-	c := &ConjIDs{size: size, band: map[ConjKey]int{}}
+	c := &ConjIDs{size: size, band: map[ConjKey]int{}, byPolicy: map[string]map[ConjKey]bool{}}
 	for range bands {
 		c.bands = append(c.bands, NewAllocator[ConjKey](1<<pipeline.ConjBandShift-1))
 	}
@@ -98,6 +99,10 @@ func (c *ConjIDs) Get(k ConjKey) (uint32, bool) {
 			continue
 		}
 		c.band[k] = b
+		if c.byPolicy[k.Policy] == nil {
+			c.byPolicy[k.Policy] = map[ConjKey]bool{}
+		}
+		c.byPolicy[k.Policy][k] = true
 		return uint32(b)<<pipeline.ConjBandShift | n, true
 	}
 	return 0, false
@@ -121,6 +126,25 @@ func (c *ConjIDs) Release(k ConjKey) {
 	}
 	c.bands[b].Release(k)
 	delete(c.band, k)
+	delete(c.byPolicy[k.Policy], k)
+	if len(c.byPolicy[k.Policy]) == 0 {
+		delete(c.byPolicy, k.Policy)
+	}
+}
+
+// Keep releases every ID of policy's keys but those in keep: once the
+// policy's flows are installed as translated with keep (nil: the policy
+// is gone), including the IDs of a translation that never got installed.
+func (c *ConjIDs) Keep(policy string, keep []ConjKey) {
+	want := make(map[ConjKey]bool, len(keep))
+	for _, k := range keep {
+		want[k] = true
+	}
+	for k := range c.byPolicy[policy] {
+		if !want[k] {
+			c.Release(k)
+		}
+	}
 }
 
 // Len is the number of IDs in use.

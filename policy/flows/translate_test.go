@@ -405,6 +405,15 @@ func TestConjIDsFillBandsInOrder(t *testing.T) {
 	if id, ok := c.Lookup(key(3)); !ok || id != want[3] || c.Len() != 4 {
 		t.Errorf("Lookup %#x %v, Len %d", id, ok, c.Len())
 	}
+	// Keep frees a policy's other IDs, however they were allocated.
+	c.Keep("p", []ConjKey{key(1), key(5)})
+	if c.Len() != 2 {
+		t.Errorf("after Keep: %d IDs in use, want 2", c.Len())
+	}
+	c.Keep("p", nil)
+	if c.Len() != 0 {
+		t.Errorf("after Keep of nothing: %d IDs in use", c.Len())
+	}
 	if prio, ok := pipeline.PolicyRulePriority(want[3]); !ok || prio != pipeline.PrioPolicyRule-1 {
 		t.Errorf("band 1 priority %d %v", prio, ok)
 	}

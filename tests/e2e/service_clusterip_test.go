@@ -205,8 +205,9 @@ func TestServiceNoEndpointsRejects(t *testing.T) {
 
 // TestServiceUndefinedPortRejects: a connection to a ClusterIP on a port
 // its Service does not define is refused (a TCP reset, an ICMP port
-// unreachable for UDP) from a Pod and from the Node's host (TCP), as
-// kube-proxy refuses it, while the defined ports serve.
+// unreachable for UDP) from a Pod, from the Node's host (TCP) and from a
+// client whose router sends the ClusterIP to a Node, as kube-proxy
+// refuses it, while the defined ports serve.
 func TestServiceUndefinedPortRejects(t *testing.T) {
 	c := shared
 	ns := "svc-undef"
@@ -237,6 +238,24 @@ func TestServiceUndefinedPortRejects(t *testing.T) {
 			return nil
 		})
 	}
+	// A client outside the cluster whose router sends the ClusterIP to
+	// the endpoint's Node: the host forwards it into the bridge, which
+	// serves the defined port; the other one is refused.
+	undo, err := c.RouteToNode(testCtx(t, 30*time.Second), svc.Spec.ClusterIP+"/32", c.Nodes()[1].Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(undo)
+	extNS, _ := c.ExternalHost()
+	eventually(t, 10*time.Second, "the ClusterIP routed in from outside", func() error {
+		if r := c.ProbeFrom(testCtx(t, 10*time.Second), extNS, svc.Spec.ClusterIP, 80, corev1.ProtocolTCP, 2*time.Second); r.Outcome != echo.Connected || r.Reply != backend.name {
+			return fmt.Errorf("defined port: got %s (%v)", r, r.Err)
+		}
+		if r := c.ProbeFrom(testCtx(t, 10*time.Second), extNS, svc.Spec.ClusterIP, 81, corev1.ProtocolTCP, 2*time.Second); r.Outcome != echo.Refused {
+			return fmt.Errorf("undefined port: got %s (%v)", r, r.Err)
+		}
+		return nil
+	})
 }
 
 // Scaling the backing Pods up and down: the Service follows within a few

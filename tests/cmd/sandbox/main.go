@@ -642,6 +642,9 @@ func probeCommand() *cli.Command {
 			&cli.BoolFlag{Name: "from-ext", Usage: "probe from the external host instead of a Pod"},
 		),
 		Action: func(c *cli.Context) error {
+			if c.String("from-node") != "" && c.Bool("from-ext") {
+				return cli.Exit("probe: --from-node and --from-ext exclude each other", 2)
+			}
 			fromHost := c.String("from-node") != "" || c.Bool("from-ext")
 			if want := map[bool]int{false: 2, true: 1}[fromHost]; c.NArg() != want {
 				return cli.Exit("usage: sandbox probe [--timeout 2s] NAMESPACE/POD HOST:PORT[/PROTO], or --from-node NODE / --from-ext HOST:PORT[/PROTO]", 2)
