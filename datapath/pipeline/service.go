@@ -184,12 +184,13 @@ type ServicePort struct {
 	// Service's own; externalIPs may be shared, so leave them out).
 	FragmentVIPs []net.IP
 	// Sources, when set (External only), limit the frontend to packets
-	// from these addresses, and it takes precedence over the frontend of
-	// the same VIP and port without Sources. It carries the Node's own
-	// connections to a frontend whose externalTrafficPolicy is Local:
-	// Kubernetes sends those to every endpoint, not only the Node's own
-	// (kube-proxy's "short-circuit" of locally originated traffic).
-	Sources []net.IP
+	// from these addresses (IPv4 prefixes), and it takes precedence over
+	// the frontend of the same VIP and port without Sources. It carries
+	// the Node's own connections, and its Pods', to a frontend whose
+	// externalTrafficPolicy is Local: Kubernetes sends those to every
+	// endpoint, not only the Node's own (kube-proxy's "short-circuit" of
+	// locally originated traffic).
+	Sources []*net.IPNet
 	// SourceRanges, when set, admit new connections from these ranges
 	// only; the frontend drops those from anywhere else, and they reach
 	// no other frontend of the VIP and port (a Service's
@@ -326,8 +327,8 @@ func ServicePortFlows(b Bridge, sp ServicePort) ([]of.Flow, []of.GroupEntry, err
 	case sp.External && len(sp.Sources) > 0:
 		sources = sources[:0]
 		for _, src := range sp.Sources {
-			if src.To4() != nil {
-				sources = append(sources, host(src))
+			if src.IP.To4() != nil {
+				sources = append(sources, &net.IPNet{IP: src.IP.To4().Mask(src.Mask), Mask: src.Mask})
 			}
 		}
 		lbPrio = PrioHigh + 2

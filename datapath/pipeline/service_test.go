@@ -34,7 +34,7 @@ func TestServiceFlowsInOVS(t *testing.T) {
 	// The Node's own connections to that NodePort (externalTrafficPolicy
 	// Local's short-circuit): every endpoint, matched by source first.
 	fromNode := pipeline.ServicePort{ID: 12, VIPs: []net.IP{pipeline.NodePortVIP}, Protocol: 6, Port: 30080, External: true,
-		Sources:   []net.IP{net.ParseIP("198.18.0.11")},
+		Sources:   []*net.IPNet{{IP: net.ParseIP("198.18.0.11"), Mask: net.CIDRMask(32, 32)}},
 		Endpoints: []pipeline.ServiceEndpoint{{IP: net.ParseIP("10.244.2.7"), Port: 8080}, {IP: net.ParseIP("10.244.1.5"), Port: 8080, Local: true}}}
 	// A Service with two UDP ports: its VIP takes no fragments.
 	syslog := pipeline.ServicePort{ID: 13, VIPs: []net.IP{net.ParseIP("10.96.0.14")}, Protocol: 17, Port: 514,

@@ -77,6 +77,14 @@ type Scope struct {
 	// InternalIP, its gateway IP): to a Service whose
 	// externalTrafficPolicy is Local they go to every endpoint.
 	HostIPs []net.IP
+	// PodCIDR is the Node's Pod range (nil when unknown): its Pods'
+	// connections to a NodePort of their own Node reach the bridge
+	// through the host, and under externalTrafficPolicy Local go to every
+	// endpoint too, as kube-proxy short-circuits Pod traffic. Only this
+	// Node's Pods: an endpoint elsewhere answers them through this Node,
+	// which undoes the NAT, while another Node's Pod would get the answer
+	// from the endpoint directly.
+	PodCIDR *net.IPNet
 	// Zone is the Node's topology.kubernetes.io/zone label ("" when it
 	// has none), for the EndpointSlice zone hints.
 	Zone string
@@ -233,11 +241,12 @@ func Translate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, scope
 		} else {
 			choose(&ext, near, serving, false)
 		}
-		// The Node's own connections under externalTrafficPolicy Local.
+		// The Node's own connections, and its Pods', under
+		// externalTrafficPolicy Local.
 		var fromNode *pipeline.ServicePort
-		if externalLocal && len(scope.HostIPs) > 0 {
+		if sources := localSources(scope); externalLocal && len(sources) > 0 {
 			n := base
-			n.External, n.Sources = true, scope.HostIPs
+			n.External, n.Sources = true, sources
 			choose(&n, near, serving, false)
 			fromNode = &n
 		}
@@ -265,9 +274,9 @@ func Translate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, scope
 				// the ranges admit; the others are dropped with the rest.
 				n := *fromNode
 				n.VIPs, n.Port, n.Sources = lbIPs, uint16(p.Port), nil
-				for _, ip := range fromNode.Sources {
-					if inRanges(ranges, ip) {
-						n.Sources = append(n.Sources, ip)
+				for _, src := range fromNode.Sources {
+					if ones, bits := src.Mask.Size(); ones == bits && inRanges(ranges, src.IP) {
+						n.Sources = append(n.Sources, src)
 					}
 				}
 				if len(n.Sources) > 0 {
@@ -278,6 +287,21 @@ func Translate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, scope
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
 	return out, nil
+}
+
+// localSources returns the sources of the "/node" frontends: each of the
+// Node's addresses, and its Pod range.
+func localSources(scope Scope) []*net.IPNet {
+	var out []*net.IPNet
+	for _, ip := range scope.HostIPs {
+		if ip4 := ip.To4(); ip4 != nil {
+			out = append(out, &net.IPNet{IP: ip4, Mask: net.CIDRMask(32, 32)})
+		}
+	}
+	if scope.PodCIDR != nil && scope.PodCIDR.IP.To4() != nil {
+		out = append(out, scope.PodCIDR)
+	}
+	return out
 }
 
 // containsIP reports whether ips holds ip.

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
 
+	"github.com/seine-net/seine/node/config"
 	"github.com/seine-net/seine/tests/sandbox"
 	"github.com/seine-net/seine/tests/sandbox/echo"
 )
@@ -112,7 +113,8 @@ func isNodeIP(c *sandbox.Cluster, ip string) bool {
 }
 
 // externalTrafficPolicy Local: only Nodes with a local endpoint serve the
-// NodePort, and the endpoint sees the external host's own address.
+// NodePort, and the endpoint sees the external host's own address; the
+// Node's own connections and its Pods' go to every endpoint.
 func TestServiceExternalTrafficPolicyLocal(t *testing.T) {
 	c := shared
 	ns := "svc-etp"
@@ -149,6 +151,25 @@ func TestServiceExternalTrafficPolicyLocal(t *testing.T) {
 		}
 		if !strings.HasPrefix(r.Client, nodes[0].IP+":") {
 			return fmt.Errorf("server saw client %s, want the Node %s", r.Client, nodes[0].IP)
+		}
+		return nil
+	})
+	// Nor are its Pods' connections to its NodePort: they too reach the
+	// endpoint on another Node, with their own address, or the Node's
+	// where the hosts route between Nodes (the endpoint's answer must pass
+	// this Node's host, which undoes its DNAT: host SNAT).
+	if e2eMode == config.ModeNetworkPolicyOnly {
+		return // the primary CNI's Pod range is not the bridge's: not covered there
+	}
+	client := svcPods(t, c, ns, "client", 0)[0]
+	eventually(t, 20*time.Second, "a Pod to its own Node's NodePort", func() error {
+		r := probeSvc(t, c, client, nodes[0].IP, np, corev1.ProtocolTCP, 2*time.Second)
+		if r.Outcome != echo.Connected || r.Reply != pods[0].name {
+			return fmt.Errorf("got %s", r)
+		}
+		routedByHosts := e2eMode != config.ModeEncap && strings.HasPrefix(r.Client, nodes[0].IP+":")
+		if !strings.HasPrefix(r.Client, client.ip+":") && !routedByHosts {
+			return fmt.Errorf("server saw client %s, want the Pod %s (or, routed by the hosts, its Node %s)", r.Client, client.ip, nodes[0].IP)
 		}
 		return nil
 	})
