@@ -182,20 +182,28 @@ func TestServiceNoEndpointsRejects(t *testing.T) {
 	c := shared
 	client := svcPods(t, c, "svc-noep", "client", 0)[0]
 	svc := createService(t, c, "svc-noep", "empty", "nothing-matches", nil)
+	refusedFromPodAndHost(t, c, client, c.Nodes()[0], svc.Spec.ClusterIP, 80, 53)
+}
+
+// refusedFromPodAndHost waits until connections to vip on tcpPort and
+// udpPort are refused (a TCP reset, an ICMP port unreachable for UDP: the
+// answer of a reject, where a drop would time out) from client and, TCP
+// only, from node's host, whose own datagrams are refused as they leave
+// (EPERM, no ICMP error).
+func refusedFromPodAndHost(t *testing.T, c *sandbox.Cluster, client podRef, node sandbox.Node, vip string, tcpPort, udpPort int) {
+	t.Helper()
 	for _, pp := range []struct {
 		port  int
 		proto corev1.Protocol
-	}{{80, corev1.ProtocolTCP}, {53, corev1.ProtocolUDP}} {
-		// Refused (a TCP reset, an ICMP port unreachable for UDP) is the
-		// answer of a reject; a drop would time out.
+	}{{tcpPort, corev1.ProtocolTCP}, {udpPort, corev1.ProtocolUDP}} {
 		eventually(t, 15*time.Second, fmt.Sprintf("%d/%s refused", pp.port, pp.proto), func() error {
-			if r := probeSvc(t, c, client, svc.Spec.ClusterIP, pp.port, pp.proto, 3*time.Second); r.Outcome != echo.Refused {
+			if r := probeSvc(t, c, client, vip, pp.port, pp.proto, 3*time.Second); r.Outcome != echo.Refused {
 				return fmt.Errorf("from a Pod: got %s (%v)", r, r.Err)
 			}
 			if pp.proto != corev1.ProtocolTCP {
-				return nil // the host's own datagram is refused as it leaves: EPERM, no ICMP error
+				return nil
 			}
-			if r := c.ProbeFrom(testCtx(t, 10*time.Second), c.Nodes()[0].NetNS, svc.Spec.ClusterIP, pp.port, pp.proto, 3*time.Second); r.Outcome != echo.Refused {
+			if r := c.ProbeFrom(testCtx(t, 10*time.Second), node.NetNS, vip, pp.port, pp.proto, 3*time.Second); r.Outcome != echo.Refused {
 				return fmt.Errorf("from the Node's host: got %s (%v)", r, r.Err)
 			}
 			return nil
@@ -221,23 +229,7 @@ func TestServiceUndefinedPortRejects(t *testing.T) {
 		}
 		return nil
 	})
-	for _, pp := range []struct {
-		port  int
-		proto corev1.Protocol
-	}{{81, corev1.ProtocolTCP}, {54, corev1.ProtocolUDP}} {
-		eventually(t, 10*time.Second, fmt.Sprintf("%d/%s refused", pp.port, pp.proto), func() error {
-			if r := probeSvc(t, c, client, svc.Spec.ClusterIP, pp.port, pp.proto, 2*time.Second); r.Outcome != echo.Refused {
-				return fmt.Errorf("from a Pod: got %s (%v)", r, r.Err)
-			}
-			if pp.proto != corev1.ProtocolTCP {
-				return nil // the host's own datagram is refused as it leaves: EPERM, no ICMP error
-			}
-			if r := c.ProbeFrom(testCtx(t, 10*time.Second), node.NetNS, svc.Spec.ClusterIP, pp.port, pp.proto, 2*time.Second); r.Outcome != echo.Refused {
-				return fmt.Errorf("from the Node's host: got %s (%v)", r, r.Err)
-			}
-			return nil
-		})
-	}
+	refusedFromPodAndHost(t, c, client, node, svc.Spec.ClusterIP, 81, 54)
 	// A client outside the cluster whose router sends the ClusterIP to
 	// the endpoint's Node: the host forwards it into the bridge, which
 	// serves the defined port; the other one is refused.
