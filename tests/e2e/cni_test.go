@@ -17,6 +17,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 
+	"github.com/seine-net/seine/node/cni/wire"
 	"github.com/seine-net/seine/node/config"
 	"github.com/seine-net/seine/node/podnet"
 	"github.com/seine-net/seine/tests/sandbox"
@@ -357,8 +358,18 @@ func TestCNIErrors(t *testing.T) {
 			t.Errorf("error %q does not say the daemon is not running", err)
 		}
 		// STATUS exists from spec 1.1.0 on; ask through a seine-only list
-		// (Debian's chained plugins stop at 1.0.0).
+		// (Debian's chained plugins stop at 1.0.0). A daemon that served a
+		// moment ago is taken for restarting: STATUS succeeds, so that the
+		// Node stays Ready; once its heartbeat is older than
+		// wire.AliveGrace, STATUS fails with 50.
 		s := newCNIEnv(t, c, n, seineOnlyList(n))
+		if status := s.Status(ctx); status != nil {
+			t.Errorf("STATUS right after the daemon stopped: %v, want success", status)
+		}
+		old := time.Now().Add(-wire.AliveGrace - time.Second)
+		if err := os.Chtimes(wire.AlivePath(n.CNISocket), old, old); err != nil {
+			t.Fatalf("the daemon left no heartbeat: %v", err)
+		}
 		status := s.Status(ctx)
 		if got := cniCode(status); got != types.ErrPluginNotAvailable {
 			t.Fatalf("STATUS error code %d (%v), want %d", got, status, types.ErrPluginNotAvailable)
