@@ -178,7 +178,7 @@ func (p *Proxier) installPlans(ctx context.Context, plans []*portPlan) error {
 	for i, pl := range plans {
 		sp := pl.ps.Port
 		sp.ID = pl.pi.id
-		needs[i], routes[i] = p.hostNeeds(sp, pl.ps.ClusterIPs)
+		needs[i], routes[i] = p.hostNeedsWithClusterRoutes(sp, pl.ps.ClusterIPs)
 		addEl, delEl = append(addEl, needs[i]...), append(delEl, pl.pi.elements...)
 		addRoutes, delRoutes = append(addRoutes, routes[i]...), append(delRoutes, pl.pi.routes...)
 	}

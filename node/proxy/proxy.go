@@ -613,18 +613,18 @@ func (p *Proxier) installPort(ctx context.Context, pi *portInstall, ps PortState
 	for _, g := range stale {
 		p.dropGroup(pi, g.Group.ID)
 	}
-	els, routes := p.hostNeeds(sp, ps.ClusterIPs)
+	els, routes := p.hostNeedsWithClusterRoutes(sp, ps.ClusterIPs)
 	// Recorded even when the update fails: its counts took the change.
 	err = p.host.update(ctx, els, pi.elements, routes, pi.routes)
 	pi.elements, pi.routes = els, routes
 	return err
 }
 
-// hostNeeds is the package's hostNeeds plus, with proxyAll, a route to the
+// hostNeedsWithClusterRoutes is hostNeeds plus, with proxyAll, a route to the
 // gateway for each ClusterIP outside the serviceCIDR route: ranges added
 // with ServiceCIDR objects (KEP-1880), which the host would otherwise send
 // out of the Node.
-func (p *Proxier) hostNeeds(sp pipeline.ServicePort, clusterIPs []net.IP) ([]element, []net.IP) {
+func (p *Proxier) hostNeedsWithClusterRoutes(sp pipeline.ServicePort, clusterIPs []net.IP) ([]element, []net.IP) {
 	els, routes := hostNeeds(sp, clusterIPs)
 	if p.cfg.ProxyAll {
 		for _, ip := range clusterIPs {

@@ -257,11 +257,11 @@ func TestHostNeedsRoutesOtherServiceCIDRs(t *testing.T) {
 	ips := []net.IP{net.ParseIP("10.96.0.10"), net.ParseIP("10.96.200.10")}
 	sp := pipeline.ServicePort{VIPs: ips, Protocol: 6, Port: 80}
 	p := &Proxier{cfg: Config{ProxyAll: true, ServiceCIDR: cidr}}
-	if _, routes := p.hostNeeds(sp, ips); len(routes) != 1 || routes[0].String() != "10.96.200.10" {
+	if _, routes := p.hostNeedsWithClusterRoutes(sp, ips); len(routes) != 1 || routes[0].String() != "10.96.200.10" {
 		t.Errorf("proxyAll: routes %v, want 10.96.200.10 alone", routes)
 	}
 	p.cfg.ProxyAll = false
-	if _, routes := p.hostNeeds(sp, ips); len(routes) != 0 {
+	if _, routes := p.hostNeedsWithClusterRoutes(sp, ips); len(routes) != 0 {
 		t.Errorf("without proxyAll: routes %v, want none", routes)
 	}
 }
