@@ -45,11 +45,14 @@ const (
 var ErrExhausted = errors.New("IP pool exhausted")
 
 // Owner identifies what holds an address: the CNI attachment (container ID
-// and interface name, CNI spec "Container Network Interface"), plus the Pod
-// for operators.
+// and interface name, CNI spec "Container Network Interface"), the CNI
+// network it was made for (empty in allocations recorded before the
+// network was), plus the Pod for operators. The container ID and interface
+// name alone key the allocation.
 type Owner struct {
 	ContainerID string `json:"containerID"`
 	IfName      string `json:"ifName"`
+	Network     string `json:"network,omitempty"`
 	Namespace   string `json:"namespace,omitempty"`
 	Pod         string `json:"pod,omitempty"`
 }

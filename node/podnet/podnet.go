@@ -49,6 +49,11 @@ const (
 	ExtIDPodNamespace = "seine.io/pod-namespace"
 	ExtIDIP           = "seine.io/ip"
 	ExtIDMAC          = "seine.io/mac"
+	// ExtIDNetwork records the CNI network name (the configuration's
+	// "name") the attachment was made for: a GC collects only its own
+	// network's attachments (CNI spec 1.1, "GC"). Ports made before it
+	// was recorded have none, and count as any network's.
+	ExtIDNetwork = "seine.io/network"
 	// ExtIDIsolation records the Pod's NetworkPolicy isolation ("",
 	// "ingress", "egress" or "ingress,egress"), so a restarted daemon
 	// reinstalls the Pod's flows with it and never opens a window without
@@ -298,9 +303,25 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 	if b.cfg.Chained {
 		return b.addChained(ctx, req)
 	}
+	// CNI spec, "ADD": a runtime must not add the same (CNI_CONTAINERID,
+	// CNI_IFNAME) twice without a DEL between, and a plugin that cannot
+	// use the interface name must fail. Refused before anything is
+	// touched, so that the failure's rollback cannot take the live
+	// attachment's address, port or flows with it.
+	if ip, ok := b.ipam.Lookup(req.ContainerID, req.IfName); ok {
+		return nil, cniserver.Errorf(types.ErrInvalidEnvironmentVariables,
+			"CNI_CONTAINERID %s already has interface %s (CNI_IFNAME) attached, with IP %s: a second ADD needs a DEL first",
+			req.ContainerID, req.IfName, ip)
+	}
 	mappings, limits, err := b.runtimeConfig(req)
 	if err != nil {
 		return nil, err
+	}
+	var prev *current.Result
+	if req.NetConf != nil && req.NetConf.PrevResult != nil {
+		if prev, err = current.NewResultFromResult(req.NetConf.PrevResult); err != nil {
+			return nil, cniserver.Errorf(types.ErrInvalidNetworkConfig, "prevResult: %w", err)
+		}
 	}
 	podNS, err := ns.GetNS(req.Netns)
 	if err != nil {
@@ -320,7 +341,7 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 	// interface and the port are set up, and the ADD waits for it before
 	// anything learns the address.
 	podIP, durable, err := b.ipam.Reserve(ipam.Owner{ContainerID: req.ContainerID, IfName: req.IfName,
-		Namespace: req.PodNamespace, Pod: req.PodName})
+		Network: req.NetConf.Name, Namespace: req.PodNamespace, Pod: req.PodName})
 	if err != nil {
 		if errors.Is(err, ipam.ErrExhausted) {
 			return nil, cniserver.Errorf(cniserver.ErrCodeIPAMExhausted, "allocating an IP for %s/%s: %w", req.PodNamespace, req.PodName, err)
@@ -432,7 +453,7 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 		zap.String("port", hostName), zap.Int32("ofport", port.OFPort))
 
 	idx := 1
-	return &current.Result{
+	return withPrevResult(prev, &current.Result{
 		CNIVersion: current.ImplementedSpecVersion,
 		Interfaces: []*current.Interface{
 			{Name: hostName, Mac: hostMAC.String()},
@@ -440,7 +461,32 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 		},
 		IPs:    []*current.IPConfig{{Address: *podAddr, Gateway: br.GatewayIP, Interface: &idx}},
 		Routes: routes,
-	}, nil
+	}), nil
+}
+
+// withPrevResult returns ours after what an earlier plugin of the chain
+// reported (prev; ours alone when nil): CNI spec, section "Chained
+// plugins" and "ADD": a plugin given a prevResult outputs it with its own
+// changes added, so that the runtime's result still lists every
+// interface, address and route of the attachment. ours's interface
+// indices shift by prev's interfaces; prev's DNS is kept, ours has none.
+func withPrevResult(prev, ours *current.Result) *current.Result {
+	if prev == nil {
+		return ours
+	}
+	out := &current.Result{CNIVersion: ours.CNIVersion, DNS: prev.DNS}
+	out.Interfaces = append(slices.Clone(prev.Interfaces), ours.Interfaces...)
+	out.IPs = slices.Clone(prev.IPs)
+	for _, c := range ours.IPs {
+		c := *c
+		if c.Interface != nil {
+			i := *c.Interface + len(prev.Interfaces)
+			c.Interface = &i
+		}
+		out.IPs = append(out.IPs, &c)
+	}
+	out.Routes = append(slices.Clone(prev.Routes), ours.Routes...)
+	return out
 }
 
 // configurePodEnd configures the Pod's end of a new veth pair inside
@@ -611,6 +657,7 @@ func (b *Backend) attach(ctx context.Context, req *cniserver.Request, hostName s
 		ExtIDPodNamespace: req.PodNamespace,
 		ExtIDIP:           podIP.String(),
 		ExtIDMAC:          podMAC.String(),
+		ExtIDNetwork:      req.NetConf.Name,
 	}
 	maps.Copy(ids, extra)
 	port, err = b.ports.EnsurePort(ovsdb.WithPortTrace(ctx, &st.port), b.cfg.BridgeName,
@@ -801,8 +848,18 @@ func (b *Backend) checkPort(ctx context.Context, hostName string) error {
 	return nil
 }
 
-// GC releases every attachment not in valid (CNI spec 1.1, "GC").
-func (b *Backend) GC(ctx context.Context, _ *cniserver.Request, valid []types.GCAttachment) error {
+// GC releases every attachment of the request's network that is not in
+// valid (CNI spec 1.1, "GC": the valid list names only this network's
+// attachments, so another network's are left alone, such as a second
+// network of type seine under Multus). Attachments recorded before their
+// network was (no ExtIDNetwork, no ipam Owner.Network) count as this
+// network's.
+func (b *Backend) GC(ctx context.Context, req *cniserver.Request, valid []types.GCAttachment) error {
+	network := ""
+	if req != nil && req.NetConf != nil {
+		network = req.NetConf.Name
+	}
+	ours := func(recorded string) bool { return recorded == "" || network == "" || recorded == network }
 	keep := map[string]bool{}
 	for _, a := range valid {
 		keep[a.ContainerID+"/"+a.IfName] = true
@@ -818,6 +875,10 @@ func (b *Backend) GC(ctx context.Context, _ *cniserver.Request, valid []types.GC
 		if cid == "" || keep[cid+"/"+ifn] {
 			continue
 		}
+		if !ours(p.ExternalIDs[ExtIDNetwork]) {
+			seen[cid+"/"+ifn] = true // its allocation is not ours either
+			continue
+		}
 		seen[cid+"/"+ifn] = true
 		if p.ExternalIDs[ExtIDAttachment] == AttachmentChained {
 			errs = append(errs, b.releaseChained(ctx, cid, ifn))
@@ -831,6 +892,9 @@ func (b *Backend) GC(ctx context.Context, _ *cniserver.Request, valid []types.GC
 			continue
 		}
 		seen[k] = true
+		if !ours(a.Owner.Network) {
+			continue
+		}
 		errs = append(errs, b.release(ctx, a.Owner.ContainerID, a.Owner.IfName))
 	}
 	if hp := b.cfg.HostPorts; hp != nil {
@@ -919,7 +983,8 @@ func (b *Backend) RestorePods(ctx context.Context) (int, error) {
 			if _, ok := b.ipam.Lookup(cid, ifn); !ok {
 				// Its ADD stopped before the allocation reached the disk:
 				// hold the address again, so it is not handed out twice.
-				owner := ipam.Owner{ContainerID: cid, IfName: ifn, Namespace: p.ExternalIDs[ExtIDPodNamespace], Pod: p.ExternalIDs[ExtIDPodName]}
+				owner := ipam.Owner{ContainerID: cid, IfName: ifn, Network: p.ExternalIDs[ExtIDNetwork],
+					Namespace: p.ExternalIDs[ExtIDPodNamespace], Pod: p.ExternalIDs[ExtIDPodName]}
 				if err := b.ipam.Claim(owner, podIP); err != nil {
 					b.log.Warn("Pod port without IP allocation", zap.String("port", p.Name), zap.String("ip", podIP.String()), zap.Error(err))
 				} else {
