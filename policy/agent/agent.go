@@ -165,6 +165,10 @@ type Agent struct {
 	changed    chan struct{} // closed and replaced whenever done or PodRealization changes
 	informed   bool          // informers are set up (the fields below are valid)
 	lastErr    error
+	// awaiting names the policies whose translation waits for this
+	// Node's part of their AppliedToGroup (policy → group): the agent is
+	// not synced while any does, since their flows are not in.
+	awaiting map[string]string
 	// purging is set while a reconcile's AfterChange has not run yet:
 	// done already names its flows, but packets may still take datapath
 	// flows cached before them, so no Pod counts as realized.
@@ -222,6 +226,7 @@ func New(cp versioned.Interface, cfg Config, log *zap.Logger) *Agent {
 		gen:        map[string]uint64{},
 		applied:    map[string]appliedIsolation{},
 		pending:    map[string]bool{},
+		awaiting:   map[string]string{},
 		state:      newFlowState(cfg.Flows),
 		conjIDs:    flows.NewConjIDs(pipeline.ConjBandSize, pipeline.ConjBands),
 		cookies:    flows.NewAllocator[string](1<<32 - 1),
@@ -230,7 +235,10 @@ func New(cp versioned.Interface, cfg Config, log *zap.Logger) *Agent {
 }
 
 // Synced reports whether the caches have synced and the policy state they
-// held at that point is installed.
+// held is installed: every policy translated, none waiting for its
+// AppliedToGroup. At a restart the daemon removes the previous run's
+// flows only then (or after its own deadline), so a policy whose group
+// is still on its way keeps the allows it had.
 func (a *Agent) Synced() bool { return a.synced.Load() }
 
 // reconcileKey is the queue's only key: every reconcile covers all
@@ -470,6 +478,16 @@ func (a *Agent) processNext(ctx context.Context) bool {
 	}
 	a.queue.Forget(key)
 	if !a.synced.Load() {
+		a.mu.Lock()
+		waiting := len(a.awaiting)
+		a.mu.Unlock()
+		if waiting > 0 {
+			// The group's arrival marks its policy dirty, and the
+			// reconcile it brings lands here again.
+			a.log.Info("policy flows installed; not synced while policies wait for their AppliedToGroups",
+				zap.Int("waiting", waiting))
+			return true
+		}
 		a.synced.Store(true)
 		a.log.Info("policy flows synced", zap.Int("flows", a.state.count()))
 	}
@@ -551,6 +569,7 @@ func (a *Agent) reconcile(ctx context.Context) error {
 		return nil
 	}
 	src := &source{node: a.cfg.NodeName, atg: a.atgInf.GetIndexer(), ag: a.agInf.GetIndexer(), pods: pods}
+	waits := map[string]string{} // dirty policies skipped for their group
 	want := map[string][]of.Flow{}
 	next := map[string]*installed{}
 	for name := range dirty {
@@ -562,6 +581,7 @@ func (a *Agent) reconcile(ctx context.Context) error {
 		}
 		np := obj.(*v1alpha1.NetworkPolicy)
 		if !src.hasAppliedTo(np.Spec.AppliedToGroup) {
+			waits[name] = np.Spec.AppliedToGroup
 			// A policy spans the Nodes where its target group has
 			// members, so this Node's part of the group exists; it
 			// has not arrived yet (the controller writes the two
@@ -604,6 +624,13 @@ func (a *Agent) reconcile(ctx context.Context) error {
 	}
 	ok, err := a.state.update(ctx, want)
 	a.mu.Lock()
+	for name := range dirty {
+		if g, w := waits[name]; w {
+			a.awaiting[name] = g
+		} else {
+			delete(a.awaiting, name)
+		}
+	}
 	var realized []time.Time
 	for name, inst := range next {
 		if !ok[name] {

@@ -654,3 +654,57 @@ func TestPolicyWaitsForItsAppliedToGroup(t *testing.T) {
 		t.Errorf("isolation calls %v, want a isolated throughout", got)
 	}
 }
+
+// At a start where a policy's AppliedToGroup has not arrived (the
+// controller still writing it), the agent does not report Synced, nor
+// Realized, until it has: the daemon removes the previous run's flows on
+// Synced, and with them the allows of the policy that waits.
+func TestSyncedWaitsForAppliedToGroups(t *testing.T) {
+	cs := startControlPlane(t)
+	n := startNode(t)
+	api := cs.ControlplaneV1alpha1()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	must := func(_ any, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(api.AddressGroups().Create(ctx, &v1alpha1.AddressGroup{ObjectMeta: metav1.ObjectMeta{Name: "peers-b-0",
+		Labels: span(map[string]string{v1alpha1.GroupLabel: "peers-b"})},
+		Spec: v1alpha1.AddressGroupSpec{Members: []v1alpha1.GroupMember{member("b", "10.244.1.4")}}}, metav1.CreateOptions{}))
+	must(api.NetworkPolicies().Create(ctx, inPolicy("np-late", "tgt-late", "peers-b", 80, span(nil)), metav1.CreateOptions{}))
+	core, logs := observer.New(zapcore.DebugLevel)
+	ag := New(cs, Config{NodeName: nodeName, Bridge: n.br, Flows: n.syncer, RealizeTimeout: 3 * time.Second,
+		OnIsolation: n.recordIsolation}, zap.New(core))
+	for _, p := range n.pods {
+		ag.PodAttached(p)
+	}
+	runAgent(t, ctx, ag)
+	eventually(t, "the agent's first reconcile", func() bool {
+		return logs.FilterMessage("policy waits for its AppliedToGroup").Len() > 0
+	})
+	// The first reconcile is done: whatever it would set is set within
+	// this second.
+	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		if ag.Synced() {
+			t.Fatal("Synced while np-late waits for its AppliedToGroup")
+		}
+	}
+	if err := ag.Realized(); err == nil {
+		t.Error("Realized while np-late waits for its AppliedToGroup")
+	}
+	nk := v1alpha1.NodeKey(nodeName)
+	must(api.AppliedToGroups().Create(ctx, &v1alpha1.AppliedToGroup{ObjectMeta: metav1.ObjectMeta{Name: "tgt-late-" + nk,
+		Labels: span(map[string]string{v1alpha1.GroupLabel: "tgt-late"})},
+		Spec: v1alpha1.AppliedToGroupSpec{NodeName: nodeName, Members: []v1alpha1.GroupMember{member("a", "10.244.1.3")}}},
+		metav1.CreateOptions{}))
+	eventually(t, "agent synced", ag.Synced)
+	if err := ag.Realized(); err != nil {
+		t.Errorf("Realized once the group is in: %v", err)
+	}
+	if got := n.verdict(t, n.podToPod("b", "a", 80)); got != "output:3" {
+		t.Errorf("b→a:80 = %s once synced, want output:3", got)
+	}
+}

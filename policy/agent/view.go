@@ -3,6 +3,7 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"time"
@@ -105,7 +106,7 @@ func (a *Agent) RealizedPolicies() map[string]int64 {
 
 // Realized is nil when the agent has synced and its last installation of
 // flows (and isolation) succeeded: every policy object it holds is
-// enforced. Otherwise it says why not.
+// enforced, none waits for its AppliedToGroup. Otherwise it says why not.
 func (a *Agent) Realized() error {
 	if !a.synced.Load() {
 		return errors.New("the policy agent has not installed its initial state yet")
@@ -114,6 +115,11 @@ func (a *Agent) Realized() error {
 	defer a.mu.Unlock()
 	if a.lastErr != nil {
 		return fmt.Errorf("installing policy flows failed: %w", a.lastErr)
+	}
+	if len(a.awaiting) > 0 {
+		names := slices.Sorted(maps.Keys(a.awaiting))
+		return fmt.Errorf("%d policies wait for this Node's part of their AppliedToGroup, first %s (group %s)",
+			len(names), names[0], a.awaiting[names[0]])
 	}
 	return nil
 }
