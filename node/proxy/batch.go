@@ -150,8 +150,7 @@ func (p *Proxier) installPlans(ctx context.Context, plans []*portPlan) error {
 	for _, pl := range plans {
 		sp := pl.ps.Port
 		sp.ID = pl.pi.id
-		p.noteConntrack(pl.pi, sp, pl.ps.Serving)
-		pl.pi.port, pl.pi.serving = sp, pl.ps.Serving
+		p.setPortLocked(pl.pi, sp, pl.ps.Serving)
 	}
 	var stale []of.GroupMod
 	for _, pl := range plans {

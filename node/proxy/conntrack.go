@@ -110,17 +110,50 @@ func (p *Proxier) noteConntrack(pi *portInstall, cur pipeline.ServicePort, servi
 	note(cur, serving)
 }
 
-// ctStateLocked is the ctKey's state as installed now. p.mu must be held.
+// setPortLocked records that pi is now programmed as sp, serving
+// serving (sp zero: removed), noting first what the change may leave
+// stale in conntrack. p.mu must be held.
+func (p *Proxier) setPortLocked(pi *portInstall, sp pipeline.ServicePort, serving []pipeline.ServiceEndpoint) {
+	p.noteConntrack(pi, sp, serving)
+	p.indexCTLocked(pi, false)
+	pi.port, pi.serving = sp, serving
+	p.indexCTLocked(pi, true)
+}
+
+// indexCTLocked adds pi to (or removes it from) p.ctPorts under each
+// ctKey of its programmed port, when that is UDP or SCTP and conntrack
+// is flushed at all. p.mu must be held.
+func (p *Proxier) indexCTLocked(pi *portInstall, add bool) {
+	if p.cfg.Conntrack == nil || !connectionless(pi.port.Protocol) {
+		return
+	}
+	if p.ctPorts == nil {
+		p.ctPorts = map[ctKey]map[*portInstall]struct{}{}
+	}
+	for _, vip := range pi.port.VIPs {
+		k := ctKey{vip: vip.String(), proto: pi.port.Protocol, port: pi.port.Port}
+		set := p.ctPorts[k]
+		switch {
+		case add && set == nil:
+			p.ctPorts[k] = map[*portInstall]struct{}{pi: {}}
+		case add:
+			set[pi] = struct{}{}
+		default:
+			delete(set, pi)
+			if len(set) == 0 {
+				delete(p.ctPorts, k)
+			}
+		}
+	}
+}
+
+// ctStateLocked is the ctKey's state as installed now: the frontends
+// p.ctPorts holds under it. p.mu must be held.
 func (p *Proxier) ctStateLocked(k ctKey) *ctBefore {
 	b := &ctBefore{}
-	for _, ports := range p.installed {
-		for _, pi := range ports {
-			if pi.port.Protocol != k.proto || pi.port.Port != k.port || !containsIP(pi.port.VIPs, net.ParseIP(k.vip)) {
-				continue
-			}
-			b.serving = append(b.serving, pi.serving...)
-			b.balancing = b.balancing || balances(pi.port)
-		}
+	for pi := range p.ctPorts[k] {
+		b.serving = append(b.serving, pi.serving...)
+		b.balancing = b.balancing || balances(pi.port)
 	}
 	return b
 }
@@ -176,16 +209,7 @@ func (p *Proxier) flushConntrack(ctx context.Context) {
 
 // installedLocked reports whether a frontend has the ctKey. p.mu must be
 // held.
-func (p *Proxier) installedLocked(k ctKey) bool {
-	for _, ports := range p.installed {
-		for _, pi := range ports {
-			if pi.port.Protocol == k.proto && pi.port.Port == k.port && containsIP(pi.port.VIPs, net.ParseIP(k.vip)) {
-				return true
-			}
-		}
-	}
-	return false
-}
+func (p *Proxier) installedLocked(k ctKey) bool { return len(p.ctPorts[k]) > 0 }
 
 // ctFlush is one conntrack flush: the entries matching orig and reply.
 type ctFlush struct{ orig, reply ovsctl.CTTuple }

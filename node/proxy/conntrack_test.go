@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/seine-net/seine/datapath/ovsctl"
@@ -30,8 +31,10 @@ func batchFlushes(t *testing.T, ready bool, old pipeline.ServicePort, oldServing
 	p := &Proxier{cfg: Config{Conntrack: ct}, log: zaptest.NewLogger(t), ready: ready,
 		installed: map[string]map[string]*portInstall{"ns/dns": ports}}
 	p.mu.Lock()
-	p.noteConntrack(pi, cur, curServing)
-	pi.port, pi.serving = cur, curServing
+	for _, o := range ports {
+		p.indexCTLocked(o, true) // as programmed before the batch
+	}
+	p.setPortLocked(pi, cur, curServing)
 	if len(cur.VIPs) == 0 {
 		delete(ports, "ns/dns/dns/UDP")
 	}
@@ -108,9 +111,9 @@ func TestConntrackFlushes(t *testing.T) {
 		p := &Proxier{cfg: Config{Conntrack: ct}, log: zaptest.NewLogger(t), ready: true,
 			installed: map[string]map[string]*portInstall{"ns/dns": {"ns/dns/dns/UDP": pi}}}
 		p.mu.Lock()
+		p.indexCTLocked(pi, true)
 		cur := udp([]net.IP{vip}, ep(1))
-		p.noteConntrack(pi, cur, cur.Endpoints)
-		pi.port, pi.serving = cur, cur.Endpoints
+		p.setPortLocked(pi, cur, cur.Endpoints)
 		p.mu.Unlock()
 		p.flushConntrack(context.Background())
 		want := maxPartialFlushes + 1
@@ -170,3 +173,80 @@ func TestReconcileConntrack(t *testing.T) {
 		t.Errorf("flushed %v, want the two stale UDP connections %v", ct.flushed, want)
 	}
 }
+
+// ctBench is a ready Proxier with a recording conntrack, and the UDP
+// frontend i with eps endpoints.
+type ctBench struct {
+	p  *Proxier
+	ct *recordingConntrack
+}
+
+func newCTBench() *ctBench {
+	ct := &recordingConntrack{}
+	return &ctBench{ct: ct, p: &Proxier{cfg: Config{Conntrack: ct}, log: zap.NewNop(), ready: true,
+		installed: map[string]map[string]*portInstall{}}}
+}
+
+func (c *ctBench) port(i, eps int) (pipeline.ServicePort, []pipeline.ServiceEndpoint) {
+	sp := pipeline.ServicePort{Protocol: 17, Port: 53, VIPs: []net.IP{net.IPv4(10, 96, byte(i/250), byte(i%250+1))}}
+	for e := range eps {
+		sp.Endpoints = append(sp.Endpoints, pipeline.ServiceEndpoint{IP: net.IPv4(10, 244, byte(e), byte(i%250+1)), Port: 5353})
+	}
+	return sp, sp.Endpoints
+}
+
+// add installs UDP frontends lo..hi-1 with three endpoints each as one
+// batch, and works out its flushes.
+func (c *ctBench) add(lo, hi int) {
+	c.p.mu.Lock()
+	for i := lo; i < hi; i++ {
+		pi := &portInstall{}
+		c.p.installed[fmt.Sprintf("ns/s%d", i)] = map[string]*portInstall{"dns": pi}
+		sp, serving := c.port(i, 3)
+		c.p.setPortLocked(pi, sp, serving)
+	}
+	c.p.mu.Unlock()
+	c.ct.flushed = c.ct.flushed[:0]
+	c.p.flushConntrack(context.Background())
+}
+
+// Adding n UDP frontends to a ready proxy in batches of maxBatch (as many
+// Services created at once arrive), each batch's conntrack bookkeeping
+// included. Pure bookkeeping, no switch: the flushes are recorded.
+func benchmarkConntrackAdd(b *testing.B, n int) {
+	for b.Loop() {
+		c := newCTBench()
+		for lo := 0; lo < n; lo += maxBatch {
+			c.add(lo, min(n, lo+maxBatch))
+		}
+	}
+}
+
+func BenchmarkConntrackAdd1000(b *testing.B)  { benchmarkConntrackAdd(b, 1000) }
+func BenchmarkConntrackAdd10000(b *testing.B) { benchmarkConntrackAdd(b, 10000) }
+
+// One batch in which changed of n installed UDP frontends each lose (or,
+// the next time, get back) an endpoint: noting the changes, then working
+// out the flushes.
+func benchmarkConntrackChange(b *testing.B, n, changed int) {
+	c := newCTBench()
+	for lo := 0; lo < n; lo += maxBatch {
+		c.add(lo, min(n, lo+maxBatch))
+	}
+	eps := 3
+	for b.Loop() {
+		eps = 5 - eps
+		c.p.mu.Lock()
+		for j := range changed {
+			i := j * (n / changed)
+			sp, serving := c.port(i, eps)
+			c.p.setPortLocked(c.p.installed[fmt.Sprintf("ns/s%d", i)]["dns"], sp, serving)
+		}
+		c.p.mu.Unlock()
+		c.ct.flushed = c.ct.flushed[:0]
+		c.p.flushConntrack(context.Background())
+	}
+}
+
+func BenchmarkConntrackChange10000x1(b *testing.B)   { benchmarkConntrackChange(b, 10000, 1) }
+func BenchmarkConntrackChange10000x100(b *testing.B) { benchmarkConntrackChange(b, 10000, 100) }

@@ -132,6 +132,10 @@ type Proxier struct {
 	// have gone stale in the batch being programmed, with their state
 	// before it (see conntrack.go).
 	ctDirty map[ctKey]*ctBefore
+	// ctPorts indexes the programmed UDP and SCTP frontends by ctKey
+	// (setPortLocked keeps it), so that a batch's bookkeeping reads the
+	// frontends of the keys it changed, not every installed one.
+	ctPorts map[ctKey]map[*portInstall]struct{}
 	ready   bool
 }
 
@@ -599,8 +603,7 @@ func (p *Proxier) installPort(ctx context.Context, pi *portInstall, ps PortState
 	if err := p.flows.Set(ctx, pipeline.ServiceOwner(pi.id), flows); err != nil {
 		return err
 	}
-	p.noteConntrack(pi, sp, ps.Serving)
-	pi.port, pi.serving = sp, ps.Serving
+	p.setPortLocked(pi, sp, ps.Serving)
 	var stale []of.GroupMod
 	for id := range pi.groups {
 		if !wantGroups[id] {
@@ -684,8 +687,7 @@ func (p *Proxier) removePort(ctx context.Context, pi *portInstall) error {
 	if err := p.flows.Set(ctx, pipeline.ServiceOwner(pi.id), nil); err != nil {
 		return err
 	}
-	p.noteConntrack(pi, pipeline.ServicePort{}, nil)
-	pi.port, pi.serving = pipeline.ServicePort{}, nil
+	p.setPortLocked(pi, pipeline.ServicePort{}, nil)
 	// Learned affinity flows carry the port's cookie.
 	ck := pipeline.Cookie(p.cfg.Bridge.Round, pipeline.CategoryService, uint64(pi.id))
 	if err := p.sw.DeleteMatching(ctx, ck, ^uint64(0)); err != nil {
