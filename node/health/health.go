@@ -15,7 +15,8 @@
 //     pipeline-installed (the bridge's flows of this run installed and the
 //     previous run's removed), pods-restored (the Pods already attached at
 //     start-up programmed again), policies-realized (every NetworkPolicy
-//     object the agent holds installed as flows), cni-serving (the CNI
+//     object the agent holds installed as flows, none waiting longer
+//     than the agent's RealizeTimeout for its AppliedToGroup), cni-serving (the CNI
 //     server accepts requests).
 package health
 

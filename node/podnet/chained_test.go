@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -168,6 +169,13 @@ func chainedInNetns(t *testing.T, podNetns string) {
 		if got := readSysctl(t, veth, "arp_ignore") + "/" + readSysctl(t, veth, "forwarding"); got != "8/0" {
 			t.Errorf("arp_ignore/forwarding of %s: %s, want 8/0", veth, got)
 		}
+	}
+	attached()
+	// The same ADD again, without a DEL: refused, and the attachment
+	// stays as it is.
+	var cerr *cniserver.Error
+	if _, err := be.Add(ctx, req); !errors.As(err, &cerr) || cerr.Code != types.ErrInvalidEnvironmentVariables {
+		t.Errorf("second chained ADD: %v, want CNI error 4", err)
 	}
 	attached()
 	dump := o.Run("ovs-ofctl", "-O", "OpenFlow13", "dump-flows", o.MgmtSocket("br-int"))

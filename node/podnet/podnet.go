@@ -300,18 +300,11 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 	if req.IfName == "" || len(req.IfName) > 15 {
 		return nil, cniserver.Errorf(types.ErrInvalidEnvironmentVariables, "CNI_IFNAME %q is not a valid interface name", req.IfName)
 	}
+	if err := b.refuseAttached(ctx, req); err != nil {
+		return nil, err
+	}
 	if b.cfg.Chained {
 		return b.addChained(ctx, req)
-	}
-	// CNI spec, "ADD": a runtime must not add the same (CNI_CONTAINERID,
-	// CNI_IFNAME) twice without a DEL between, and a plugin that cannot
-	// use the interface name must fail. Refused before anything is
-	// touched, so that the failure's rollback cannot take the live
-	// attachment's address, port or flows with it.
-	if ip, ok := b.ipam.Lookup(req.ContainerID, req.IfName); ok {
-		return nil, cniserver.Errorf(types.ErrInvalidEnvironmentVariables,
-			"CNI_CONTAINERID %s already has interface %s (CNI_IFNAME) attached, with IP %s: a second ADD needs a DEL first",
-			req.ContainerID, req.IfName, ip)
 	}
 	mappings, limits, err := b.runtimeConfig(req)
 	if err != nil {
@@ -465,9 +458,9 @@ func (b *Backend) Add(ctx context.Context, req *cniserver.Request) (_ *current.R
 }
 
 // withPrevResult returns ours after what an earlier plugin of the chain
-// reported (prev; ours alone when nil): CNI spec, section "Chained
-// plugins" and "ADD": a plugin given a prevResult outputs it with its own
-// changes added, so that the runtime's result still lists every
+// reported (prev; ours alone when nil): CNI spec, "ADD" and "ADD Success":
+// a plugin given a prevResult passes it through with its own changes
+// added, so that the runtime's result still lists every
 // interface, address and route of the attachment. ours's interface
 // indices shift by prev's interfaces; prev's DNS is kept, ours has none.
 func withPrevResult(prev, ours *current.Result) *current.Result {
@@ -487,6 +480,35 @@ func withPrevResult(prev, ours *current.Result) *current.Result {
 	}
 	out.Routes = append(slices.Clone(prev.Routes), ours.Routes...)
 	return out
+}
+
+// refuseAttached fails with CNI error 4 when the container's interface is
+// attached already: its Pod port is on the bridge. CNI spec, "ADD": a
+// runtime should not add the same (CNI_CONTAINERID, CNI_IFNAME) twice
+// without a DEL between, and a plugin must fail when the interface exists
+// in the container. Refused before anything is touched, so that the
+// failed ADD's rollback cannot take the live attachment's address, port,
+// veth or flows with it. An address held without a port (kept by a
+// rollback that could not remove its flows) is no attachment: the ADD
+// goes on and uses it.
+func (b *Backend) refuseAttached(ctx context.Context, req *cniserver.Request) error {
+	var port *ovsdb.Port
+	var err error
+	if b.cfg.Chained {
+		port, err = b.chainedPort(ctx, req.ContainerID, req.IfName)
+	} else {
+		port, err = b.ports.GetPort(ctx, HostVethName(req.ContainerID, req.IfName))
+	}
+	if err != nil {
+		return cniserver.Errorf(cniserver.ErrCodeDatapath, "looking for an attachment of %s/%s on %s: %w",
+			req.ContainerID, req.IfName, b.cfg.BridgeName, err)
+	}
+	if port == nil {
+		return nil
+	}
+	return cniserver.Errorf(types.ErrInvalidEnvironmentVariables,
+		"CNI_CONTAINERID %s already has interface %s (CNI_IFNAME) attached, port %s with IP %s: a second ADD needs a DEL first",
+		req.ContainerID, req.IfName, port.Name, port.ExternalIDs[ExtIDIP])
 }
 
 // configurePodEnd configures the Pod's end of a new veth pair inside

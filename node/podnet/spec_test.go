@@ -15,6 +15,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/seine-net/seine/ipam"
 	cniserver "github.com/seine-net/seine/node/cni/server"
 )
 
@@ -76,6 +77,20 @@ func TestAddTwiceRefused(t *testing.T) {
 	if err := h.be.Del(ctx, req); err != nil {
 		t.Fatal(err)
 	}
+	// An address held without a port (as a rollback that could not
+	// remove its flows keeps it) is no attachment: the ADD uses it.
+	held := h.request(1, h.netns().Path())
+	heldIP, err := h.ipam.Allocate(ipam.Owner{ContainerID: held.ContainerID, IfName: "eth0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err = h.be.Add(ctx, held)
+	if err != nil || !res.IPs[0].Address.IP.Equal(heldIP) {
+		t.Fatalf("ADD of an attachment holding only its address %s: %v, %v", heldIP, res, err)
+	}
+	if err := h.be.Del(ctx, held); err != nil {
+		t.Fatal(err)
+	}
 	if left := h.leftovers(ctx); len(left) != 0 {
 		t.Errorf("left behind: %v", left)
 	}
@@ -130,7 +145,9 @@ func TestAddAfterAnEarlierPlugin(t *testing.T) {
 // TestGCOnlyItsNetwork attaches one Pod for network "blue" and one for
 // "green", then GCs "blue" with neither listed as valid: blue's is
 // released, green's (another network's, CNI spec 1.1 "GC") keeps its IP,
-// port, flows and veth; a GC of "green" then releases it.
+// port, flows and veth; a GC of "green" then releases it. An address
+// recorded without a network (before the network was) goes with the
+// first GC; one of network "red" without a port stays through both.
 func TestGCOnlyItsNetwork(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -150,7 +167,17 @@ func TestGCOnlyItsNetwork(t *testing.T) {
 			t.Fatalf("GC of %s: %v", network, err)
 		}
 	}
+	legacy := ipam.Owner{ContainerID: h.prefix + "-legacy", IfName: "eth0"}
+	red := ipam.Owner{ContainerID: h.prefix + "-red", IfName: "eth0", Network: "red"}
+	for _, o := range []ipam.Owner{legacy, red} {
+		if _, err := h.ipam.Allocate(o); err != nil {
+			t.Fatal(err)
+		}
+	}
 	gc("blue")
+	if _, ok := h.ipam.Lookup(legacy.ContainerID, "eth0"); ok {
+		t.Error("GC of blue kept the address recorded without a network")
+	}
 	if _, ok := h.ipam.Lookup(blue.ContainerID, "eth0"); ok {
 		t.Error("GC of blue kept blue's IP")
 	}
@@ -166,7 +193,16 @@ func TestGCOnlyItsNetwork(t *testing.T) {
 	if !h.flows.Has(owner(green.ContainerID, "eth0")) {
 		t.Error("GC of blue removed green's flows")
 	}
+	if _, err := netlink.LinkByName(HostVethName(green.ContainerID, "eth0")); err != nil {
+		t.Errorf("GC of blue removed green's veth: %v", err)
+	}
 	gc("green")
+	if _, ok := h.ipam.Lookup(red.ContainerID, "eth0"); !ok {
+		t.Error("a GC of blue or green released red's address")
+	}
+	if err := h.ipam.Release(red.ContainerID, "eth0"); err != nil {
+		t.Fatal(err)
+	}
 	if left := h.leftovers(ctx); len(left) != 0 {
 		t.Errorf("left behind after both GCs: %v", left)
 	}

@@ -174,8 +174,8 @@ func TestReconcileConntrack(t *testing.T) {
 	}
 }
 
-// ctBench is a ready Proxier with a recording conntrack, and the UDP
-// frontend i with eps endpoints.
+// ctBench is a ready Proxier with a recording conntrack; its port method
+// builds the UDP frontend i with eps endpoints.
 type ctBench struct {
 	p  *Proxier
 	ct *recordingConntrack

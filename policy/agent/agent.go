@@ -165,10 +165,10 @@ type Agent struct {
 	changed    chan struct{} // closed and replaced whenever done or PodRealization changes
 	informed   bool          // informers are set up (the fields below are valid)
 	lastErr    error
-	// awaiting names the policies whose translation waits for this
-	// Node's part of their AppliedToGroup (policy → group): the agent is
-	// not synced while any does, since their flows are not in.
-	awaiting map[string]string
+	// awaiting holds the policies whose translation waits for this
+	// Node's part of their AppliedToGroup: the agent is not synced while
+	// any does, since their flows are not in.
+	awaiting map[string]awaitedGroup
 	// purging is set while a reconcile's AfterChange has not run yet:
 	// done already names its flows, but packets may still take datapath
 	// flows cached before them, so no Pod counts as realized.
@@ -199,8 +199,17 @@ type Agent struct {
 	// no policy is dirty (an OnIsolation call failed).
 	isoRetry bool
 
-	synced  atomic.Bool
-	metrics *metrics
+	synced atomic.Bool
+	// waitLogged: the reconciler said once that Synced waits for
+	// AppliedToGroups.
+	waitLogged bool
+	metrics    *metrics
+}
+
+// awaitedGroup is the AppliedToGroup a policy waits for, and since when.
+type awaitedGroup struct {
+	group string
+	since time.Time
 }
 
 // New returns an agent that reads the computed policy objects with cp and
@@ -226,7 +235,7 @@ func New(cp versioned.Interface, cfg Config, log *zap.Logger) *Agent {
 		gen:        map[string]uint64{},
 		applied:    map[string]appliedIsolation{},
 		pending:    map[string]bool{},
-		awaiting:   map[string]string{},
+		awaiting:   map[string]awaitedGroup{},
 		state:      newFlowState(cfg.Flows),
 		conjIDs:    flows.NewConjIDs(pipeline.ConjBandSize, pipeline.ConjBands),
 		cookies:    flows.NewAllocator[string](1<<32 - 1),
@@ -484,8 +493,11 @@ func (a *Agent) processNext(ctx context.Context) bool {
 		if waiting > 0 {
 			// The group's arrival marks its policy dirty, and the
 			// reconcile it brings lands here again.
-			a.log.Info("policy flows installed; not synced while policies wait for their AppliedToGroups",
-				zap.Int("waiting", waiting))
+			if !a.waitLogged {
+				a.waitLogged = true
+				a.log.Info("policy flows installed; not synced while policies wait for their AppliedToGroups",
+					zap.Int("waiting", waiting))
+			}
 			return true
 		}
 		a.synced.Store(true)
@@ -624,11 +636,14 @@ func (a *Agent) reconcile(ctx context.Context) error {
 	}
 	ok, err := a.state.update(ctx, want)
 	a.mu.Lock()
+	waitStart := time.Now()
 	for name := range dirty {
-		if g, w := waits[name]; w {
-			a.awaiting[name] = g
-		} else {
+		g, w := waits[name]
+		switch was, waited := a.awaiting[name]; {
+		case !w:
 			delete(a.awaiting, name)
+		case !waited || was.group != g:
+			a.awaiting[name] = awaitedGroup{group: g, since: waitStart}
 		}
 	}
 	var realized []time.Time

@@ -707,4 +707,29 @@ func TestSyncedWaitsForAppliedToGroups(t *testing.T) {
 	if got := n.verdict(t, n.podToPod("b", "a", 80)); got != "output:3" {
 		t.Errorf("b→a:80 = %s once synced, want output:3", got)
 	}
+
+	// Once synced, a policy moved to a group that does not come is
+	// reported by Realized only after RealizeTimeout (3 s here): the
+	// controller's writes may arrive apart in normal operation.
+	np, err := api.NetworkPolicies().Get(ctx, "np-late", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	np.Spec.AppliedToGroup = "tgt-never"
+	must(api.NetworkPolicies().Update(ctx, np, metav1.UpdateOptions{}))
+	waits := logs.FilterMessage("policy waits for its AppliedToGroup").Len()
+	eventually(t, "the agent seeing the new group missing", func() bool {
+		return logs.FilterMessage("policy waits for its AppliedToGroup").Len() > waits
+	})
+	seen := time.Now()
+	if err := ag.Realized(); err != nil && time.Since(seen) < 2*time.Second {
+		t.Errorf("Realized right after the policy started waiting: %v", err)
+	}
+	eventually(t, "Realized reporting np-late", func() bool {
+		err := ag.Realized()
+		return err != nil && strings.Contains(err.Error(), "np-late") && strings.Contains(err.Error(), "tgt-never")
+	})
+	if !ag.Synced() {
+		t.Error("Synced went back to false")
+	}
 }

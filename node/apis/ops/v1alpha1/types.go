@@ -15,8 +15,9 @@ const (
 	// the API server does not answer, the heartbeat goes stale.
 	AgentAPIConnected = "APIConnected"
 	// AgentPoliciesRealized: every NetworkPolicy object the agent holds
-	// is installed as flows (the agent synced and its last installation
-	// succeeded).
+	// is installed as flows (the agent synced, its last installation
+	// succeeded, and no policy waited longer than its RealizeTimeout for
+	// its AppliedToGroup).
 	AgentPoliciesRealized = "PoliciesRealized"
 	// AgentReady: the daemon's /readyz checks pass (OVS connected,
 	// pipeline installed, Pods restored, policies realized, CNI serving).
