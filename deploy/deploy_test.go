@@ -92,7 +92,7 @@ func TestManifestObjects(t *testing.T) {
 	}
 	codecs := serializer.NewCodecFactory(scheme.Scheme, serializer.EnableStrict)
 	kinds := map[string]int{}
-	var ds *appsv1.DaemonSet
+	dss := map[string]*appsv1.DaemonSet{}
 	var cm *corev1.ConfigMap
 	for _, d := range documents(t, m) {
 		u := &unstructured.Unstructured{}
@@ -115,15 +115,19 @@ func TestManifestObjects(t *testing.T) {
 		}
 		switch o := obj.(type) {
 		case *appsv1.DaemonSet:
-			ds = o
+			dss[o.Name] = o
 		case *corev1.ConfigMap:
 			cm = o
 		}
 	}
-	for _, k := range []string{"Namespace", "ServiceAccount", "ClusterRoleBinding", "Role", "RoleBinding", "ConfigMap", "DaemonSet"} {
+	for _, k := range []string{"Namespace", "ServiceAccount", "ClusterRoleBinding", "Role", "RoleBinding", "ConfigMap"} {
 		if kinds[k] != 1 {
 			t.Errorf("%d objects of kind %s, want 1", kinds[k], k)
 		}
+	}
+	// seine, and Open vSwitch apart so that it outlives seine's updates.
+	if kinds["DaemonSet"] != 2 {
+		t.Errorf("%d DaemonSets, want 2 (seine, seine-ovs)", kinds["DaemonSet"])
 	}
 	// The daemon's, and the two aggregated into the default user roles.
 	if kinds["ClusterRole"] != 3 {
@@ -133,8 +137,9 @@ func TestManifestObjects(t *testing.T) {
 	if kinds["CustomResourceDefinition"] != len(crds) || len(crds) == 0 {
 		t.Errorf("%d CRDs in the manifest, %d in deploy/crds", kinds["CustomResourceDefinition"], len(crds))
 	}
-	if ds == nil || cm == nil {
-		t.Fatal("no DaemonSet or ConfigMap")
+	ds, ovsDS := dss["seine"], dss["seine-ovs"]
+	if ds == nil || ovsDS == nil || cm == nil {
+		t.Fatal("no DaemonSet seine or seine-ovs, or no ConfigMap")
 	}
 
 	// The ConfigMap is a configuration the daemon accepts, with the values.
@@ -144,57 +149,72 @@ func TestManifestObjects(t *testing.T) {
 		t.Errorf("configuration does not carry the values: %+v", cfg)
 	}
 
-	spec := ds.Spec.Template.Spec
-	if !spec.HostNetwork || spec.PriorityClassName != "system-node-critical" {
-		t.Errorf("hostNetwork %v, priorityClassName %q", spec.HostNetwork, spec.PriorityClassName)
-	}
-	// Cluster DNS needs the network this Pod brings up: the daemon
-	// resolves names (a kubeAPIServerOverride host) with the host's
-	// resolver only.
-	if spec.DNSPolicy != corev1.DNSDefault {
-		t.Errorf("dnsPolicy %q, want %q (the host's resolver)", spec.DNSPolicy, corev1.DNSDefault)
-	}
-	if len(spec.Tolerations) != 1 || spec.Tolerations[0].Operator != corev1.TolerationOpExists || spec.Tolerations[0].Key != "" {
-		t.Errorf("tolerations %+v do not tolerate every taint", spec.Tolerations)
+	for _, d := range []*appsv1.DaemonSet{ds, ovsDS} {
+		spec := d.Spec.Template.Spec
+		if !spec.HostNetwork || spec.PriorityClassName != "system-node-critical" {
+			t.Errorf("%s: hostNetwork %v, priorityClassName %q", d.Name, spec.HostNetwork, spec.PriorityClassName)
+		}
+		// Cluster DNS needs the network these Pods bring up: the daemon
+		// resolves names (a kubeAPIServerOverride host) with the host's
+		// resolver only.
+		if spec.DNSPolicy != corev1.DNSDefault {
+			t.Errorf("%s: dnsPolicy %q, want %q (the host's resolver)", d.Name, spec.DNSPolicy, corev1.DNSDefault)
+		}
+		if len(spec.Tolerations) != 1 || spec.Tolerations[0].Operator != corev1.TolerationOpExists || spec.Tolerations[0].Key != "" {
+			t.Errorf("%s: tolerations %+v do not tolerate every taint", d.Name, spec.Tolerations)
+		}
+		for _, c := range append(spec.InitContainers, spec.Containers...) {
+			if c.Image != v.Image {
+				t.Errorf("container %s runs %s, want %s", c.Name, c.Image, v.Image)
+			}
+			if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() {
+				t.Errorf("container %s has no resource requests", c.Name)
+			}
+			// Each writes host paths (install-cni the CNI directories) or
+			// devices: an SELinux enforcing host lets only a privileged
+			// container (spc_t) do that.
+			if sc := c.SecurityContext; sc == nil || sc.Privileged == nil || !*sc.Privileged {
+				t.Errorf("container %s is not privileged", c.Name)
+			}
+		}
 	}
 	if ru := ds.Spec.UpdateStrategy.RollingUpdate; ds.Spec.UpdateStrategy.Type != appsv1.RollingUpdateDaemonSetStrategyType ||
 		ru == nil || ru.MaxUnavailable == nil || ru.MaxUnavailable.IntValue() != 1 {
-		t.Errorf("update strategy %+v", ds.Spec.UpdateStrategy)
+		t.Errorf("seine update strategy %+v", ds.Spec.UpdateStrategy)
 	}
-	containers := map[string]corev1.Container{}
-	for _, c := range append(spec.InitContainers, spec.Containers...) {
-		containers[c.Name] = c
-		if c.Image != v.Image {
-			t.Errorf("container %s runs %s, want %s", c.Name, c.Image, v.Image)
-		}
-		if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() {
-			t.Errorf("container %s has no resource requests", c.Name)
-		}
-		// Each writes host paths (install-cni the CNI directories) or
-		// devices: an SELinux enforcing host lets only a privileged
-		// container (spc_t) do that.
-		if sc := c.SecurityContext; sc == nil || sc.Privileged == nil || !*sc.Privileged {
-			t.Errorf("container %s is not privileged", c.Name)
-		}
+	// Updating Seine must not restart the datapath: Open vSwitch is
+	// replaced only when an operator deletes its Pod.
+	if ovsDS.Spec.UpdateStrategy.Type != appsv1.OnDeleteDaemonSetStrategyType {
+		t.Errorf("seine-ovs update strategy %+v, want OnDelete", ovsDS.Spec.UpdateStrategy)
 	}
-	seine, ovs := containers["seine"], containers["openvswitch"]
-	// install-cni runs first and ends; openvswitch is a sidecar, which
-	// the kubelet stops only after seine.
-	if len(spec.InitContainers) != 2 || spec.InitContainers[0].Name != "install-cni" || spec.InitContainers[0].RestartPolicy != nil ||
-		spec.InitContainers[1].Name != "openvswitch" || spec.InitContainers[1].RestartPolicy == nil ||
-		*spec.InitContainers[1].RestartPolicy != corev1.ContainerRestartPolicyAlways {
-		t.Errorf("init containers %v: want install-cni, then openvswitch as a sidecar", containerNames(spec.InitContainers))
+	if sel := ovsDS.Spec.Selector.MatchLabels; sel["app.kubernetes.io/name"] == ds.Spec.Selector.MatchLabels["app.kubernetes.io/name"] {
+		t.Errorf("the two DaemonSets select the same Pods (%v)", sel)
+	}
+	spec, ovsSpec := ds.Spec.Template.Spec, ovsDS.Spec.Template.Spec
+	if len(spec.InitContainers) != 1 || spec.InitContainers[0].Name != "install-cni" || spec.InitContainers[0].RestartPolicy != nil {
+		t.Errorf("seine init containers %v: want install-cni", containerNames(spec.InitContainers))
 	}
 	if len(spec.Containers) != 1 || spec.Containers[0].Name != "seine" {
-		t.Errorf("containers %v, want seine", containerNames(spec.Containers))
+		t.Errorf("seine containers %v, want seine", containerNames(spec.Containers))
 	}
-	// The daemon's stop (shutdownGrace in node/agent: 25 s) and then the
-	// sidecar's (up to 60 s on netdev) fit the grace period.
-	if g := spec.TerminationGracePeriodSeconds; g == nil || *g < 25+60 {
-		t.Errorf("terminationGracePeriodSeconds %v: less than the daemon's and OVS's stops", g)
+	if len(ovsSpec.InitContainers) != 0 || len(ovsSpec.Containers) != 1 || ovsSpec.Containers[0].Name != "openvswitch" {
+		t.Errorf("seine-ovs containers %v, init %v: want openvswitch alone", containerNames(ovsSpec.Containers), containerNames(ovsSpec.InitContainers))
+	}
+	if a := ovsSpec.AutomountServiceAccountToken; a == nil || *a {
+		t.Error("seine-ovs mounts an API token it does not need")
+	}
+	seine, ovs := spec.Containers[0], ovsSpec.Containers[0]
+	// The daemon's stop (shutdownGrace in node/agent: 25 s) fits its
+	// grace period; Open vSwitch's waits for the daemon (30 s), hands
+	// the transport back (30 s) and stops its two daemons (20 s, 10 s).
+	if g := spec.TerminationGracePeriodSeconds; g == nil || *g < 25 {
+		t.Errorf("seine terminationGracePeriodSeconds %v: less than the daemon's stop", g)
+	}
+	if g := ovsSpec.TerminationGracePeriodSeconds; g == nil || *g < 30+30+30 {
+		t.Errorf("seine-ovs terminationGracePeriodSeconds %v: less than OVS's stop", g)
 	}
 	if ovs.StartupProbe == nil || ovs.StartupProbe.Exec == nil {
-		t.Errorf("openvswitch startup probe %+v: seine would start before OVS answers", ovs.StartupProbe)
+		t.Errorf("openvswitch startup probe %+v", ovs.StartupProbe)
 	}
 	if seine.ReadinessProbe == nil || seine.ReadinessProbe.HTTPGet == nil || seine.ReadinessProbe.HTTPGet.Path != "/readyz" ||
 		seine.ReadinessProbe.HTTPGet.Port.IntValue() != DefaultMetricsPort {
@@ -214,13 +234,16 @@ func TestManifestObjects(t *testing.T) {
 // TestManifestTiesConfigKeys: the configuration keys docs/configuration.md
 // calls "set by the manifest" agree with the rest of it: the CNI socket is
 // where install-cni's conflist points and on the host, the OVS run
-// directory and the data directory are the host's and shared by both
-// containers.
+// directory, the data directory and the local API socket's are the host's
+// and shared by the seine and openvswitch containers.
 func TestManifestTiesConfigKeys(t *testing.T) {
-	ds, cfg := renderDaemonSet(t, DefaultValues())
-	fromHost := func(c corev1.Container, dir string) bool { return hostMount(ds, c, dir) == dir }
+	dss, cfg := renderDaemonSets(t, DefaultValues())
+	ds, ovsDS := dss["seine"], dss["seine-ovs"]
 	spec := ds.Spec.Template.Spec
-	seine, ovs, initc := container(t, spec, "seine"), container(t, spec, "openvswitch"), container(t, spec, "install-cni")
+	seine, ovs, initc := container(t, spec, "seine"), container(t, ovsDS.Spec.Template.Spec, "openvswitch"), container(t, spec, "install-cni")
+	fromHost := func(c corev1.Container, dir string) bool {
+		return hostMount(ds, c, dir) == dir || hostMount(ovsDS, c, dir) == dir
+	}
 	// install-cni writes the socket of the configuration it reads (or of
 	// its --cni-socket).
 	socket := install.DefaultOptions().SocketPath
@@ -238,27 +261,31 @@ func TestManifestTiesConfigKeys(t *testing.T) {
 		t.Errorf("cniSocket %s: install-cni writes %s into the conflist; the host's directory is mounted: %v",
 			cfg.CNISocket, socket, fromHost(seine, filepath.Dir(cfg.CNISocket)))
 	}
-	for key, dir := range map[string]string{"ovsRunDir": cfg.OVSRunDir, "dataDir": cfg.DataDir} {
+	// Open vSwitch waits, stopping, while the daemon answers on its local
+	// API socket.
+	for key, dir := range map[string]string{"ovsRunDir": cfg.OVSRunDir, "dataDir": cfg.DataDir, "apiSocket": filepath.Dir(cfg.APISocket)} {
 		if !fromHost(seine, dir) || !fromHost(ovs, dir) {
 			t.Errorf("%s %s is not the host's directory in both containers", key, dir)
 		}
 	}
 }
 
-// renderDaemonSet renders v and returns its DaemonSet and the
+// renderDaemonSets renders v and returns its DaemonSets by name and the
 // configuration its ConfigMap gives the daemon (config.Load).
-func renderDaemonSet(t *testing.T, v Values) (appsv1.DaemonSet, config.Config) {
+func renderDaemonSets(t *testing.T, v Values) (map[string]appsv1.DaemonSet, config.Config) {
 	t.Helper()
 	m, err := Render(v)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ds appsv1.DaemonSet
+	dss := map[string]appsv1.DaemonSet{}
 	var cm corev1.ConfigMap
 	for _, d := range documents(t, m) {
 		switch {
 		case bytes.Contains(d, []byte("\nkind: DaemonSet\n")):
+			var ds appsv1.DaemonSet
 			err = utilyaml.UnmarshalStrict(d, &ds)
+			dss[ds.Name] = ds
 		case bytes.Contains(d, []byte("\nkind: ConfigMap\n")):
 			err = utilyaml.UnmarshalStrict(d, &cm)
 		}
@@ -266,7 +293,7 @@ func renderDaemonSet(t *testing.T, v Values) (appsv1.DaemonSet, config.Config) {
 			t.Fatal(err)
 		}
 	}
-	return ds, loadConfigMap(t, cm)
+	return dss, loadConfigMap(t, cm)
 }
 
 // loadConfigMap returns the configuration the daemon reads from cm
@@ -330,7 +357,8 @@ func hostMount(ds appsv1.DaemonSet, c corev1.Container, dir string) string {
 func TestNetworkPolicyOnlyManifest(t *testing.T) {
 	v := DefaultValues()
 	v.TrafficEncapMode, v.PrimaryCNIConflist = "networkPolicyOnly", "/etc/cni/net.d/10-aws.conflist"
-	ds, cfg := renderDaemonSet(t, v)
+	dss, cfg := renderDaemonSets(t, v)
+	ds := dss["seine"]
 	if cfg.TrafficEncapMode != config.ModeNetworkPolicyOnly || cfg.PrimaryCNIConflist != v.PrimaryCNIConflist {
 		t.Errorf("configuration: mode %q, primaryCNIConflist %q", cfg.TrafficEncapMode, cfg.PrimaryCNIConflist)
 	}

@@ -1,7 +1,7 @@
 // Package ovsdaemon runs a Node's Open vSwitch daemons, ovsdb-server and
 // ovs-vswitchd, in the foreground and keeps them running: the job of the
-// DaemonSet's openvswitch container (`seine ovs run`), whose liveness probe
-// is Health (`seine ovs health`).
+// seine-ovs DaemonSet's openvswitch container (`seine ovs run`), whose
+// liveness probe is Health (`seine ovs health`).
 //
 // Run prepares what the daemons need (the openvswitch kernel module for the
 // system datapath, the database created or converted to the installed
@@ -61,7 +61,8 @@ type Config struct {
 	MaxRestarts   int
 	RestartWindow time.Duration
 	// BeforeStop, when set, runs while both daemons still run, before Run
-	// stops them (e.g. to hand a device back to the kernel). Its error is
+	// stops them (e.g. to wait for the daemon that uses them, then hand a
+	// device back to the kernel), with up to a minute. Its error is
 	// logged; the daemons stop anyway.
 	BeforeStop func(ctx context.Context) error
 }
@@ -157,7 +158,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	defer vs.stopVswitchd(cfg.RunDir, log)
 	if cfg.BeforeStop != nil {
 		defer func() {
-			bctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			bctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			if err := cfg.BeforeStop(bctx); err != nil {
 				log.Error("before stopping Open vSwitch", zap.Error(err))

@@ -768,7 +768,8 @@ func countPeers(f informers.SharedInformerFactory, self string) int {
 }
 
 // dialOVSDB connects to the local OVSDB server, waiting for it: in a
-// DaemonSet the openvswitch container starts beside this one.
+// DaemonSet, Open vSwitch runs in the seine-ovs Pod, which may start
+// after this one or be replaced under it.
 func dialOVSDB(ctx context.Context, endpoint string, log *zap.Logger) (*ovsdb.Client, error) {
 	var ovs *ovsdb.Client
 	last := time.Time{}
@@ -902,8 +903,8 @@ func setupNetdevTransport(ctx context.Context, cfg config.Config, ovs *ovsdb.Cli
 
 // attachNetdevTransport hands the transport device to the transport
 // bridge (tunnel.AttachNetdev). It is idempotent, and runs again whenever
-// ovs-vswitchd comes back: an openvswitch container that stopped gave the
-// device back to the kernel (tunnel.DetachNetdev).
+// ovs-vswitchd comes back: a seine-ovs Pod that stopped gave the device back
+// to the kernel (tunnel.DetachNetdev).
 func attachNetdevTransport(ctx context.Context, cfg config.Config, ovs *ovsdb.Client, nodeIP net.IP, log *zap.Logger) (tunnel.Transport, error) {
 	t, err := tunnel.FindTransport(cfg.TransportInterface, nodeIP)
 	if err != nil {

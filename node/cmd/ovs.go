@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os/signal"
 	"path/filepath"
 	"syscall"
@@ -21,8 +22,8 @@ import (
 	"github.com/seine-net/seine/tunnel"
 )
 
-// ovsCommand runs the Node's Open vSwitch daemons (the DaemonSet's
-// openvswitch container) and checks them (its liveness probe).
+// ovsCommand runs the Node's Open vSwitch daemons (the seine-ovs
+// DaemonSet's openvswitch container) and checks them (its liveness probe).
 func ovsCommand() *cli.Command {
 	configFlag := &cli.StringFlag{Name: "config", Usage: "seine's YAML configuration (ovsRunDir, ovsDatapathType, dataDir)", EnvVars: []string{"SEINE_CONFIG"}}
 	return &cli.Command{
@@ -51,12 +52,17 @@ func ovsCommand() *cli.Command {
 					oc := ovsConfig(cfg)
 					// Before ovs-vswitchd opens its ports' sockets.
 					agent.EnsureNetdevReceiveBuffer(cfg, log)
-					if cfg.OVSDatapathType == config.DatapathNetdev {
+					oc.BeforeStop = func(ctx context.Context) error {
+						// Removing Seine stops both DaemonSets' Pods at
+						// once: the daemon's CNI requests in flight finish
+						// or roll back on a live OVS first.
+						waitDaemonGone(ctx, cfg.APISocket, daemonStopWait, log)
+						if cfg.OVSDatapathType != config.DatapathNetdev {
+							return nil
+						}
 						// The transport bridge holds the Node's address, and
 						// dies with ovs-vswitchd: give the device back first.
-						oc.BeforeStop = func(ctx context.Context) error {
-							return releaseTransport(ctx, cfg, log)
-						}
+						return releaseTransport(ctx, cfg, log)
 					}
 					err = ovsdaemon.Run(ctx, oc, log.Named("ovs"))
 					if err != nil {
@@ -84,6 +90,39 @@ func ovsCommand() *cli.Command {
 				},
 			},
 		},
+	}
+}
+
+// daemonStopWait bounds how long a stopping `seine ovs run` waits for the
+// Node's seine daemon to exit: the seine container's own grace period.
+const daemonStopWait = 30 * time.Second
+
+// waitDaemonGone returns once nothing answers on the seine daemon's local
+// API socket (apiSocket), or after limit: when only Open vSwitch is being
+// replaced, the daemon stays, rides out the restart and puts its ports and
+// flows back (docs/design.md, "Restarts without packet loss").
+func waitDaemonGone(ctx context.Context, apiSocket string, limit time.Duration, log *zap.Logger) {
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	var d net.Dialer
+	logged := false
+	for {
+		c, err := d.DialContext(ctx, "unix", apiSocket)
+		if err != nil {
+			return // refused or absent: no daemon; or the wait is over
+		}
+		_ = c.Close()
+		if !logged {
+			logged = true
+			log.Info("waiting for the seine daemon to stop before Open vSwitch does",
+				zap.String("api_socket", apiSocket), zap.Duration("at_most", limit))
+		}
+		select {
+		case <-ctx.Done():
+			log.Info("the seine daemon still runs: stopping Open vSwitch under it; it reconnects to the next one")
+			return
+		case <-time.After(250 * time.Millisecond):
+		}
 	}
 }
 

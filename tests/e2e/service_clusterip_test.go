@@ -339,6 +339,12 @@ func TestServiceSessionAffinity(t *testing.T) {
 			}
 			return nil
 		})
+		// The OpenFlow flow is gone, but datapath flows cached from it
+		// keep steering the client until the revalidators pass over them
+		// (a pass that began before the expiry may miss them): wait for
+		// two passes so the next round starts from a fresh choice.
+		ovs(t, node0, "ovs-appctl", "revalidator/wait")
+		ovs(t, node0, "ovs-appctl", "revalidator/wait")
 	}
 	if len(chosen) < 2 {
 		t.Errorf("after %d expiries the client always got %v of %s", rounds, chosen, names(pods))

@@ -533,18 +533,22 @@ func (c *Cluster) installClusterDNS(ctx context.Context) error {
 }
 
 // WaitSeineDaemonSet waits until Seine's DaemonSet has an up-to-date,
-// ready Pod on every Node and every Node is Ready (real kubelets only).
+// ready Pod on every Node, so has seine-ovs a ready one (up to date or not:
+// it updates on delete only), and every Node is Ready (real kubelets
+// only).
 func (c *Cluster) WaitSeineDaemonSet(ctx context.Context, timeout time.Duration) error {
-	err := waitFor(ctx, timeout, time.Second, "seine's DaemonSet", func(ctx context.Context) (bool, error) {
-		ds, err := c.Client().AppsV1().DaemonSets(SeineNamespace).Get(ctx, "seine", metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
-		st := ds.Status
-		if st.ObservedGeneration < ds.Generation || st.DesiredNumberScheduled != int32(len(c.st.Nodes)) ||
-			st.UpdatedNumberScheduled != st.DesiredNumberScheduled || st.NumberReady != st.DesiredNumberScheduled {
-			return false, fmt.Errorf("DaemonSet: %d desired, %d updated, %d ready", st.DesiredNumberScheduled,
-				st.UpdatedNumberScheduled, st.NumberReady)
+	err := waitFor(ctx, timeout, time.Second, "seine's DaemonSets", func(ctx context.Context) (bool, error) {
+		for _, name := range []string{"seine-ovs", "seine"} {
+			ds, err := c.Client().AppsV1().DaemonSets(SeineNamespace).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			st := ds.Status
+			if st.ObservedGeneration < ds.Generation || st.DesiredNumberScheduled != int32(len(c.st.Nodes)) ||
+				(name == "seine" && st.UpdatedNumberScheduled != st.DesiredNumberScheduled) || st.NumberReady != st.DesiredNumberScheduled {
+				return false, fmt.Errorf("DaemonSet %s: %d desired, %d updated, %d ready", name, st.DesiredNumberScheduled,
+					st.UpdatedNumberScheduled, st.NumberReady)
+			}
 		}
 		return true, nil
 	})

@@ -3,6 +3,7 @@ package realnodes
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -163,17 +164,19 @@ func allConnect(t *testing.T, pods []corev1.Pod, port int) {
 }
 
 // TestInstalledByManifest checks what `kubectl apply -f` of the manifest
-// put on every Node: the DaemonSet's Pod ready, the CNI plugin, the
+// put on every Node: both DaemonSets' Pods ready, the CNI plugin, the
 // plugins it relies on and its conflist in the Node's own CNI directories,
 // Open vSwitch healthy, every CRD served.
 func TestInstalledByManifest(t *testing.T) {
 	ctx := testCtx(t, 2*time.Minute)
-	ds, err := cluster.Client().AppsV1().DaemonSets(sandbox.SeineNamespace).Get(ctx, "seine", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ds.Status.NumberReady != 2 || ds.Status.DesiredNumberScheduled != 2 {
-		t.Errorf("DaemonSet status %+v, want 2 ready", ds.Status)
+	for _, name := range []string{"seine", "seine-ovs"} {
+		ds, err := cluster.Client().AppsV1().DaemonSets(sandbox.SeineNamespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ds.Status.NumberReady != 2 || ds.Status.DesiredNumberScheduled != 2 {
+			t.Errorf("DaemonSet %s status %+v, want 2 ready", name, ds.Status)
+		}
 	}
 	for _, n := range cluster.Nodes() {
 		out, err := cluster.NodeExec(ctx, n.Name, "ls", "/opt/cni/bin", "/etc/cni/net.d")
@@ -188,22 +191,26 @@ func TestInstalledByManifest(t *testing.T) {
 			}
 		}
 	}
-	pods, err := cluster.Client().CoreV1().Pods(sandbox.SeineNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=seine"})
-	if err != nil || len(pods.Items) != 2 {
-		t.Fatalf("seine Pods: %v, %v", pods, err)
-	}
-	for _, p := range pods.Items {
-		if out := kubectl(t, "exec", "-n", sandbox.SeineNamespace, p.Name, "-c", "openvswitch", "--",
-			"seine", "ovs", "health", "--config=/etc/seine/seine.yaml"); strings.TrimSpace(out) != "ok" {
-			t.Errorf("ovs health in %s: %q", p.Name, out)
+	for _, app := range []string{"seine", "seine-ovs"} {
+		pods, err := cluster.Client().CoreV1().Pods(sandbox.SeineNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + app})
+		if err != nil || len(pods.Items) != 2 {
+			t.Fatalf("%s Pods: %v, %v", app, pods, err)
 		}
-		running := runningStatuses(p)
-		if len(running) != 2 {
-			t.Errorf("%s: containers %v running, want seine and the openvswitch sidecar", p.Name, running)
-		}
-		for _, cs := range running {
-			if !cs.Ready || cs.RestartCount != 0 {
-				t.Errorf("%s/%s: ready %v, %d restarts", p.Name, cs.Name, cs.Ready, cs.RestartCount)
+		for _, p := range pods.Items {
+			if app == "seine-ovs" {
+				if out := kubectl(t, "exec", "-n", sandbox.SeineNamespace, p.Name, "-c", "openvswitch", "--",
+					"seine", "ovs", "health", "--config=/etc/seine/seine.yaml"); strings.TrimSpace(out) != "ok" {
+					t.Errorf("ovs health in %s: %q", p.Name, out)
+				}
+			}
+			running := runningStatuses(p)
+			if len(running) != 1 {
+				t.Errorf("%s: containers %v running, want one", p.Name, running)
+			}
+			for _, cs := range running {
+				if !cs.Ready || cs.RestartCount != 0 {
+					t.Errorf("%s/%s: ready %v, %d restarts", p.Name, cs.Name, cs.Ready, cs.RestartCount)
+				}
 			}
 		}
 	}
@@ -486,7 +493,7 @@ func restarts(pods []corev1.Pod) map[string]int32 {
 
 // runningStatuses returns the statuses of the Pod's long-running
 // containers: its containers and its sidecars (init containers with
-// restartPolicy Always, seine's openvswitch), not the init containers that
+// restartPolicy Always), not the init containers that
 // ran to completion.
 func runningStatuses(p corev1.Pod) []corev1.ContainerStatus {
 	sidecar := map[string]bool{}
@@ -524,7 +531,7 @@ func samePods(t *testing.T, before, after []corev1.Pod) {
 }
 
 // TestReinstallKeepsPodsConnected: `kubectl delete -f` removes Seine (the
-// Nodes keep their own addresses: the openvswitch container hands the
+// Nodes keep their own addresses: the seine-ovs Pod's container hands the
 // transport device back to the kernel) and a new `kubectl apply -f`
 // brings it back; the Pods that ran all along, with their addresses, are
 // connected again.
@@ -549,13 +556,13 @@ func TestReinstallKeepsPodsConnected(t *testing.T) {
 	allConnect(t, after, 8080)
 }
 
-// TestRollingUpdateKeepsPodsConnected: a new image tag rolls the
-// DaemonSet over the Nodes one by one; a TCP connection between Pods on
-// different Nodes opened before the update is still carrying data after
-// it, every seine Pod runs the new image, and a new connection crosses the
-// Nodes. The longest run of failed
-// probes during the update is logged (with the userspace datapath each
-// Node's data plane pauses while its openvswitch container is replaced).
+// TestRollingUpdateKeepsPodsConnected: a new image tag rolls the seine
+// DaemonSet over the Nodes one by one while Open vSwitch (DaemonSet
+// seine-ovs, OnDelete) keeps running and forwarding, on the userspace
+// datapath too: new connections between Pods on different Nodes succeed
+// throughout, a TCP connection opened before the update is still carrying
+// data after it, every seine Pod runs the new image, and no seine-ovs Pod
+// was replaced.
 func TestRollingUpdateKeepsPodsConnected(t *testing.T) {
 	createNamespace(t, "roll")
 	ctx := testCtx(t, 6*time.Minute)
@@ -606,6 +613,19 @@ func TestRollingUpdateKeepsPodsConnected(t *testing.T) {
 		t.Fatalf("the stream does not flow before the update (%d lines)", echoed())
 	}
 
+	ovsPods := func() map[string]string {
+		pods, err := cluster.Client().CoreV1().Pods(sandbox.SeineNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=seine-ovs"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]string{}
+		for _, p := range pods.Items {
+			out[p.Name] = fmt.Sprintf("uid %s, %d restarts", p.UID, restarts([]corev1.Pod{p})[p.Name])
+		}
+		return out
+	}
+	ovsBefore := ovsPods()
+
 	image := deploy.ImageRepository + ":" + deploy.ImageTag + "-next"
 	for _, n := range cluster.Nodes() {
 		if out, err := cluster.NodeCtr(ctx, n.Name, "images", "tag", "--force", deploy.DefaultValues().Image, image); err != nil {
@@ -620,6 +640,7 @@ func TestRollingUpdateKeepsPodsConnected(t *testing.T) {
 	}()
 	var longest, current time.Duration
 	var failures, probes int
+	var dropped []string // probes the data plane failed (agnhost's TIMEOUT or refused)
 	for rolling := true; rolling; {
 		select {
 		case err := <-done:
@@ -632,6 +653,9 @@ func TestRollingUpdateKeepsPodsConnected(t *testing.T) {
 			probes++
 			if err := connect(ctx, "roll", "stream", server.Status.PodIP+":8080"); err != nil {
 				failures++
+				if msg := err.Error(); strings.Contains(msg, "TIMEOUT") || strings.Contains(msg, "REFUSED") {
+					dropped = append(dropped, time.Now().Format("15:04:05.000")+" "+msg)
+				}
 				current += time.Since(t0)
 				longest = max(longest, current)
 			} else {
@@ -640,6 +664,12 @@ func TestRollingUpdateKeepsPodsConnected(t *testing.T) {
 		}
 	}
 	t.Logf("during the rolling update: %d of %d probes failed, longest outage ~%s", failures, probes, longest.Round(100*time.Millisecond))
+	// Failures of kubectl exec itself (the API server, the kubelet) say
+	// nothing of the data plane; a connection that timed out or was
+	// refused does.
+	if len(dropped) > 0 {
+		t.Errorf("%d new connections failed in the data plane during the update:\n%s", len(dropped), strings.Join(dropped, "\n"))
+	}
 	if err := cluster.WaitSeineDaemonSet(ctx, 3*time.Minute); err != nil {
 		t.Fatal(err)
 	}
@@ -676,6 +706,9 @@ func TestRollingUpdateKeepsPodsConnected(t *testing.T) {
 	}
 	if running != len(nodes) {
 		t.Errorf("%d seine Pods after the update, want one per Node (%d)", running, len(nodes))
+	}
+	if after := ovsPods(); !maps.Equal(after, ovsBefore) {
+		t.Errorf("seine-ovs Pods %v before the update, %v after: Open vSwitch was replaced", ovsBefore, after)
 	}
 	var lastErr error
 	if err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 15*time.Second, true, func(ctx context.Context) (bool, error) {
