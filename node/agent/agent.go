@@ -222,7 +222,7 @@ func (d *daemon) findNode(ctx context.Context) error {
 	if d.rc, err = restConfig(cfg.Kubeconfig, cfg.KubeAPIServerOverride); err != nil {
 		return err
 	}
-	if d.ops, err = newOperations(cfg, d.rc, d.reg, d.log, d.opts); err != nil {
+	if d.ops, err = newOperations(ctx, cfg, d.rc, d.reg, d.log, d.opts); err != nil {
 		return err
 	}
 	probesUp, err := d.ops.startProbes(ctx, nil, d.comps)
@@ -231,7 +231,7 @@ func (d *daemon) findNode(ctx context.Context) error {
 	}
 	// seinectl reaches a daemon that is still starting (log-level, and
 	// what it is waiting for).
-	d.ops.serveAPI(ctx, d.comps, func() string { return "start-up step " + d.step.Load().(string) })
+	d.ops.serveAPI(d.comps, func() string { return "start-up step " + d.step.Load().(string) })
 	if d.kube, d.cp, err = kubeClients(d.rc); err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -78,9 +79,9 @@ type operations struct {
 }
 
 // newOperations starts what needs nothing but the configuration: the
-// probes (every readiness check failing until its step is done) and the
-// metrics registry.
-func newOperations(cfg config.Config, rc *rest.Config, reg *prometheus.Registry, log *zap.Logger, opts []Option) (*operations, error) {
+// probes (every readiness check failing until its step is done, and
+// shutdown once ctx ends) and the metrics registry.
+func newOperations(ctx context.Context, cfg config.Config, rc *rest.Config, reg *prometheus.Registry, log *zap.Logger, opts []Option) (*operations, error) {
 	o := &operations{cfg: cfg, log: log, reg: reg, started: time.Now(),
 		pipelineGate: health.NewGate("the pipeline of this run is not installed yet"),
 		podsGate:     health.NewGate("the Pods attached before this start are not restored yet"),
@@ -103,6 +104,12 @@ func newOperations(cfg config.Config, rc *rest.Config, reg *prometheus.Registry,
 	o.watchdog = health.NewWatchdog(max(health.DefaultStuckAfter, 2*cfg.NetworkPolicy.RealizeTimeout.Duration))
 	o.queues = health.NewQueueMetrics(reg, o.watchdog)
 	o.probes.Live.Add(health.CheckWorkers, o.watchdog.Check)
+	o.probes.Ready.Add(health.CheckShutdown, func() error {
+		if ctx.Err() != nil {
+			return errors.New("the daemon is shutting down")
+		}
+		return nil
+	})
 	o.probes.Ready.Add(health.CheckOVSConnected, func() error { return fmt.Errorf("not connected to OVS yet") })
 	o.probes.Ready.Add(health.CheckPipeline, o.pipelineGate.Check)
 	o.probes.Ready.Add(health.CheckPodsRestored, o.podsGate.Check)
@@ -218,12 +225,13 @@ func (o *operations) inspector(d *datapath) *inspect.Inspector {
 	})
 }
 
-// serveAPI serves the local API as a component: until run, only the log
-// level and the probes, the other routes answering that the daemon is
-// starting, doing what step returns.
-func (o *operations) serveAPI(ctx context.Context, comps *components, step func() string) {
+// serveAPI serves the local API as a late component (it answers until
+// the others have stopped): until run, only the log level and the probes,
+// the other routes answering that the daemon is starting, doing what step
+// returns.
+func (o *operations) serveAPI(comps *components, step func() string) {
 	o.api.SetStarting(step)
-	comps.Go(func() error { return o.api.Serve(ctx, o.cfg.APISocket) })
+	comps.GoLate(func(ctx context.Context) error { return o.api.Serve(ctx, o.cfg.APISocket) })
 }
 
 // run, once the datapath is ready, gives the local API its backend and

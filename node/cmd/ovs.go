@@ -7,6 +7,7 @@ import (
 	"net"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -19,6 +20,8 @@ import (
 	"github.com/seine-net/seine/datapath/ovsdb"
 	"github.com/seine-net/seine/node/agent"
 	"github.com/seine-net/seine/node/config"
+	"github.com/seine-net/seine/node/health"
+	"github.com/seine-net/seine/node/localapi"
 	"github.com/seine-net/seine/tunnel"
 )
 
@@ -56,7 +59,7 @@ func ovsCommand() *cli.Command {
 						// Removing Seine stops both DaemonSets' Pods at
 						// once: the daemon's CNI requests in flight finish
 						// or roll back on a live OVS first.
-						waitDaemonGone(ctx, cfg.APISocket, daemonStopWait, log)
+						waitDaemonGone(ctx, cfg.APISocket, daemonStopStart, daemonStopWait, log)
 						if cfg.OVSDatapathType != config.DatapathNetdev {
 							return nil
 						}
@@ -93,36 +96,68 @@ func ovsCommand() *cli.Command {
 	}
 }
 
-// daemonStopWait bounds how long a stopping `seine ovs run` waits for the
-// Node's seine daemon to exit: the seine container's own grace period.
-const daemonStopWait = 30 * time.Second
+// daemonStopWait bounds how long a stopping `seine ovs run` waits for a
+// stopping seine daemon to exit: the seine container's own grace period.
+// daemonStopStart is how long it gives a running daemon to begin stopping:
+// `kubectl delete -f` deletes both Pods of a Node, not at the same instant.
+const (
+	daemonStopWait  = 30 * time.Second
+	daemonStopStart = 5 * time.Second
+)
 
 // waitDaemonGone returns once nothing answers on the seine daemon's local
-// API socket (apiSocket), or after limit: when only Open vSwitch is being
-// replaced, the daemon stays, rides out the restart and puts its ports and
-// flows back (docs/design.md, "Restarts without packet loss").
-func waitDaemonGone(ctx context.Context, apiSocket string, limit time.Duration, log *zap.Logger) {
+// API socket (apiSocket), once the daemon has answered for startWait that
+// it is not stopping (its /readyz passes the shutdown check: only Open
+// vSwitch is being replaced, and the daemon rides out the restart and
+// puts its ports and flows back, docs/design.md, "Restarts without packet
+// loss"), or after limit.
+func waitDaemonGone(ctx context.Context, apiSocket string, startWait, limit time.Duration, log *zap.Logger) {
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
-	var d net.Dialer
+	api := localapi.NewClient(apiSocket)
+	began := time.Now()
 	logged := false
 	for {
-		c, err := d.DialContext(ctx, "unix", apiSocket)
-		if err != nil {
-			return // refused or absent: no daemon; or the wait is over
-		}
-		_ = c.Close()
-		if !logged {
+		answering, stopping := daemonState(ctx, api)
+		switch {
+		case ctx.Err() != nil:
+			log.Info("the seine daemon still runs after the wait: stopping Open vSwitch under it",
+				zap.Duration("waited", time.Since(began)))
+			return
+		case !answering:
+			return // no daemon, or the wait is over
+		case !stopping && time.Since(began) >= startWait:
+			log.Info("the seine daemon keeps running: stopping Open vSwitch under it; it reconnects to the next one",
+				zap.String("api_socket", apiSocket))
+			return
+		case stopping && !logged:
 			logged = true
 			log.Info("waiting for the seine daemon to stop before Open vSwitch does",
 				zap.String("api_socket", apiSocket), zap.Duration("at_most", limit))
 		}
 		select {
-		case <-ctx.Done():
-			log.Info("the seine daemon still runs: stopping Open vSwitch under it; it reconnects to the next one")
-			return
+		case <-ctx.Done(): // logged above
 		case <-time.After(250 * time.Millisecond):
 		}
+	}
+}
+
+// daemonState asks the seine daemon for its /readyz over the local API:
+// answering is false when nothing accepts on the socket, stopping is true when the answer fails the shutdown check
+// (health.CheckShutdown).
+func daemonState(ctx context.Context, api *localapi.Client) (answering, stopping bool) {
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	var b strings.Builder
+	err := api.Stream(rctx, "/readyz?verbose", &b)
+	var op *net.OpError
+	switch {
+	case err == nil:
+		return true, false
+	case errors.As(err, &op):
+		return false, false
+	default:
+		return true, strings.Contains(err.Error(), "[-]"+health.CheckShutdown+" failed")
 	}
 }
 

@@ -11,7 +11,10 @@
 //     Its check, workers-progressing, fails when a CNI request or a
 //     workqueue item has been in progress for longer than
 //     DefaultStuckAfter (see Watchdog).
-//   - /readyz is the readiness probe: ovs-connected (OVSDB and OpenFlow),
+//   - /readyz is the readiness probe: shutdown (fails from the moment
+//     the daemon begins to stop, as kube-apiserver's check of that name
+//     does: `seine ovs run` reads it to tell a stopping daemon from one
+//     that stays), ovs-connected (OVSDB and OpenFlow),
 //     pipeline-installed (the bridge's flows of this run installed and the
 //     previous run's removed), pods-restored (the Pods already attached at
 //     start-up programmed again), policies-realized (every NetworkPolicy
@@ -41,6 +44,7 @@ const CheckWorkers = "workers-progressing"
 
 // Readiness check names.
 const (
+	CheckShutdown         = "shutdown"
 	CheckOVSConnected     = "ovs-connected"
 	CheckPipeline         = "pipeline-installed"
 	CheckPodsRestored     = "pods-restored"

@@ -189,6 +189,19 @@ func (p *Proxier) flushConntrack(ctx context.Context) {
 	if len(flushes) == 0 {
 		return
 	}
+	// A packet that meets a datapath flow cached from the tables before
+	// the batch is balanced the old way and commits a new entry to the
+	// old endpoint, which would outlive the flush (with the userspace
+	// datapath, OVS 3.1 keeps such flows until its revalidators pass,
+	// hundreds of ms under load): drop the cached flows first, as the
+	// policy agent does after a revoking change.
+	cctx, cancel := context.WithTimeout(ctx, ctTimeout)
+	err := p.cfg.Conntrack.PurgeDatapathFlows(cctx)
+	cancel()
+	if err != nil {
+		p.log.Warn("purging the datapath flows before a conntrack flush failed; a flow balanced by the old tables may keep its endpoint",
+			zap.Error(err))
+	}
 	if len(flushes) > maxPartialFlushes {
 		p.flushMatching(ctx, flushes)
 		return

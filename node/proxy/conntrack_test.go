@@ -40,6 +40,12 @@ func batchFlushes(t *testing.T, ready bool, old pipeline.ServicePort, oldServing
 	}
 	p.mu.Unlock()
 	p.flushConntrack(context.Background())
+	// A flush follows one purge of the cached datapath flows, else a
+	// packet on a flow cached before the batch commits a new entry to
+	// the old endpoint; no flush, no purge.
+	if (len(ct.flushed) > 0) != (ct.purges == 1) || ct.purges > 1 || ct.unpurged > 0 {
+		t.Errorf("%d flushes, %d of them before a purge of the datapath flows; %d purges", len(ct.flushed), ct.unpurged, ct.purges)
+	}
 	sort.Strings(ct.flushed)
 	return ct.flushed
 }
@@ -123,15 +129,27 @@ func TestConntrackFlushes(t *testing.T) {
 	})
 }
 
-// recordingConntrack answers a dump with entries and records flushes.
+// recordingConntrack answers a dump with entries and records flushes and
+// purges of the datapath flows.
 type recordingConntrack struct {
 	entries []ovsctl.CTEntry
 	flushed []string
 	dumps   int
+	// purges counts PurgeDatapathFlows; unpurged the flushes made before
+	// the first.
+	purges, unpurged int
 }
 
 func (r *recordingConntrack) FlushConntrack(_ context.Context, _ uint16, orig, reply ovsctl.CTTuple) error {
 	r.flushed = append(r.flushed, orig.String()+"|"+reply.String())
+	if r.purges == 0 {
+		r.unpurged++
+	}
+	return nil
+}
+
+func (r *recordingConntrack) PurgeDatapathFlows(context.Context) error {
+	r.purges++
 	return nil
 }
 

@@ -91,6 +91,7 @@ type Config struct {
 type Conntrack interface {
 	FlushConntrack(ctx context.Context, zone uint16, orig, reply ovsctl.CTTuple) error
 	DumpConntrack(ctx context.Context, zone uint16) ([]ovsctl.CTEntry, error)
+	PurgeDatapathFlows(ctx context.Context) error
 }
 
 // Proxier programs Services. Create with New, then Run.

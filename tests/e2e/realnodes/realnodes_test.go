@@ -556,6 +556,150 @@ func TestReinstallKeepsPodsConnected(t *testing.T) {
 	allConnect(t, after, 8080)
 }
 
+// streamPair starts, in namespace ns, an echo Pod on serverNode (HTTP on
+// port 8080; a line echo server, busybox nc, on 9000) and on clientNode a
+// Pod "stream" that sends a line every 200 ms over one TCP connection to
+// it and keeps what comes back. It returns once lines flow, with the echo
+// Pod and a count of the lines echoed so far (-1 when it cannot be read).
+func streamPair(t *testing.T, ctx context.Context, ns, serverNode, clientNode string) (corev1.Pod, func() int) {
+	t.Helper()
+	echo := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "echo", Labels: map[string]string{"app": "echo"}},
+		Spec: corev1.PodSpec{
+			NodeName: serverNode, TerminationGracePeriodSeconds: ptr(int64(1)),
+			Containers: []corev1.Container{
+				{Name: "http", Image: agnhost, ImagePullPolicy: corev1.PullNever, Args: []string{"netexec", "--http-port=8080"}},
+				{Name: "lines", Image: agnhost, ImagePullPolicy: corev1.PullNever,
+					Command: []string{"/bin/busybox", "nc", "-ll", "-p", "9000", "-e", "/bin/cat"}},
+			},
+		},
+	}
+	if _, err := cluster.Client().CoreV1().Pods(ns).Create(ctx, echo, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	server := waitPods(t, ctx, ns, map[string]string{"app": "echo"}, 1)[0]
+	stream := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "stream", Labels: map[string]string{"app": "stream"}},
+		Spec: corev1.PodSpec{
+			NodeName: clientNode, TerminationGracePeriodSeconds: ptr(int64(1)), RestartPolicy: corev1.RestartPolicyNever,
+			Containers: []corev1.Container{{Name: "stream", Image: agnhost, ImagePullPolicy: corev1.PullNever,
+				Command: []string{"/bin/sh", "-c", "until /agnhost connect " + server.Status.PodIP + ":9000 --timeout=1s; do sleep 0.2; done; " +
+					"i=0; while true; do i=$((i+1)); echo $i; sleep 0.2; done | " +
+					"/bin/busybox nc " + server.Status.PodIP + " 9000 > /tmp/echoed"}}},
+		},
+	}
+	if _, err := cluster.Client().CoreV1().Pods(ns).Create(ctx, stream, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitPods(t, ctx, ns, map[string]string{"app": "stream"}, 1)
+	echoed := func() int {
+		out, err := cluster.Kubectl(ctx, "exec", "-n", ns, "stream", "--", "wc", "-l", "/tmp/echoed")
+		if err != nil {
+			return -1
+		}
+		n, _ := strconv.Atoi(strings.Fields(out + " x")[0])
+		return n
+	}
+	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		return echoed() > 3, nil
+	}); err != nil {
+		t.Fatalf("the stream does not flow (%d lines)", echoed())
+	}
+	return server, echoed
+}
+
+// streamGoesOn checks that the stream Pod's connection still carries data:
+// five more lines echoed within 30 s.
+func streamGoesOn(t *testing.T, ctx context.Context, ns string, echoed func() int, after string) {
+	t.Helper()
+	before := echoed()
+	if before < 0 {
+		t.Fatal("reading the stream's echoed lines failed")
+	}
+	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		return echoed() >= before+5, nil
+	}); err != nil {
+		t.Errorf("the connection opened before %s no longer carries data: %d lines, then %d", after, before, echoed())
+	}
+	p, err := cluster.Client().CoreV1().Pods(ns).Get(ctx, "stream", metav1.GetOptions{})
+	if err != nil || p.Status.Phase != corev1.PodRunning {
+		t.Errorf("stream Pod: %v, %v", p.Status.Phase, err)
+	}
+}
+
+// outage is what probing saw: probes made and failed, the longest run of
+// failures, and the failures the data plane caused (agnhost's TIMEOUT or
+// REFUSED; a failing kubectl exec says nothing of the data plane).
+type outage struct {
+	probes, failures int
+	longest          time.Duration
+	dropped          []string
+}
+
+func (o outage) String() string {
+	return fmt.Sprintf("%d of %d probes failed (%d in the data plane), longest outage ~%s",
+		o.failures, o.probes, len(o.dropped), o.longest.Round(100*time.Millisecond))
+}
+
+// probeUntil opens new connections from Pod ns/from to addr, one after the
+// other, until done delivers and then until one succeeds (at most a
+// minute more). done's error is returned.
+func probeUntil(ctx context.Context, ns, from, addr string, done <-chan error) (outage, error) {
+	var o outage
+	var current time.Duration
+	var doneErr error
+	var settle time.Time // when done delivered
+	for {
+		if settle.IsZero() {
+			select {
+			case doneErr = <-done:
+				settle = time.Now()
+				if doneErr != nil {
+					return o, doneErr
+				}
+			default:
+			}
+		}
+		t0 := time.Now()
+		o.probes++
+		err := connect(ctx, ns, from, addr)
+		if err == nil {
+			current = 0
+			if !settle.IsZero() {
+				return o, nil
+			}
+			continue
+		}
+		o.failures++
+		if msg := err.Error(); strings.Contains(msg, "TIMEOUT") || strings.Contains(msg, "REFUSED") {
+			o.dropped = append(o.dropped, time.Now().Format("15:04:05.000")+" "+msg)
+		}
+		current += time.Since(t0)
+		o.longest = max(o.longest, current)
+		if (!settle.IsZero() && time.Since(settle) > time.Minute) || ctx.Err() != nil {
+			return o, nil
+		}
+	}
+}
+
+// seinePods returns the Pods of one of Seine's DaemonSets (app: seine or
+// seine-ovs) by Node, each as "<name> uid <uid>, <n> restarts".
+func seinePods(t *testing.T, ctx context.Context, app string) map[string]string {
+	t.Helper()
+	pods, err := cluster.Client().CoreV1().Pods(sandbox.SeineNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + app})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp != nil {
+			continue // an old Pod still terminating
+		}
+		out[p.Spec.NodeName] = fmt.Sprintf("%s uid %s, %d restarts", p.Name, p.UID, restarts([]corev1.Pod{p})[p.Name])
+	}
+	return out
+}
+
 // TestRollingUpdateKeepsPodsConnected: a new image tag rolls the seine
 // DaemonSet over the Nodes one by one while Open vSwitch (DaemonSet
 // seine-ovs, OnDelete) keeps running and forwarding, on the userspace
@@ -567,64 +711,8 @@ func TestRollingUpdateKeepsPodsConnected(t *testing.T) {
 	createNamespace(t, "roll")
 	ctx := testCtx(t, 6*time.Minute)
 	nodes := cluster.Nodes()
-	// An HTTP server and a line echo server (busybox nc, persistent) on
-	// one Node; on the other, a client that sends a line every 200 ms over
-	// one connection and keeps what comes back.
-	echo := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "echo", Labels: map[string]string{"app": "echo"}},
-		Spec: corev1.PodSpec{
-			NodeName: nodes[0].Name, TerminationGracePeriodSeconds: ptr(int64(1)),
-			Containers: []corev1.Container{
-				{Name: "http", Image: agnhost, ImagePullPolicy: corev1.PullNever, Args: []string{"netexec", "--http-port=8080"}},
-				{Name: "lines", Image: agnhost, ImagePullPolicy: corev1.PullNever,
-					Command: []string{"/bin/busybox", "nc", "-ll", "-p", "9000", "-e", "/bin/cat"}},
-			},
-		},
-	}
-	if _, err := cluster.Client().CoreV1().Pods("roll").Create(ctx, echo, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	server := waitPods(t, ctx, "roll", map[string]string{"app": "echo"}, 1)[0]
-	stream := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "stream", Labels: map[string]string{"app": "stream"}},
-		Spec: corev1.PodSpec{
-			NodeName: nodes[1].Name, TerminationGracePeriodSeconds: ptr(int64(1)), RestartPolicy: corev1.RestartPolicyNever,
-			Containers: []corev1.Container{{Name: "stream", Image: agnhost, ImagePullPolicy: corev1.PullNever,
-				Command: []string{"/bin/sh", "-c", "until /agnhost connect " + server.Status.PodIP + ":9000 --timeout=1s; do sleep 0.2; done; " +
-					"i=0; while true; do i=$((i+1)); echo $i; sleep 0.2; done | " +
-					"/bin/busybox nc " + server.Status.PodIP + " 9000 > /tmp/echoed"}}},
-		},
-	}
-	if _, err := cluster.Client().CoreV1().Pods("roll").Create(ctx, stream, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	waitPods(t, ctx, "roll", map[string]string{"app": "stream"}, 1)
-	echoed := func() int {
-		out, err := cluster.Kubectl(ctx, "exec", "-n", "roll", "stream", "--", "wc", "-l", "/tmp/echoed")
-		if err != nil {
-			return -1
-		}
-		n, _ := strconv.Atoi(strings.Fields(out + " x")[0])
-		return n
-	}
-	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
-		return echoed() > 3, nil
-	}); err != nil {
-		t.Fatalf("the stream does not flow before the update (%d lines)", echoed())
-	}
-
-	ovsPods := func() map[string]string {
-		pods, err := cluster.Client().CoreV1().Pods(sandbox.SeineNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=seine-ovs"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		out := map[string]string{}
-		for _, p := range pods.Items {
-			out[p.Name] = fmt.Sprintf("uid %s, %d restarts", p.UID, restarts([]corev1.Pod{p})[p.Name])
-		}
-		return out
-	}
-	ovsBefore := ovsPods()
+	server, echoed := streamPair(t, ctx, "roll", nodes[0].Name, nodes[1].Name)
+	ovsBefore := seinePods(t, ctx, "seine-ovs")
 
 	image := deploy.ImageRepository + ":" + deploy.ImageTag + "-next"
 	for _, n := range cluster.Nodes() {
@@ -638,54 +726,18 @@ func TestRollingUpdateKeepsPodsConnected(t *testing.T) {
 		_, err := cluster.Kubectl(ctx, "-n", sandbox.SeineNamespace, "rollout", "status", "daemonset/seine", "--timeout=4m")
 		done <- err
 	}()
-	var longest, current time.Duration
-	var failures, probes int
-	var dropped []string // probes the data plane failed (agnhost's TIMEOUT or refused)
-	for rolling := true; rolling; {
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatalf("rollout: %v", err)
-			}
-			rolling = false
-		default:
-			t0 := time.Now()
-			probes++
-			if err := connect(ctx, "roll", "stream", server.Status.PodIP+":8080"); err != nil {
-				failures++
-				if msg := err.Error(); strings.Contains(msg, "TIMEOUT") || strings.Contains(msg, "REFUSED") {
-					dropped = append(dropped, time.Now().Format("15:04:05.000")+" "+msg)
-				}
-				current += time.Since(t0)
-				longest = max(longest, current)
-			} else {
-				current = 0
-			}
-		}
+	o, err := probeUntil(ctx, "roll", "stream", server.Status.PodIP+":8080", done)
+	if err != nil {
+		t.Fatalf("rollout: %v", err)
 	}
-	t.Logf("during the rolling update: %d of %d probes failed, longest outage ~%s", failures, probes, longest.Round(100*time.Millisecond))
-	// Failures of kubectl exec itself (the API server, the kubelet) say
-	// nothing of the data plane; a connection that timed out or was
-	// refused does.
-	if len(dropped) > 0 {
-		t.Errorf("%d new connections failed in the data plane during the update:\n%s", len(dropped), strings.Join(dropped, "\n"))
+	t.Logf("during the rolling update: %s", o)
+	if len(o.dropped) > 0 {
+		t.Errorf("%d new connections failed in the data plane during the update:\n%s", len(o.dropped), strings.Join(o.dropped, "\n"))
 	}
 	if err := cluster.WaitSeineDaemonSet(ctx, 3*time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	before := echoed()
-	if before < 0 {
-		t.Fatal("reading the stream's echoed lines failed")
-	}
-	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
-		return echoed() >= before+5, nil
-	}); err != nil {
-		t.Errorf("the connection opened before the update no longer carries data: %d lines, then %d", before, echoed())
-	}
-	p, err := cluster.Client().CoreV1().Pods("roll").Get(ctx, "stream", metav1.GetOptions{})
-	if err != nil || p.Status.Phase != corev1.PodRunning {
-		t.Errorf("stream Pod: %v, %v", p.Status.Phase, err)
-	}
+	streamGoesOn(t, ctx, "roll", echoed, "the update")
 	// Every seine Pod runs the new image, and a new connection crosses
 	// the Nodes.
 	seine, err := cluster.Client().CoreV1().Pods(sandbox.SeineNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=seine"})
@@ -707,7 +759,7 @@ func TestRollingUpdateKeepsPodsConnected(t *testing.T) {
 	if running != len(nodes) {
 		t.Errorf("%d seine Pods after the update, want one per Node (%d)", running, len(nodes))
 	}
-	if after := ovsPods(); !maps.Equal(after, ovsBefore) {
+	if after := seinePods(t, ctx, "seine-ovs"); !maps.Equal(after, ovsBefore) {
 		t.Errorf("seine-ovs Pods %v before the update, %v after: Open vSwitch was replaced", ovsBefore, after)
 	}
 	var lastErr error
@@ -716,5 +768,68 @@ func TestRollingUpdateKeepsPodsConnected(t *testing.T) {
 		return lastErr == nil, nil
 	}); err != nil {
 		t.Errorf("stream (%s) -> echo (%s) after the update: %v", nodes[1].Name, nodes[0].Name, lastErr)
+	}
+}
+
+// TestOVSReplacedUnderSeine: deleting a Node's seine-ovs Pod, the way to
+// upgrade Open vSwitch (docs/install.md), gives the Node a new Open
+// vSwitch under its running seine daemon. The old Pod's container sees
+// that the daemon stays (no wait for it to stop), the seine Pods are
+// neither replaced nor restarted, the Node keeps its own address, the TCP
+// connection opened before carries data after, and new connections
+// across the Nodes succeed again. On the userspace datapath the Node's
+// Pods pause meanwhile: the test reports the outage, and fails only if
+// connections never come back.
+func TestOVSReplacedUnderSeine(t *testing.T) {
+	createNamespace(t, "ovsup")
+	ctx := testCtx(t, 6*time.Minute)
+	nodes := cluster.Nodes()
+	server, echoed := streamPair(t, ctx, "ovsup", nodes[0].Name, nodes[1].Name)
+	seineBefore, ovsBefore := seinePods(t, ctx, "seine"), seinePods(t, ctx, "seine-ovs")
+	old := strings.Fields(ovsBefore[nodes[0].Name] + " x")[0]
+	if old == "x" {
+		t.Fatalf("no seine-ovs Pod on %s: %v", nodes[0].Name, ovsBefore)
+	}
+	// The old container's log, to its end: the Pod is gone afterwards.
+	logs := make(chan string, 1)
+	go func() {
+		out, _ := cluster.Kubectl(ctx, "-n", sandbox.SeineNamespace, "logs", "-f", old, "-c", "openvswitch", "--since=1s")
+		logs <- out
+	}()
+	time.Sleep(time.Second) // kubectl logs -f attached
+	done := make(chan error, 1)
+	go func() {
+		if _, err := cluster.Kubectl(ctx, "-n", sandbox.SeineNamespace, "delete", "pod", old, "--wait=true", "--timeout=3m"); err != nil {
+			done <- fmt.Errorf("delete pod %s: %w", old, err)
+			return
+		}
+		done <- cluster.WaitSeineDaemonSet(ctx, 3*time.Minute)
+	}()
+	o, err := probeUntil(ctx, "ovsup", "stream", server.Status.PodIP+":8080", done)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("Open vSwitch replaced on %s: %s", nodes[0].Name, o)
+	if out := <-logs; !strings.Contains(out, "the seine daemon keeps running") {
+		t.Errorf("the old openvswitch container did not see the seine daemon stay; its log:\n%s", out)
+	}
+	ovsAfter := seinePods(t, ctx, "seine-ovs")
+	if ovsAfter[nodes[0].Name] == ovsBefore[nodes[0].Name] || ovsAfter[nodes[1].Name] != ovsBefore[nodes[1].Name] {
+		t.Errorf("seine-ovs Pods %v before, %v after: want only %s's replaced", ovsBefore, ovsAfter, nodes[0].Name)
+	}
+	if after := seinePods(t, ctx, "seine"); !maps.Equal(after, seineBefore) {
+		t.Errorf("seine Pods %v before, %v after: want them untouched", seineBefore, after)
+	}
+	out, err := cluster.NodeExec(ctx, nodes[0].Name, "ip", "-4", "-o", "addr", "show")
+	if err != nil || !strings.Contains(string(out), " "+nodes[0].IP+"/") {
+		t.Errorf("node %s lost its address: %v\n%s", nodes[0].Name, err, out)
+	}
+	streamGoesOn(t, ctx, "ovsup", echoed, "Open vSwitch was replaced")
+	var lastErr error
+	if err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		lastErr = connect(ctx, "ovsup", "stream", server.Status.PodIP+":8080")
+		return lastErr == nil, nil
+	}); err != nil {
+		t.Errorf("stream (%s) -> echo (%s) after Open vSwitch was replaced: %v", nodes[1].Name, nodes[0].Name, lastErr)
 	}
 }
