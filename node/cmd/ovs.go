@@ -125,7 +125,7 @@ func waitDaemonGone(ctx context.Context, apiSocket string, startWait, limit time
 				zap.Duration("waited", time.Since(began)))
 			return
 		case !answering:
-			return // no daemon, or the wait is over
+			return // no daemon (any more)
 		case !stopping && time.Since(began) >= startWait:
 			log.Info("the seine daemon keeps running: stopping Open vSwitch under it; it reconnects to the next one",
 				zap.String("api_socket", apiSocket))
@@ -143,8 +143,8 @@ func waitDaemonGone(ctx context.Context, apiSocket string, startWait, limit time
 }
 
 // daemonState asks the seine daemon for its /readyz over the local API:
-// answering is false when nothing accepts on the socket, stopping is true when the answer fails the shutdown check
-// (health.CheckShutdown).
+// answering is false when nothing accepts on the socket; stopping is true
+// when the answer fails the shutdown check (health.CheckShutdown).
 func daemonState(ctx context.Context, api *localapi.Client) (answering, stopping bool) {
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()

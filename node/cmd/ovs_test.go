@@ -75,39 +75,35 @@ func TestWaitDaemonGone(t *testing.T) {
 			t.Errorf("returned after %s: want the start wait (300ms), not less, nor the limit", d)
 		}
 	})
-	t.Run("a stopping daemon", func(t *testing.T) {
-		var stopping atomic.Bool
-		stopping.Store(true)
-		socket, stop := serveAPI(t, &stopping)
-		var gone atomic.Bool
-		go func() {
-			time.Sleep(time.Second)
-			gone.Store(true)
-			stop()
-		}()
-		// The start wait is far shorter than the daemon's stop: only the
-		// shutdown check keeps the wait going.
-		waitDaemonGone(context.Background(), socket, 100*time.Millisecond, limit, zap.NewNop())
-		if !gone.Load() {
-			t.Error("returned while the stopping daemon still answered")
-		}
-	})
-	t.Run("a daemon that begins to stop", func(t *testing.T) {
-		var stopping atomic.Bool
-		socket, stop := serveAPI(t, &stopping)
-		var gone atomic.Bool
-		go func() {
-			time.Sleep(200 * time.Millisecond)
-			stopping.Store(true)
-			time.Sleep(time.Second)
-			gone.Store(true)
-			stop()
-		}()
-		waitDaemonGone(context.Background(), socket, 3*time.Second, limit, zap.NewNop())
-		if !gone.Load() {
-			t.Error("returned while the daemon, stopping, still answered")
-		}
-	})
+	// A daemon that is stopping, or begins to within the start wait, is
+	// waited for until its socket goes.
+	for _, tc := range []struct {
+		name                  string
+		stopsAfter, startWait time.Duration // stopsAfter < 0: stopping from the start
+	}{
+		{"a stopping daemon", -1, 100 * time.Millisecond},
+		{"a daemon that begins to stop", 200 * time.Millisecond, 3 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stopping atomic.Bool
+			stopping.Store(tc.stopsAfter < 0)
+			socket, stop := serveAPI(t, &stopping)
+			var gone atomic.Bool
+			go func() {
+				if tc.stopsAfter >= 0 {
+					time.Sleep(tc.stopsAfter)
+					stopping.Store(true)
+				}
+				time.Sleep(time.Second) // the daemon's components finishing
+				gone.Store(true)
+				stop()
+			}()
+			waitDaemonGone(context.Background(), socket, tc.startWait, limit, zap.NewNop())
+			if !gone.Load() {
+				t.Error("returned while the stopping daemon still answered")
+			}
+		})
+	}
 	t.Run("the limit", func(t *testing.T) {
 		var stopping atomic.Bool
 		stopping.Store(true)
