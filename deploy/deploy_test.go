@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/urfave/cli/v2"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -94,6 +95,8 @@ func TestManifestObjects(t *testing.T) {
 	kinds := map[string]int{}
 	dss := map[string]*appsv1.DaemonSet{}
 	var cm *corev1.ConfigMap
+	vaps := map[string]*admissionregistrationv1.ValidatingAdmissionPolicy{}
+	bindings := map[string]*admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
 	for _, d := range documents(t, m) {
 		u := &unstructured.Unstructured{}
 		if err := utilyaml.Unmarshal(d, &u.Object); err != nil {
@@ -118,6 +121,10 @@ func TestManifestObjects(t *testing.T) {
 			dss[o.Name] = o
 		case *corev1.ConfigMap:
 			cm = o
+		case *admissionregistrationv1.ValidatingAdmissionPolicy:
+			vaps[o.Name] = o
+		case *admissionregistrationv1.ValidatingAdmissionPolicyBinding:
+			bindings[o.Name] = o
 		}
 	}
 	for _, k := range []string{"Namespace", "ServiceAccount", "ClusterRoleBinding", "Role", "RoleBinding", "ConfigMap"} {
@@ -147,6 +154,20 @@ func TestManifestObjects(t *testing.T) {
 	if cfg.ClusterCIDR != v.ClusterCIDR || cfg.OVSDatapathType != "netdev" || !cfg.ProxyAllEnabled() ||
 		cfg.KubeAPIServerOverride != v.KubeAPIServerOverride || cfg.LeaderElection.Namespace != v.Namespace {
 		t.Errorf("configuration does not carry the values: %+v", cfg)
+	}
+
+	// The admission policy applies to the daemon's ServiceAccount in this
+	// namespace, is bound and denies.
+	sa := "'system:serviceaccount:" + v.Namespace + ":seine'"
+	p, b := vaps["seine-node-identity"], bindings["seine-node-identity"]
+	if len(vaps) != 1 || p == nil || b == nil {
+		t.Fatalf("admission policies %v, bindings %v: want seine-node-identity and its binding", vaps, bindings)
+	}
+	if len(p.Spec.MatchConditions) != 1 || !strings.Contains(p.Spec.MatchConditions[0].Expression, sa) {
+		t.Errorf("the admission policy does not match the ServiceAccount %s: %+v", sa, p.Spec.MatchConditions)
+	}
+	if b.Spec.PolicyName != p.Name || !slices.Equal(b.Spec.ValidationActions, []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}) {
+		t.Errorf("binding: policy %q, actions %v", b.Spec.PolicyName, b.Spec.ValidationActions)
 	}
 
 	for _, d := range []*appsv1.DaemonSet{ds, ovsDS} {
@@ -405,7 +426,8 @@ func TestNetworkPolicyOnlyManifest(t *testing.T) {
 
 func clusterScoped(o runtime.Object) bool {
 	switch o.(type) {
-	case *rbacv1.ClusterRole, *rbacv1.ClusterRoleBinding, *corev1.Namespace:
+	case *rbacv1.ClusterRole, *rbacv1.ClusterRoleBinding, *corev1.Namespace,
+		*admissionregistrationv1.ValidatingAdmissionPolicy, *admissionregistrationv1.ValidatingAdmissionPolicyBinding:
 		return true
 	}
 	return false

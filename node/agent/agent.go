@@ -239,6 +239,7 @@ func (d *daemon) findNode(ctx context.Context) error {
 	if d.node, err = waitForNode(ctx, d.kube, cfg.NodeName, d.ownsPods, d.log); err != nil {
 		return err
 	}
+	checkIdentity(ctx, d.kube, cfg.NodeName, d.log)
 	if d.nodeIP = noderoute.InternalIP(d.node); d.nodeIP == nil {
 		return fmt.Errorf("node %s has no IPv4 InternalIP", cfg.NodeName)
 	}

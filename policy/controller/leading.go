@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
@@ -422,8 +423,16 @@ func (l *leading) work(ctx context.Context) bool {
 			return true
 		}
 		l.c.metrics.writeErrors.WithLabelValues(string(k.Kind)).Inc()
-		l.log.Debug("reconcile failed; retrying", zap.String("kind", string(k.Kind)),
-			zap.String("name", k.Name), zap.Error(err))
+		if apierrors.IsForbidden(err) {
+			// RBAC, or the manifest's admission policy (credentials
+			// bound to no Node): retrying will not help until an
+			// operator fixes it, so say so above Debug.
+			l.log.Warn("write refused; retrying", zap.String("kind", string(k.Kind)),
+				zap.String("name", k.Name), zap.Error(err))
+		} else {
+			l.log.Debug("reconcile failed; retrying", zap.String("kind", string(k.Kind)),
+				zap.String("name", k.Name), zap.Error(err))
+		}
 		l.smu.Lock()
 		l.scheduled[k] = struct{}{}
 		l.smu.Unlock()

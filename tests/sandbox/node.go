@@ -210,12 +210,16 @@ func writeConflist(p string, b []byte) error {
 	return nil
 }
 
+// seineKubeconfig is where n's daemon finds its credentials: the
+// seine-system/seine ServiceAccount with a token bound to the Node n.
+func seineKubeconfig(n *Node) string { return filepath.Join(n.Dir, "seine.kubeconfig") }
+
 // seineConfig is the daemon configuration of n with overrides applied in
 // order: the sandbox's Set, then set. Values are parsed as YAML scalars.
 func (c *Cluster) seineConfig(n *Node, set map[string]string) ([]byte, error) {
 	cfg := map[string]any{
 		"nodeName":           n.Name,
-		"kubeconfig":         c.st.SeineKubeconfig,
+		"kubeconfig":         seineKubeconfig(n),
 		"ovsRunDir":          n.OVSRunDir,
 		"ovsDatapathType":    "netdev",
 		"transportInterface": "eth0",
@@ -255,6 +259,11 @@ func (c *Cluster) startSeine(ctx context.Context, n *Node, set map[string]string
 	pidPath := filepath.Join(n.Dir, "seine.pid")
 	if pidfileAlive(pidPath) {
 		return fmt.Errorf("seine on %s is already running (pid %d)", n.Name, readPid(pidPath))
+	}
+	// A fresh token bound to the Node, as a seine Pod's would be: the
+	// manifest's admission policies tell the instances apart by it.
+	if err := c.cp.ServiceAccountKubeconfig(ctx, SeineNamespace, "seine", n.Name, seineKubeconfig(n)); err != nil {
+		return fmt.Errorf("seine kubeconfig: %w", err)
 	}
 	b, err := c.seineConfig(n, set)
 	if err != nil {

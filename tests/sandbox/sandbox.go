@@ -39,6 +39,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/seine-net/seine/deploy"
 	"github.com/seine-net/seine/node/config"
@@ -169,8 +170,6 @@ type state struct {
 	Kubeconfig string `json:"kubeconfig"`
 	// InternalKubeconfig is the admin kubeconfig with server 198.18.0.1.
 	InternalKubeconfig string `json:"internalKubeconfig"`
-	// SeineKubeconfig is the seine-system/seine ServiceAccount kubeconfig.
-	SeineKubeconfig string `json:"seineKubeconfig,omitempty"`
 }
 
 // Cluster is a running (or loaded) sandbox.
@@ -411,10 +410,6 @@ func Up(ctx context.Context, o Options) (_ *Cluster, err error) {
 		if err := cp.ApplyExcept(ctx, []string{"DaemonSet"}, manifest); err != nil {
 			return nil, fmt.Errorf("sandbox up: apply %s: %w", manifest, err)
 		}
-		c.st.SeineKubeconfig = filepath.Join(dir, "seine.kubeconfig")
-		if err := cp.ServiceAccountKubeconfig(ctx, SeineNamespace, "seine", c.st.SeineKubeconfig); err != nil {
-			return nil, fmt.Errorf("sandbox up: seine kubeconfig: %w", err)
-		}
 	}
 	if err := c.save(); err != nil {
 		return nil, fmt.Errorf("sandbox up: %w", err)
@@ -577,6 +572,20 @@ func (c *Cluster) Client() kubernetes.Interface {
 		c.client = kubernetes.NewForConfigOrDie(rc)
 	}
 	return c.client
+}
+
+// SeineRESTConfig is a client configuration with the credentials the
+// seine daemon of node (name or "<index>") runs with: the
+// seine-system/seine ServiceAccount, its token bound to the Node.
+// Connections originate in the control-plane namespace. Sandboxes with
+// real kubelets have no such file (their seine Pods carry the kubelet's
+// token).
+func (c *Cluster) SeineRESTConfig(node string) (*rest.Config, error) {
+	n, err := c.Node(node)
+	if err != nil {
+		return nil, err
+	}
+	return c.cp.ConfigFromKubeconfig(seineKubeconfig(&n))
 }
 
 // Nodes lists the sandbox's Nodes in index order.

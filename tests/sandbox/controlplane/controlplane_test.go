@@ -181,7 +181,7 @@ func TestControlPlane(t *testing.T) {
 
 	// A ServiceAccount kubeconfig only has the SA's RBAC rights.
 	saKubeconfig := filepath.Join(t.TempDir(), "agent.kubeconfig")
-	if err := cp.ServiceAccountKubeconfig(ctx, "seine-test", "agent", saKubeconfig); err != nil {
+	if err := cp.ServiceAccountKubeconfig(ctx, "seine-test", "agent", "", saKubeconfig); err != nil {
 		t.Fatalf("ServiceAccountKubeconfig: %v", err)
 	}
 	saRC, err := cp.ConfigFromKubeconfig(saKubeconfig)

@@ -62,10 +62,24 @@ func (cp *ControlPlane) WriteAdminKubeconfig(path, server string) error {
 // to the default API audience) and writes a kubeconfig at path with server
 // Server() that authenticates with that token, so a client using it has
 // only the RBAC rights granted to the ServiceAccount.
-func (cp *ControlPlane) ServiceAccountKubeconfig(ctx context.Context, namespace, name, path string) error {
+//
+// A non-empty node binds the token to that Node object (name and UID; it
+// must exist): the API server then reports the Node in the request's user
+// extra authentication.kubernetes.io/node-name, as it does for the token a
+// kubelet projects into a Pod on that Node, and the token stops working
+// when the Node is deleted (KEP-4193; GA in Kubernetes 1.33).
+func (cp *ControlPlane) ServiceAccountKubeconfig(ctx context.Context, namespace, name, node, path string) error {
 	cs, _, err := cp.clientset()
 	if err != nil {
 		return err
+	}
+	var bound *authenticationv1.BoundObjectReference
+	if node != "" {
+		n, err := cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return fmt.Errorf("token bound to node %s: %w", node, err)
+		}
+		bound = &authenticationv1.BoundObjectReference{APIVersion: "v1", Kind: "Node", Name: n.Name, UID: n.UID}
 	}
 	if err := ensureNamespace(ctx, cs, namespace); err != nil {
 		return err
@@ -76,7 +90,7 @@ func (cp *ControlPlane) ServiceAccountKubeconfig(ctx context.Context, namespace,
 	}
 	exp := int64(serviceAccountTokenSeconds)
 	tr, err := cs.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, name, &authenticationv1.TokenRequest{
-		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &exp},
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &exp, BoundObjectRef: bound},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		return fmt.Errorf("request token for service account %s/%s: %w", namespace, name, err)
