@@ -47,6 +47,12 @@ const PrimaryCNIConfDir = "/etc/cni/net.d"
 // Lease) unless the values say otherwise.
 const DefaultNamespace = "seine-system"
 
+// LeaseName is the controller's Lease, and the ControllerInfo named after
+// it (config leaderElection.name): the ConfigMap sets it, and the admission
+// policy that lets only the leader write the computed policy state reads
+// that ControllerInfo.
+const LeaseName = "seine-controller"
+
 // DefaultMetricsPort is the port of the daemon's /metrics, /healthz and
 // /readyz (config metricsAddress).
 const DefaultMetricsPort = 9345
@@ -159,7 +165,7 @@ func Render(v Values) ([]byte, error) {
 	if err := v.Validate(); err != nil {
 		return nil, fmt.Errorf("manifest values: %w", err)
 	}
-	funcs := template.FuncMap{"indent": indent}
+	funcs := template.FuncMap{"indent": indent, "leaseName": func() string { return LeaseName }}
 	tmpl, err := template.New("").Funcs(funcs).ParseFS(sources, "seine.yaml.tmpl", "config.yaml.tmpl")
 	if err != nil {
 		return nil, fmt.Errorf("parsing the manifest templates: %w", err)

@@ -156,18 +156,31 @@ func TestManifestObjects(t *testing.T) {
 		t.Errorf("configuration does not carry the values: %+v", cfg)
 	}
 
-	// The admission policy applies to the daemon's ServiceAccount in this
-	// namespace, is bound and denies.
+	// The admission policies apply to the daemon's ServiceAccount in this
+	// namespace, each is bound and denies, and the leader's reads the
+	// ControllerInfo named after the daemon's Lease.
 	sa := "'system:serviceaccount:" + v.Namespace + ":seine'"
-	p, b := vaps["seine-node-identity"], bindings["seine-node-identity"]
-	if len(vaps) != 1 || p == nil || b == nil {
-		t.Fatalf("admission policies %v, bindings %v: want seine-node-identity and its binding", vaps, bindings)
+	if len(vaps) != 2 || len(bindings) != 2 {
+		t.Errorf("admission policies %d, bindings %d: want 2 of each", len(vaps), len(bindings))
 	}
-	if len(p.Spec.MatchConditions) != 1 || !strings.Contains(p.Spec.MatchConditions[0].Expression, sa) {
-		t.Errorf("the admission policy does not match the ServiceAccount %s: %+v", sa, p.Spec.MatchConditions)
+	for _, name := range []string{"seine-node-identity", "seine-leader-writes"} {
+		p, b := vaps[name], bindings[name]
+		if p == nil || b == nil {
+			t.Fatalf("admission policy %s or its binding missing", name)
+		}
+		if len(p.Spec.MatchConditions) != 1 || !strings.Contains(p.Spec.MatchConditions[0].Expression, sa) {
+			t.Errorf("policy %s does not match the ServiceAccount %s: %+v", name, sa, p.Spec.MatchConditions)
+		}
+		if b.Spec.PolicyName != name || !slices.Equal(b.Spec.ValidationActions, []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}) {
+			t.Errorf("binding %s: policy %q, actions %v", name, b.Spec.PolicyName, b.Spec.ValidationActions)
+		}
 	}
-	if b.Spec.PolicyName != p.Name || !slices.Equal(b.Spec.ValidationActions, []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}) {
-		t.Errorf("binding: policy %q, actions %v", b.Spec.PolicyName, b.Spec.ValidationActions)
+	if ref := bindings["seine-leader-writes"].Spec.ParamRef; ref == nil || ref.Name != cfg.LeaderElection.Name ||
+		ref.ParameterNotFoundAction == nil || *ref.ParameterNotFoundAction != admissionregistrationv1.DenyAction {
+		t.Errorf("seine-leader-writes reads %+v, the ControllerInfo is %s", ref, cfg.LeaderElection.Name)
+	}
+	if pk := vaps["seine-leader-writes"].Spec.ParamKind; pk == nil || pk.Kind != "ControllerInfo" || pk.APIVersion != "ops.seine.io/v1alpha1" {
+		t.Errorf("seine-leader-writes parameter kind %+v, want ops.seine.io/v1alpha1 ControllerInfo", pk)
 	}
 
 	for _, d := range []*appsv1.DaemonSet{ds, ovsDS} {

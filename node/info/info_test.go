@@ -185,8 +185,10 @@ func TestLeaderTasks(t *testing.T) {
 	}
 	since := time.Now().Add(-time.Minute) // nanoseconds: the API server keeps seconds
 	finished := time.Now()
+	var observed atomic.Value // the Lease holder the controller last read
+	observed.Store("n1")
 	status := func() policycontroller.Status {
-		return policycontroller.Status{Leading: true, Since: since, Sources: map[string]int{"pods": 7, "nodes": 2},
+		return policycontroller.Status{Leading: true, Observed: observed.Load().(string), Since: since, Sources: map[string]int{"pods": 7, "nodes": 2},
 			Computed: map[compute.Kind]int{compute.KindNetworkPolicy: 1}, InitialSync: 1500 * time.Millisecond,
 			LastRound: &policycontroller.Round{FinishedAt: finished, Duration: 40 * time.Millisecond, Objects: 3}}
 	}
@@ -257,6 +259,47 @@ func TestLeaderTasks(t *testing.T) {
 	if gap := beat.Status.LastHeartbeatTime.Sub(ci.Status.LastHeartbeatTime.Time); gap < 3*time.Second {
 		t.Errorf("ControllerInfo rewritten %s after the last write without a change (heartbeat every 3 s): %+v", gap, beat.Status)
 	}
+	// The ControllerInfo is the term's claim (the manifest's admission
+	// policy admits the computed state only from the Node it names): one
+	// a deposed leader wrote over it is claimed back at the next check...
+	claim := func(leader string) {
+		t.Helper()
+		cur, err := c.ops.OpsV1alpha1().ControllerInfos().Get(ctx, "seine-controller", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cur.Status.Leader = leader
+		if _, err := c.ops.OpsV1alpha1().ControllerInfos().Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	named := func(want string) func() error {
+		return func() error {
+			ci, err := c.ops.OpsV1alpha1().ControllerInfos().Get(ctx, "seine-controller", metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if ci.Status.Leader != want {
+				return fmt.Errorf("the ControllerInfo names %q, want %q", ci.Status.Leader, want)
+			}
+			return nil
+		}
+	}
+	claim("n2")
+	// Within 2 s of the heartbeat above, so before the next one (3 s):
+	// the check claimed it back, not the heartbeat.
+	eventuallyFor(t, 2*time.Second, "ControllerInfo claimed back", named("n1"))
+	// ... but not by a leader whose latest read of the Lease names
+	// another: it is the deposed one. Ten checks pass without a write.
+	observed.Store("n2")
+	claim("n2")
+	time.Sleep(10 * 100 * time.Millisecond)
+	if err := named("n2")(); err != nil {
+		t.Errorf("a deposed leader claimed the ControllerInfo back: %v", err)
+	}
+	observed.Store("n1")
+	eventually(t, "ControllerInfo claimed back once the Lease names the leader again", named("n1"))
+
 	eventually(t, "ghost AgentInfo deleted", func() error {
 		if _, err := c.ops.OpsV1alpha1().AgentInfos().Get(ctx, "ghost", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("still there (%v)", err)

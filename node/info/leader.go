@@ -83,10 +83,13 @@ func (l *Leader) Tasks() []func(ctx context.Context) {
 	return []func(ctx context.Context){l.runControllerInfo, l.runObservers}
 }
 
-// controllerStatus converts the controller's status.
+// controllerStatus converts the controller's status; false unless this
+// instance leads and its latest read of the Lease still names it (a
+// deposed leader keeps its term for up to its renew deadline, and must not
+// claim the ControllerInfo back from its successor meanwhile).
 func (l *Leader) controllerStatus() (opsv1alpha1.ControllerInfoStatus, bool) {
 	st := l.cfg.Status()
-	if !st.Leading {
+	if !st.Leading || st.Observed != l.cfg.Identity {
 		return opsv1alpha1.ControllerInfoStatus{}, false
 	}
 	out := opsv1alpha1.ControllerInfoStatus{
@@ -111,7 +114,11 @@ func (l *Leader) controllerStatus() (opsv1alpha1.ControllerInfoStatus, bool) {
 
 // runControllerInfo writes the ControllerInfo while ctx lasts: at once,
 // on every change of its figures (checked every Check) and at least every
-// Heartbeat.
+// Heartbeat; and again whenever a Check finds it naming another leader.
+// Writing it is also the term's claim: the manifest's admission policy
+// seine-leader-writes admits the computed policy state only from the Node
+// the ControllerInfo names, so a deposed leader's late writes are refused
+// once its successor has written it.
 func (l *Leader) runControllerInfo(ctx context.Context) {
 	client := l.ops.OpsV1alpha1().ControllerInfos()
 	var last *opsv1alpha1.ControllerInfo
@@ -124,8 +131,11 @@ func (l *Leader) runControllerInfo(ctx context.Context) {
 	t := time.NewTicker(l.cfg.Check)
 	defer t.Stop()
 	for {
-		if st, ok := l.controllerStatus(); ok && (last == nil || time.Since(lastWrite) >= l.cfg.Heartbeat ||
-			!reflect.DeepEqual(strip(st), strip(sent))) {
+		st, ok := l.controllerStatus()
+		if ok && last != nil && l.claimLost(ctx, client) {
+			last = nil
+		}
+		if ok && (last == nil || time.Since(lastWrite) >= l.cfg.Heartbeat || !reflect.DeepEqual(strip(st), strip(sent))) {
 			got, err := l.writeControllerInfo(ctx, client, st, last)
 			if err != nil {
 				if ctx.Err() == nil {
@@ -142,6 +152,18 @@ func (l *Leader) runControllerInfo(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// claimLost reports whether the stored ControllerInfo names a leader
+// other than this instance (a deposed leader wrote it before it learnt of
+// its successor). A failed read reports false: the next write finds out.
+func (l *Leader) claimLost(ctx context.Context, client controllerInfoClient) bool {
+	cur, err := client.Get(ctx, l.cfg.Name, metav1.GetOptions{})
+	if err != nil || cur.Status.Leader == l.cfg.Identity {
+		return false
+	}
+	l.log.Warn("the ControllerInfo names another leader; claiming it again", zap.String("named", cur.Status.Leader))
+	return true
 }
 
 type controllerInfoClient interface {

@@ -228,6 +228,11 @@ func (c *Controller) Run(ctx context.Context) error {
 					if lctx.Err() != nil {
 						return // the term ended before this goroutine ran
 					}
+					// client-go reports the new holder from a goroutine
+					// of its own, maybe later: the term's tasks (the
+					// ControllerInfo's claim) must see this one at once.
+					self := c.cfg.Identity
+					c.observed.Store(&self)
 					c.leader.Store(true)
 					c.metrics.leader.Set(1)
 					c.log.Info("became policy controller leader")

@@ -20,6 +20,12 @@ type Round struct {
 type Status struct {
 	// Leading is true while this instance holds the Lease.
 	Leading bool
+	// Observed is the Lease holder as this instance last read it
+	// (Controller.ObservedLeader): set to its own name when a term starts,
+	// another's once a renewal found the Lease taken, possibly while
+	// Leading is still true (client-go ends the term only when its renew
+	// deadline passes).
+	Observed string
 	// Since is when the current term started.
 	Since time.Time
 	// Sources counts the source objects by resource ("pods", "namespaces",
@@ -44,7 +50,7 @@ func (c *Controller) Status() Status {
 	if l == nil || !c.IsLeader() {
 		return Status{}
 	}
-	st := Status{Leading: true, Sources: map[string]int{}, Computed: map[compute.Kind]int{}, QueueDepth: l.depth()}
+	st := Status{Leading: true, Observed: c.ObservedLeader(), Sources: map[string]int{}, Computed: map[compute.Kind]int{}, QueueDepth: l.depth()}
 	if t := c.term.Load(); t != nil {
 		st.Since, st.InitialSync, st.LastRound = t.since, t.initialSync, t.last
 	}

@@ -64,12 +64,14 @@ func wantRefused(t *testing.T, what string, err error, policy string, want ...st
 	}
 }
 
-// TestSeineWritesOnlyWhatItsNodeMay: the manifest's admission policy
-// narrows the one ServiceAccount every seine shares. With its token bound
-// to its Node, an instance claims the controller's Lease only in its own
-// name and writes only its own AgentInfo (the leader still deletes a gone
-// Node's); a token bound to no Node writes nothing. Every write is a dry
-// run: admission runs, nothing is stored.
+// TestSeineWritesOnlyWhatItsNodeMay: the manifest's admission policies
+// narrow the one ServiceAccount every seine shares. With its token bound
+// to its Node, an instance claims the controller's Lease and the
+// ControllerInfo only in its own name, writes only its own AgentInfo (the
+// leader still deletes a gone Node's), and writes the computed policy
+// state only while the ControllerInfo names its Node; a token bound to no
+// Node writes nothing. Every write is a dry run: admission runs, nothing
+// is stored.
 func TestSeineWritesOnlyWhatItsNodeMay(t *testing.T) {
 	c := shared
 	ctx := testCtx(t, time.Minute)
@@ -134,9 +136,20 @@ func TestSeineWritesOnlyWhatItsNodeMay(t *testing.T) {
 	if err := leader.ops.OpsV1alpha1().AgentInfos().Delete(ctx, other, metav1.DeleteOptions{DryRun: dryRun}); err != nil {
 		t.Errorf("the leader deleting another Node's AgentInfo: %v", err)
 	}
-	if _, err := leader.cp.ControlplaneV1alpha1().AddressGroups().Create(ctx, probeAddressGroup(), metav1.CreateOptions{DryRun: dryRun}); err != nil {
+
+	// The computed state: from the Node the ControllerInfo names (the
+	// leader claimed it) only; the refusal names both Nodes.
+	if err := writeComputedState(t, c, holder); err != nil {
 		t.Errorf("the leader creating an AddressGroup: %v", err)
 	}
+	wantRefused(t, "a follower creating an AddressGroup", writeComputedState(t, c, other), "seine-leader-writes",
+		"the ControllerInfo seine-controller names "+holder, "this request comes from Node "+other)
+	ci, err := ops.OpsV1alpha1().ControllerInfos().Get(ctx, "seine-controller", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = follower.ops.OpsV1alpha1().ControllerInfos().Update(ctx, ci, metav1.UpdateOptions{DryRun: dryRun})
+	wantRefused(t, "a follower writing the ControllerInfo in the leader's name", err, policy, "Node "+other, "not as "+holder)
 
 	// A token bound to no Node (a legacy Secret's, or one requested
 	// without a binding) writes nothing, not even as a candidate.
@@ -149,8 +162,22 @@ func TestSeineWritesOnlyWhatItsNodeMay(t *testing.T) {
 		t.Fatal(err)
 	}
 	unbound := newSeineClients(t, rc)
+	// (Both policies refuse it; either may answer.)
 	_, err = unbound.cp.ControlplaneV1alpha1().AddressGroups().Create(ctx, probeAddressGroup(), metav1.CreateOptions{DryRun: dryRun})
-	wantRefused(t, "an unbound token creating an AddressGroup", err, policy, "names no Node")
+	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "no Node") {
+		t.Errorf("an unbound token creating an AddressGroup: err = %v, want Forbidden for a token bound to no Node", err)
+	}
 	_, err = unbound.kube.CoordinationV1().Leases(sandbox.SeineNamespace).Update(ctx, own, metav1.UpdateOptions{DryRun: dryRun})
 	wantRefused(t, "an unbound token writing the Lease", err, policy, "names no Node")
+}
+
+// writeComputedState makes a dry-run write of the computed state with
+// node's seine credentials and returns its error: nil while the
+// ControllerInfo names the Node, Forbidden otherwise (the fence of a
+// deposed leader).
+func writeComputedState(t *testing.T, c *sandbox.Cluster, node string) error {
+	t.Helper()
+	cl := nodeClients(t, c, node)
+	_, err := cl.cp.ControlplaneV1alpha1().AddressGroups().Create(testCtx(t, 10*time.Second), probeAddressGroup(), metav1.CreateOptions{DryRun: dryRun})
+	return err
 }

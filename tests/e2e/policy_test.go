@@ -145,6 +145,12 @@ func TestPolicyControllerFailover(t *testing.T) {
 	gap := after.Spec.AcquireTime.Time.Sub(lastRenew)
 	t.Logf("%s took over the Lease %s after %s was killed, %s after its last renewal (lease duration %s)",
 		newHolder, took.Round(time.Millisecond), holder, gap.Round(time.Millisecond), leaseDuration)
+	// The new leader claims the ControllerInfo, which fences the old one:
+	// its credentials (still valid: the token is bound to its Node, not
+	// its process) may no longer write the computed state.
+	eventually(t, 10*time.Second, "the new leader's writes admitted", func() error { return writeComputedState(t, c, newHolder) })
+	wantRefused(t, "the deposed leader writing an AddressGroup", writeComputedState(t, c, holder), "seine-leader-writes",
+		"names "+newHolder, "Node "+holder)
 	// The old policy is still enforced (by its Node's flows; no object vanished).
 	if r := c.Probe(ctx, ns, pods[1].name, pods[0].ip, tcpPort, corev1.ProtocolTCP, time.Second); r.Outcome != echo.TimedOut {
 		t.Fatalf("an existing policy stopped being enforced during the hand-over: %s (%v)", r, r.Err)
