@@ -224,7 +224,7 @@ func TestLeaderTasks(t *testing.T) {
 	agent("ghost", nil)
 
 	l := NewLeader(c.kube, c.cp, c.ops, LeaderConfig{Identity: "n1", Name: "seine-controller", Status: status,
-		Heartbeat: 3 * time.Second, Check: 100 * time.Millisecond, Debounce: 50 * time.Millisecond}, zaptest.NewLogger(t))
+		Heartbeat: 6 * time.Second, Check: 100 * time.Millisecond, Debounce: 50 * time.Millisecond}, zaptest.NewLogger(t))
 	runCtx, stop := context.WithCancel(ctx)
 	for _, task := range l.Tasks() {
 		go task(runCtx)
@@ -243,7 +243,7 @@ func TestLeaderTasks(t *testing.T) {
 		}
 		return nil
 	})
-	// Nothing changes, so the next write must be the heartbeat, 3 s after
+	// Nothing changes, so the next write must be the heartbeat, 6 s after
 	// the last write: a rewrite without a change would come at the next
 	// check, 100 ms on.
 	ci, err := c.ops.OpsV1alpha1().ControllerInfos().Get(ctx, "seine-controller", metav1.GetOptions{})
@@ -256,8 +256,8 @@ func TestLeaderTasks(t *testing.T) {
 		t.Fatal(err)
 	}
 	beat := nextWrite(t, w, 30*time.Second).(*opsv1alpha1.ControllerInfo)
-	if gap := beat.Status.LastHeartbeatTime.Sub(ci.Status.LastHeartbeatTime.Time); gap < 3*time.Second {
-		t.Errorf("ControllerInfo rewritten %s after the last write without a change (heartbeat every 3 s): %+v", gap, beat.Status)
+	if gap := beat.Status.LastHeartbeatTime.Sub(ci.Status.LastHeartbeatTime.Time); gap < 6*time.Second {
+		t.Errorf("ControllerInfo rewritten %s after the last write without a change (heartbeat every 6 s): %+v", gap, beat.Status)
 	}
 	// The ControllerInfo is the term's claim (the manifest's admission
 	// policy admits the computed state only from the Node it names): one
@@ -286,8 +286,8 @@ func TestLeaderTasks(t *testing.T) {
 		}
 	}
 	claim("n2")
-	// Within 2 s of the heartbeat above, so before the next one (3 s):
-	// the check claimed it back, not the heartbeat.
+	// Within 2 s of the heartbeat above, so well before the next one
+	// (6 s): the check claimed it back, not the heartbeat.
 	eventuallyFor(t, 2*time.Second, "ControllerInfo claimed back", named("n1"))
 	// ... but not by a leader whose latest read of the Lease names
 	// another: it is the deposed one. Ten checks pass without a write.
@@ -299,6 +299,12 @@ func TestLeaderTasks(t *testing.T) {
 	}
 	observed.Store("n1")
 	eventually(t, "ControllerInfo claimed back once the Lease names the leader again", named("n1"))
+	// A deleted one is written again at the next check, not at the
+	// heartbeat: until then the policy refuses every write of the leader.
+	if err := c.ops.OpsV1alpha1().ControllerInfos().Delete(ctx, "seine-controller", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventuallyFor(t, 2*time.Second, "ControllerInfo written again after its deletion", named("n1"))
 
 	eventually(t, "ghost AgentInfo deleted", func() error {
 		if _, err := c.ops.OpsV1alpha1().AgentInfos().Get(ctx, "ghost", metav1.GetOptions{}); !apierrors.IsNotFound(err) {

@@ -85,8 +85,9 @@ func (l *Leader) Tasks() []func(ctx context.Context) {
 
 // controllerStatus converts the controller's status; false unless this
 // instance leads and its latest read of the Lease still names it (a
-// deposed leader keeps its term for up to its renew deadline, and must not
-// claim the ControllerInfo back from its successor meanwhile).
+// deposed leader keeps its term until its renew deadline; from its first
+// renewal after losing the Lease it must not claim the ControllerInfo
+// back from its successor).
 func (l *Leader) controllerStatus() (opsv1alpha1.ControllerInfoStatus, bool) {
 	st := l.cfg.Status()
 	if !st.Leading || st.Observed != l.cfg.Identity {
@@ -154,12 +155,17 @@ func (l *Leader) runControllerInfo(ctx context.Context) {
 	}
 }
 
-// claimLost reports whether the stored ControllerInfo names a leader
-// other than this instance (a deposed leader wrote it before it learnt of
-// its successor). A failed read reports false: the next write finds out.
+// claimLost reports whether the stored ControllerInfo is gone or names a
+// leader other than this instance (a deposed leader wrote it before its
+// next renewal told it of its successor). Another failed read reports
+// false: the next write finds out.
 func (l *Leader) claimLost(ctx context.Context, client controllerInfoClient) bool {
 	cur, err := client.Get(ctx, l.cfg.Name, metav1.GetOptions{})
-	if err != nil || cur.Status.Leader == l.cfg.Identity {
+	switch {
+	case apierrors.IsNotFound(err):
+		l.log.Warn("the ControllerInfo is gone; writing it again")
+		return true
+	case err != nil || cur.Status.Leader == l.cfg.Identity:
 		return false
 	}
 	l.log.Warn("the ControllerInfo names another leader; claiming it again", zap.String("named", cur.Status.Leader))

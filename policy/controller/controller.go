@@ -132,9 +132,9 @@ type Controller struct {
 	log     *zap.Logger
 	metrics *metrics
 	leader  atomic.Bool
-	// observed is the Lease holder this instance last read (client-go's
-	// OnNewLeader), "" before its first attempt.
-	observed atomic.Pointer[string]
+	// elector is the current attempt's client-go elector: its GetLeader is
+	// the Lease holder as this instance last read it.
+	elector atomic.Pointer[leaderelection.LeaderElector]
 	// mu guards current, the term this instance leads (nil otherwise).
 	mu      sync.Mutex
 	current *leading
@@ -184,13 +184,14 @@ func Run(ctx context.Context, kube kubernetes.Interface, cp versioned.Interface,
 func (c *Controller) IsLeader() bool { return c.leader.Load() }
 
 // ObservedLeader is the identity of the Lease holder as this instance last
-// read it: another instance's once an attempt to acquire the Lease found
-// it held, its own after it acquired it, "" before the first attempt.
-// client-go reports each change from a goroutine of its own, so the value
-// may lag IsLeader for a moment.
+// read it ("" before the first attempt): its own from the moment it
+// acquires the Lease, another's as soon as an attempt to acquire or renew
+// it finds it held by another instance. So a deposed leader sees its
+// successor at its first renewal after it lost the Lease, while its term
+// (IsLeader) lasts until client-go gives up renewing (renewDeadline).
 func (c *Controller) ObservedLeader() string {
-	if id := c.observed.Load(); id != nil {
-		return *id
+	if le := c.elector.Load(); le != nil {
+		return le.GetLeader()
 	}
 	return ""
 }
@@ -228,11 +229,6 @@ func (c *Controller) Run(ctx context.Context) error {
 					if lctx.Err() != nil {
 						return // the term ended before this goroutine ran
 					}
-					// client-go reports the new holder from a goroutine
-					// of its own, maybe later: the term's tasks (the
-					// ControllerInfo's claim) must see this one at once.
-					self := c.cfg.Identity
-					c.observed.Store(&self)
 					c.leader.Store(true)
 					c.metrics.leader.Set(1)
 					c.log.Info("became policy controller leader")
@@ -246,7 +242,6 @@ func (c *Controller) Run(ctx context.Context) error {
 					}
 				},
 				OnNewLeader: func(identity string) {
-					c.observed.Store(&identity)
 					if identity != c.cfg.Identity {
 						c.log.Info("policy controller leader observed", zap.String("leader", identity))
 					}
@@ -266,6 +261,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		// le.Run starts OnStartedLeading in a goroutine and cancels its
 		// context when it returns; wait for the controller to stop before
 		// competing again, so two terms never overlap in this process.
+		c.elector.Store(le)
 		le.Run(ctx)
 		if started.Load() {
 			<-done

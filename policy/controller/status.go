@@ -21,9 +21,9 @@ type Status struct {
 	// Leading is true while this instance holds the Lease.
 	Leading bool
 	// Observed is the Lease holder as this instance last read it
-	// (Controller.ObservedLeader): set to its own name when a term starts,
-	// another's once a renewal found the Lease taken, possibly while
-	// Leading is still true (client-go ends the term only when its renew
+	// (Controller.ObservedLeader): its own from the start of a term,
+	// another's as soon as a renewal finds the Lease taken, while Leading
+	// may still be true (client-go ends the term only when its renew
 	// deadline passes).
 	Observed string
 	// Since is when the current term started.

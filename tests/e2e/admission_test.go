@@ -1,14 +1,18 @@
 package e2e
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
@@ -103,18 +107,16 @@ func TestSeineWritesOnlyWhatItsNodeMay(t *testing.T) {
 		}
 	}
 
-	// The Lease: claimed in one's own name only.
-	lease, err := c.Client().CoordinationV1().Leases(sandbox.SeineNamespace).Get(ctx, "seine-controller", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
+	// The Lease: claimed in one's own name only. (Dry-run creations of a
+	// probe Lease: admission runs before the store would find a conflict,
+	// which an update racing the leader's renewals every 2 s could.)
+	leaseNamed := func(name string) *coordinationv1.Lease {
+		return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: sandbox.SeineNamespace, Name: "e2e-admission-probe"},
+			Spec: coordinationv1.LeaseSpec{HolderIdentity: &name}}
 	}
-	steal := lease.DeepCopy()
-	steal.Spec.HolderIdentity = &holder
-	_, err = follower.kube.CoordinationV1().Leases(sandbox.SeineNamespace).Update(ctx, steal, metav1.UpdateOptions{DryRun: dryRun})
+	_, err := follower.kube.CoordinationV1().Leases(sandbox.SeineNamespace).Create(ctx, leaseNamed(holder), metav1.CreateOptions{DryRun: dryRun})
 	wantRefused(t, "a follower writing the Lease in the leader's name", err, policy, "Node "+other, "not as "+holder)
-	own := lease.DeepCopy()
-	own.Spec.HolderIdentity = &other
-	if _, err := follower.kube.CoordinationV1().Leases(sandbox.SeineNamespace).Update(ctx, own, metav1.UpdateOptions{DryRun: dryRun}); err != nil {
+	if _, err := follower.kube.CoordinationV1().Leases(sandbox.SeineNamespace).Create(ctx, leaseNamed(other), metav1.CreateOptions{DryRun: dryRun}); err != nil {
 		t.Errorf("a follower writing the Lease in its own name (as a candidate does when it lapses): %v", err)
 	}
 
@@ -135,6 +137,24 @@ func TestSeineWritesOnlyWhatItsNodeMay(t *testing.T) {
 	}
 	if err := leader.ops.OpsV1alpha1().AgentInfos().Delete(ctx, other, metav1.DeleteOptions{DryRun: dryRun}); err != nil {
 		t.Errorf("the leader deleting another Node's AgentInfo: %v", err)
+	}
+	err = follower.ops.OpsV1alpha1().AgentInfos().Delete(ctx, holder, metav1.DeleteOptions{DryRun: dryRun})
+	wantRefused(t, "a follower deleting the leader's AgentInfo", err, "seine-leader-writes", "names "+holder)
+	// The realization annotations on NetworkPolicies: the leader's.
+	ns := "admission"
+	if _, err := c.Client().CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Client().CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}) })
+	np := allowFrom(ns, "annotated", map[string]string{"app": "none"}, map[string]string{"app": "none"})
+	if _, err := c.Client().NetworkingV1().NetworkPolicies(ns).Create(ctx, np, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	annotate := []byte(`{"metadata":{"annotations":{"seine.io/realized-nodes":"0/0"}}}`)
+	_, err = follower.kube.NetworkingV1().NetworkPolicies(ns).Patch(ctx, np.Name, types.MergePatchType, annotate, metav1.PatchOptions{DryRun: dryRun})
+	wantRefused(t, "a follower annotating a NetworkPolicy", err, "seine-leader-writes", "names "+holder)
+	if _, err := leader.kube.NetworkingV1().NetworkPolicies(ns).Patch(ctx, np.Name, types.MergePatchType, annotate, metav1.PatchOptions{DryRun: dryRun}); err != nil {
+		t.Errorf("the leader annotating a NetworkPolicy: %v", err)
 	}
 
 	// The computed state: from the Node the ControllerInfo names (the
@@ -167,7 +187,7 @@ func TestSeineWritesOnlyWhatItsNodeMay(t *testing.T) {
 	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "no Node") {
 		t.Errorf("an unbound token creating an AddressGroup: err = %v, want Forbidden for a token bound to no Node", err)
 	}
-	_, err = unbound.kube.CoordinationV1().Leases(sandbox.SeineNamespace).Update(ctx, own, metav1.UpdateOptions{DryRun: dryRun})
+	_, err = unbound.kube.CoordinationV1().Leases(sandbox.SeineNamespace).Create(ctx, leaseNamed(other), metav1.CreateOptions{DryRun: dryRun})
 	wantRefused(t, "an unbound token writing the Lease", err, policy, "names no Node")
 }
 
