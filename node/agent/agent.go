@@ -45,6 +45,7 @@ import (
 	"github.com/seine-net/seine/node/config"
 	"github.com/seine-net/seine/node/health"
 	"github.com/seine-net/seine/node/hostport"
+	"github.com/seine-net/seine/node/nfconntrack"
 	"github.com/seine-net/seine/node/noderoute"
 	"github.com/seine-net/seine/node/podnet"
 	"github.com/seine-net/seine/node/proxy"
@@ -512,7 +513,40 @@ func (d *daemon) startProxy(ctx context.Context) error {
 	d.svcProxy = p
 	d.replayProxy.Store(p)
 	d.comps.Go(func() error { return p.Run(ctx) })
+	if cfg.ProxyAllEnabled() {
+		d.comps.Go(func() error { tuneConntrack(ctx, cfg.Proxy.Conntrack, d.log); return nil })
+	}
 	return nil
+}
+
+// tuneConntrack applies proxy.conntrack (standing in for kube-proxy, which
+// would) and logs what it changed. A setting it cannot write is logged and
+// left: the data plane works with the host's values. The nf_conntrack
+// module may load only once the first of seine's nftables rules that
+// track connections is in (the proxy's host rules, SNAT), so a missing
+// module is waited for, up to a minute.
+func tuneConntrack(ctx context.Context, c config.ConntrackConfig, log *zap.Logger) {
+	want := nfconntrack.Config{MaxPerCore: int(c.MaxPerCore), Min: int(c.Min),
+		TCPEstablishedTimeout: c.TCPEstablishedTimeout.Duration, TCPCloseWaitTimeout: c.TCPCloseWaitTimeout.Duration,
+		TCPBeLiberal: c.TCPBeLiberal, UDPTimeout: c.UDPTimeout.Duration, UDPStreamTimeout: c.UDPStreamTimeout.Duration}
+	var changes []nfconntrack.Change
+	var err error
+	for range 30 {
+		if changes, err = nfconntrack.Apply(want, nfconntrack.Paths{}); !errors.Is(err, nfconntrack.ErrNotLoaded) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(2 * time.Second):
+		}
+	}
+	for _, ch := range changes {
+		log.Info("conntrack setting changed", zap.String("setting", ch.Name), zap.Int("before", ch.Before), zap.Int("after", ch.After))
+	}
+	if err != nil {
+		log.Warn("some conntrack settings of proxy.conntrack could not be applied; the host's stay", zap.Error(err))
+	}
 }
 
 // restorePods builds the CNI backend (with this Node's NetworkPolicy

@@ -6,6 +6,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/url"
 	"os"
@@ -161,6 +162,34 @@ type ProxyConfig struct {
 	// /livez, host:port) with proxyAll, for the cloud load balancers that
 	// probe it; "" disables. Default 0.0.0.0:10256, kube-proxy's.
 	HealthzBindAddress string `json:"healthzBindAddress,omitempty"`
+	// Conntrack tunes the kernel's connection tracker as kube-proxy does,
+	// with proxyAll only (beside kube-proxy, kube-proxy tunes it).
+	Conntrack ConntrackConfig `json:"conntrack,omitempty"`
+}
+
+// ConntrackConfig sizes and times the kernel's connection tracker
+// (node/nfconntrack); the keys and defaults are kube-proxy's
+// (KubeProxyConntrackConfiguration). A zero value leaves its setting as
+// the host has it.
+type ConntrackConfig struct {
+	// MaxPerCore raises nf_conntrack_max to this many entries per online
+	// CPU, at least Min and at most 1,048,576; it is never lowered.
+	// Default 32768.
+	MaxPerCore int32 `json:"maxPerCore"`
+	// Min is the least nf_conntrack_max MaxPerCore asks for. Default 131072.
+	Min int32 `json:"min"`
+	// TCPEstablishedTimeout sets nf_conntrack_tcp_timeout_established.
+	// Default 24h.
+	TCPEstablishedTimeout metav1.Duration `json:"tcpEstablishedTimeout"`
+	// TCPCloseWaitTimeout sets nf_conntrack_tcp_timeout_close_wait.
+	// Default 1h.
+	TCPCloseWaitTimeout metav1.Duration `json:"tcpCloseWaitTimeout"`
+	// TCPBeLiberal sets nf_conntrack_tcp_be_liberal to 1. Default false.
+	TCPBeLiberal bool `json:"tcpBeLiberal,omitempty"`
+	// UDPTimeout and UDPStreamTimeout set nf_conntrack_udp_timeout and
+	// nf_conntrack_udp_timeout_stream. Default 0.
+	UDPTimeout       metav1.Duration `json:"udpTimeout,omitempty"`
+	UDPStreamTimeout metav1.Duration `json:"udpStreamTimeout,omitempty"`
 }
 
 // ProxyEnabled reports whether the Service proxy runs.
@@ -248,7 +277,15 @@ func Default() Config {
 		APISocket:           "/var/run/seine/seine.sock",
 		MetricsAddress:      ":9345",
 		LogLevel:            "info",
-		Proxy:               ProxyConfig{HealthzBindAddress: "0.0.0.0:10256"},
+		Proxy: ProxyConfig{
+			HealthzBindAddress: "0.0.0.0:10256",
+			Conntrack: ConntrackConfig{
+				MaxPerCore:            32768,
+				Min:                   131072,
+				TCPEstablishedTimeout: metav1.Duration{Duration: 24 * time.Hour},
+				TCPCloseWaitTimeout:   metav1.Duration{Duration: time.Hour},
+			},
+		},
 		NetworkPolicy: NetworkPolicyConfig{
 			Enable:                &t,
 			RealizeTimeout:        metav1.Duration{Duration: 10 * time.Second},
@@ -388,6 +425,21 @@ func (c Config) Validate() error {
 	if a := c.Proxy.HealthzBindAddress; a != "" {
 		if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
 			bad("proxy.healthzBindAddress", "%q is not host:port (\"\" disables it)", a)
+		}
+	}
+	ct := c.Proxy.Conntrack
+	if ct.MaxPerCore < 0 || ct.Min < 0 {
+		bad("proxy.conntrack", "maxPerCore and min must not be negative, got %d and %d", ct.MaxPerCore, ct.Min)
+	}
+	for _, t := range []struct {
+		key string
+		d   time.Duration
+	}{
+		{"tcpEstablishedTimeout", ct.TCPEstablishedTimeout.Duration}, {"tcpCloseWaitTimeout", ct.TCPCloseWaitTimeout.Duration},
+		{"udpTimeout", ct.UDPTimeout.Duration}, {"udpStreamTimeout", ct.UDPStreamTimeout.Duration},
+	} {
+		if t.d < 0 || (t.d > 0 && t.d < time.Second) || t.d > math.MaxInt32*time.Second {
+			bad("proxy.conntrack."+t.key, "%s is not 0 (leave the host's) or 1s..%ds", t.d, math.MaxInt32)
 		}
 	}
 	if c.DataDir == "" || !filepath.IsAbs(c.DataDir) {

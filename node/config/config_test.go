@@ -29,6 +29,19 @@ func TestDefaultsAreValid(t *testing.T) {
 	if c.LeaderElection.LeaseDuration.Duration != 15*time.Second {
 		t.Fatalf("lease duration %s", c.LeaderElection.LeaseDuration.Duration)
 	}
+	// kube-proxy's conntrack defaults; a file's 0 leaves a setting alone.
+	if ct := c.Proxy.Conntrack; ct.MaxPerCore != 32768 || ct.Min != 131072 ||
+		ct.TCPEstablishedTimeout.Duration != 24*time.Hour || ct.TCPCloseWaitTimeout.Duration != time.Hour {
+		t.Fatalf("conntrack defaults %+v", ct)
+	}
+	c, err = Load(write(t, "nodeName: n1\nproxy:\n  conntrack:\n    maxPerCore: 0\n    tcpCloseWaitTimeout: 0s\n"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ct := c.Proxy.Conntrack; ct.MaxPerCore != 0 || ct.TCPCloseWaitTimeout.Duration != 0 || ct.Min != 131072 ||
+		ct.TCPEstablishedTimeout.Duration != 24*time.Hour {
+		t.Fatalf("conntrack after a file's zeros %+v", ct)
+	}
 }
 
 func TestFileAndOverrides(t *testing.T) {
@@ -59,6 +72,8 @@ func TestErrorsNameTheKey(t *testing.T) {
 		{"nodeName: a\nclusterCIDR: 10.0.0.0/8\nserviceCIDR: 10.96.0.0/16\n", "serviceCIDR"},
 		{"nodeName: a\nleaderElection: {leaseDuration: 1s}\n", "leaderElection"},
 		{"nodeName: a\nlogLevel: loud\n", "logLevel"},
+		{"nodeName: a\nproxy: {conntrack: {maxPerCore: -1}}\n", "proxy.conntrack"},
+		{"nodeName: a\nproxy: {conntrack: {tcpCloseWaitTimeout: 10ms}}\n", "proxy.conntrack.tcpCloseWaitTimeout"},
 	} {
 		_, err := Load(write(t, tc.body), nil)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

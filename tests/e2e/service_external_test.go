@@ -382,3 +382,25 @@ func TestProxyHealthz(t *testing.T) {
 	}
 	expect(nodes[1], "/healthz", "200")
 }
+
+// Standing in for kube-proxy, seine sets kube-proxy's conntrack timeouts
+// in each Node's network namespace (proxy.conntrack defaults: TCP
+// established 24 h, CLOSE_WAIT 1 h; the sandbox Nodes' namespaces start
+// with the kernel's 5 days and 60 s).
+func TestProxyTunesConntrack(t *testing.T) {
+	c := shared
+	for _, n := range c.Nodes() {
+		eventually(t, 20*time.Second, "conntrack timeouts on "+n.Name, func() error {
+			for file, want := range map[string]string{
+				"nf_conntrack_tcp_timeout_established": "86400",
+				"nf_conntrack_tcp_timeout_close_wait":  "3600",
+			} {
+				out, err := c.NodeExec(testCtx(t, 10*time.Second), n.Name, "cat", "/proc/sys/net/netfilter/"+file)
+				if got := strings.TrimSpace(string(out)); err != nil || got != want {
+					return fmt.Errorf("%s = %q (%v), want %s", file, got, err, want)
+				}
+			}
+			return nil
+		})
+	}
+}
