@@ -190,6 +190,18 @@ func TestInstalledByManifest(t *testing.T) {
 				t.Errorf("node %s lacks %s:\n%s", n.Name, f, out)
 			}
 		}
+		// The privileged container can tune the Node's connection
+		// tracker as kube-proxy would (proxy.conntrack defaults).
+		var last string
+		err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			out, err := cluster.NodeExec(ctx, n.Name, "cat", "/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_established",
+				"/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_close_wait")
+			last = strings.Join(strings.Fields(string(out)), " ")
+			return err == nil && last == "86400 3600", nil
+		})
+		if err != nil {
+			t.Errorf("node %s: conntrack TCP established and CLOSE_WAIT timeouts %q, want 86400 3600", n.Name, last)
+		}
 	}
 	for _, app := range []string{"seine", "seine-ovs"} {
 		pods, err := cluster.Client().CoreV1().Pods(sandbox.SeineNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + app})
