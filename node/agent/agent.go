@@ -531,9 +531,13 @@ func tuneConntrack(ctx context.Context, c config.ConntrackConfig, log *zap.Logge
 		TCPBeLiberal: c.TCPBeLiberal, UDPTimeout: c.UDPTimeout.Duration, UDPStreamTimeout: c.UDPStreamTimeout.Duration}
 	var changes []nfconntrack.Change
 	var err error
-	for range 30 {
+	for try := 1; ; try++ {
 		if changes, err = nfconntrack.Apply(want, nfconntrack.Paths{}); !errors.Is(err, nfconntrack.ErrNotLoaded) {
 			break
+		}
+		if try == 30 {
+			log.Warn("the nf_conntrack module did not load within a minute; proxy.conntrack is not applied until the daemon restarts", zap.Error(err))
+			return
 		}
 		select {
 		case <-ctx.Done():

@@ -6,7 +6,6 @@ package config
 import (
 	"errors"
 	"fmt"
-	"math"
 	"net"
 	"net/url"
 	"os"
@@ -18,6 +17,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/seine-net/seine/datapath/rxbuf"
+	"github.com/seine-net/seine/node/nfconntrack"
 )
 
 // Datapath types of an OVS bridge (ovs-vswitchd.conf.db(5), Bridge table,
@@ -164,19 +164,21 @@ type ProxyConfig struct {
 	HealthzBindAddress string `json:"healthzBindAddress,omitempty"`
 	// Conntrack tunes the kernel's connection tracker as kube-proxy does,
 	// with proxyAll only (beside kube-proxy, kube-proxy tunes it).
-	Conntrack ConntrackConfig `json:"conntrack,omitempty"`
+	Conntrack ConntrackConfig `json:"conntrack"`
 }
 
 // ConntrackConfig sizes and times the kernel's connection tracker
 // (node/nfconntrack); the keys and defaults are kube-proxy's
-// (KubeProxyConntrackConfiguration). A zero value leaves its setting as
-// the host has it.
+// (KubeProxyConntrackConfiguration). A zero maxPerCore or timeout leaves
+// its setting as the host has it; timeouts are whole seconds, at most
+// 2,147,483 (what every kernel accepts).
 type ConntrackConfig struct {
 	// MaxPerCore raises nf_conntrack_max to this many entries per online
 	// CPU, at least Min and at most 1,048,576; it is never lowered.
 	// Default 32768.
 	MaxPerCore int32 `json:"maxPerCore"`
-	// Min is the least nf_conntrack_max MaxPerCore asks for. Default 131072.
+	// Min is the least nf_conntrack_max MaxPerCore asks for (0: no
+	// floor), at most 1,048,576. Default 131072.
 	Min int32 `json:"min"`
 	// TCPEstablishedTimeout sets nf_conntrack_tcp_timeout_established.
 	// Default 24h.
@@ -428,8 +430,11 @@ func (c Config) Validate() error {
 		}
 	}
 	ct := c.Proxy.Conntrack
-	if ct.MaxPerCore < 0 || ct.Min < 0 {
-		bad("proxy.conntrack", "maxPerCore and min must not be negative, got %d and %d", ct.MaxPerCore, ct.Min)
+	if ct.MaxPerCore < 0 {
+		bad("proxy.conntrack.maxPerCore", "%d is negative", ct.MaxPerCore)
+	}
+	if ct.Min < 0 || ct.Min > nfconntrack.MaxCap {
+		bad("proxy.conntrack.min", "%d is not 0..%d", ct.Min, nfconntrack.MaxCap)
 	}
 	for _, t := range []struct {
 		key string
@@ -438,8 +443,8 @@ func (c Config) Validate() error {
 		{"tcpEstablishedTimeout", ct.TCPEstablishedTimeout.Duration}, {"tcpCloseWaitTimeout", ct.TCPCloseWaitTimeout.Duration},
 		{"udpTimeout", ct.UDPTimeout.Duration}, {"udpStreamTimeout", ct.UDPStreamTimeout.Duration},
 	} {
-		if t.d < 0 || (t.d > 0 && t.d < time.Second) || t.d > math.MaxInt32*time.Second {
-			bad("proxy.conntrack."+t.key, "%s is not 0 (leave the host's) or 1s..%ds", t.d, math.MaxInt32)
+		if t.d < 0 || t.d%time.Second != 0 || t.d > nfconntrack.MaxTimeout*time.Second {
+			bad("proxy.conntrack."+t.key, "%s is not 0 (leave the host's) or whole seconds up to %ds", t.d, nfconntrack.MaxTimeout)
 		}
 	}
 	if c.DataDir == "" || !filepath.IsAbs(c.DataDir) {

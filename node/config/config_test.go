@@ -74,6 +74,8 @@ func TestErrorsNameTheKey(t *testing.T) {
 		{"nodeName: a\nlogLevel: loud\n", "logLevel"},
 		{"nodeName: a\nproxy: {conntrack: {maxPerCore: -1}}\n", "proxy.conntrack"},
 		{"nodeName: a\nproxy: {conntrack: {tcpCloseWaitTimeout: 10ms}}\n", "proxy.conntrack.tcpCloseWaitTimeout"},
+		{"nodeName: a\nproxy: {conntrack: {tcpEstablishedTimeout: 720h}}\n", "proxy.conntrack.tcpEstablishedTimeout"},
+		{"nodeName: a\nproxy: {conntrack: {min: 2000000}}\n", "proxy.conntrack.min"},
 	} {
 		_, err := Load(write(t, tc.body), nil)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

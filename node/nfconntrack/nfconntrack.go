@@ -39,9 +39,14 @@ const (
 	DefaultMin                   = 131072
 	DefaultTCPEstablishedTimeout = 24 * time.Hour
 	DefaultTCPCloseWaitTimeout   = time.Hour
-	// MaxCap bounds the scaled nf_conntrack_max on hosts with many CPUs
-	// (each entry costs about 300 bytes of kernel memory).
+	// MaxCap bounds the nf_conntrack_max Config asks for on hosts with
+	// many CPUs (each entry costs about 300 bytes of kernel memory), as
+	// kube-proxy bounds it; Config.Min is at most MaxCap.
 	MaxCap = 1 << 20
+	// MaxTimeout is the longest timeout, in seconds, every kernel accepts:
+	// the sysctls hold jiffies in an int, so the kernel refuses more than
+	// INT_MAX/HZ seconds (2,147,483 at HZ=1000) with EINVAL.
+	MaxTimeout = 2147483
 )
 
 // Config says what to set. A zero field leaves its setting as the host has
@@ -176,7 +181,11 @@ func write(path, name string, v int, raiseOnly bool) (*Change, error) {
 	if err := os.WriteFile(path, []byte(strconv.Itoa(v)), 0o644); err != nil {
 		hint := ""
 		if errors.Is(err, os.ErrPermission) || errors.Is(err, syscall.EOPNOTSUPP) || errors.Is(err, syscall.EROFS) {
-			hint = " (it can be written only from the host's initial network namespace, with CAP_NET_ADMIN and /proc/sys and /sys writable)"
+			if raiseOnly { // nf_conntrack_max and hashsize: the host's
+				hint = " (it is the host's: it can be written only from the initial network namespace, with CAP_NET_ADMIN and /proc/sys and /sys writable)"
+			} else {
+				hint = " (it needs CAP_NET_ADMIN in this network namespace and a writable /proc/sys)"
+			}
 		}
 		return nil, fmt.Errorf("setting %s from %d to %d%s: %w", name, before, v, hint, err)
 	}

@@ -190,8 +190,10 @@ func TestInstalledByManifest(t *testing.T) {
 				t.Errorf("node %s lacks %s:\n%s", n.Name, f, out)
 			}
 		}
-		// The privileged container can tune the Node's connection
-		// tracker as kube-proxy would (proxy.conntrack defaults).
+		// The privileged container sets the Node's conntrack TCP
+		// timeouts as kube-proxy would (proxy.conntrack defaults; the
+		// Nodes share the machine's kernel, so its table size is not
+		// theirs to raise).
 		var last string
 		err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 			out, err := cluster.NodeExec(ctx, n.Name, "cat", "/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_established",
