@@ -282,10 +282,10 @@ func Default() Config {
 		Proxy: ProxyConfig{
 			HealthzBindAddress: "0.0.0.0:10256",
 			Conntrack: ConntrackConfig{
-				MaxPerCore:            32768,
-				Min:                   131072,
-				TCPEstablishedTimeout: metav1.Duration{Duration: 24 * time.Hour},
-				TCPCloseWaitTimeout:   metav1.Duration{Duration: time.Hour},
+				MaxPerCore:            nfconntrack.DefaultMaxPerCore,
+				Min:                   nfconntrack.DefaultMin,
+				TCPEstablishedTimeout: metav1.Duration{Duration: nfconntrack.DefaultTCPEstablishedTimeout},
+				TCPCloseWaitTimeout:   metav1.Duration{Duration: nfconntrack.DefaultTCPCloseWaitTimeout},
 			},
 		},
 		NetworkPolicy: NetworkPolicyConfig{
