@@ -272,7 +272,7 @@ func writeTraceflow(c *cli.Context, tf *opsv1alpha1.Traceflow) {
 func supportBundleCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "supportbundle",
-		Usage: "collect this Node's logs, configuration, OVS ports/flows/groups, routes, nftables rules, policy state and profiles into one archive",
+		Usage: "collect this Node's logs, configuration, OVS ports/flows/groups, routes, nftables rules, connection tracking, policy state and profiles into one archive",
 		Flags: []cli.Flag{&cli.StringFlag{Name: "file", Aliases: []string{"f"}, Usage: "archive path (default: seine-<node>-<time>.tar.gz here)"}},
 		Action: func(c *cli.Context) error {
 			ctx, cancel := context.WithTimeout(c.Context, localapi.ReadTimeout)

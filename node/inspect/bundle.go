@@ -38,8 +38,10 @@ const maxLogTail = 2 << 20
 // debug this Node: versions, AgentInfo, configuration, probes, metrics,
 // the daemon's and OVS's logs, OVS ports, flows (joined with Seine's
 // desired state), groups, datapath flows and tunnel neighbours, the
-// Node's links, addresses, routes, neighbours and nftables ruleset, the
-// agent's policy state, and goroutine and heap profiles. A part that fails
+// Node's links, addresses, routes, neighbours and nftables ruleset, its
+// connection tracking (the kernel tracker's settings and counts, OVS's
+// counts by protocol), the agent's policy state, and goroutine and heap
+// profiles. A part that fails
 // is replaced by a file "<part>.error" saying why; the archive is still
 // written.
 func (in *Inspector) SupportBundle(ctx context.Context, w io.Writer) error {
@@ -156,6 +158,8 @@ func (in *Inspector) SupportBundle(ctx context.Context, w io.Writer) error {
 			// No netlinksafe variant: an interrupted dump is returned as is.
 			return asAny(netlink.NeighList(0, netlink.FAMILY_V4))
 		})},
+		{"network/conntrack.txt", conntrackSettings("/proc/sys/net/netfilter")},
+		{"ovs/conntrack-stats.txt", appctl("dpctl/ct-stats-show")},
 		{"network/nftables.txt", func(w io.Writer) error {
 			out, err := exec.CommandContext(ctx, "nft", "list", "ruleset").CombinedOutput()
 			if err != nil {
@@ -196,6 +200,30 @@ func results(rs []health.Result) []string {
 		}
 	}
 	return out
+}
+
+// conntrackSettings writes the kernel connection tracker's settings and
+// counters in dir (nf_conntrack_count, _max, _buckets, the timeouts: the
+// files named nf_conntrack_* there), one "name value" line each, so that a
+// full table ("nf_conntrack: table full, dropping packet") shows.
+func conntrackSettings(dir string) func(io.Writer) error {
+	return func(w io.Writer) error {
+		files, err := filepath.Glob(filepath.Join(dir, "nf_conntrack_*"))
+		if err != nil {
+			return err
+		}
+		if len(files) == 0 {
+			return fmt.Errorf("%s: no nf_conntrack settings (the module is not loaded)", dir)
+		}
+		for _, f := range files {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(w, "%s %s\n", filepath.Base(f), strings.TrimSpace(string(b)))
+		}
+		return nil
+	}
 }
 
 // ovsLog finds an OVS log file: next to OVS's sockets (as the sandbox and

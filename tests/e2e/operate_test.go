@@ -420,6 +420,8 @@ func TestSeinectl(t *testing.T) {
 			"ovs/ports.json":              "seine-gw0",
 			"network/routes.txt":          "seine-gw0",
 			"network/nftables.txt":        "table ip seine",
+			"network/conntrack.txt":       "nf_conntrack_tcp_timeout_established 86400",
+			"ovs/conntrack-stats.txt":     "Connections",
 			"policy/networkpolicies.json": "ops-ctl",
 			"profiles/goroutine.txt":      "goroutine ",
 			"logs/seine.log":              "datapath ready",

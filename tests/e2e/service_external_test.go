@@ -387,7 +387,7 @@ func TestProxyHealthz(t *testing.T) {
 // in each Node's network namespace (proxy.conntrack defaults: TCP
 // established 24 h, CLOSE_WAIT 1 h; the sandbox Nodes' namespaces start
 // with the kernel's 5 days and 60 s).
-func TestProxyTunesConntrack(t *testing.T) {
+func TestServiceProxyTunesConntrack(t *testing.T) {
 	c := shared
 	for _, n := range c.Nodes() {
 		eventually(t, 20*time.Second, "conntrack timeouts on "+n.Name, func() error {
