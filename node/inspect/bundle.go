@@ -41,9 +41,8 @@ const maxLogTail = 2 << 20
 // Node's links, addresses, routes, neighbours and nftables ruleset, its
 // connection tracking (the kernel tracker's settings and counts, OVS's
 // counts by protocol), the agent's policy state, and goroutine and heap
-// profiles. A part that fails
-// is replaced by a file "<part>.error" saying why; the archive is still
-// written.
+// profiles. A part that fails is replaced by a file "<part>.error" saying
+// why; the archive is still written.
 func (in *Inspector) SupportBundle(ctx context.Context, w io.Writer) error {
 	gz := gzip.NewWriter(w)
 	tw := tar.NewWriter(gz)
