@@ -106,6 +106,7 @@ func (p *Proxier) planService(key string, want []PortState) (plans []*portPlan, 
 			pi = &portInstall{id: id, groups: map[uint32]of.GroupEntry{}}
 			have[ps.Key] = pi
 		}
+		ps = p.withAliases(ps)
 		sp := ps.Port
 		sp.ID = pi.id
 		flows, groups, err := pipeline.ServicePortFlows(p.cfg.Bridge, sp)
@@ -177,7 +178,7 @@ func (p *Proxier) installPlans(ctx context.Context, plans []*portPlan) error {
 	for i, pl := range plans {
 		sp := pl.ps.Port
 		sp.ID = pl.pi.id
-		needs[i], routes[i] = p.hostNeedsWithClusterRoutes(sp, pl.ps.ClusterIPs)
+		needs[i], routes[i] = p.hostNeedsWithClusterRoutes(sp, pl.ps.ClusterIPs, pl.ps.Aliases)
 		addEl, delEl = append(addEl, needs[i]...), append(delEl, pl.pi.elements...)
 		addRoutes, delRoutes = append(addRoutes, routes[i]...), append(delRoutes, pl.pi.routes...)
 	}

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -41,7 +42,17 @@ import (
 //   - with proxyAll, connections the bridge SNATed to
 //     pipeline.ServiceHostSNATIP are masqueraded when they leave the Node
 //     (postrouting), and the host routes their replies back to the
-//     gateway.
+//     gateway;
+//   - with proxyAll, traffic to an externalIP or LoadBalancer IP on one of
+//     its Service ports (SetExternalPorts) while that IP is a local
+//     address of the Node (kube-vip, keepalived, a Node address listed as
+//     an externalIP) is DNATed to the IP's alias (MapLocalVIPAliases, port
+//     unchanged) in prerouting and output: the host's local routing table
+//     would deliver it to the host itself before any route to the
+//     gateway, while the alias is routed into the bridge, whose external
+//     frontends match it beside the IP. The check is made per packet
+//     (`fib daddr type local`), so an address that moves between Nodes
+//     is served wherever it is.
 const HostTable = "seine-proxy"
 
 // The sets of HostTable.
@@ -51,30 +62,58 @@ const (
 	SetServicePorts      = "service-ports"      // ipv4_addr . inet_proto . inet_service
 	SetNodePorts         = "nodeports"          // inet_proto . inet_service
 	SetNodePortAddresses = "nodeport-addresses" // ipv4_addr, intervals
+	SetExternalPorts     = "external-ports"     // ipv4_addr . inet_proto . inet_service
+	MapLocalVIPAliases   = "local-vip-aliases"  // ipv4_addr : ipv4_addr
 )
+
+// LocalVIPAliasCIDR is the link-local range (RFC 3927) the aliases of
+// externalIPs and LoadBalancer IPs are taken from, one address per IP,
+// routed from the host to the gateway. It stays clear of the addresses
+// clouds and Kubernetes add-ons use in 169.254.0.0/16 (169.254.169.254,
+// 169.254.170.2, NodeLocal DNSCache's 169.254.20.10) and of
+// pipeline.NodePortVIP's 169.254.100.0/24: 16,382 aliases.
+const LocalVIPAliasCIDR = "169.254.192.0/18"
 
 // routeProtocol marks the host routes the proxy owns (rtnetlink
 // rtm_protocol; values above 4 are free for routing daemons, rtnetlink(7)).
 const routeProtocol netlink.RouteProtocol = 0x5e
 
-// element is one element of a HostTable set.
+// element is one element of a HostTable set, or of a map when value is
+// set (a map's element is identified by its key alone).
 type element struct {
-	set string
-	key []string
+	set   string
+	key   []string
+	value []string
 }
 
 func (e element) id() string { return e.set + " " + strings.Join(e.key, " . ") }
 
+// nft returns e as knftables writes it.
+func (e element) nft() *knftables.Element {
+	if e.value != nil {
+		return &knftables.Element{Map: e.set, Key: e.key, Value: e.value}
+	}
+	return &knftables.Element{Set: e.set, Key: e.key}
+}
+
 func rejectElement(vip net.IP, proto uint8, port uint16) element {
-	return element{SetNoEndpoints, []string{vip.String(), strconv.Itoa(int(proto)), strconv.Itoa(int(port))}}
+	return element{set: SetNoEndpoints, key: []string{vip.String(), strconv.Itoa(int(proto)), strconv.Itoa(int(port))}}
 }
 
 func clusterIPElement(ip net.IP) element {
-	return element{SetClusterIPs, []string{ip.String()}}
+	return element{set: SetClusterIPs, key: []string{ip.String()}}
 }
 
 func nodePortElement(proto uint8, port uint16) element {
-	return element{SetNodePorts, []string{strconv.Itoa(int(proto)), strconv.Itoa(int(port))}}
+	return element{set: SetNodePorts, key: []string{strconv.Itoa(int(proto)), strconv.Itoa(int(port))}}
+}
+
+func externalPortElement(vip net.IP, proto uint8, port uint16) element {
+	return element{set: SetExternalPorts, key: rejectElement(vip, proto, port).key}
+}
+
+func aliasElement(vip, alias net.IP) element {
+	return element{set: MapLocalVIPAliases, key: []string{vip.String()}, value: []string{alias.String()}}
 }
 
 // hostConfig configures the host side of the proxy.
@@ -88,6 +127,9 @@ type hostConfig struct {
 	// routeSrc, when set, is the preferred source of the routes into the
 	// gateway (a gateway without an address of its own).
 	routeSrc net.IP
+	// aliases is the range of the externalIPs' and LoadBalancer IPs'
+	// aliases (LocalVIPAliasCIDR when nil).
+	aliases *net.IPNet
 }
 
 // host keeps the proxy's nftables elements and routes, reference counted
@@ -102,6 +144,14 @@ type host struct {
 	// kernel may not match their count (see flush).
 	dirtyElements map[string]element
 	dirtyRoutes   map[string]net.IP
+	// aliases maps an externalIP or LoadBalancer IP to its alias in
+	// cfg.aliases, and aliasOwner the other way; an alias is held from
+	// its first use until its map element leaves the kernel. They are
+	// read back from MapLocalVIPAliases at reset, so a restart keeps them
+	// (the established connections' NAT names them).
+	aliases    map[string]net.IP
+	aliasOwner map[string]string
+	nextAlias  uint32
 }
 
 func newHost(cfg hostConfig) (*host, error) {
@@ -109,9 +159,55 @@ func newHost(cfg hostConfig) (*host, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nftables: %w", err)
 	}
-	return &host{cfg: cfg, nft: nft, elements: map[string]int{}, routes: map[string]int{},
-		dirtyElements: map[string]element{}, dirtyRoutes: map[string]net.IP{}}, nil
+	return newHostWith(cfg, nft), nil
 }
+
+func newHostWith(cfg hostConfig, nft knftables.Interface) *host {
+	if cfg.aliases == nil {
+		_, cfg.aliases, _ = net.ParseCIDR(LocalVIPAliasCIDR)
+	}
+	return &host{cfg: cfg, nft: nft, elements: map[string]int{}, routes: map[string]int{},
+		dirtyElements: map[string]element{}, dirtyRoutes: map[string]net.IP{},
+		aliases: map[string]net.IP{}, aliasOwner: map[string]string{}}
+}
+
+// aliasOf returns vip's alias, taking a free one from cfg.aliases if vip
+// has none yet; false when every alias is taken (vip is then served only
+// while it is not a local address of the Node).
+func (h *host) aliasOf(vip net.IP) (net.IP, bool) {
+	if a, ok := h.aliases[vip.String()]; ok {
+		return a, true
+	}
+	base := binary.BigEndian.Uint32(h.cfg.aliases.IP.To4())
+	ones, bits := h.cfg.aliases.Mask.Size()
+	size := uint32(1) << (bits - ones)
+	// The range's first and last addresses are left out.
+	for range size {
+		h.nextAlias = h.nextAlias%(size-2) + 1
+		a := make(net.IP, 4)
+		binary.BigEndian.PutUint32(a, base+h.nextAlias)
+		if _, taken := h.aliasOwner[a.String()]; !taken {
+			h.holdAlias(vip, a)
+			return a, true
+		}
+	}
+	return nil, false
+}
+
+func (h *host) holdAlias(vip, alias net.IP) {
+	h.aliases[vip.String()] = alias
+	h.aliasOwner[alias.String()] = vip.String()
+}
+
+func (h *host) releaseAlias(vip string) {
+	if a, ok := h.aliases[vip]; ok {
+		delete(h.aliasOwner, a.String())
+		delete(h.aliases, vip)
+	}
+}
+
+// isAlias reports whether ip is in the aliases' range.
+func (h *host) isAlias(ip net.IP) bool { return h.cfg.aliases.Contains(ip) }
 
 // reset (re)creates the table's chains and rules in one transaction
 // without flushing the element sets, so traffic keeps flowing across a
@@ -133,6 +229,10 @@ func (h *host) reset(ctx context.Context) error {
 		Comment: knftables.PtrTo("NodePorts handled by seine")})
 	tx.Add(&knftables.Set{Name: SetNodePortAddresses, Type: "ipv4_addr", Flags: []knftables.SetFlag{knftables.IntervalFlag},
 		Comment: knftables.PtrTo("local addresses accepting NodePort traffic")})
+	tx.Add(&knftables.Set{Name: SetExternalPorts, Type: "ipv4_addr . inet_proto . inet_service",
+		Comment: knftables.PtrTo("externalIP or LoadBalancer IP . protocol . port of every external frontend")})
+	tx.Add(&knftables.Map{Name: MapLocalVIPAliases, Type: "ipv4_addr : ipv4_addr",
+		Comment: knftables.PtrTo("externalIPs and LoadBalancer IPs to their aliases, routed into the bridge")})
 	tx.Flush(&knftables.Set{Name: SetNodePortAddresses})
 	for _, n := range h.cfg.nodePortAddresses {
 		tx.Add(&knftables.Element{Set: SetNodePortAddresses, Key: []string{n.String()}})
@@ -184,12 +284,24 @@ func (h *host) reset(ctx context.Context) error {
 				"meta l4proto . th dport", "@"+SetNodePorts, "dnat to", pipeline.NodePortVIP.String()),
 				Comment: knftables.PtrTo("NodePort into the bridge")})
 		}
+		// What the bridge hands to the host (a connection to be
+		// rejected) keeps its address.
+		for _, c := range []struct{ name, match string }{
+			{"prerouting", fmt.Sprintf("iifname != %q ", h.cfg.gateway)}, {"output", ""}} {
+			tx.Add(&knftables.Rule{Chain: c.name, Rule: c.match + knftables.Concat(
+				"ip daddr . meta l4proto . th dport", "@"+SetExternalPorts, "fib daddr type local",
+				"dnat to ip daddr map", "@"+MapLocalVIPAliases),
+				Comment: knftables.PtrTo("an externalIP or LoadBalancer IP that is a local address, into the bridge")})
+		}
 		tx.Add(&knftables.Rule{Chain: "postrouting", Rule: knftables.Concat(
 			"ip saddr", pipeline.ServiceHostSNATIP.String(), "oifname !=", fmt.Sprintf("%q", h.cfg.gateway), "masquerade"),
 			Comment: knftables.PtrTo("Service connections the bridge sends out through the host")})
 	}
 	if err := h.nft.Run(ctx, tx); err != nil {
 		return fmt.Errorf("programming table %s: %w", HostTable, err)
+	}
+	if err := h.readAliases(ctx); err != nil {
+		return err
 	}
 	if !h.cfg.proxyAll {
 		return nil
@@ -209,9 +321,37 @@ func (h *host) reset(ctx context.Context) error {
 			return fmt.Errorf("neighbour %s: %w", ip, err)
 		}
 	}
-	if h.cfg.services != nil {
-		if err := h.replaceRoute(link, h.cfg.services); err != nil {
+	for _, dst := range []*net.IPNet{h.cfg.services, h.cfg.aliases} {
+		if dst == nil {
+			continue
+		}
+		if err := h.replaceRoute(link, dst); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// readAliases takes back the aliases an earlier run left in
+// MapLocalVIPAliases (prune drops those no frontend wants).
+func (h *host) readAliases(ctx context.Context) error {
+	els, err := h.nft.ListElements(ctx, "map", MapLocalVIPAliases)
+	if err != nil {
+		return fmt.Errorf("listing map %s: %w", MapLocalVIPAliases, err)
+	}
+	for _, el := range els {
+		if len(el.Key) != 1 || len(el.Value) != 1 {
+			continue
+		}
+		vip, alias := net.ParseIP(el.Key[0]).To4(), net.ParseIP(el.Value[0]).To4()
+		if vip == nil || alias == nil || !h.isAlias(alias) {
+			continue
+		}
+		if _, taken := h.aliasOwner[alias.String()]; taken {
+			continue
+		}
+		if _, has := h.aliases[vip.String()]; !has {
+			h.holdAlias(vip, alias)
 		}
 	}
 	return nil
@@ -293,9 +433,15 @@ func (h *host) flush(ctx context.Context) map[string]error {
 	failed := map[string]error{}
 	if len(h.dirtyElements) > 0 {
 		put := func(tx *knftables.Transaction, id string, e element) {
-			tx.Add(&knftables.Element{Set: e.set, Key: e.key}) // so that a delete cannot fail
+			tx.Add(e.nft()) // so that a delete cannot fail
 			if h.elements[id] == 0 {
-				tx.Delete(&knftables.Element{Set: e.set, Key: e.key})
+				tx.Delete(e.nft())
+			}
+		}
+		done := func(id string, e element) {
+			delete(h.dirtyElements, id)
+			if e.set == MapLocalVIPAliases && h.elements[id] == 0 {
+				h.releaseAlias(e.key[0])
 			}
 		}
 		tx := h.nft.NewTransaction()
@@ -303,7 +449,9 @@ func (h *host) flush(ctx context.Context) map[string]error {
 			put(tx, id, e)
 		}
 		if err := h.nft.Run(ctx, tx); err == nil {
-			clear(h.dirtyElements)
+			for id, e := range h.dirtyElements {
+				done(id, e)
+			}
 		} else {
 			for id, e := range h.dirtyElements {
 				one := h.nft.NewTransaction()
@@ -312,7 +460,7 @@ func (h *host) flush(ctx context.Context) map[string]error {
 					failed[id] = fmt.Errorf("updating table %s, element %s: %w", HostTable, id, err)
 					continue
 				}
-				delete(h.dirtyElements, id)
+				done(id, e)
 			}
 		}
 	}
@@ -348,13 +496,24 @@ func (h *host) prune(ctx context.Context) error {
 		return nil
 	}
 	tx := h.nft.NewTransaction()
-	for _, set := range []string{SetNoEndpoints, SetClusterIPs, SetServicePorts, SetNodePorts} {
-		els, err := h.nft.ListElements(ctx, "set", set)
+	var goneAliases []string
+	for _, set := range []string{SetNoEndpoints, SetClusterIPs, SetServicePorts, SetNodePorts, SetExternalPorts, MapLocalVIPAliases} {
+		typ := "set"
+		if set == MapLocalVIPAliases {
+			typ = "map"
+		}
+		els, err := h.nft.ListElements(ctx, typ, set)
 		if err != nil {
-			return fmt.Errorf("listing set %s: %w", set, err)
+			return fmt.Errorf("listing %s %s: %w", typ, set, err)
 		}
 		for _, el := range els {
-			if h.elements[element{set, canonicalKey(el.Key)}.id()] == 0 {
+			if h.elements[element{set: set, key: canonicalKey(el.Key)}.id()] > 0 {
+				continue
+			}
+			if typ == "map" {
+				tx.Delete(&knftables.Element{Map: set, Key: el.Key})
+				goneAliases = append(goneAliases, el.Key[0])
+			} else {
 				tx.Delete(&knftables.Element{Set: set, Key: el.Key})
 			}
 		}
@@ -363,6 +522,9 @@ func (h *host) prune(ctx context.Context) error {
 		if err := h.nft.Run(ctx, tx); err != nil {
 			return fmt.Errorf("pruning table %s: %w", HostTable, err)
 		}
+	}
+	for _, vip := range goneAliases {
+		h.releaseAlias(vip)
 	}
 	link, err := netlink.LinkByName(h.cfg.gateway)
 	if err != nil {
@@ -378,7 +540,8 @@ func (h *host) prune(ctx context.Context) error {
 		}
 		ones, _ := r.Dst.Mask.Size()
 		keep := h.routes[r.Dst.IP.String()] > 0 && ones == 32 ||
-			h.cfg.proxyAll && h.cfg.services != nil && r.Dst.String() == h.cfg.services.String()
+			h.cfg.proxyAll && h.cfg.services != nil && r.Dst.String() == h.cfg.services.String() ||
+			h.cfg.proxyAll && r.Dst.String() == h.cfg.aliases.String()
 		if !keep {
 			if err := netlink.RouteDel(&r); err != nil && !errors.Is(err, syscall.ESRCH) {
 				return fmt.Errorf("deleting stale route to %s: %w", r.Dst, err)

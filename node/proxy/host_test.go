@@ -33,8 +33,7 @@ func (f *failingNFT) Run(ctx context.Context, tx *knftables.Transaction) error {
 func TestHostUpdateRetriesWhatFailed(t *testing.T) {
 	ctx := context.Background()
 	nft := &failingNFT{Fake: knftables.NewFake(knftables.IPv4Family, HostTable)}
-	h := &host{nft: nft, elements: map[string]int{}, routes: map[string]int{},
-		dirtyElements: map[string]element{}, dirtyRoutes: map[string]net.IP{}}
+	h := newHostWith(hostConfig{}, nft)
 	if err := h.reset(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -92,5 +91,69 @@ func TestHostUpdateRetriesWhatFailed(t *testing.T) {
 	}
 	if len(h.dirtyElements) != 0 {
 		t.Errorf("dirty elements left: %v", h.dirtyElements)
+	}
+}
+
+// Each external IP gets its own alias from the range, the same one for as
+// long as a frontend holds it, also across a restart (read back from the
+// map); an alias is free again once its map element has left the kernel;
+// a range with none left says so.
+func TestHostAliases(t *testing.T) {
+	ctx := context.Background()
+	nft := knftables.NewFake(knftables.IPv4Family, HostTable)
+	_, aliases, _ := net.ParseCIDR("169.254.192.0/30") // two usable: .1 and .2
+	cfg := hostConfig{aliases: aliases}
+	h := newHostWith(cfg, nft)
+	if err := h.reset(ctx); err != nil {
+		t.Fatal(err)
+	}
+	x, y, z := net.ParseIP("198.18.100.10"), net.ParseIP("198.18.100.11"), net.ParseIP("198.18.100.12")
+	ax, okx := h.aliasOf(x)
+	ay, oky := h.aliasOf(y)
+	if !okx || !oky || ax.Equal(ay) || !aliases.Contains(ax) || !aliases.Contains(ay) {
+		t.Fatalf("aliases %v (%v) and %v (%v), want two distinct ones in %s", ax, okx, ay, oky, aliases)
+	}
+	for _, a := range []net.IP{ax, ay} {
+		if a.Equal(net.ParseIP("169.254.192.0")) || a.Equal(net.ParseIP("169.254.192.3")) {
+			t.Errorf("alias %s is the range's first or last address", a)
+		}
+	}
+	if again, _ := h.aliasOf(x); !again.Equal(ax) {
+		t.Errorf("second ask for %s: %s, want %s", x, again, ax)
+	}
+	if a, ok := h.aliasOf(z); ok {
+		t.Errorf("alias %s from an exhausted range", a)
+	}
+	if err := h.update(ctx, []element{aliasElement(x, ax), aliasElement(y, ay)}, nil, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+
+	// A restart: the new host takes the aliases back from the map.
+	h = newHostWith(cfg, nft)
+	if err := h.reset(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if a, _ := h.aliasOf(y); !a.Equal(ay) {
+		t.Errorf("after a restart %s has alias %s, want %s", y, a, ay)
+	}
+	if a, _ := h.aliasOf(x); !a.Equal(ax) {
+		t.Errorf("after a restart %s has alias %s, want %s", x, a, ax)
+	}
+	if err := h.update(ctx, []element{aliasElement(x, ax), aliasElement(y, ay)}, nil, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	// y's frontend goes: its alias leaves the map and is z's to take.
+	if err := h.update(ctx, nil, []element{aliasElement(y, ay)}, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	els, err := nft.ListElements(ctx, "map", MapLocalVIPAliases)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(els) != 1 || els[0].Key[0] != x.String() || els[0].Value[0] != ax.String() {
+		t.Errorf("map after y left: %v, want %s : %s alone", els, x, ax)
+	}
+	if a, ok := h.aliasOf(z); !ok || !a.Equal(ay) {
+		t.Errorf("%s got alias %s (%v), want the freed %s", z, a, ok, ay)
 	}
 }

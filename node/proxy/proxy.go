@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
@@ -582,6 +583,7 @@ func (p *Proxier) applyLocked(ctx context.Context, key string, want []PortState)
 }
 
 func (p *Proxier) installPort(ctx context.Context, pi *portInstall, ps PortState) error {
+	ps = p.withAliases(ps)
 	sp := ps.Port
 	sp.ID = pi.id
 	flows, groups, err := pipeline.ServicePortFlows(p.cfg.Bridge, sp)
@@ -617,7 +619,7 @@ func (p *Proxier) installPort(ctx context.Context, pi *portInstall, ps PortState
 	for _, g := range stale {
 		p.dropGroup(pi, g.Group.ID)
 	}
-	els, routes := p.hostNeedsWithClusterRoutes(sp, ps.ClusterIPs)
+	els, routes := p.hostNeedsWithClusterRoutes(sp, ps.ClusterIPs, ps.Aliases)
 	// Recorded even when the update fails: its counts took the change.
 	err = p.host.update(ctx, els, pi.elements, routes, pi.routes)
 	pi.elements, pi.routes = els, routes
@@ -628,8 +630,8 @@ func (p *Proxier) installPort(ctx context.Context, pi *portInstall, ps PortState
 // gateway for each ClusterIP outside the serviceCIDR route: ranges added
 // with ServiceCIDR objects (KEP-1880), which the host would otherwise send
 // out of the Node.
-func (p *Proxier) hostNeedsWithClusterRoutes(sp pipeline.ServicePort, clusterIPs []net.IP) ([]element, []net.IP) {
-	els, routes := hostNeeds(sp, clusterIPs)
+func (p *Proxier) hostNeedsWithClusterRoutes(sp pipeline.ServicePort, clusterIPs []net.IP, aliases map[string]net.IP) ([]element, []net.IP) {
+	els, routes := hostNeeds(sp, clusterIPs, aliases)
 	if p.cfg.ProxyAll {
 		for _, ip := range clusterIPs {
 			if p.cfg.ServiceCIDR == nil || !p.cfg.ServiceCIDR.Contains(ip) {
@@ -640,17 +642,48 @@ func (p *Proxier) hostNeedsWithClusterRoutes(sp pipeline.ServicePort, clusterIPs
 	return els, routes
 }
 
+// withAliases returns ps with the aliases of an external frontend's
+// externalIPs and LoadBalancer IPs (with proxyAll) in ps.Aliases and
+// after its VIPs: the frontend also balances what the host DNATs to them
+// (an IP that is a local address of the Node). Other frontends are
+// returned as they are. An IP left without an alias (every one taken) is
+// logged, and served only while it is not a local address of the Node.
+func (p *Proxier) withAliases(ps PortState) PortState {
+	if p.host == nil || !p.cfg.ProxyAll || !ps.Port.External {
+		return ps
+	}
+	ps.Aliases = map[string]net.IP{}
+	vips := slices.Clone(ps.Port.VIPs)
+	for _, vip := range ps.Port.VIPs {
+		if vip.Equal(pipeline.NodePortVIP) {
+			continue
+		}
+		a, ok := p.host.aliasOf(vip)
+		if !ok {
+			p.log.Warn("no alias left for an external IP: not served while it is a local address of the Node",
+				zap.Stringer("vip", vip), zap.Stringer("aliases", p.host.cfg.aliases))
+			continue
+		}
+		ps.Aliases[vip.String()] = a
+		vips = append(vips, a)
+	}
+	ps.Port.VIPs = vips
+	return ps
+}
+
 // hostNeeds returns the host nftables elements and routes a frontend
 // needs: a reject element per VIP without endpoints; for an internal
 // frontend, the element of each of the Service's clusterIPs and of each
 // ClusterIP with the frontend's port (the host rejects connections to the
 // other ports); the NodePort element of a NodePort frontend; a route to
-// the gateway per external IP.
-func hostNeeds(sp pipeline.ServicePort, clusterIPs []net.IP) ([]element, []net.IP) {
+// the gateway per external IP and, for each with an alias (aliases, by
+// VIP; the aliases themselves are among sp.VIPs), its SetExternalPorts
+// element and its MapLocalVIPAliases element.
+func hostNeeds(sp pipeline.ServicePort, clusterIPs []net.IP, aliases map[string]net.IP) ([]element, []net.IP) {
 	var els []element
 	var routes []net.IP
 	for _, ip := range clusterIPs {
-		els = append(els, clusterIPElement(ip), element{SetServicePorts, rejectElement(ip, sp.Protocol, sp.Port).key})
+		els = append(els, clusterIPElement(ip), element{set: SetServicePorts, key: rejectElement(ip, sp.Protocol, sp.Port).key})
 	}
 	if sp.Action == pipeline.ServiceReject {
 		for _, vip := range sp.VIPs {
@@ -660,11 +693,21 @@ func hostNeeds(sp pipeline.ServicePort, clusterIPs []net.IP) ([]element, []net.I
 	if !sp.External {
 		return els, routes
 	}
+	isAlias := map[string]bool{}
+	for _, a := range aliases {
+		isAlias[a.String()] = true
+	}
 	for _, vip := range sp.VIPs {
-		if vip.Equal(pipeline.NodePortVIP) {
+		switch {
+		case vip.Equal(pipeline.NodePortVIP):
 			els = append(els, nodePortElement(sp.Protocol, sp.Port))
-		} else {
+		case isAlias[vip.String()]:
+			// routed by the aliases' range route
+		default:
 			routes = append(routes, vip)
+			if a, ok := aliases[vip.String()]; ok {
+				els = append(els, externalPortElement(vip, sp.Protocol, sp.Port), aliasElement(vip, a))
+			}
 		}
 	}
 	return els, routes

@@ -34,6 +34,11 @@ type PortState struct {
 	// (nil on the others): the host rejects connections to them on ports
 	// that no Service port defines, as kube-proxy does.
 	ClusterIPs []net.IP
+	// Aliases are the aliases of an external frontend's externalIPs and
+	// LoadBalancer IPs by IP (see MapLocalVIPAliases), set by the Proxier
+	// as it installs the frontend, which then lists them among its VIPs
+	// too; Translate leaves it nil.
+	Aliases map[string]net.IP
 }
 
 // Ignored reports why the proxy leaves svc alone ("" when it handles it):

@@ -3,6 +3,7 @@ package proxy
 import (
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 
@@ -234,16 +235,30 @@ func TestTranslateExternalFrontends(t *testing.T) {
 
 func TestHostNeeds(t *testing.T) {
 	els, routes := hostNeeds(pipeline.ServicePort{VIPs: []net.IP{pipeline.NodePortVIP}, Protocol: 17, Port: 30053,
-		External: true, Action: pipeline.ServiceReject}, nil)
+		External: true, Action: pipeline.ServiceReject}, nil, nil)
 	if len(routes) != 0 || len(els) != 2 || els[0].id() != "no-endpoints 169.254.100.2 . 17 . 30053" || els[1].id() != "nodeports 17 . 30053" {
 		t.Errorf("nodeport without endpoints: %v %v", els, routes)
 	}
-	els, routes = hostNeeds(pipeline.ServicePort{VIPs: []net.IP{net.ParseIP("198.18.100.1")}, Protocol: 6, Port: 80, External: true}, nil)
+	els, routes = hostNeeds(pipeline.ServicePort{VIPs: []net.IP{net.ParseIP("198.18.100.1")}, Protocol: 6, Port: 80, External: true}, nil, nil)
 	if len(els) != 0 || len(routes) != 1 || routes[0].String() != "198.18.100.1" {
 		t.Errorf("external IP: %v %v", els, routes)
 	}
+	// With an alias (listed among the VIPs): the IP's route, port and
+	// alias map element; nothing of the alias's own.
+	alias := net.ParseIP("169.254.192.1").To4()
+	els, routes = hostNeeds(pipeline.ServicePort{VIPs: []net.IP{net.ParseIP("198.18.100.1"), alias}, Protocol: 6, Port: 80,
+		External: true, Action: pipeline.ServiceReject}, nil, map[string]net.IP{"198.18.100.1": alias})
+	var ids []string
+	for _, e := range els {
+		ids = append(ids, e.id())
+	}
+	want := []string{"no-endpoints 198.18.100.1 . 6 . 80", "no-endpoints 169.254.192.1 . 6 . 80",
+		"external-ports 198.18.100.1 . 6 . 80", "local-vip-aliases 198.18.100.1"}
+	if !slices.Equal(ids, want) || len(routes) != 1 || routes[0].String() != "198.18.100.1" || els[3].value[0] != alias.String() {
+		t.Errorf("external IP with an alias: %v %v, want %v and a route to 198.18.100.1", ids, routes, want)
+	}
 	els, routes = hostNeeds(pipeline.ServicePort{VIPs: []net.IP{net.ParseIP("10.96.0.10"), net.ParseIP("198.18.100.1")}, Protocol: 6, Port: 80},
-		[]net.IP{net.ParseIP("10.96.0.10")})
+		[]net.IP{net.ParseIP("10.96.0.10")}, nil)
 	if len(routes) != 0 || len(els) != 2 || els[0].id() != "cluster-ips 10.96.0.10" || els[1].id() != "service-ports 10.96.0.10 . 6 . 80" {
 		t.Errorf("internal frontend: %v %v", els, routes)
 	}
@@ -257,17 +272,17 @@ func TestHostNeedsRoutesOtherServiceCIDRs(t *testing.T) {
 	ips := []net.IP{net.ParseIP("10.96.0.10"), net.ParseIP("10.96.200.10")}
 	sp := pipeline.ServicePort{VIPs: ips, Protocol: 6, Port: 80}
 	p := &Proxier{cfg: Config{ProxyAll: true, ServiceCIDR: cidr}}
-	if _, routes := p.hostNeedsWithClusterRoutes(sp, ips); len(routes) != 1 || routes[0].String() != "10.96.200.10" {
+	if _, routes := p.hostNeedsWithClusterRoutes(sp, ips, nil); len(routes) != 1 || routes[0].String() != "10.96.200.10" {
 		t.Errorf("proxyAll: routes %v, want 10.96.200.10 alone", routes)
 	}
 	p.cfg.ProxyAll = false
-	if _, routes := p.hostNeedsWithClusterRoutes(sp, ips); len(routes) != 0 {
+	if _, routes := p.hostNeedsWithClusterRoutes(sp, ips, nil); len(routes) != 0 {
 		t.Errorf("without proxyAll: routes %v, want none", routes)
 	}
 }
 
 func TestCanonicalKey(t *testing.T) {
-	got := element{SetNoEndpoints, canonicalKey([]string{"10.96.0.1", "udp", "53"})}
+	got := element{set: SetNoEndpoints, key: canonicalKey([]string{"10.96.0.1", "udp", "53"})}
 	if want := rejectElement(net.ParseIP("10.96.0.1"), 17, 53); got.id() != want.id() {
 		t.Errorf("listed element %q does not match written %q", got.id(), want.id())
 	}

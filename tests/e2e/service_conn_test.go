@@ -67,6 +67,113 @@ func hold(t *testing.T, c *sandbox.Cluster, from podRef, addr string) (*heldConn
 	return &heldConn{conn: conn, r: bufio.NewReader(conn)}, nil
 }
 
+// holdFromNS opens a connection to addr from the named network namespace
+// (the external host's) and waits until want answers on it; the test's
+// end closes it.
+func holdFromNS(t *testing.T, netns, addr, want string) *heldConn {
+	t.Helper()
+	var held *heldConn
+	eventually(t, 20*time.Second, "a connection to "+addr, func() error {
+		var conn net.Conn
+		err := ns.WithNetNSPath("/run/netns/"+netns, func(ns.NetNS) error {
+			var err error
+			conn, err = net.DialTimeout("tcp", addr, 2*time.Second)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		h := &heldConn{conn: conn, r: bufio.NewReader(conn)}
+		if who, err := h.ask(); err != nil || who != want {
+			conn.Close()
+			return fmt.Errorf("answered by %q (%v)", who, err)
+		}
+		held = h
+		return nil
+	})
+	t.Cleanup(func() { held.conn.Close() })
+	return held
+}
+
+// A connection from outside to a LoadBalancer IP that is a local address
+// of its Node (externalTrafficPolicy Local) survives a restart of seine on
+// that Node, and new ones are served after it: the restarted daemon
+// takes the address's alias back from the host's table, so neither the
+// host's DNAT of the connection nor the bridge's frontend changes.
+func TestServiceLocalVIPKeepsConnectionsAcrossRestart(t *testing.T) {
+	c := shared
+	namespace := "svc-localvip-restart"
+	const port, lbIP = 9000, "198.18.100.23"
+	pod := svcPods(t, c, namespace, "lvr", 1)[0]
+	l, err := c.ListenIn(pod.ns, pod.name, fmt.Sprintf(":%d", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go lineServer(l, pod.name)
+	svc := createService(t, c, namespace, "lvr", "lvr", func(s *corev1.Service) {
+		s.Spec.Type = corev1.ServiceTypeLoadBalancer
+		s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+		s.Spec.Ports = []corev1.ServicePort{{Name: "hold", Port: port, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(port)}}
+	})
+	ctx := testCtx(t, 2*time.Minute)
+	node := c.Nodes()[1]
+	alias := func(ip string) (string, error) {
+		out, err := c.NodeExec(ctx, node.Name, "nft", "list", "map", "ip", "seine-proxy", "local-vip-aliases")
+		if err != nil {
+			return "", fmt.Errorf("listing the aliases on %s: %v: %s", node.Name, err, out)
+		}
+		for _, f := range strings.FieldsFunc(string(out), func(r rune) bool { return r == '{' || r == '}' || r == ',' || r == '\n' }) {
+			if k, v, ok := strings.Cut(strings.TrimSpace(f), " : "); ok && k == ip {
+				return v, nil
+			}
+		}
+		return "", fmt.Errorf("no alias of %s on %s: %s", ip, node.Name, out)
+	}
+	// Another external IP takes an alias first and gives it up, so the
+	// LoadBalancer IP's is not the one a restarted daemon would hand out
+	// first if it forgot the earlier ones.
+	const other = "198.18.100.24"
+	first := createService(t, c, namespace, "first", "", func(s *corev1.Service) { s.Spec.ExternalIPs = []string{other} })
+	eventually(t, 20*time.Second, "an alias for "+other, func() error { _, err := alias(other); return err })
+	svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: lbIP}}
+	if _, err := c.Client().CoreV1().Services(namespace).UpdateStatus(ctx, svc, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("setting LoadBalancer ingress: %v", err)
+	}
+	var before string
+	eventually(t, 20*time.Second, "an alias for "+lbIP, func() error {
+		var err error
+		before, err = alias(lbIP)
+		return err
+	})
+	if err := c.Client().CoreV1().Services(namespace).Delete(ctx, first.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, other+"'s alias given up", func() error {
+		if a, err := alias(other); err == nil {
+			return fmt.Errorf("%s still has alias %s", other, a)
+		}
+		return nil
+	})
+	localVIP(t, c, node, lbIP)
+	extNS, _ := c.ExternalHost()
+	addr := net.JoinHostPort(lbIP, fmt.Sprint(port))
+	held := holdFromNS(t, extNS, addr, pod.name)
+	stopSeine(t, c, node.Name)
+	if err := c.StartSeine(ctx, node.Name, nil); err != nil {
+		t.Fatal(err)
+	}
+	if after, err := alias(lbIP); err != nil || after != before {
+		t.Errorf("alias of %s: %s before the restart, %s after (%v)", lbIP, before, after, err)
+	}
+	for i := 0; i < 3; i++ {
+		if who, err := held.ask(); err != nil || who != pod.name {
+			t.Fatalf("the established connection after the restart: answered by %q (%v)", who, err)
+		}
+	}
+	holdFromNS(t, extNS, addr, pod.name)
+}
+
 // Established connections through a ClusterIP keep their endpoint when
 // the other endpoints go away, while new connections only reach the one
 // left.
@@ -166,26 +273,7 @@ func TestServiceNodePortKeepsConnectionsWithoutEndpoints(t *testing.T) {
 	node := c.Nodes()[0]
 	addr := net.JoinHostPort(node.IP, fmt.Sprint(svc.Spec.Ports[0].NodePort))
 	extNS, _ := c.ExternalHost()
-	var held *heldConn
-	eventually(t, 20*time.Second, "a connection through the NodePort", func() error {
-		var conn net.Conn
-		err := ns.WithNetNSPath("/run/netns/"+extNS, func(ns.NetNS) error {
-			var err error
-			conn, err = net.DialTimeout("tcp", addr, 2*time.Second)
-			return err
-		})
-		if err != nil {
-			return err
-		}
-		h := &heldConn{conn: conn, r: bufio.NewReader(conn)}
-		if who, err := h.ask(); err != nil || who != pod.name {
-			conn.Close()
-			return fmt.Errorf("answered by %q (%v)", who, err)
-		}
-		held = h
-		return nil
-	})
-	t.Cleanup(func() { held.conn.Close() })
+	held := holdFromNS(t, extNS, addr, pod.name)
 	patch := []byte(`{"metadata":{"labels":{"app":"estnp-away"}}}`)
 	if _, err := c.Client().CoreV1().Pods(namespace).Patch(testCtx(t, 10*time.Second), pod.name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)

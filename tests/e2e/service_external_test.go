@@ -1,10 +1,12 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -256,6 +258,113 @@ func TestServiceExternalIPsAndLoadBalancer(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// localVIP routes ip to node from the underlay router and makes it a
+// local address of the Node on the interface holding its InternalIP, as
+// kube-vip or keepalived would. The returned function removes the address
+// (the route stays until the test ends); the test's end removes both.
+func localVIP(t *testing.T, c *sandbox.Cluster, node sandbox.Node, ip string) (remove func()) {
+	t.Helper()
+	ctx := testCtx(t, 20*time.Second)
+	undo, err := c.RouteToNode(ctx, ip+"/32", node.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(undo)
+	out, err := c.NodeExec(ctx, node.Name, "ip", "-o", "-4", "addr", "show", "to", node.IP+"/32")
+	f := strings.Fields(string(out))
+	if err != nil || len(f) < 2 {
+		t.Fatalf("finding %s's interface: %q, %v", node.IP, out, err)
+	}
+	dev := f[1]
+	if out, err := c.NodeExec(ctx, node.Name, "ip", "addr", "add", ip+"/32", "dev", dev); err != nil {
+		t.Fatalf("adding %s to %s on %s: %v: %s", ip, dev, node.Name, err, out)
+	}
+	var once sync.Once
+	remove = func() {
+		once.Do(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if out, err := c.NodeExec(ctx, node.Name, "ip", "addr", "del", ip+"/32", "dev", dev); err != nil {
+				t.Errorf("removing %s from %s on %s: %v: %s", ip, dev, node.Name, err, out)
+			}
+		})
+	}
+	t.Cleanup(remove)
+	return remove
+}
+
+// An externalIP or LoadBalancer IP that is also a local address of the
+// Node it is routed to (kube-vip or keepalived put it there; here the test
+// does) is served on its Service's ports as kube-proxy serves it, though
+// the host's local routing table claims the address: TCP and UDP through
+// an externalIP (externalTrafficPolicy Cluster), the client address kept
+// through a LoadBalancer IP (Local), and the Node's own connection to it.
+// The address's other ports stay the host's (the proxy's health check on
+// 10256), and when the address leaves the Node, the route to it serves
+// again.
+func TestServiceLocalVIP(t *testing.T) {
+	c := shared
+	ns := "svc-localvip"
+	pods := svcPods(t, c, ns, "lv", 0, 2)
+	const extIPAddr, lbIP = "198.18.100.20", "198.18.100.21"
+	createService(t, c, ns, "eip", "lv", func(s *corev1.Service) { s.Spec.ExternalIPs = []string{extIPAddr} })
+	lb := createService(t, c, ns, "lb", "lv", func(s *corev1.Service) {
+		s.Spec.Type = corev1.ServiceTypeLoadBalancer
+		s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	})
+	ctx := testCtx(t, 2*time.Minute)
+	lb.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: lbIP}}
+	if _, err := c.Client().CoreV1().Services(ns).UpdateStatus(ctx, lb, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("setting LoadBalancer ingress: %v", err)
+	}
+	node := c.Nodes()[2]
+	removeExtIP := localVIP(t, c, node, extIPAddr)
+	localVIP(t, c, node, lbIP)
+	extNS, extIP := c.ExternalHost()
+	all := names(pods)
+	servedByAll := func(proto corev1.Protocol, port int) func() error {
+		return func() error {
+			if got, _ := probeFromNS(t, c, extNS, extIPAddr, port, proto, 16); keys(got) != all {
+				return fmt.Errorf("answered by %v, want each of %s", got, all)
+			}
+			return nil
+		}
+	}
+	eventually(t, 20*time.Second, "local externalIP, TCP", servedByAll(corev1.ProtocolTCP, 80))
+	eventually(t, 20*time.Second, "local externalIP, UDP", servedByAll(corev1.ProtocolUDP, 53))
+	eventually(t, 20*time.Second, "local LoadBalancer IP", func() error {
+		got, r := probeFromNS(t, c, extNS, lbIP, 80, corev1.ProtocolTCP, 6)
+		if keys(got) != pods[1].name {
+			return fmt.Errorf("answered by %v, want only the local %s", got, pods[1].name)
+		}
+		if !strings.HasPrefix(r.Client, extIP+":") {
+			return fmt.Errorf("server saw client %s, want %s", r.Client, extIP)
+		}
+		return nil
+	})
+	eventually(t, 20*time.Second, "the Node to its own externalIP", func() error {
+		got, _ := probeFromNS(t, c, node.NetNS, extIPAddr, 80, corev1.ProtocolTCP, 4)
+		for k := range got {
+			if strings.HasPrefix(k, "!") {
+				return fmt.Errorf("got %v, want every probe answered", got)
+			}
+		}
+		return nil
+	})
+	url := fmt.Sprintf("http://%s:10256/livez", extIPAddr)
+	eventually(t, 10*time.Second, "the host's own port on the address", func() error {
+		out, err := c.ExternalExec(testCtx(t, 10*time.Second), "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "2", url)
+		if got := strings.TrimSpace(string(out)); got != "200" {
+			return fmt.Errorf("got %q (%v), want 200", got, err)
+		}
+		return nil
+	})
+	// The address leaves the Node (another Node took the VIP over): the
+	// route serves it again.
+	removeExtIP()
+	eventually(t, 20*time.Second, "externalIP no longer local", servedByAll(corev1.ProtocolTCP, 80))
 }
 
 // loadBalancerSourceRanges: the LoadBalancer IP admits new connections
