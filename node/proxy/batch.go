@@ -72,7 +72,21 @@ func (p *Proxier) applyBatch(ctx context.Context, wants map[string][]PortState) 
 			errs[key] = err
 		}
 	}
+	p.host.sweepAliases(p.namedLocked)
 	return errs
+}
+
+// namedLocked reports whether an installed frontend lists ip among its
+// VIPs. It scans every frontend: call it rarely. p.mu must be held.
+func (p *Proxier) namedLocked(ip net.IP) bool {
+	for _, ports := range p.installed {
+		for _, pi := range ports {
+			if slices.ContainsFunc(pi.port.VIPs, ip.Equal) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // planService returns the plans of the Service key's wanted ports, giving

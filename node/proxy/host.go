@@ -11,6 +11,7 @@ import (
 	"syscall"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
 
 	"github.com/seine-net/seine/datapath/nftables"
@@ -50,9 +51,9 @@ import (
 //     unchanged) in prerouting and output: the host's local routing table
 //     would deliver it to the host itself before any route to the
 //     gateway, while the alias is routed into the bridge, whose external
-//     frontends match it beside the IP. The check is made per packet
-//     (`fib daddr type local`), so an address that moves between Nodes
-//     is served wherever it is.
+//     frontends match it beside the IP. The check is made for each new
+//     connection (`fib daddr type local`), so an address that moves
+//     between Nodes is served wherever it is.
 const HostTable = "seine-proxy"
 
 // The sets of HostTable.
@@ -130,6 +131,12 @@ type hostConfig struct {
 	// aliases is the range of the externalIPs' and LoadBalancer IPs'
 	// aliases (LocalVIPAliasCIDR when nil).
 	aliases *net.IPNet
+	// nodeSource, when set, is the source the host gives its own
+	// connections to an alias: an address the bridge counts as the
+	// Node's (the gateway IP, else the Node IP), so that
+	// externalTrafficPolicy Local short-circuits them as it does the
+	// Node's other connections.
+	nodeSource net.IP
 }
 
 // host keeps the proxy's nftables elements and routes, reference counted
@@ -152,6 +159,58 @@ type host struct {
 	aliases    map[string]net.IP
 	aliasOwner map[string]string
 	nextAlias  uint32
+	// pending are the IPs whose alias was handed out but whose map
+	// element is not in the kernel yet (see sweepAliases).
+	pending map[string]bool
+	// staleCT is what the host's connection tracker may still hold NATed
+	// to an alias that is gone or to a port no longer served through it;
+	// flush deletes those entries (see conntrackGone).
+	staleCT conntrackGone
+	// ct deletes entries from the host's connection tracker (nil: none).
+	ct conntrackDeleter
+}
+
+// conntrackDeleter deletes the entries of the host's connection tracker
+// (the kernel's, in the daemon's network namespace) that match.
+type conntrackDeleter interface {
+	DeleteMatching(match func(*netlink.ConntrackFlow) bool) (uint, error)
+}
+
+// kernelConntrack is the kernel's IPv4 connection tracker, through
+// netlink (conntrack(8)'s -D, one dump of the table per call).
+type kernelConntrack struct{}
+
+func (kernelConntrack) DeleteMatching(match func(*netlink.ConntrackFlow) bool) (uint, error) {
+	return netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, conntrackMatch(match))
+}
+
+// conntrackMatch adapts a function to netlink.CustomConntrackFilter.
+type conntrackMatch func(*netlink.ConntrackFlow) bool
+
+func (m conntrackMatch) MatchConntrackFlow(f *netlink.ConntrackFlow) bool { return m(f) }
+
+// conntrackGone collects the host's conntrack entries to delete: those
+// NATed to an alias given up (it may go to another IP next), and those of
+// an IP . protocol . port no longer in SetExternalPorts (the bridge no
+// longer balances them: a UDP flow would otherwise stay stuck on the
+// alias for as long as it keeps sending).
+type conntrackGone struct {
+	aliases map[string]bool   // alias
+	ports   map[string]net.IP // "ip/proto/port" of SetExternalPorts → the IP's alias
+}
+
+func (g *conntrackGone) empty() bool { return len(g.aliases) == 0 && len(g.ports) == 0 }
+
+// match reports whether f is one of g's entries: its reply comes from one
+// of the aliases, or it went to one of the ports and its reply comes from
+// that IP's alias.
+func (g *conntrackGone) match(f *netlink.ConntrackFlow) bool {
+	src := f.Reverse.SrcIP.String()
+	if g.aliases[src] {
+		return true
+	}
+	alias, ok := g.ports[fmt.Sprintf("%s/%d/%d", f.Forward.DstIP, f.Forward.Protocol, f.Forward.DstPort)]
+	return ok && alias.String() == src
 }
 
 func newHost(cfg hostConfig) (*host, error) {
@@ -159,7 +218,9 @@ func newHost(cfg hostConfig) (*host, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nftables: %w", err)
 	}
-	return newHostWith(cfg, nft), nil
+	h := newHostWith(cfg, nft)
+	h.ct = kernelConntrack{}
+	return h, nil
 }
 
 func newHostWith(cfg hostConfig, nft knftables.Interface) *host {
@@ -168,7 +229,7 @@ func newHostWith(cfg hostConfig, nft knftables.Interface) *host {
 	}
 	return &host{cfg: cfg, nft: nft, elements: map[string]int{}, routes: map[string]int{},
 		dirtyElements: map[string]element{}, dirtyRoutes: map[string]net.IP{},
-		aliases: map[string]net.IP{}, aliasOwner: map[string]string{}}
+		aliases: map[string]net.IP{}, aliasOwner: map[string]string{}, pending: map[string]bool{}}
 }
 
 // aliasOf returns vip's alias, taking a free one from cfg.aliases if vip
@@ -188,6 +249,7 @@ func (h *host) aliasOf(vip net.IP) (net.IP, bool) {
 		binary.BigEndian.PutUint32(a, base+h.nextAlias)
 		if _, taken := h.aliasOwner[a.String()]; !taken {
 			h.holdAlias(vip, a)
+			h.pending[vip.String()] = true
 			return a, true
 		}
 	}
@@ -199,10 +261,37 @@ func (h *host) holdAlias(vip, alias net.IP) {
 	h.aliasOwner[alias.String()] = vip.String()
 }
 
+// releaseAlias gives vip's alias up; the host's conntrack entries NATed
+// to it are deleted at the next flush.
 func (h *host) releaseAlias(vip string) {
+	delete(h.pending, vip)
 	if a, ok := h.aliases[vip]; ok {
 		delete(h.aliasOwner, a.String())
 		delete(h.aliases, vip)
+		if h.staleCT.aliases == nil {
+			h.staleCT.aliases = map[string]bool{}
+		}
+		h.staleCT.aliases[a.String()] = true
+	}
+}
+
+// sweepAliases gives up the aliases handed out (aliasOf) that never
+// reached the kernel and that no installed frontend lists (named reports
+// whether one does): what a frontend that failed before its host update
+// and then went away left held.
+func (h *host) sweepAliases(named func(alias net.IP) bool) {
+	if h == nil {
+		return
+	}
+	for vip := range h.pending {
+		a, ok := h.aliases[vip]
+		if !ok {
+			delete(h.pending, vip)
+			continue
+		}
+		if h.elements[aliasElement(net.ParseIP(vip), a).id()] == 0 && !named(a) {
+			h.releaseAlias(vip)
+		}
 	}
 }
 
@@ -278,14 +367,10 @@ func (h *host) reset(ctx context.Context) error {
 	reject("forward", undefinedPort, undefined)
 	reject("output-filter", undefinedPort, undefined)
 	if h.cfg.proxyAll {
-		for _, c := range chains[3:5] {
-			tx.Add(&knftables.Rule{Chain: c.name, Rule: knftables.Concat(
-				"ip daddr", "@"+SetNodePortAddresses, "fib daddr type local",
-				"meta l4proto . th dport", "@"+SetNodePorts, "dnat to", pipeline.NodePortVIP.String()),
-				Comment: knftables.PtrTo("NodePort into the bridge")})
-		}
-		// What the bridge hands to the host (a connection to be
-		// rejected) keeps its address.
+		// An externalIP or LoadBalancer IP goes before a NodePort on the
+		// same address and port, as under kube-proxy. What the bridge
+		// hands to the host (a connection to be rejected) keeps its
+		// address.
 		for _, c := range []struct{ name, match string }{
 			{"prerouting", fmt.Sprintf("iifname != %q ", h.cfg.gateway)}, {"output", ""}} {
 			tx.Add(&knftables.Rule{Chain: c.name, Rule: c.match + knftables.Concat(
@@ -293,9 +378,24 @@ func (h *host) reset(ctx context.Context) error {
 				"dnat to ip daddr map", "@"+MapLocalVIPAliases),
 				Comment: knftables.PtrTo("an externalIP or LoadBalancer IP that is a local address, into the bridge")})
 		}
+		for _, c := range chains[3:5] {
+			tx.Add(&knftables.Rule{Chain: c.name, Rule: knftables.Concat(
+				"ip daddr", "@"+SetNodePortAddresses, "fib daddr type local",
+				"meta l4proto . th dport", "@"+SetNodePorts, "dnat to", pipeline.NodePortVIP.String()),
+				Comment: knftables.PtrTo("NodePort into the bridge")})
+		}
 		tx.Add(&knftables.Rule{Chain: "postrouting", Rule: knftables.Concat(
 			"ip saddr", pipeline.ServiceHostSNATIP.String(), "oifname !=", fmt.Sprintf("%q", h.cfg.gateway), "masquerade"),
 			Comment: knftables.PtrTo("Service connections the bridge sends out through the host")})
+		if h.cfg.nodeSource != nil {
+			// A connection of the host's own to a local externalIP
+			// comes from that IP, which the bridge does not know as
+			// the Node's.
+			tx.Add(&knftables.Rule{Chain: "postrouting", Rule: knftables.Concat(
+				"oifname", fmt.Sprintf("%q", h.cfg.gateway), "ip daddr", h.cfg.aliases.String(),
+				"fib saddr type local", "snat to", h.cfg.nodeSource.String()),
+				Comment: knftables.PtrTo("the Node's own connections to its local externalIPs and LoadBalancer IPs, as the Node's")})
+		}
 	}
 	if err := h.nft.Run(ctx, tx); err != nil {
 		return fmt.Errorf("programming table %s: %w", HostTable, err)
@@ -339,19 +439,32 @@ func (h *host) readAliases(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("listing map %s: %w", MapLocalVIPAliases, err)
 	}
+	// An element this daemon would not write (an alias outside the range,
+	// or one another IP has) goes: adding the IP's own alias later would
+	// fail while the kernel holds another value for it.
+	tx := h.nft.NewTransaction()
+	base := binary.BigEndian.Uint32(h.cfg.aliases.IP.To4())
 	for _, el := range els {
-		if len(el.Key) != 1 || len(el.Value) != 1 {
-			continue
+		var vip, alias net.IP
+		if len(el.Key) == 1 && len(el.Value) == 1 {
+			vip, alias = net.ParseIP(el.Key[0]).To4(), net.ParseIP(el.Value[0]).To4()
 		}
-		vip, alias := net.ParseIP(el.Key[0]).To4(), net.ParseIP(el.Value[0]).To4()
-		if vip == nil || alias == nil || !h.isAlias(alias) {
-			continue
+		if vip != nil && alias != nil && h.isAlias(alias) {
+			if a, has := h.aliases[vip.String()]; has && a.Equal(alias) {
+				continue
+			} else if _, taken := h.aliasOwner[alias.String()]; !has && !taken {
+				h.holdAlias(vip, alias)
+				// Hand out new aliases after the ones taken back, so
+				// that none freed just now is reused at once.
+				h.nextAlias = max(h.nextAlias, binary.BigEndian.Uint32(alias)-base)
+				continue
+			}
 		}
-		if _, taken := h.aliasOwner[alias.String()]; taken {
-			continue
-		}
-		if _, has := h.aliases[vip.String()]; !has {
-			h.holdAlias(vip, alias)
+		tx.Delete(&knftables.Element{Map: MapLocalVIPAliases, Key: el.Key})
+	}
+	if tx.NumOperations() > 0 {
+		if err := h.nft.Run(ctx, tx); err != nil {
+			return fmt.Errorf("deleting foreign elements of map %s: %w", MapLocalVIPAliases, err)
 		}
 	}
 	return nil
@@ -440,8 +553,18 @@ func (h *host) flush(ctx context.Context) map[string]error {
 		}
 		done := func(id string, e element) {
 			delete(h.dirtyElements, id)
-			if e.set == MapLocalVIPAliases && h.elements[id] == 0 {
+			switch {
+			case e.set == MapLocalVIPAliases && h.elements[id] == 0:
 				h.releaseAlias(e.key[0])
+			case e.set == MapLocalVIPAliases:
+				delete(h.pending, e.key[0])
+			case e.set == SetExternalPorts && h.elements[id] == 0:
+				if a, ok := h.aliases[e.key[0]]; ok {
+					if h.staleCT.ports == nil {
+						h.staleCT.ports = map[string]net.IP{}
+					}
+					h.staleCT.ports[strings.Join(e.key, "/")] = a
+				}
 			}
 		}
 		tx := h.nft.NewTransaction()
@@ -463,6 +586,9 @@ func (h *host) flush(ctx context.Context) map[string]error {
 				done(id, e)
 			}
 		}
+	}
+	if !h.staleCT.empty() {
+		h.deleteStaleConntrack()
 	}
 	if len(h.dirtyRoutes) > 0 {
 		link, err := netlink.LinkByName(h.cfg.gateway)
@@ -487,6 +613,20 @@ func (h *host) flush(ctx context.Context) map[string]error {
 		}
 	}
 	return failed
+}
+
+// deleteStaleConntrack deletes the host's conntrack entries staleCT
+// names, in one pass over the table. A failure is retried with the next
+// flush; the entries otherwise live out their timeouts.
+func (h *host) deleteStaleConntrack() {
+	if h.ct == nil {
+		h.staleCT = conntrackGone{}
+		return
+	}
+	gone := h.staleCT
+	if _, err := h.ct.DeleteMatching(gone.match); err == nil {
+		h.staleCT = conntrackGone{}
+	}
 }
 
 // prune removes the elements and routes left by an earlier run that no
@@ -525,6 +665,9 @@ func (h *host) prune(ctx context.Context) error {
 	}
 	for _, vip := range goneAliases {
 		h.releaseAlias(vip)
+	}
+	if !h.staleCT.empty() {
+		h.deleteStaleConntrack()
 	}
 	link, err := netlink.LinkByName(h.cfg.gateway)
 	if err != nil {

@@ -4,11 +4,16 @@ import (
 	"context"
 	"errors"
 	"net"
+	"os"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
+
+	"github.com/seine-net/seine/tests/netnstest"
 )
 
 // failingNFT is knftables' fake refusing every transaction while fail is
@@ -156,4 +161,161 @@ func TestHostAliases(t *testing.T) {
 	if a, ok := h.aliasOf(z); !ok || !a.Equal(ay) {
 		t.Errorf("%s got alias %s (%v), want the freed %s", z, a, ok, ay)
 	}
+}
+
+// recordCT is a connection tracker holding flows: DeleteMatching deletes
+// those that match, as the kernel's would.
+type recordCT struct{ flows []*netlink.ConntrackFlow }
+
+func (r *recordCT) DeleteMatching(match func(*netlink.ConntrackFlow) bool) (uint, error) {
+	n := len(r.flows)
+	r.flows = slices.DeleteFunc(r.flows, match)
+	return uint(n - len(r.flows)), nil
+}
+
+// ctFlow is a TCP or UDP flow from a client to dst:port whose reply comes
+// from replySrc (dst itself when not NATed, its alias when the host
+// DNATed it).
+func ctFlow(dst string, proto uint8, port uint16, replySrc string) *netlink.ConntrackFlow {
+	f := &netlink.ConntrackFlow{FamilyType: unix.AF_INET}
+	f.Forward = netlink.IPTuple{SrcIP: net.ParseIP("198.18.0.100"), DstIP: net.ParseIP(dst), Protocol: proto, SrcPort: 40000, DstPort: port}
+	f.Reverse = netlink.IPTuple{SrcIP: net.ParseIP(replySrc), DstIP: net.ParseIP("198.18.0.100"), Protocol: proto, SrcPort: port, DstPort: 40000}
+	return f
+}
+
+// The host's conntrack entries NATed to an alias go with the alias (it may
+// be another IP's next), and those of a port no longer served through an
+// alias go with the port; the rest stay.
+func TestHostDeletesConntrackOfGoneAliases(t *testing.T) {
+	ctx := context.Background()
+	nft := knftables.NewFake(knftables.IPv4Family, HostTable)
+	h := newHostWith(hostConfig{}, nft)
+	ct := &recordCT{}
+	h.ct = ct
+	if err := h.reset(ctx); err != nil {
+		t.Fatal(err)
+	}
+	x, y := net.ParseIP("198.18.100.10"), net.ParseIP("198.18.100.11")
+	ax, _ := h.aliasOf(x)
+	ay, _ := h.aliasOf(y)
+	xPorts := []element{aliasElement(x, ax), externalPortElement(x, 6, 80), externalPortElement(x, 17, 53)}
+	if err := h.update(ctx, append(xPorts, aliasElement(y, ay), externalPortElement(y, 6, 80)), nil, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	keepX80 := ctFlow(x.String(), 6, 80, ax.String())
+	goneX53 := ctFlow(x.String(), 17, 53, ax.String())
+	localX53 := ctFlow(x.String(), 17, 53, x.String()) // delivered to the host, not NATed
+	goneY := ctFlow(y.String(), 6, 80, ay.String())
+	ct.flows = []*netlink.ConntrackFlow{keepX80, goneX53, localX53, goneY}
+	// x's UDP port goes; y's frontend goes with its alias.
+	if err := h.update(ctx, nil, []element{externalPortElement(x, 17, 53), aliasElement(y, ay), externalPortElement(y, 6, 80)}, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(ct.flows, []*netlink.ConntrackFlow{keepX80, localX53}) {
+		var left []string
+		for _, f := range ct.flows {
+			left = append(left, f.String())
+		}
+		t.Errorf("conntrack left: %v, want the flow to %s:80 and the one delivered to the host", left, x)
+	}
+}
+
+// At start the host takes back the map's aliases and deletes the elements
+// it would not write (a value outside the range, an alias another IP
+// holds); new aliases come after the highest taken back. An alias handed
+// out that never reached the kernel is given up by the sweep unless a
+// frontend lists it.
+func TestHostReadsAliasesBackAndSweeps(t *testing.T) {
+	ctx := context.Background()
+	nft := knftables.NewFake(knftables.IPv4Family, HostTable)
+	h := newHostWith(hostConfig{}, nft)
+	if err := h.reset(ctx); err != nil {
+		t.Fatal(err)
+	}
+	tx := nft.NewTransaction()
+	for _, kv := range [][2]string{{"198.18.100.10", "169.254.192.7"}, {"198.18.100.11", "10.244.0.9"}, {"198.18.100.12", "169.254.192.7"}} {
+		tx.Add(&knftables.Element{Map: MapLocalVIPAliases, Key: []string{kv[0]}, Value: []string{kv[1]}})
+	}
+	if err := nft.Run(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	h = newHostWith(hostConfig{}, nft)
+	if err := h.reset(ctx); err != nil {
+		t.Fatal(err)
+	}
+	els, err := nft.ListElements(ctx, "map", MapLocalVIPAliases)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(els) != 1 || els[0].Key[0] != "198.18.100.10" {
+		t.Fatalf("map after the start: %v, want 198.18.100.10's element alone", els)
+	}
+	if a, _ := h.aliasOf(net.ParseIP("198.18.100.10")); a.String() != "169.254.192.7" {
+		t.Errorf("198.18.100.10's alias %s, want the one taken back, 169.254.192.7", a)
+	}
+	z := net.ParseIP("198.18.100.13")
+	az, _ := h.aliasOf(z)
+	if az.String() != "169.254.192.8" {
+		t.Errorf("new alias %s, want 169.254.192.8, after the highest taken back", az)
+	}
+	h.sweepAliases(func(ip net.IP) bool { return ip.Equal(az) })
+	if a, _ := h.aliasOf(z); !a.Equal(az) {
+		t.Errorf("the sweep took %s's alias though a frontend lists it (now %s)", z, a)
+	}
+	h.sweepAliases(func(net.IP) bool { return false })
+	if _, held := h.aliases[z.String()]; held {
+		t.Errorf("the sweep left %s's alias held, with no element and no frontend", z)
+	}
+	if _, held := h.aliases["198.18.100.10"]; !held {
+		t.Error("the sweep gave up an alias taken back from the kernel")
+	}
+}
+
+// kernelConntrack deletes the kernel's entries that match and only those,
+// in a fresh network namespace.
+func TestKernelConntrackDeletesMatching(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	netnstest.Run(t, func() {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := netlink.LinkSetUp(lo); err != nil {
+			t.Fatal(err)
+		}
+		// A rule that looks at conntrack makes the namespace track.
+		nft, err := knftables.New(knftables.IPv4Family, "cttest")
+		if err != nil {
+			t.Fatal(err)
+		}
+		tx := nft.NewTransaction()
+		tx.Add(&knftables.Table{})
+		tx.Add(&knftables.Chain{Name: "out", Type: knftables.PtrTo(knftables.FilterType),
+			Hook: knftables.PtrTo(knftables.OutputHook), Priority: knftables.PtrTo(knftables.FilterPriority)})
+		tx.Add(&knftables.Rule{Chain: "out", Rule: "ct state new counter"})
+		if err := nft.Run(context.Background(), tx); err != nil {
+			t.Fatal(err)
+		}
+		for _, dst := range []string{"127.0.0.2:9999", "127.0.0.3:9998"} {
+			c, err := net.Dial("udp", dst)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = c.Write([]byte("x"))
+			c.Close()
+		}
+		n, err := kernelConntrack{}.DeleteMatching(func(f *netlink.ConntrackFlow) bool { return f.Forward.DstPort == 9999 })
+		if err != nil || n != 1 {
+			t.Fatalf("deleted %d entries (%v), want 1", n, err)
+		}
+		flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(flows) != 1 || flows[0].Forward.DstPort != 9998 {
+			t.Errorf("left %v, want the flow to port 9998 alone", flows)
+		}
+	})
 }

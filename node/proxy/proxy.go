@@ -157,8 +157,12 @@ type portInstall struct {
 
 // New returns a Proxier watching kube with its own informers.
 func New(kube kubernetes.Interface, flows Flows, sw Switch, cfg Config, log *zap.Logger) (*Proxier, error) {
+	nodeSource := cfg.Bridge.GatewayIP
+	if nodeSource == nil {
+		nodeSource = cfg.RouteSource
+	}
 	hs, err := newHost(hostConfig{proxyAll: cfg.ProxyAll, gateway: cfg.Gateway, services: cfg.ServiceCIDR,
-		nodePortAddresses: cfg.NodePortAddresses, routeSrc: cfg.RouteSource})
+		nodePortAddresses: cfg.NodePortAddresses, routeSrc: cfg.RouteSource, nodeSource: nodeSource})
 	if err != nil {
 		return nil, err
 	}

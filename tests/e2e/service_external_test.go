@@ -300,7 +300,8 @@ func localVIP(t *testing.T, c *sandbox.Cluster, node sandbox.Node, ip string) (r
 // does) is served on its Service's ports as kube-proxy serves it, though
 // the host's local routing table claims the address: TCP and UDP through
 // an externalIP (externalTrafficPolicy Cluster), the client address kept
-// through a LoadBalancer IP (Local), and the Node's own connection to it.
+// through a LoadBalancer IP (Local), and the Node's own connections to
+// it, cluster-wide under Local as kube-proxy's short-circuit sends them.
 // The address's other ports stay the host's (the proxy's health check on
 // 10256), and when the address leaves the Node, the route to it serves
 // again.
@@ -308,20 +309,21 @@ func TestServiceLocalVIP(t *testing.T) {
 	c := shared
 	ns := "svc-localvip"
 	pods := svcPods(t, c, ns, "lv", 0, 2)
-	const extIPAddr, lbIP = "198.18.100.20", "198.18.100.21"
+	const extIPAddr, lbIP, lbIP2 = "198.18.100.20", "198.18.100.21", "198.18.100.22"
 	createService(t, c, ns, "eip", "lv", func(s *corev1.Service) { s.Spec.ExternalIPs = []string{extIPAddr} })
 	lb := createService(t, c, ns, "lb", "lv", func(s *corev1.Service) {
 		s.Spec.Type = corev1.ServiceTypeLoadBalancer
 		s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
 	})
 	ctx := testCtx(t, 2*time.Minute)
-	lb.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: lbIP}}
+	lb.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: lbIP}, {IP: lbIP2}}
 	if _, err := c.Client().CoreV1().Services(ns).UpdateStatus(ctx, lb, metav1.UpdateOptions{}); err != nil {
 		t.Fatalf("setting LoadBalancer ingress: %v", err)
 	}
-	node := c.Nodes()[2]
+	node, noEndpoint := c.Nodes()[2], c.Nodes()[1]
 	removeExtIP := localVIP(t, c, node, extIPAddr)
 	localVIP(t, c, node, lbIP)
+	localVIP(t, c, noEndpoint, lbIP2)
 	extNS, extIP := c.ExternalHost()
 	all := names(pods)
 	servedByAll := func(proto corev1.Protocol, port int) func() error {
@@ -353,6 +355,19 @@ func TestServiceLocalVIP(t *testing.T) {
 		}
 		return nil
 	})
+	// A Node without a local endpoint drops what comes from outside to
+	// its local LoadBalancer IP (externalTrafficPolicy Local), but its
+	// own connections there are the Node's, sent cluster-wide.
+	eventually(t, 20*time.Second, "the Node without an endpoint, to its own LoadBalancer IP", func() error {
+		got, _ := probeFromNS(t, c, noEndpoint.NetNS, lbIP2, 80, corev1.ProtocolTCP, 8)
+		if keys(got) != all {
+			return fmt.Errorf("answered by %v, want each of %s", got, all)
+		}
+		return nil
+	})
+	if r := c.ProbeFrom(testCtx(t, 10*time.Second), extNS, lbIP2, 80, corev1.ProtocolTCP, time.Second); r.Outcome != echo.TimedOut {
+		t.Errorf("from outside to %s on %s, without a local endpoint: %s, want the connection dropped", lbIP2, noEndpoint.Name, r)
+	}
 	url := fmt.Sprintf("http://%s:10256/livez", extIPAddr)
 	eventually(t, 10*time.Second, "the host's own port on the address", func() error {
 		out, err := c.ExternalExec(testCtx(t, 10*time.Second), "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "2", url)
