@@ -758,7 +758,8 @@ func (d *daemon) serve(ctx context.Context) error {
 		d.ops.probes.Ready.Add(health.CheckCNIChained, func() error { return chainedCheck(cfg.PrimaryCNIConflist) })
 	}
 	dp := &datapath{bridge: d.bridge, ovs: d.ovs, ofc: d.ofc, appctl: ovsctl.New(cfg.OVSRunDir), flows: d.flows,
-		pods: d.pods, policy: d.policyAgent, routes: d.routes, factory: d.factory, kube: d.kube, nodeUID: d.node.UID}
+		pods: d.pods, policy: d.policyAgent, proxy: d.svcProxy, routes: d.routes, factory: d.factory, kube: d.kube,
+		nodeUID: d.node.UID}
 	if err := d.ops.datapathUp(dp); err != nil {
 		return err
 	}

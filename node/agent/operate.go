@@ -32,6 +32,7 @@ import (
 	"github.com/seine-net/seine/node/localapi"
 	"github.com/seine-net/seine/node/noderoute"
 	"github.com/seine-net/seine/node/podnet"
+	"github.com/seine-net/seine/node/proxy"
 	"github.com/seine-net/seine/node/traceflow"
 	"github.com/seine-net/seine/node/version"
 	policyagent "github.com/seine-net/seine/policy/agent"
@@ -154,6 +155,7 @@ type datapath struct {
 	flows   *flowsync.Syncer
 	pods    *podnet.Backend
 	policy  *policyagent.Agent
+	proxy   *proxy.Proxier // nil when the proxy is off
 	routes  *noderoute.Controller
 	factory informers.SharedInformerFactory
 	kube    kubernetes.Interface
@@ -222,6 +224,12 @@ func (o *operations) inspector(d *datapath) *inspect.Inspector {
 		NodeByIP: nodeByIP(d.factory),
 		PodIP:    podIP(d.kube),
 		Probes:   &o.probes, Registry: o.reg, Logs: o.opts.recent,
+		Services: func() []proxy.Frontend {
+			if d.proxy == nil {
+				return nil
+			}
+			return d.proxy.Frontends()
+		},
 	})
 }
 

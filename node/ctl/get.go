@@ -24,7 +24,7 @@ func getCommand() *cli.Command {
 		Usage: "show Seine's objects, from the cluster or from this Node's daemon",
 		Subcommands: []*cli.Command{
 			getAgentInfo(), getControllerInfo(), getNetworkPolicy(), getAppliedToGroup(), getAddressGroup(),
-			getPodInterface(), getOVSFlows(),
+			getPodInterface(), getService(), getOVSFlows(),
 		},
 	}
 }

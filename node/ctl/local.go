@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/urfave/cli/v2"
@@ -53,6 +54,51 @@ func getPodInterface() *cli.Command {
 	}
 }
 
+func getService() *cli.Command {
+	return &cli.Command{
+		Name: "service", Aliases: []string{"services", "svc"}, ArgsUsage: "[namespace/name | name]",
+		Usage: "this Node's Service frontends: addresses, action, endpoints (the Service proxy's view)",
+		Description: "One row per frontend, as the Node's Service proxy programmed it: internal (ClusterIPs; externalIPs and\n" +
+			"LoadBalancer IPs from Pods), nodeport, external (externalIPs and LoadBalancer IPs routed in by the host), ...;\n" +
+			"\"/node\" marks the Node's own connections under externalTrafficPolicy Local. ID is the group and the flows'\n" +
+			"owner (get ovsflows --service).",
+		Flags: []cli.Flag{outputFlag(), &cli.StringFlag{Name: "namespace", Aliases: []string{"n"}, Usage: "only Services of this namespace"}},
+		Action: func(c *cli.Context) error {
+			ctx, cancel := timeout(c)
+			defer cancel()
+			var fs []localapi.ServiceFrontend
+			if err := local(c).Get(ctx, "/v1/services", nil, &fs); err != nil {
+				return err
+			}
+			ns, ref := c.String("namespace"), c.Args().First()
+			out := []localapi.ServiceFrontend{}
+			t := &table{Columns: []string{"NAMESPACE", "NAME", "PORT", "KIND", "ADDRESSES", "ACTION", "ENDPOINTS"},
+				Wide: []string{"ID", "SNAT", "AFFINITY", "SOURCES", "SOURCE-RANGES", "ALIASES"}}
+			for _, f := range fs {
+				if (ns != "" && f.Namespace != ns) || (ref != "" && ref != f.Name && ref != f.Namespace+"/"+f.Name) {
+					continue
+				}
+				out = append(out, f)
+				var aliases []string
+				for a, ip := range f.Aliases {
+					aliases = append(aliases, a+"="+ip)
+				}
+				slices.Sort(aliases)
+				affinity := "<none>"
+				if f.AffinitySeconds > 0 {
+					affinity = fmt.Sprintf("%ds", f.AffinitySeconds)
+				}
+				t.add(f.Namespace, f.Name, f.Port, f.Kind, f.Addresses, f.Action, f.Endpoints,
+					f.ID, f.SNAT, affinity, f.Sources, f.SourceRanges, aliases)
+			}
+			if ref != "" && len(out) == 0 {
+				return fmt.Errorf("no Service %q has a frontend on this Node", ref)
+			}
+			return print(c, out, t)
+		},
+	}
+}
+
 func shortID(id string) string {
 	if len(id) > 12 {
 		return id[:12]
@@ -72,12 +118,13 @@ func tableNames() []string {
 func getOVSFlows() *cli.Command {
 	return &cli.Command{
 		Name: "ovsflows", Aliases: []string{"ovsflow", "flows"},
-		Usage: "this Node's OpenFlow entries with their counters, owners and state; by Pod, NetworkPolicy or table",
+		Usage: "this Node's OpenFlow entries with their counters, owners and state; by Pod, NetworkPolicy, Service or table",
 		Description: "Joins what OVS holds with what Seine wants installed: state \"installed\" (both), \"missing\" (wanted, not in OVS)\n" +
 			"or \"unknown\" (in OVS only, e.g. learned affinity flows). Tables: " + strings.Join(tableNames(), ", ") + ".",
 		Flags: []cli.Flag{outputFlag(),
 			&cli.StringFlag{Name: "pod", Aliases: []string{"p"}, Usage: "the flows of a Pod (namespace/name): its own and those matching its port, IP or MAC"},
 			&cli.StringFlag{Name: "networkpolicy", Aliases: []string{"np"}, Usage: "the flows of a NetworkPolicy (namespace/name or np-<uid>)"},
+			&cli.StringFlag{Name: "service", Aliases: []string{"svc"}, Usage: "the flows of a Service's frontends (namespace/name)"},
 			&cli.StringFlag{Name: "table", Aliases: []string{"T"}, Usage: "one table, by name (" + strings.Join(tableNames(), ", ") + ")"},
 		},
 		BashComplete: func(c *cli.Context) {
@@ -102,6 +149,13 @@ func getOVSFlows() *cli.Command {
 			}
 			if v := c.String("networkpolicy"); v != "" {
 				q.Set("networkpolicy", v)
+			}
+			if v := c.String("service"); v != "" {
+				ns, name, err := splitRef(v, "default")
+				if err != nil {
+					return err
+				}
+				q.Set("service", ns+"/"+name)
 			}
 			if v := c.String("table"); v != "" {
 				q.Set("table", v)

@@ -40,7 +40,8 @@ const maxLogTail = 2 << 20
 // desired state), groups, datapath flows and tunnel neighbours, the
 // Node's links, addresses, routes, neighbours and nftables ruleset, its
 // connection tracking (the kernel tracker's settings and counts, OVS's
-// counts by protocol), the agent's policy state, and goroutine and heap
+// counts by protocol), the Service proxy's frontends, the agent's policy
+// state, and goroutine and heap
 // profiles. A part that fails is replaced by a file "<part>.error" saying
 // why; the archive is still written.
 func (in *Inspector) SupportBundle(ctx context.Context, w io.Writer) error {
@@ -158,6 +159,7 @@ func (in *Inspector) SupportBundle(ctx context.Context, w io.Writer) error {
 			return asAny(netlink.NeighList(0, netlink.FAMILY_V4))
 		})},
 		{"network/conntrack.txt", conntrackSettings("/proc/sys/net/netfilter")},
+		{"network/services.json", jsonOf(in.Services(), nil)},
 		{"ovs/conntrack-stats.txt", appctl("dpctl/ct-stats-show")},
 		{"network/nftables.txt", func(w io.Writer) error {
 			out, err := exec.CommandContext(ctx, "nft", "list", "ruleset").CombinedOutput()

@@ -62,6 +62,8 @@ type flowFilter struct {
 	table  *uint8
 	pod    *podnet.Attachment
 	policy *policyagent.PolicyState
+	// service holds the flow owners of a Service's frontends.
+	service map[string]bool
 }
 
 func (f flowFilter) match(fl of.Flow, owners []string) bool {
@@ -72,6 +74,9 @@ func (f flowFilter) match(fl of.Flow, owners []string) bool {
 		return false
 	}
 	if p := f.policy; p != nil && !policyFlow(fl, p) {
+		return false
+	}
+	if f.service != nil && !slices.ContainsFunc(owners, func(o string) bool { return f.service[o] }) {
 		return false
 	}
 	return true
@@ -149,6 +154,21 @@ func (in *Inspector) Flows(ctx context.Context, q localapi.FlowQuery) ([]localap
 			return nil, err
 		}
 		flt.policy = p
+	}
+	if q.Service != "" {
+		if !strings.Contains(q.Service, "/") {
+			return nil, localapi.BadRequest("service %q: want namespace/name", q.Service)
+		}
+		flt.service = map[string]bool{}
+		for _, f := range in.frontends() {
+			if f.Service == q.Service {
+				flt.service[pipeline.ServiceOwner(f.ServicePort.ID)] = true
+			}
+		}
+		if len(flt.service) == 0 {
+			return nil, localapi.NotFound("service %s has no frontend on Node %s (not proxied here, or the proxy is off)",
+				q.Service, in.d.Config.NodeName)
+		}
 	}
 	owners := in.ownerNames()
 	desired := map[string]*desiredEntry{}
@@ -232,6 +252,9 @@ func (in *Inspector) ownerNames() map[string]string {
 	for _, p := range in.view().Policies {
 		src := p.Object.Spec.Source
 		m["policy/np/"+p.Object.Name] = "policy " + src.Namespace + "/" + src.Name
+	}
+	for _, f := range in.frontends() {
+		m[pipeline.ServiceOwner(f.ServicePort.ID)] = "service " + f.Service + " " + f.Port + " " + f.Kind
 	}
 	return m
 }

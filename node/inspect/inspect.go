@@ -7,9 +7,12 @@ package inspect
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"sort"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -23,6 +26,7 @@ import (
 	"github.com/seine-net/seine/node/health"
 	"github.com/seine-net/seine/node/localapi"
 	"github.com/seine-net/seine/node/podnet"
+	"github.com/seine-net/seine/node/proxy"
 	policyagent "github.com/seine-net/seine/policy/agent"
 	cpv1alpha1 "github.com/seine-net/seine/policy/apis/controlplane/v1alpha1"
 )
@@ -54,6 +58,9 @@ type Deps struct {
 	// Logs holds the daemon's recent log lines (support bundles); may be
 	// nil.
 	Logs io.WriterTo
+	// Services returns the Service proxy's frontends; nil (the func or
+	// its result) when the proxy is off.
+	Services func() []proxy.Frontend
 }
 
 // Inspector implements localapi.Backend.
@@ -99,6 +106,61 @@ func (in *Inspector) AppliedToGroups() []*cpv1alpha1.AppliedToGroup { return in.
 
 // AddressGroups lists the agent's AddressGroups.
 func (in *Inspector) AddressGroups() []*cpv1alpha1.AddressGroup { return in.view().AddressGroups }
+
+// frontends returns the Service proxy's frontends (none when it is off).
+func (in *Inspector) frontends() []proxy.Frontend {
+	if in.d.Services == nil {
+		return nil
+	}
+	return in.d.Services()
+}
+
+// Services lists the Service proxy's frontends, by Service, port and kind.
+func (in *Inspector) Services() []localapi.ServiceFrontend {
+	out := []localapi.ServiceFrontend{}
+	for _, f := range in.frontends() {
+		sp := f.ServicePort
+		ns, name, _ := strings.Cut(f.Service, "/")
+		sf := localapi.ServiceFrontend{Namespace: ns, Name: name, Port: f.Port, Kind: f.Kind, ID: sp.ID,
+			Action: serviceAction(sp.Action), SNAT: sp.SNAT, AffinitySeconds: int(sp.AffinitySeconds)}
+		for _, vip := range sp.VIPs {
+			sf.Addresses = append(sf.Addresses, net.JoinHostPort(vip.String(), strconv.Itoa(int(sp.Port))))
+		}
+		for alias, ip := range f.Aliases {
+			if sf.Aliases == nil {
+				sf.Aliases = map[string]string{}
+			}
+			sf.Aliases[alias] = ip.String()
+		}
+		for _, ep := range sp.Endpoints {
+			e := net.JoinHostPort(ep.IP.String(), strconv.Itoa(int(ep.Port)))
+			if ep.Local {
+				e += " (local)"
+			}
+			sf.Endpoints = append(sf.Endpoints, e)
+		}
+		for _, n := range sp.Sources {
+			sf.Sources = append(sf.Sources, n.String())
+		}
+		for _, n := range sp.SourceRanges {
+			sf.SourceRanges = append(sf.SourceRanges, n.String())
+		}
+		out = append(out, sf)
+	}
+	return out
+}
+
+func serviceAction(a pipeline.ServiceAction) string {
+	switch a {
+	case pipeline.ServiceBalance:
+		return "balance"
+	case pipeline.ServiceReject:
+		return "reject"
+	case pipeline.ServiceDrop:
+		return "drop"
+	}
+	return fmt.Sprint(int(a))
+}
 
 // tableName names a table for output.
 func tableName(t uint8) string { return pipeline.Table(t).String() }

@@ -27,6 +27,9 @@ type Backend interface {
 	NetworkPolicies() []AgentPolicy
 	AppliedToGroups() []*cpv1alpha1.AppliedToGroup
 	AddressGroups() []*cpv1alpha1.AddressGroup
+	// Services are the Service proxy's frontends (empty when the proxy
+	// is off).
+	Services() []ServiceFrontend
 	Flows(ctx context.Context, q FlowQuery) ([]Flow, error)
 	TracePacket(ctx context.Context, req TraceRequest) (TraceResult, error)
 	// SupportBundle writes a gzipped tar archive to w.
@@ -128,9 +131,11 @@ func (s *Server) Handler() http.Handler {
 	get("/v1/networkpolicies", func(_ *http.Request, b Backend) (any, error) { return b.NetworkPolicies(), nil })
 	get("/v1/appliedtogroups", func(_ *http.Request, b Backend) (any, error) { return b.AppliedToGroups(), nil })
 	get("/v1/addressgroups", func(_ *http.Request, b Backend) (any, error) { return b.AddressGroups(), nil })
+	get("/v1/services", func(_ *http.Request, b Backend) (any, error) { return b.Services(), nil })
 	get("/v1/ovsflows", func(r *http.Request, b Backend) (any, error) {
 		q := r.URL.Query()
-		return b.Flows(r.Context(), FlowQuery{Pod: q.Get("pod"), NetworkPolicy: q.Get("networkpolicy"), Table: q.Get("table")})
+		return b.Flows(r.Context(), FlowQuery{Pod: q.Get("pod"), NetworkPolicy: q.Get("networkpolicy"),
+			Service: q.Get("service"), Table: q.Get("table")})
 	})
 	mux.HandleFunc("GET /v1/loglevel", func(w http.ResponseWriter, _ *http.Request) {
 		s.reply(w, LogLevel{Level: s.level.Level().String()}, nil)

@@ -30,6 +30,10 @@ func (stubBackend) AppliedToGroups() []*cpv1alpha1.AppliedToGroup {
 	return nil
 }
 func (stubBackend) AddressGroups() []*cpv1alpha1.AddressGroup { return nil }
+func (stubBackend) Services() []ServiceFrontend {
+	return []ServiceFrontend{{Namespace: "a", Name: "web", Port: "http/TCP", Kind: "internal", ID: 7,
+		Addresses: []string{"10.96.0.10:80"}, Action: "balance", Endpoints: []string{"10.244.1.5:8080"}}}
+}
 func (b *stubBackend) Flows(_ context.Context, q FlowQuery) ([]Flow, error) {
 	b.lastQuery = q
 	if q.Table == "Nowhere" {
@@ -67,6 +71,13 @@ func TestServerAndClient(t *testing.T) {
 	}
 	if b.lastQuery != (FlowQuery{Pod: "a/b", Table: "Output"}) {
 		t.Errorf("query %+v", b.lastQuery)
+	}
+	if err := cl.Get(ctx, "/v1/ovsflows", map[string][]string{"service": {"a/web"}}, &flows); err != nil || b.lastQuery != (FlowQuery{Service: "a/web"}) {
+		t.Errorf("flows of a Service: query %+v (%v)", b.lastQuery, err)
+	}
+	var svcs []ServiceFrontend
+	if err := cl.Get(ctx, "/v1/services", nil, &svcs); err != nil || len(svcs) != 1 || svcs[0].ID != 7 || svcs[0].Endpoints[0] != "10.244.1.5:8080" {
+		t.Errorf("services %+v (%v)", svcs, err)
 	}
 	if err := cl.Get(ctx, "/v1/ovsflows", map[string][]string{"table": {"Nowhere"}}, &flows); err == nil || err.Error() != `no table "Nowhere"` {
 		t.Errorf("bad table: %v", err)

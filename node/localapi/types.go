@@ -13,7 +13,8 @@
 //	/v1/networkpolicies               []AgentPolicy (the agent's computed NetworkPolicies)
 //	/v1/appliedtogroups               []controlplane AppliedToGroup
 //	/v1/addressgroups                 []controlplane AddressGroup
-//	/v1/ovsflows?pod=&networkpolicy=&table=   []Flow
+//	/v1/services                      []ServiceFrontend (the Service proxy's frontends)
+//	/v1/ovsflows?pod=&networkpolicy=&service=&table=   []Flow
 //	/v1/trace-packet (POST TraceRequest)      TraceResult
 //	/v1/loglevel (GET; PUT LogLevel)          LogLevel
 //	/v1/supportbundle                 application/gzip: a tar archive
@@ -114,8 +115,48 @@ type FlowQuery struct {
 	// NetworkPolicy ("namespace/name" of the source, or the computed
 	// "np-<uid>") selects the policy's flows.
 	NetworkPolicy string
+	// Service ("namespace/name") selects the flows of the Service's
+	// frontends.
+	Service string
 	// Table selects one table by name (or number).
 	Table string
+}
+
+// ServiceFrontend is one frontend of a Service port as the Node's Service
+// proxy programmed it (one select group and its flows).
+type ServiceFrontend struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	// Port is the Service port's name (its number when unnamed) and
+	// protocol, "http/TCP".
+	Port string `json:"port"`
+	// Kind is the traffic it takes: internal, nodeport, external,
+	// external-pods, loadbalancer, loadbalancer-pods; a "/node" suffix
+	// marks the Node's own connections under externalTrafficPolicy Local
+	// (docs/design.md, "Service proxy").
+	Kind string `json:"kind"`
+	// ID is the group ID and the flows' owner ("svc/<ID>").
+	ID uint32 `json:"id"`
+	// Addresses are the VIPs with the port they answer on, "10.96.0.10:80".
+	Addresses []string `json:"addresses"`
+	// Aliases maps each alias among Addresses' IPs to the externalIP or
+	// LoadBalancer IP it stands for (served while that IP is local).
+	Aliases map[string]string `json:"aliases,omitempty"`
+	// Action is balance, reject (no endpoint: the host refuses new
+	// connections) or drop (a Local traffic policy without a local
+	// endpoint).
+	Action string `json:"action"`
+	// Endpoints are "ip:port", with " (local)" for a Pod of this Node.
+	Endpoints []string `json:"endpoints,omitempty"`
+	// SNAT: new connections leave with the gateway IP as their source
+	// (externalTrafficPolicy Cluster).
+	SNAT bool `json:"snat,omitempty"`
+	// AffinitySeconds is the ClientIP session affinity, 0 without.
+	AffinitySeconds int `json:"affinitySeconds,omitempty"`
+	// Sources limit the frontend to these sources (the Node's own
+	// connections); SourceRanges admit only these (loadBalancerSourceRanges).
+	Sources      []string `json:"sources,omitempty"`
+	SourceRanges []string `json:"sourceRanges,omitempty"`
 }
 
 // TraceRequest asks for an ofproto/trace of a packet from a local Pod.

@@ -66,6 +66,12 @@ func TestBatchProgramsServicesTogether(t *testing.T) {
 	if g := groups(); g != n {
 		t.Fatalf("%d groups after the batch, want %d", g, n)
 	}
+	// What operators see (seinectl get service): every frontend, sorted.
+	fs := p.Frontends()
+	if len(fs) != n || fs[0].Service != "ns/s0" || fs[0].Port != "http/TCP" || fs[0].Kind != "internal" ||
+		fs[0].ServicePort.ID == 0 || len(fs[0].ServicePort.Endpoints) != 3 {
+		t.Fatalf("frontends: %d, first %+v; want %d, the first ns/s0 http/TCP internal with its ID and 3 endpoints", len(fs), fs[0], n)
+	}
 	for _, i := range []int{0, 77, n - 1} {
 		if flowsOf(wants[fmt.Sprintf("ns/s%d", i)][0].Port.VIPs[0].String()) == 0 {
 			t.Fatalf("no flows for Service %d", i)

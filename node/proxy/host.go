@@ -137,6 +137,12 @@ type hostConfig struct {
 	// externalTrafficPolicy Local short-circuits them as it does the
 	// Node's other connections.
 	nodeSource net.IP
+	// podsOutsideBridge: the Node's Pods have no range of the bridge's
+	// (networkPolicyOnly), so the bridge cannot tell their connections to
+	// the Node's NodePorts and local externalIPs, which come back from
+	// the host through the gateway, from another Node's; the host SNATs
+	// them to nodeSource, and they are the Node's own.
+	podsOutsideBridge bool
 }
 
 // host keeps the proxy's nftables elements and routes, reference counted
@@ -395,6 +401,13 @@ func (h *host) reset(ctx context.Context) error {
 				"oifname", fmt.Sprintf("%q", h.cfg.gateway), "ip daddr", h.cfg.aliases.String(),
 				"fib saddr type local", "snat to", h.cfg.nodeSource.String()),
 				Comment: knftables.PtrTo("the Node's own connections to its local externalIPs and LoadBalancer IPs, as the Node's")})
+			if h.cfg.podsOutsideBridge {
+				gw := fmt.Sprintf("%q", h.cfg.gateway)
+				tx.Add(&knftables.Rule{Chain: "postrouting", Rule: knftables.Concat(
+					"iifname", gw, "oifname", gw, "ip daddr {", pipeline.NodePortVIP.String(), ",", h.cfg.aliases.String(), "}",
+					"snat to", h.cfg.nodeSource.String()),
+					Comment: knftables.PtrTo("the Node's Pods to its NodePorts and local externalIPs, as the Node's")})
+			}
 		}
 	}
 	if err := h.nft.Run(ctx, tx); err != nil {

@@ -162,7 +162,8 @@ func New(kube kubernetes.Interface, flows Flows, sw Switch, cfg Config, log *zap
 		nodeSource = cfg.RouteSource
 	}
 	hs, err := newHost(hostConfig{proxyAll: cfg.ProxyAll, gateway: cfg.Gateway, services: cfg.ServiceCIDR,
-		nodePortAddresses: cfg.NodePortAddresses, routeSrc: cfg.RouteSource, nodeSource: nodeSource})
+		nodePortAddresses: cfg.NodePortAddresses, routeSrc: cfg.RouteSource, nodeSource: nodeSource,
+		podsOutsideBridge: cfg.Bridge.PodCIDR == nil})
 	if err != nil {
 		return nil, err
 	}

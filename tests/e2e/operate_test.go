@@ -259,6 +259,42 @@ func TestSeinectl(t *testing.T) {
 		}
 	})
 
+	t.Run("get service and its flows", func(t *testing.T) {
+		// The API server's own Service, default/kubernetes, is on every
+		// Node's proxy.
+		svc, err := c.Client().CoreV1().Services("default").Get(testCtx(t, 10*time.Second), "kubernetes", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var fs []localapi.ServiceFrontend
+		ctlJSON(t, c, n0, &fs, "get", "service", "default/kubernetes")
+		want := net.JoinHostPort(svc.Spec.ClusterIP, "443")
+		if len(fs) != 1 || fs[0].Kind != "internal" || fs[0].Port != "https/TCP" || !slices.Contains(fs[0].Addresses, want) ||
+			fs[0].Action != "balance" || len(fs[0].Endpoints) == 0 || fs[0].ID == 0 {
+			t.Fatalf("frontends of default/kubernetes: %+v, want one internal frontend on %s balancing to the API server", fs, want)
+		}
+		var flows []localapi.Flow
+		ctlJSON(t, c, n0, &flows, "get", "ovsflows", "--service", "default/kubernetes")
+		if len(flows) == 0 {
+			t.Fatal("no flows for default/kubernetes")
+		}
+		for _, f := range flows {
+			if !strings.Contains(f.Owner, "service default/kubernetes https/TCP internal") {
+				t.Errorf("flow of another owner: %+v", f)
+			}
+		}
+		table := mustCtl(t, c, n0, "get", "svc", "-n", "default", "-o", "wide")
+		if !strings.Contains(table, "ENDPOINTS") || !strings.Contains(table, "SOURCE-RANGES") || !strings.Contains(table, want) {
+			t.Errorf("wide table:\n%s", table)
+		}
+		if out, err := seinectl(testCtx(t, time.Minute), c, n0, "get", "service", "default/nope"); err == nil || !strings.Contains(out, `no Service "default/nope"`) {
+			t.Errorf("an unknown Service: %v\n%s", err, out)
+		}
+		if out, err := seinectl(testCtx(t, time.Minute), c, n0, "get", "ovsflows", "--service", "default/nope"); err == nil || !strings.Contains(out, "default/nope has no frontend") {
+			t.Errorf("flows of an unknown Service: %v\n%s", err, out)
+		}
+	})
+
 	t.Run("trace-packet", func(t *testing.T) {
 		var res localapi.TraceResult
 		ctlJSON(t, c, n0, &res, "trace-packet", "-S", "ops-ctl/client", "-D", "ops-ctl/server", "-f", fmt.Sprintf("tcp,tcp_dst=%d", tcpPort))
@@ -422,6 +458,7 @@ func TestSeinectl(t *testing.T) {
 			"network/nftables.txt":        "table ip seine",
 			"network/conntrack.txt":       "nf_conntrack_tcp_timeout_established 86400",
 			"ovs/conntrack-stats.txt":     "Connections",
+			"network/services.json":       `"name": "kubernetes"`,
 			"policy/networkpolicies.json": "ops-ctl",
 			"profiles/goroutine.txt":      "goroutine ",
 			"logs/seine.log":              "datapath ready",
