@@ -108,6 +108,22 @@ const (
 // is link-local (RFC 3927), like ServiceHairpinIP.
 var NodePortVIP = net.IPv4(169, 254, 100, 2).To4()
 
+// DefaultLocalVIPAliasCIDR is the default range (proxy.localVIPAliasCIDR)
+// of the link-local aliases the host DNATs an externalIP or LoadBalancer
+// IP to while it is a local address of the Node (node/proxy,
+// MapLocalVIPAliases), one per IP: 16,382. It stays clear of the
+// addresses clouds and Kubernetes add-ons use in 169.254.0.0/16
+// (169.254.169.254, 169.254.170.2, NodeLocal DNSCache's 169.254.20.10) and
+// of ServiceHairpinIP, NodePortVIP and ServiceHostSNATIP.
+const DefaultLocalVIPAliasCIDR = "169.254.192.0/18"
+
+// ReservedLinkLocal are the link-local addresses a range of aliases must
+// leave out: the bridge's own Service addresses and the cloud metadata
+// address (169.254.169.254).
+func ReservedLinkLocal() []net.IP {
+	return []net.IP{ServiceHairpinIP, NodePortVIP, ServiceHostSNATIP, net.IPv4(169, 254, 169, 254).To4()}
+}
+
 // MaxBucketsPerGroup is the number of buckets one group message carries at
 // most. A bucket here is 56 bytes (16-byte header, 24-byte load, 16-byte
 // resubmit) and OpenFlow messages are at most 64 KiB (OpenFlow 1.3 section

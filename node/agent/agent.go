@@ -501,7 +501,8 @@ func (d *daemon) startProxy(ctx context.Context) error {
 	_, svcCIDR, _ := net.ParseCIDR(cfg.ServiceCIDR)
 	pcfg := proxy.Config{NodeName: cfg.NodeName, Bridge: d.bridge,
 		SkipServices: cfg.Proxy.SkipServices, ProxyAll: cfg.ProxyAllEnabled(), Gateway: cfg.GatewayName,
-		ServiceCIDR: svcCIDR, NodePortAddresses: npAddrs, Registry: d.reg, QueueMetrics: d.ops.queues,
+		ServiceCIDR: svcCIDR, NodePortAddresses: npAddrs, LocalVIPAliases: cfg.LocalVIPAliases(),
+		Registry: d.reg, QueueMetrics: d.ops.queues,
 		Conntrack: ovsctl.New(cfg.OVSRunDir), HealthAddress: cfg.Proxy.HealthzBindAddress}
 	if d.gwIP == nil {
 		pcfg.RouteSource = d.nodeIP // the gateway has no address of its own

@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/seine-net/seine/datapath/pipeline"
 	"github.com/seine-net/seine/datapath/rxbuf"
 	"github.com/seine-net/seine/node/nfconntrack"
 )
@@ -162,6 +163,12 @@ type ProxyConfig struct {
 	// /livez, host:port) with proxyAll, for the cloud load balancers that
 	// probe it; "" disables. Default 0.0.0.0:10256, kube-proxy's.
 	HealthzBindAddress string `json:"healthzBindAddress,omitempty"`
+	// LocalVIPAliasCIDR is the link-local range (inside 169.254.0.0/16,
+	// /17 to /30) the host takes aliases from for externalIPs and
+	// LoadBalancer IPs that are local addresses of the Node (kube-vip),
+	// one per IP, with proxyAll; the Node routes it into the bridge, so
+	// nothing else on the Node may use it. Default 169.254.192.0/18.
+	LocalVIPAliasCIDR string `json:"localVIPAliasCIDR,omitempty"`
 	// Conntrack tunes the kernel's connection tracker as kube-proxy does,
 	// with proxyAll only (beside kube-proxy, kube-proxy tunes it).
 	Conntrack ConntrackConfig `json:"conntrack"`
@@ -192,6 +199,36 @@ type ConntrackConfig struct {
 	// nf_conntrack_udp_timeout_stream. Default 0.
 	UDPTimeout       metav1.Duration `json:"udpTimeout,omitempty"`
 	UDPStreamTimeout metav1.Duration `json:"udpStreamTimeout,omitempty"`
+}
+
+// validLocalVIPAliases checks a proxy.localVIPAliasCIDR: an IPv4 CIDR,
+// /17 to /30, inside 169.254.0.0/16 (RFC 3927), holding none of
+// pipeline.ReservedLinkLocal.
+func validLocalVIPAliases(s string) error {
+	_, n, err := net.ParseCIDR(s)
+	if err != nil || n.IP.To4() == nil {
+		return fmt.Errorf("%q is not an IPv4 CIDR", s)
+	}
+	_, linkLocal, _ := net.ParseCIDR("169.254.0.0/16")
+	if ones, _ := n.Mask.Size(); !linkLocal.Contains(n.IP) || ones < 17 || ones > 30 {
+		return fmt.Errorf("%s is not a /17 to /30 inside 169.254.0.0/16", n)
+	}
+	for _, ip := range pipeline.ReservedLinkLocal() {
+		if n.Contains(ip) {
+			return fmt.Errorf("%s holds %s, which seine or the cloud's metadata service uses", n, ip)
+		}
+	}
+	return nil
+}
+
+// LocalVIPAliases returns proxy.localVIPAliasCIDR parsed (nil when it is
+// not valid: Validate says why).
+func (c Config) LocalVIPAliases() *net.IPNet {
+	if validLocalVIPAliases(c.Proxy.LocalVIPAliasCIDR) != nil {
+		return nil
+	}
+	_, n, _ := net.ParseCIDR(c.Proxy.LocalVIPAliasCIDR)
+	return n
 }
 
 // ProxyEnabled reports whether the Service proxy runs.
@@ -281,6 +318,7 @@ func Default() Config {
 		LogLevel:            "info",
 		Proxy: ProxyConfig{
 			HealthzBindAddress: "0.0.0.0:10256",
+			LocalVIPAliasCIDR:  pipeline.DefaultLocalVIPAliasCIDR,
 			Conntrack: ConntrackConfig{
 				MaxPerCore:            nfconntrack.DefaultMaxPerCore,
 				Min:                   nfconntrack.DefaultMin,
@@ -428,6 +466,9 @@ func (c Config) Validate() error {
 		if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
 			bad("proxy.healthzBindAddress", "%q is not host:port (\"\" disables it)", a)
 		}
+	}
+	if err := validLocalVIPAliases(c.Proxy.LocalVIPAliasCIDR); err != nil {
+		bad("proxy.localVIPAliasCIDR", "%v", err)
 	}
 	ct := c.Proxy.Conntrack
 	if ct.MaxPerCore < 0 {

@@ -34,13 +34,19 @@ func TestDefaultsAreValid(t *testing.T) {
 		ct.TCPEstablishedTimeout.Duration != 24*time.Hour || ct.TCPCloseWaitTimeout.Duration != time.Hour {
 		t.Fatalf("conntrack defaults %+v", ct)
 	}
-	c, err = Load(write(t, "nodeName: n1\nproxy:\n  conntrack:\n    maxPerCore: 0\n    tcpCloseWaitTimeout: 0s\n"), nil)
+	if a := c.LocalVIPAliases(); a == nil || a.String() != "169.254.192.0/18" {
+		t.Fatalf("local VIP aliases %v, want 169.254.192.0/18", a)
+	}
+	c, err = Load(write(t, "nodeName: n1\nproxy:\n  localVIPAliasCIDR: 169.254.64.0/20\n  conntrack:\n    maxPerCore: 0\n    tcpCloseWaitTimeout: 0s\n"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if ct := c.Proxy.Conntrack; ct.MaxPerCore != 0 || ct.TCPCloseWaitTimeout.Duration != 0 || ct.Min != 131072 ||
 		ct.TCPEstablishedTimeout.Duration != 24*time.Hour {
 		t.Fatalf("conntrack after a file's zeros %+v", ct)
+	}
+	if a := c.LocalVIPAliases(); a == nil || a.String() != "169.254.64.0/20" {
+		t.Fatalf("local VIP aliases %v, want the file's 169.254.64.0/20", a)
 	}
 }
 
@@ -76,6 +82,10 @@ func TestErrorsNameTheKey(t *testing.T) {
 		{"nodeName: a\nproxy: {conntrack: {tcpCloseWaitTimeout: 10ms}}\n", "proxy.conntrack.tcpCloseWaitTimeout"},
 		{"nodeName: a\nproxy: {conntrack: {tcpEstablishedTimeout: 720h}}\n", "proxy.conntrack.tcpEstablishedTimeout"},
 		{"nodeName: a\nproxy: {conntrack: {min: 2000000}}\n", "proxy.conntrack.min"},
+		{"nodeName: a\nproxy: {localVIPAliasCIDR: 10.0.0.0/24}\n", "proxy.localVIPAliasCIDR: 10.0.0.0/24 is not a /17 to /30 inside 169.254.0.0/16"},
+		{"nodeName: a\nproxy: {localVIPAliasCIDR: 169.254.100.0/24}\n", "proxy.localVIPAliasCIDR: 169.254.100.0/24 holds 169.254.100.1"},
+		{"nodeName: a\nproxy: {localVIPAliasCIDR: 169.254.128.0/17}\n", "holds 169.254.169.254"},
+		{"nodeName: a\nproxy: {localVIPAliasCIDR: \"\"}\n", "proxy.localVIPAliasCIDR: \"\" is not an IPv4 CIDR"},
 	} {
 		_, err := Load(write(t, tc.body), nil)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

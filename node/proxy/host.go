@@ -67,14 +67,6 @@ const (
 	MapLocalVIPAliases   = "local-vip-aliases"  // ipv4_addr : ipv4_addr
 )
 
-// LocalVIPAliasCIDR is the link-local range (RFC 3927) the aliases of
-// externalIPs and LoadBalancer IPs are taken from, one address per IP,
-// routed from the host to the gateway. It stays clear of the addresses
-// clouds and Kubernetes add-ons use in 169.254.0.0/16 (169.254.169.254,
-// 169.254.170.2, NodeLocal DNSCache's 169.254.20.10) and of
-// pipeline.NodePortVIP's 169.254.100.0/24: 16,382 aliases.
-const LocalVIPAliasCIDR = "169.254.192.0/18"
-
 // routeProtocol marks the host routes the proxy owns (rtnetlink
 // rtm_protocol; values above 4 are free for routing daemons, rtnetlink(7)).
 const routeProtocol netlink.RouteProtocol = 0x5e
@@ -129,7 +121,8 @@ type hostConfig struct {
 	// gateway (a gateway without an address of its own).
 	routeSrc net.IP
 	// aliases is the range of the externalIPs' and LoadBalancer IPs'
-	// aliases (LocalVIPAliasCIDR when nil).
+	// aliases, routed from the host to the gateway
+	// (pipeline.DefaultLocalVIPAliasCIDR when nil).
 	aliases *net.IPNet
 	// nodeSource, when set, is the source the host gives its own
 	// connections to an alias: an address the bridge counts as the
@@ -231,7 +224,7 @@ func newHost(cfg hostConfig) (*host, error) {
 
 func newHostWith(cfg hostConfig, nft knftables.Interface) *host {
 	if cfg.aliases == nil {
-		_, cfg.aliases, _ = net.ParseCIDR(LocalVIPAliasCIDR)
+		_, cfg.aliases, _ = net.ParseCIDR(pipeline.DefaultLocalVIPAliasCIDR)
 	}
 	return &host{cfg: cfg, nft: nft, elements: map[string]int{}, routes: map[string]int{},
 		dirtyElements: map[string]element{}, dirtyRoutes: map[string]net.IP{},

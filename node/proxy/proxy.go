@@ -66,6 +66,10 @@ type Config struct {
 	// NodePortAddresses are the CIDRs of the local addresses that accept
 	// NodePort traffic (ProxyAll only).
 	NodePortAddresses []*net.IPNet
+	// LocalVIPAliases is the range of the aliases of externalIPs and
+	// LoadBalancer IPs that are local addresses of the Node (ProxyAll
+	// only; pipeline.DefaultLocalVIPAliasCIDR when nil).
+	LocalVIPAliases *net.IPNet
 	// RouteSource, when set, is the preferred source address of the host
 	// routes into the gateway (ProxyAll only): the Node IP when the
 	// gateway has no address of its own (networkPolicyOnly).
@@ -163,7 +167,7 @@ func New(kube kubernetes.Interface, flows Flows, sw Switch, cfg Config, log *zap
 	}
 	hs, err := newHost(hostConfig{proxyAll: cfg.ProxyAll, gateway: cfg.Gateway, services: cfg.ServiceCIDR,
 		nodePortAddresses: cfg.NodePortAddresses, routeSrc: cfg.RouteSource, nodeSource: nodeSource,
-		podsOutsideBridge: cfg.Bridge.PodCIDR == nil})
+		podsOutsideBridge: cfg.Bridge.PodCIDR == nil, aliases: cfg.LocalVIPAliases})
 	if err != nil {
 		return nil, err
 	}

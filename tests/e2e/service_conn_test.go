@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"net"
 	"strings"
@@ -99,7 +100,9 @@ func holdFromNS(t *testing.T, netns, addr, want string) *heldConn {
 // of its Node (externalTrafficPolicy Local) survives a restart of seine on
 // that Node, and new ones are served after it: the restarted daemon
 // takes the address's alias back from the host's table, so neither the
-// host's DNAT of the connection nor the bridge's frontend changes.
+// host's DNAT of the connection nor the bridge's frontend changes. A
+// restart with another range of aliases (proxy.localVIPAliasCIDR) moves
+// the alias there and unroutes the old range.
 func TestServiceLocalVIPKeepsConnectionsAcrossRestart(t *testing.T) {
 	c := shared
 	namespace := "svc-localvip-restart"
@@ -172,6 +175,41 @@ func TestServiceLocalVIPKeepsConnectionsAcrossRestart(t *testing.T) {
 		}
 	}
 	holdFromNS(t, extNS, addr, pod.name)
+
+	// Another range of aliases (proxy.localVIPAliasCIDR): the IP gets its
+	// alias from there, new connections are served, and the old range is
+	// no longer routed into the bridge.
+	const moved = "169.254.64.0/20"
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := c.StopSeine(node.Name); err != nil {
+			t.Errorf("stopping seine on %s: %v", node.Name, err)
+		}
+		if err := c.StartSeine(ctx, node.Name, nil); err != nil {
+			t.Errorf("starting seine on %s with its usual configuration: %v", node.Name, err)
+		}
+	})
+	stopSeine(t, c, node.Name)
+	if err := c.StartSeine(ctx, node.Name, map[string]string{"proxy": "{localVIPAliasCIDR: " + moved + "}"}); err != nil {
+		t.Fatal(err)
+	}
+	_, movedNet, _ := net.ParseCIDR(moved)
+	eventually(t, 20*time.Second, "an alias from "+moved, func() error {
+		a, err := alias(lbIP)
+		if err != nil {
+			return err
+		}
+		if !movedNet.Contains(net.ParseIP(a)) {
+			return fmt.Errorf("alias %s is outside %s", a, moved)
+		}
+		return nil
+	})
+	holdFromNS(t, extNS, addr, pod.name)
+	out, err := c.NodeExec(ctx, node.Name, "ip", "route", "show", "169.254.192.0/18")
+	if err != nil || strings.TrimSpace(string(out)) != "" {
+		t.Errorf("the old range still routed on %s: %q (%v)", node.Name, out, err)
+	}
 }
 
 // Established connections through a ClusterIP keep their endpoint when
