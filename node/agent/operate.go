@@ -224,11 +224,11 @@ func (o *operations) inspector(d *datapath) *inspect.Inspector {
 		NodeByIP: nodeByIP(d.factory),
 		PodIP:    podIP(d.kube),
 		Probes:   &o.probes, Registry: o.reg, Logs: o.opts.recent,
-		Services: func() []proxy.Frontend {
+		Services: func(ctx context.Context) ([]proxy.Frontend, error) {
 			if d.proxy == nil {
-				return nil
+				return nil, nil
 			}
-			return d.proxy.Frontends()
+			return d.proxy.Frontends(ctx)
 		},
 	})
 }

@@ -159,7 +159,12 @@ func (in *Inspector) SupportBundle(ctx context.Context, w io.Writer) error {
 			return asAny(netlink.NeighList(0, netlink.FAMILY_V4))
 		})},
 		{"network/conntrack.txt", conntrackSettings("/proc/sys/net/netfilter")},
-		{"network/services.json", jsonOf(in.Services(), nil)},
+		{"network/services.json", func(w io.Writer) error {
+			sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			svcs, err := in.Services(sctx)
+			return jsonOf(svcs, err)(w)
+		}},
 		{"ovs/conntrack-stats.txt", appctl("dpctl/ct-stats-show")},
 		{"network/nftables.txt", func(w io.Writer) error {
 			out, err := exec.CommandContext(ctx, "nft", "list", "ruleset").CombinedOutput()

@@ -4,14 +4,17 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/http"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/seine-net/seine/datapath/flowsync"
 	of "github.com/seine-net/seine/datapath/openflow"
 	"github.com/seine-net/seine/datapath/pipeline"
 	"github.com/seine-net/seine/node/localapi"
 	"github.com/seine-net/seine/node/podnet"
+	"github.com/seine-net/seine/node/proxy"
 	policyagent "github.com/seine-net/seine/policy/agent"
 )
 
@@ -62,8 +65,8 @@ type flowFilter struct {
 	table  *uint8
 	pod    *podnet.Attachment
 	policy *policyagent.PolicyState
-	// service holds the flow owners of a Service's frontends.
-	service map[string]bool
+	// service holds the IDs of a Service's frontends.
+	service map[uint32]bool
 }
 
 func (f flowFilter) match(fl of.Flow, owners []string) bool {
@@ -76,10 +79,24 @@ func (f flowFilter) match(fl of.Flow, owners []string) bool {
 	if p := f.policy; p != nil && !policyFlow(fl, p) {
 		return false
 	}
-	if f.service != nil && !slices.ContainsFunc(owners, func(o string) bool { return f.service[o] }) {
+	if f.service != nil && !serviceFlow(fl, owners, f.service) {
 		return false
 	}
 	return true
+}
+
+// serviceFlow reports whether fl belongs to one of the frontends ids: by
+// its owner, or by its cookie (the learned affinity flows, which only OVS
+// has, carry their frontend's).
+func serviceFlow(fl of.Flow, owners []string, ids map[uint32]bool) bool {
+	for id := range ids {
+		if slices.Contains(owners, pipeline.ServiceOwner(id)) {
+			return true
+		}
+	}
+	cat := pipeline.Category(fl.Cookie & pipeline.CookieCategoryMask >> pipeline.CookieCategoryShift)
+	id := fl.Cookie &^ (pipeline.CookieRoundMask | pipeline.CookieCategoryMask)
+	return cat == pipeline.CategoryService && id <= uint64(pipeline.MaxServicePortID) && ids[uint32(id)]
 }
 
 func podFlow(fl of.Flow, owners []string, p *podnet.Attachment) bool {
@@ -155,14 +172,22 @@ func (in *Inspector) Flows(ctx context.Context, q localapi.FlowQuery) ([]localap
 		}
 		flt.policy = p
 	}
+	// The Service proxy's frontends name the flows' owners; while the
+	// proxy is busy (ovs-vswitchd away) the flows are listed without.
+	fctx, cancel := context.WithTimeout(ctx, time.Second)
+	frontends, ferr := in.frontends(fctx)
+	cancel()
 	if q.Service != "" {
 		if !strings.Contains(q.Service, "/") {
 			return nil, localapi.BadRequest("service %q: want namespace/name", q.Service)
 		}
-		flt.service = map[string]bool{}
-		for _, f := range in.frontends() {
+		if ferr != nil {
+			return nil, &localapi.StatusError{Code: http.StatusServiceUnavailable, Err: ferr}
+		}
+		flt.service = map[uint32]bool{}
+		for _, f := range frontends {
 			if f.Service == q.Service {
-				flt.service[pipeline.ServiceOwner(f.ServicePort.ID)] = true
+				flt.service[f.ServicePort.ID] = true
 			}
 		}
 		if len(flt.service) == 0 {
@@ -170,7 +195,7 @@ func (in *Inspector) Flows(ctx context.Context, q localapi.FlowQuery) ([]localap
 				q.Service, in.d.Config.NodeName)
 		}
 	}
-	owners := in.ownerNames()
+	owners := in.ownerNames(frontends)
 	desired := map[string]*desiredEntry{}
 	for owner, fs := range in.d.Flows.Snapshot() {
 		for _, f := range fs {
@@ -244,7 +269,7 @@ func (in *Inspector) policyState(ref string) (*policyagent.PolicyState, error) {
 }
 
 // ownerNames maps flowsync owners to what operators know them by.
-func (in *Inspector) ownerNames() map[string]string {
+func (in *Inspector) ownerNames(frontends []proxy.Frontend) map[string]string {
 	m := map[string]string{}
 	for _, a := range in.d.Pods.Attachments() {
 		m[a.FlowOwner] = "pod " + a.Namespace + "/" + a.Name
@@ -253,7 +278,7 @@ func (in *Inspector) ownerNames() map[string]string {
 		src := p.Object.Spec.Source
 		m["policy/np/"+p.Object.Name] = "policy " + src.Namespace + "/" + src.Name
 	}
-	for _, f := range in.frontends() {
+	for _, f := range frontends {
 		m[pipeline.ServiceOwner(f.ServicePort.ID)] = "service " + f.Service + " " + f.Port + " " + f.Kind
 	}
 	return m

@@ -63,3 +63,26 @@ func TestDumpedFlowsJoinDesired(t *testing.T) {
 		}
 	}
 }
+
+// A Service's flows are those its frontends own, and those that carry a
+// frontend's cookie without an owner (the learned affinity flows, in OVS
+// only).
+func TestServiceFlow(t *testing.T) {
+	ids := map[uint32]bool{7: true}
+	for _, tc := range []struct {
+		name   string
+		fl     of.Flow
+		owners []string
+		want   bool
+	}{
+		{"owned", of.Flow{}, []string{pipeline.ServiceOwner(7)}, true},
+		{"another frontend's", of.Flow{}, []string{pipeline.ServiceOwner(8)}, false},
+		{"learned, its cookie", of.Flow{Cookie: pipeline.Cookie(3, pipeline.CategoryService, 7)}, nil, true},
+		{"learned, another's cookie", of.Flow{Cookie: pipeline.Cookie(3, pipeline.CategoryService, 8)}, nil, false},
+		{"a Pod's cookie with the same ID", of.Flow{Cookie: pipeline.Cookie(3, pipeline.CategoryPod, 7)}, nil, false},
+	} {
+		if got := serviceFlow(tc.fl, tc.owners, ids); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"sort"
 	"strconv"
 	"strings"
@@ -60,7 +61,7 @@ type Deps struct {
 	Logs io.WriterTo
 	// Services returns the Service proxy's frontends; nil (the func or
 	// its result) when the proxy is off.
-	Services func() []proxy.Frontend
+	Services func(ctx context.Context) ([]proxy.Frontend, error)
 }
 
 // Inspector implements localapi.Backend.
@@ -108,17 +109,21 @@ func (in *Inspector) AppliedToGroups() []*cpv1alpha1.AppliedToGroup { return in.
 func (in *Inspector) AddressGroups() []*cpv1alpha1.AddressGroup { return in.view().AddressGroups }
 
 // frontends returns the Service proxy's frontends (none when it is off).
-func (in *Inspector) frontends() []proxy.Frontend {
+func (in *Inspector) frontends(ctx context.Context) ([]proxy.Frontend, error) {
 	if in.d.Services == nil {
-		return nil
+		return nil, nil
 	}
-	return in.d.Services()
+	return in.d.Services(ctx)
 }
 
 // Services lists the Service proxy's frontends, by Service, port and kind.
-func (in *Inspector) Services() []localapi.ServiceFrontend {
+func (in *Inspector) Services(ctx context.Context) ([]localapi.ServiceFrontend, error) {
+	fs, err := in.frontends(ctx)
+	if err != nil {
+		return nil, &localapi.StatusError{Code: http.StatusServiceUnavailable, Err: err}
+	}
 	out := []localapi.ServiceFrontend{}
-	for _, f := range in.frontends() {
+	for _, f := range fs {
 		sp := f.ServicePort
 		ns, name, _ := strings.Cut(f.Service, "/")
 		sf := localapi.ServiceFrontend{Namespace: ns, Name: name, Port: f.Port, Kind: f.Kind, ID: sp.ID,
@@ -147,7 +152,7 @@ func (in *Inspector) Services() []localapi.ServiceFrontend {
 		}
 		out = append(out, sf)
 	}
-	return out
+	return out, nil
 }
 
 func serviceAction(a pipeline.ServiceAction) string {

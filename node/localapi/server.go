@@ -29,7 +29,7 @@ type Backend interface {
 	AddressGroups() []*cpv1alpha1.AddressGroup
 	// Services are the Service proxy's frontends (empty when the proxy
 	// is off).
-	Services() []ServiceFrontend
+	Services(ctx context.Context) ([]ServiceFrontend, error)
 	Flows(ctx context.Context, q FlowQuery) ([]Flow, error)
 	TracePacket(ctx context.Context, req TraceRequest) (TraceResult, error)
 	// SupportBundle writes a gzipped tar archive to w.
@@ -131,7 +131,7 @@ func (s *Server) Handler() http.Handler {
 	get("/v1/networkpolicies", func(_ *http.Request, b Backend) (any, error) { return b.NetworkPolicies(), nil })
 	get("/v1/appliedtogroups", func(_ *http.Request, b Backend) (any, error) { return b.AppliedToGroups(), nil })
 	get("/v1/addressgroups", func(_ *http.Request, b Backend) (any, error) { return b.AddressGroups(), nil })
-	get("/v1/services", func(_ *http.Request, b Backend) (any, error) { return b.Services(), nil })
+	get("/v1/services", func(r *http.Request, b Backend) (any, error) { return b.Services(r.Context()) })
 	get("/v1/ovsflows", func(r *http.Request, b Backend) (any, error) {
 		q := r.URL.Query()
 		return b.Flows(r.Context(), FlowQuery{Pod: q.Get("pod"), NetworkPolicy: q.Get("networkpolicy"),

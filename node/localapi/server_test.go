@@ -30,9 +30,9 @@ func (stubBackend) AppliedToGroups() []*cpv1alpha1.AppliedToGroup {
 	return nil
 }
 func (stubBackend) AddressGroups() []*cpv1alpha1.AddressGroup { return nil }
-func (stubBackend) Services() []ServiceFrontend {
+func (stubBackend) Services(context.Context) ([]ServiceFrontend, error) {
 	return []ServiceFrontend{{Namespace: "a", Name: "web", Port: "http/TCP", Kind: "internal", ID: 7,
-		Addresses: []string{"10.96.0.10:80"}, Action: "balance", Endpoints: []string{"10.244.1.5:8080"}}}
+		Addresses: []string{"10.96.0.10:80"}, Action: "balance", Endpoints: []string{"10.244.1.5:8080"}}}, nil
 }
 func (b *stubBackend) Flows(_ context.Context, q FlowQuery) ([]Flow, error) {
 	b.lastQuery = q

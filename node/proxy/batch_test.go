@@ -67,10 +67,23 @@ func TestBatchProgramsServicesTogether(t *testing.T) {
 		t.Fatalf("%d groups after the batch, want %d", g, n)
 	}
 	// What operators see (seinectl get service): every frontend, sorted.
-	fs := p.Frontends()
-	if len(fs) != n || fs[0].Service != "ns/s0" || fs[0].Port != "http/TCP" || fs[0].Kind != "internal" ||
-		fs[0].ServicePort.ID == 0 || len(fs[0].ServicePort.Endpoints) != 3 {
-		t.Fatalf("frontends: %d, first %+v; want %d, the first ns/s0 http/TCP internal with its ID and 3 endpoints", len(fs), fs[0], n)
+	fs, err := p.Frontends(ctx)
+	if err != nil || len(fs) != n {
+		t.Fatalf("frontends: %d (%v), want %d", len(fs), err, n)
+	}
+	if f := fs[0]; f.Service != "ns/s0" || f.Port != "http/TCP" || f.Kind != "internal" ||
+		f.ServicePort.ID == 0 || len(f.ServicePort.Endpoints) != 3 {
+		t.Fatalf("first frontend %+v; want ns/s0 http/TCP internal with its ID and 3 endpoints", f)
+	}
+	// While the proxy holds its lock (programming, ovs-vswitchd away),
+	// Frontends gives up when its context ends.
+	p.mu.Lock()
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	_, err = p.Frontends(short)
+	cancel()
+	p.mu.Unlock()
+	if err == nil || !strings.Contains(err.Error(), "busy") {
+		t.Fatalf("Frontends under the proxy's lock: %v, want an error saying the proxy is busy", err)
 	}
 	for _, i := range []int{0, 77, n - 1} {
 		if flowsOf(wants[fmt.Sprintf("ns/s%d", i)][0].Port.VIPs[0].String()) == 0 {

@@ -1,9 +1,12 @@
 package proxy
 
 import (
+	"context"
+	"fmt"
 	"net"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/seine-net/seine/datapath/pipeline"
 )
@@ -34,9 +37,17 @@ type Frontend struct {
 }
 
 // Frontends returns every programmed frontend, sorted by Service, port
-// and kind.
-func (p *Proxier) Frontends() []Frontend {
-	p.mu.Lock()
+// and kind. The proxy holds its lock while it programs a batch, which
+// waits for ovs-vswitchd when that is down: Frontends waits for it only
+// until ctx ends, and then returns an error saying so.
+func (p *Proxier) Frontends(ctx context.Context) ([]Frontend, error) {
+	for !p.mu.TryLock() {
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("the Service proxy is busy programming (is ovs-vswitchd up?): %w", ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
 	defer p.mu.Unlock()
 	var out []Frontend
 	for svc, ports := range p.installed {
@@ -70,7 +81,7 @@ func (p *Proxier) Frontends() []Frontend {
 		}
 		return a.Kind < b.Kind
 	})
-	return out
+	return out, nil
 }
 
 // frontendName splits a PortState key ("ns/name/port/PROTO[/kind[/node]]")

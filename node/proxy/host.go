@@ -11,6 +11,7 @@ import (
 	"syscall"
 
 	"github.com/vishvananda/netlink"
+	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
 
@@ -44,6 +45,10 @@ import (
 //     pipeline.ServiceHostSNATIP are masqueraded when they leave the Node
 //     (postrouting), and the host routes their replies back to the
 //     gateway;
+//   - with proxyAll, the host's own connections to an alias (below) are
+//     SNATed to the Node IP as they enter the gateway (postrouting): they
+//     come from the local address itself, which the bridge would not
+//     know as the Node's;
 //   - with proxyAll, traffic to an externalIP or LoadBalancer IP on one of
 //     its Service ports (SetExternalPorts) while that IP is a local
 //     address of the Node (kube-vip, keepalived, a Node address listed as
@@ -125,17 +130,14 @@ type hostConfig struct {
 	// (pipeline.DefaultLocalVIPAliasCIDR when nil).
 	aliases *net.IPNet
 	// nodeSource, when set, is the source the host gives its own
-	// connections to an alias: an address the bridge counts as the
-	// Node's (the gateway IP, else the Node IP), so that
-	// externalTrafficPolicy Local short-circuits them as it does the
-	// Node's other connections.
+	// connections to an alias: the Node IP, which the bridge counts as
+	// the Node's, so that externalTrafficPolicy Local short-circuits them
+	// as it does the Node's other connections, and
+	// loadBalancerSourceRanges admit them when a range holds it.
 	nodeSource net.IP
-	// podsOutsideBridge: the Node's Pods have no range of the bridge's
-	// (networkPolicyOnly), so the bridge cannot tell their connections to
-	// the Node's NodePorts and local externalIPs, which come back from
-	// the host through the gateway, from another Node's; the host SNATs
-	// them to nodeSource, and they are the Node's own.
-	podsOutsideBridge bool
+	// log reports what cannot be put right at once (the host's conntrack
+	// entries that could not be deleted); nil logs nothing.
+	log *zap.Logger
 }
 
 // host keeps the proxy's nftables elements and routes, reference counted
@@ -204,9 +206,15 @@ func (g *conntrackGone) empty() bool { return len(g.aliases) == 0 && len(g.ports
 // of the aliases, or it went to one of the ports and its reply comes from
 // that IP's alias.
 func (g *conntrackGone) match(f *netlink.ConntrackFlow) bool {
+	if f.Zone != 0 { // the kernel datapath's OVS zones hold the bridge's own entries
+		return false
+	}
 	src := f.Reverse.SrcIP.String()
 	if g.aliases[src] {
 		return true
+	}
+	if len(g.ports) == 0 {
+		return false
 	}
 	alias, ok := g.ports[fmt.Sprintf("%s/%d/%d", f.Forward.DstIP, f.Forward.Protocol, f.Forward.DstPort)]
 	return ok && alias.String() == src
@@ -394,13 +402,6 @@ func (h *host) reset(ctx context.Context) error {
 				"oifname", fmt.Sprintf("%q", h.cfg.gateway), "ip daddr", h.cfg.aliases.String(),
 				"fib saddr type local", "snat to", h.cfg.nodeSource.String()),
 				Comment: knftables.PtrTo("the Node's own connections to its local externalIPs and LoadBalancer IPs, as the Node's")})
-			if h.cfg.podsOutsideBridge {
-				gw := fmt.Sprintf("%q", h.cfg.gateway)
-				tx.Add(&knftables.Rule{Chain: "postrouting", Rule: knftables.Concat(
-					"iifname", gw, "oifname", gw, "ip daddr {", pipeline.NodePortVIP.String(), ",", h.cfg.aliases.String(), "}",
-					"snat to", h.cfg.nodeSource.String()),
-					Comment: knftables.PtrTo("the Node's Pods to its NodePorts and local externalIPs, as the Node's")})
-			}
 		}
 	}
 	if err := h.nft.Run(ctx, tx); err != nil {
@@ -450,6 +451,7 @@ func (h *host) readAliases(ctx context.Context) error {
 	// fail while the kernel holds another value for it.
 	tx := h.nft.NewTransaction()
 	base := binary.BigEndian.Uint32(h.cfg.aliases.IP.To4())
+	var foreign []net.IP
 	for _, el := range els {
 		var vip, alias net.IP
 		if len(el.Key) == 1 && len(el.Value) == 1 {
@@ -467,10 +469,23 @@ func (h *host) readAliases(ctx context.Context) error {
 			}
 		}
 		tx.Delete(&knftables.Element{Map: MapLocalVIPAliases, Key: el.Key})
+		if alias != nil {
+			foreign = append(foreign, alias)
+		}
 	}
 	if tx.NumOperations() > 0 {
 		if err := h.nft.Run(ctx, tx); err != nil {
 			return fmt.Errorf("deleting foreign elements of map %s: %w", MapLocalVIPAliases, err)
+		}
+	}
+	// What the host NATed to a foreign element's alias goes with it,
+	// unless another IP holds that alias now.
+	for _, a := range foreign {
+		if _, held := h.aliasOwner[a.String()]; !held {
+			if h.staleCT.aliases == nil {
+				h.staleCT.aliases = map[string]bool{}
+			}
+			h.staleCT.aliases[a.String()] = true
 		}
 	}
 	return nil
@@ -565,12 +580,10 @@ func (h *host) flush(ctx context.Context) map[string]error {
 			case e.set == MapLocalVIPAliases:
 				delete(h.pending, e.key[0])
 			case e.set == SetExternalPorts && h.elements[id] == 0:
-				if a, ok := h.aliases[e.key[0]]; ok {
-					if h.staleCT.ports == nil {
-						h.staleCT.ports = map[string]net.IP{}
-					}
-					h.staleCT.ports[strings.Join(e.key, "/")] = a
-				}
+				h.staleCTPort(e.key)
+			case e.set == SetExternalPorts:
+				// Served again before its entries went: they are live.
+				delete(h.staleCT.ports, strings.Join(e.key, "/"))
 			}
 		}
 		tx := h.nft.NewTransaction()
@@ -621,18 +634,41 @@ func (h *host) flush(ctx context.Context) map[string]error {
 	return failed
 }
 
+// staleCTPort queues the host's conntrack entries of an
+// SetExternalPorts element (ip, protocol, port) that went, if its IP has
+// an alias, for deleteStaleConntrack.
+func (h *host) staleCTPort(key []string) {
+	a, ok := h.aliases[key[0]]
+	if !ok || len(key) != 3 {
+		return
+	}
+	if h.staleCT.ports == nil {
+		h.staleCT.ports = map[string]net.IP{}
+	}
+	h.staleCT.ports[strings.Join(key, "/")] = a
+}
+
 // deleteStaleConntrack deletes the host's conntrack entries staleCT
-// names, in one pass over the table. A failure is retried with the next
-// flush; the entries otherwise live out their timeouts.
+// names, in one pass over the table. A failure (an interrupted dump of a
+// busy table) is logged and retried with the next flush; the entries
+// otherwise live out their timeouts.
 func (h *host) deleteStaleConntrack() {
 	if h.ct == nil {
 		h.staleCT = conntrackGone{}
 		return
 	}
-	gone := h.staleCT
-	if _, err := h.ct.DeleteMatching(gone.match); err == nil {
-		h.staleCT = conntrackGone{}
+	n, err := h.ct.DeleteMatching(h.staleCT.match)
+	if err != nil {
+		if h.cfg.log != nil {
+			h.cfg.log.Warn("deleting the host's conntrack entries of given-up aliases failed; retried with the next change",
+				zap.Int("aliases", len(h.staleCT.aliases)), zap.Int("ports", len(h.staleCT.ports)), zap.Error(err))
+		}
+		return
 	}
+	if h.cfg.log != nil && n > 0 {
+		h.cfg.log.Info("deleted the host's conntrack entries of given-up aliases", zap.Uint("entries", n))
+	}
+	h.staleCT = conntrackGone{}
 }
 
 // prune removes the elements and routes left by an earlier run that no
@@ -656,10 +692,14 @@ func (h *host) prune(ctx context.Context) error {
 			if h.elements[element{set: set, key: canonicalKey(el.Key)}.id()] > 0 {
 				continue
 			}
-			if typ == "map" {
+			switch {
+			case typ == "map":
 				tx.Delete(&knftables.Element{Map: set, Key: el.Key})
 				goneAliases = append(goneAliases, el.Key[0])
-			} else {
+			case set == SetExternalPorts:
+				tx.Delete(&knftables.Element{Set: set, Key: el.Key})
+				h.staleCTPort(canonicalKey(el.Key))
+			default:
 				tx.Delete(&knftables.Element{Set: set, Key: el.Key})
 			}
 		}

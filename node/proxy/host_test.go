@@ -319,3 +319,41 @@ func TestKernelConntrackDeletesMatching(t *testing.T) {
 		}
 	})
 }
+
+// With proxyAll the host DNATs a local externalIP before a NodePort on the
+// same address (kube-proxy's order), except what the bridge hands back
+// through the gateway, and SNATs its own connections to an alias to the
+// Node IP.
+func TestHostRulesForLocalAddresses(t *testing.T) {
+	ctx := context.Background()
+	nft := knftables.NewFake(knftables.IPv4Family, HostTable)
+	h := newHostWith(hostConfig{proxyAll: true, gateway: "seine-gw-test", nodeSource: net.ParseIP("198.18.0.11").To4()}, nft)
+	// The nftables part goes in before the routes, which need the gateway
+	// (absent here).
+	if err := h.reset(ctx); err == nil || !strings.Contains(err.Error(), "seine-gw-test") {
+		t.Fatalf("reset without the gateway: %v, want an error naming it", err)
+	}
+	rules := func(chain string) []string {
+		rs, err := nft.ListRules(ctx, chain)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, r := range rs {
+			out = append(out, r.Rule)
+		}
+		return out
+	}
+	pre := rules("prerouting")
+	if len(pre) != 2 || !strings.HasPrefix(pre[0], `iifname != "seine-gw-test" ip daddr . meta l4proto . th dport @external-ports fib daddr type local dnat to ip daddr map @local-vip-aliases`) ||
+		!strings.Contains(pre[1], "@nodeports") {
+		t.Errorf("prerouting: %q, want the local externalIP rule, then the NodePort one", pre)
+	}
+	if out := rules("output"); len(out) != 2 || !strings.HasPrefix(out[0], "ip daddr . meta l4proto . th dport @external-ports") {
+		t.Errorf("output: %q, want the local externalIP rule first", out)
+	}
+	post := strings.Join(rules("postrouting"), "\n")
+	if !strings.Contains(post, `oifname "seine-gw-test" ip daddr 169.254.192.0/18 fib saddr type local snat to 198.18.0.11`) {
+		t.Errorf("postrouting:\n%s\nwant the host's own connections to aliases SNATed to the Node IP", post)
+	}
+}

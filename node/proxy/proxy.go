@@ -161,13 +161,9 @@ type portInstall struct {
 
 // New returns a Proxier watching kube with its own informers.
 func New(kube kubernetes.Interface, flows Flows, sw Switch, cfg Config, log *zap.Logger) (*Proxier, error) {
-	nodeSource := cfg.Bridge.GatewayIP
-	if nodeSource == nil {
-		nodeSource = cfg.RouteSource
-	}
 	hs, err := newHost(hostConfig{proxyAll: cfg.ProxyAll, gateway: cfg.Gateway, services: cfg.ServiceCIDR,
-		nodePortAddresses: cfg.NodePortAddresses, routeSrc: cfg.RouteSource, nodeSource: nodeSource,
-		podsOutsideBridge: cfg.Bridge.PodCIDR == nil, aliases: cfg.LocalVIPAliases})
+		nodePortAddresses: cfg.NodePortAddresses, routeSrc: cfg.RouteSource, nodeSource: cfg.Bridge.NodeIP.To4(),
+		aliases: cfg.LocalVIPAliases, log: log})
 	if err != nil {
 		return nil, err
 	}
