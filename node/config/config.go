@@ -164,7 +164,7 @@ type ProxyConfig struct {
 	// probe it; "" disables. Default 0.0.0.0:10256, kube-proxy's.
 	HealthzBindAddress string `json:"healthzBindAddress,omitempty"`
 	// LocalVIPAliasCIDR is the link-local range (inside 169.254.0.0/16,
-	// /17 to /30) the host takes aliases from for externalIPs and
+	// /18 to /30) the host takes aliases from for externalIPs and
 	// LoadBalancer IPs that are local addresses of the Node (kube-vip),
 	// one per IP, with proxyAll; the Node routes it into the bridge, so
 	// nothing else on the Node may use it. Default 169.254.192.0/18.
@@ -202,16 +202,16 @@ type ConntrackConfig struct {
 }
 
 // validLocalVIPAliases checks a proxy.localVIPAliasCIDR: an IPv4 CIDR,
-// /17 to /30, inside 169.254.0.0/16 (RFC 3927), holding none of
-// pipeline.ReservedLinkLocal.
+// /18 to /30 (each /17 of 169.254.0.0/16 holds a reserved address), inside
+// 169.254.0.0/16 (RFC 3927), holding none of pipeline.ReservedLinkLocal.
 func validLocalVIPAliases(s string) error {
 	_, n, err := net.ParseCIDR(s)
 	if err != nil || n.IP.To4() == nil {
 		return fmt.Errorf("%q is not an IPv4 CIDR", s)
 	}
 	_, linkLocal, _ := net.ParseCIDR("169.254.0.0/16")
-	if ones, _ := n.Mask.Size(); !linkLocal.Contains(n.IP) || ones < 17 || ones > 30 {
-		return fmt.Errorf("%s is not a /17 to /30 inside 169.254.0.0/16", n)
+	if ones, _ := n.Mask.Size(); !linkLocal.Contains(n.IP) || ones < 18 || ones > 30 {
+		return fmt.Errorf("%s is not a /18 to /30 inside 169.254.0.0/16", n)
 	}
 	for _, ip := range pipeline.ReservedLinkLocal() {
 		if n.Contains(ip) {

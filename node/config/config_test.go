@@ -82,9 +82,10 @@ func TestErrorsNameTheKey(t *testing.T) {
 		{"nodeName: a\nproxy: {conntrack: {tcpCloseWaitTimeout: 10ms}}\n", "proxy.conntrack.tcpCloseWaitTimeout"},
 		{"nodeName: a\nproxy: {conntrack: {tcpEstablishedTimeout: 720h}}\n", "proxy.conntrack.tcpEstablishedTimeout"},
 		{"nodeName: a\nproxy: {conntrack: {min: 2000000}}\n", "proxy.conntrack.min"},
-		{"nodeName: a\nproxy: {localVIPAliasCIDR: 10.0.0.0/24}\n", "proxy.localVIPAliasCIDR: 10.0.0.0/24 is not a /17 to /30 inside 169.254.0.0/16"},
+		{"nodeName: a\nproxy: {localVIPAliasCIDR: 10.0.0.0/24}\n", "proxy.localVIPAliasCIDR: 10.0.0.0/24 is not a /18 to /30 inside 169.254.0.0/16"},
 		{"nodeName: a\nproxy: {localVIPAliasCIDR: 169.254.100.0/24}\n", "proxy.localVIPAliasCIDR: 169.254.100.0/24 holds 169.254.100.1"},
-		{"nodeName: a\nproxy: {localVIPAliasCIDR: 169.254.128.0/17}\n", "holds 169.254.169.254"},
+		{"nodeName: a\nproxy: {localVIPAliasCIDR: 169.254.128.0/17}\n", "not a /18 to /30"},
+		{"nodeName: a\nproxy: {localVIPAliasCIDR: 169.254.160.0/19}\n", "holds 169.254.169.254"},
 		{"nodeName: a\nproxy: {localVIPAliasCIDR: \"\"}\n", "proxy.localVIPAliasCIDR: \"\" is not an IPv4 CIDR"},
 	} {
 		_, err := Load(write(t, tc.body), nil)

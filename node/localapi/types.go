@@ -148,8 +148,9 @@ type ServiceFrontend struct {
 	Action string `json:"action"`
 	// Endpoints are "ip:port", with " (local)" for a Pod of this Node.
 	Endpoints []string `json:"endpoints,omitempty"`
-	// SNAT: new connections leave with the gateway IP as their source
-	// (externalTrafficPolicy Cluster).
+	// SNAT: new connections get a source of the Node's (the gateway IP,
+	// or the Node IP where the endpoint is reached through the host), so
+	// the answers come back through it (externalTrafficPolicy Cluster).
 	SNAT bool `json:"snat,omitempty"`
 	// AffinitySeconds is the ClientIP session affinity, 0 without.
 	AffinitySeconds int `json:"affinitySeconds,omitempty"`

@@ -42,6 +42,13 @@ const maxPartialFlushes = 16
 // ctTimeout bounds each call to ovs-vswitchd's control socket.
 const ctTimeout = 10 * time.Second
 
+// DefaultReflushDelay is how long after a batch's flushes the proxy
+// flushes the same entries once more (Config.ReflushDelay): a datagram
+// that an upcall in flight during the batch balanced by the old tables,
+// or a flush that timed out on a loaded ovs-vswitchd, would otherwise
+// leave a UDP flow on a gone endpoint for as long as it keeps sending.
+const DefaultReflushDelay = time.Second
+
 // ctKey names a VIP, protocol and port: the original destination of the
 // connections a frontend translated.
 type ctKey struct {
@@ -189,6 +196,53 @@ func (p *Proxier) flushConntrack(ctx context.Context) {
 	if len(flushes) == 0 {
 		return
 	}
+	p.runFlushes(ctx, flushes)
+	if d := p.cfg.ReflushDelay; d > 0 {
+		go func() {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(d):
+			}
+			if again := p.stillStale(flushes); len(again) > 0 {
+				p.runFlushes(ctx, again)
+			}
+		}()
+	}
+}
+
+// stillStale returns the flushes whose entries are still stale against
+// the frontends installed now: not those of an endpoint that serves the
+// VIP and port again, of a VIP and port that stopped balancing, or of
+// one installed again. p.mu is taken.
+func (p *Proxier) stillStale(flushes []ctFlush) []ctFlush {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []ctFlush
+	for _, f := range flushes {
+		k := ctKey{vip: f.orig.Dst.String(), proto: f.orig.Proto, port: f.orig.DstPort}
+		now := p.ctStateLocked(k)
+		switch {
+		case f.reply.Src == nil:
+			if p.installedLocked(k) {
+				continue
+			}
+		case f.reply.Src.Equal(f.orig.Dst):
+			if !now.balancing {
+				continue
+			}
+		case hasEndpoint(now.serving, pipeline.ServiceEndpoint{IP: f.reply.Src, Port: f.reply.SrcPort}):
+			continue
+		}
+		out = append(out, f)
+	}
+	return out
+}
+
+// runFlushes purges the cached datapath flows and flushes the entries of
+// flushes (by partial tuple, or past maxPartialFlushes from one dump). p.mu
+// must not be held.
+func (p *Proxier) runFlushes(ctx context.Context, flushes []ctFlush) {
 	// A packet that meets a datapath flow cached from the tables before
 	// the batch is balanced the old way and commits a new entry to the
 	// old endpoint, which would outlive the flush (with the userspace

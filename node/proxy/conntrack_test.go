@@ -4,9 +4,12 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
@@ -132,6 +135,7 @@ func TestConntrackFlushes(t *testing.T) {
 // recordingConntrack answers a dump with entries and records flushes and
 // purges of the datapath flows.
 type recordingConntrack struct {
+	mu      sync.Mutex // the second pass runs on a goroutine of its own
 	entries []ovsctl.CTEntry
 	flushed []string
 	dumps   int
@@ -141,6 +145,8 @@ type recordingConntrack struct {
 }
 
 func (r *recordingConntrack) FlushConntrack(_ context.Context, _ uint16, orig, reply ovsctl.CTTuple) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.flushed = append(r.flushed, orig.String()+"|"+reply.String())
 	if r.purges == 0 {
 		r.unpurged++
@@ -149,13 +155,64 @@ func (r *recordingConntrack) FlushConntrack(_ context.Context, _ uint16, orig, r
 }
 
 func (r *recordingConntrack) PurgeDatapathFlows(context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.purges++
 	return nil
 }
 
 func (r *recordingConntrack) DumpConntrack(context.Context, uint16) ([]ovsctl.CTEntry, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.dumps++
 	return r.entries, nil
+}
+
+func (r *recordingConntrack) flushes() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.flushed)
+}
+
+// With ReflushDelay, what a batch flushed is flushed once more after it
+// where it is still stale; not an endpoint that serves again by then.
+func TestConntrackFlushedTwice(t *testing.T) {
+	vip := net.ParseIP("10.96.0.10")
+	ep := func(last byte) pipeline.ServiceEndpoint {
+		return pipeline.ServiceEndpoint{IP: net.IPv4(10, 244, 1, last), Port: 5353}
+	}
+	udp := func(eps ...pipeline.ServiceEndpoint) pipeline.ServicePort {
+		return pipeline.ServicePort{Protocol: 17, Port: 53, VIPs: []net.IP{vip}, Endpoints: eps}
+	}
+	all := []pipeline.ServiceEndpoint{ep(1), ep(2), ep(3)}
+	ct := &recordingConntrack{}
+	pi := &portInstall{port: udp(all...), serving: all}
+	p := &Proxier{cfg: Config{Conntrack: ct, ReflushDelay: 50 * time.Millisecond}, log: zaptest.NewLogger(t), ready: true,
+		installed: map[string]map[string]*portInstall{"ns/dns": {"ns/dns/dns/UDP": pi}}}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	p.mu.Lock()
+	p.indexCTLocked(pi, true)
+	p.setPortLocked(pi, udp(ep(3)), []pipeline.ServiceEndpoint{ep(3)}) // 1 and 2 gone
+	p.mu.Unlock()
+	p.flushConntrack(ctx)
+	if got := len(ct.flushes()); got != 2 {
+		t.Fatalf("%d flushes after the batch, want 2", got)
+	}
+	// Endpoint 2 serves again before the second pass.
+	p.mu.Lock()
+	p.setPortLocked(pi, udp(ep(2), ep(3)), []pipeline.ServiceEndpoint{ep(2), ep(3)})
+	p.ctDirty = nil // that batch's own flushes are not this test's
+	p.mu.Unlock()
+	deadline := time.Now().Add(5 * time.Second)
+	for len(ct.flushes()) < 3 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond) // nothing more comes
+	got := ct.flushes()
+	if len(got) != 3 || !strings.Contains(got[2], "ct_nw_src=10.244.1.1,") {
+		t.Errorf("flushes %q; want the two of the batch, then endpoint 1's again only", got)
+	}
 }
 
 // After a restart, the connections to a programmed UDP VIP whose other end

@@ -11,7 +11,6 @@ import (
 	"syscall"
 
 	"github.com/vishvananda/netlink"
-	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
 
@@ -135,9 +134,6 @@ type hostConfig struct {
 	// as it does the Node's other connections, and
 	// loadBalancerSourceRanges admit them when a range holds it.
 	nodeSource net.IP
-	// log reports what cannot be put right at once (the host's conntrack
-	// entries that could not be deleted); nil logs nothing.
-	log *zap.Logger
 }
 
 // host keeps the proxy's nftables elements and routes, reference counted
@@ -164,9 +160,12 @@ type host struct {
 	// element is not in the kernel yet (see sweepAliases).
 	pending map[string]bool
 	// staleCT is what the host's connection tracker may still hold NATed
-	// to an alias that is gone or to a port no longer served through it;
-	// flush deletes those entries (see conntrackGone).
-	staleCT conntrackGone
+	// to an alias that is gone or to a port no longer served through it,
+	// for the Proxier to delete outside its lock (takeStaleConntrack,
+	// deleteConntrack); quarantine holds the aliases given up whose
+	// entries are not deleted yet, which aliasOf hands out to no one.
+	staleCT    conntrackGone
+	quarantine map[string]bool
 	// ct deletes entries from the host's connection tracker (nil: none).
 	ct conntrackDeleter
 }
@@ -236,7 +235,8 @@ func newHostWith(cfg hostConfig, nft knftables.Interface) *host {
 	}
 	return &host{cfg: cfg, nft: nft, elements: map[string]int{}, routes: map[string]int{},
 		dirtyElements: map[string]element{}, dirtyRoutes: map[string]net.IP{},
-		aliases: map[string]net.IP{}, aliasOwner: map[string]string{}, pending: map[string]bool{}}
+		aliases: map[string]net.IP{}, aliasOwner: map[string]string{}, pending: map[string]bool{},
+		quarantine: map[string]bool{}}
 }
 
 // aliasOf returns vip's alias, taking a free one from cfg.aliases if vip
@@ -249,12 +249,15 @@ func (h *host) aliasOf(vip net.IP) (net.IP, bool) {
 	base := binary.BigEndian.Uint32(h.cfg.aliases.IP.To4())
 	ones, bits := h.cfg.aliases.Mask.Size()
 	size := uint32(1) << (bits - ones)
+	if uint32(len(h.aliasOwner)+len(h.quarantine)) >= size-2 {
+		return nil, false
+	}
 	// The range's first and last addresses are left out.
 	for range size {
 		h.nextAlias = h.nextAlias%(size-2) + 1
 		a := make(net.IP, 4)
 		binary.BigEndian.PutUint32(a, base+h.nextAlias)
-		if _, taken := h.aliasOwner[a.String()]; !taken {
+		if _, taken := h.aliasOwner[a.String()]; !taken && !h.quarantine[a.String()] {
 			h.holdAlias(vip, a)
 			h.pending[vip.String()] = true
 			return a, true
@@ -275,11 +278,18 @@ func (h *host) releaseAlias(vip string) {
 	if a, ok := h.aliases[vip]; ok {
 		delete(h.aliasOwner, a.String())
 		delete(h.aliases, vip)
-		if h.staleCT.aliases == nil {
-			h.staleCT.aliases = map[string]bool{}
-		}
-		h.staleCT.aliases[a.String()] = true
+		h.staleCTAlias(a)
 	}
+}
+
+// staleCTAlias queues the host's conntrack entries NATed to alias for
+// deletion and keeps the alias from being handed out until they are gone.
+func (h *host) staleCTAlias(alias net.IP) {
+	if h.staleCT.aliases == nil {
+		h.staleCT.aliases = map[string]bool{}
+	}
+	h.staleCT.aliases[alias.String()] = true
+	h.quarantine[alias.String()] = true
 }
 
 // sweepAliases gives up the aliases handed out (aliasOf) that never
@@ -304,6 +314,18 @@ func (h *host) sweepAliases(named func(alias net.IP) bool) {
 
 // isAlias reports whether ip is in the aliases' range.
 func (h *host) isAlias(ip net.IP) bool { return h.cfg.aliases.Contains(ip) }
+
+// usable reports whether aliasOf could hand ip out: in the range, and
+// neither its first nor its last address.
+func (h *host) usable(ip net.IP) bool {
+	ip4 := ip.To4()
+	if ip4 == nil || !h.isAlias(ip4) {
+		return false
+	}
+	ones, bits := h.cfg.aliases.Mask.Size()
+	off := binary.BigEndian.Uint32(ip4) - binary.BigEndian.Uint32(h.cfg.aliases.IP.To4())
+	return off != 0 && off != uint32(1)<<(bits-ones)-1
+}
 
 // reset (re)creates the table's chains and rules in one transaction
 // without flushing the element sets, so traffic keeps flowing across a
@@ -457,7 +479,7 @@ func (h *host) readAliases(ctx context.Context) error {
 		if len(el.Key) == 1 && len(el.Value) == 1 {
 			vip, alias = net.ParseIP(el.Key[0]).To4(), net.ParseIP(el.Value[0]).To4()
 		}
-		if vip != nil && alias != nil && h.isAlias(alias) {
+		if vip != nil && alias != nil && h.usable(alias) {
 			if a, has := h.aliases[vip.String()]; has && a.Equal(alias) {
 				continue
 			} else if _, taken := h.aliasOwner[alias.String()]; !has && !taken {
@@ -482,10 +504,7 @@ func (h *host) readAliases(ctx context.Context) error {
 	// unless another IP holds that alias now.
 	for _, a := range foreign {
 		if _, held := h.aliasOwner[a.String()]; !held {
-			if h.staleCT.aliases == nil {
-				h.staleCT.aliases = map[string]bool{}
-			}
-			h.staleCT.aliases[a.String()] = true
+			h.staleCTAlias(a)
 		}
 	}
 	return nil
@@ -606,9 +625,6 @@ func (h *host) flush(ctx context.Context) map[string]error {
 			}
 		}
 	}
-	if !h.staleCT.empty() {
-		h.deleteStaleConntrack()
-	}
 	if len(h.dirtyRoutes) > 0 {
 		link, err := netlink.LinkByName(h.cfg.gateway)
 		for k, ip := range h.dirtyRoutes {
@@ -648,27 +664,54 @@ func (h *host) staleCTPort(key []string) {
 	h.staleCT.ports[strings.Join(key, "/")] = a
 }
 
-// deleteStaleConntrack deletes the host's conntrack entries staleCT
-// names, in one pass over the table. A failure (an interrupted dump of a
-// busy table) is logged and retried with the next flush; the entries
-// otherwise live out their timeouts.
-func (h *host) deleteStaleConntrack() {
-	if h.ct == nil {
-		h.staleCT = conntrackGone{}
-		return
+// takeStaleConntrack hands over what staleCT holds, for deleteConntrack
+// outside the Proxier's lock, and empties it.
+func (h *host) takeStaleConntrack() conntrackGone {
+	if h == nil {
+		return conntrackGone{}
 	}
-	n, err := h.ct.DeleteMatching(h.staleCT.match)
-	if err != nil {
-		if h.cfg.log != nil {
-			h.cfg.log.Warn("deleting the host's conntrack entries of given-up aliases failed; retried with the next change",
-				zap.Int("aliases", len(h.staleCT.aliases)), zap.Int("ports", len(h.staleCT.ports)), zap.Error(err))
+	g := h.staleCT
+	h.staleCT = conntrackGone{}
+	return g
+}
+
+// deleteConntrack deletes the host's conntrack entries g names, in one
+// pass over the table (seconds on a busy Node: call it without the
+// Proxier's lock; it reads only h.ct, fixed at creation).
+func (h *host) deleteConntrack(g conntrackGone) (uint, error) {
+	if h.ct == nil || g.empty() {
+		return 0, nil
+	}
+	return h.ct.DeleteMatching(g.match)
+}
+
+// conntrackDeleted ends g's turn: on success its aliases leave quarantine;
+// on failure (an interrupted dump of a busy table) g goes back into
+// staleCT, for the next batch to try again. The entries otherwise live out
+// their timeouts.
+func (h *host) conntrackDeleted(g conntrackGone, err error) {
+	if err == nil {
+		for a := range g.aliases {
+			delete(h.quarantine, a)
 		}
 		return
 	}
-	if h.cfg.log != nil && n > 0 {
-		h.cfg.log.Info("deleted the host's conntrack entries of given-up aliases", zap.Uint("entries", n))
+	for a := range g.aliases {
+		if h.staleCT.aliases == nil {
+			h.staleCT.aliases = map[string]bool{}
+		}
+		h.staleCT.aliases[a] = true
 	}
-	h.staleCT = conntrackGone{}
+	for k, a := range g.ports {
+		// A port served again meanwhile has live entries now.
+		if h.elements[SetExternalPorts+" "+strings.ReplaceAll(k, "/", " . ")] > 0 {
+			continue
+		}
+		if h.staleCT.ports == nil {
+			h.staleCT.ports = map[string]net.IP{}
+		}
+		h.staleCT.ports[k] = a
+	}
 }
 
 // prune removes the elements and routes left by an earlier run that no
@@ -711,9 +754,6 @@ func (h *host) prune(ctx context.Context) error {
 	}
 	for _, vip := range goneAliases {
 		h.releaseAlias(vip)
-	}
-	if !h.staleCT.empty() {
-		h.deleteStaleConntrack()
 	}
 	link, err := netlink.LinkByName(h.cfg.gateway)
 	if err != nil {

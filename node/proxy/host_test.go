@@ -147,7 +147,8 @@ func TestHostAliases(t *testing.T) {
 	if err := h.update(ctx, []element{aliasElement(x, ax), aliasElement(y, ay)}, nil, nil, nil); err != nil {
 		t.Fatal(err)
 	}
-	// y's frontend goes: its alias leaves the map and is z's to take.
+	// y's frontend goes: its alias leaves the map and, once the host's
+	// conntrack entries NATed to it are gone, is z's to take.
 	if err := h.update(ctx, nil, []element{aliasElement(y, ay)}, nil, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -158,6 +159,8 @@ func TestHostAliases(t *testing.T) {
 	if len(els) != 1 || els[0].Key[0] != x.String() || els[0].Value[0] != ax.String() {
 		t.Errorf("map after y left: %v, want %s : %s alone", els, x, ax)
 	}
+	g := h.takeStaleConntrack()
+	h.conntrackDeleted(g, nil)
 	if a, ok := h.aliasOf(z); !ok || !a.Equal(ay) {
 		t.Errorf("%s got alias %s (%v), want the freed %s", z, a, ok, ay)
 	}
@@ -165,9 +168,15 @@ func TestHostAliases(t *testing.T) {
 
 // recordCT is a connection tracker holding flows: DeleteMatching deletes
 // those that match, as the kernel's would.
-type recordCT struct{ flows []*netlink.ConntrackFlow }
+type recordCT struct {
+	flows []*netlink.ConntrackFlow
+	fail  bool // an interrupted dump
+}
 
 func (r *recordCT) DeleteMatching(match func(*netlink.ConntrackFlow) bool) (uint, error) {
+	if r.fail {
+		return 0, errors.New("dump interrupted")
+	}
 	n := len(r.flows)
 	r.flows = slices.DeleteFunc(r.flows, match)
 	return uint(n - len(r.flows)), nil
@@ -189,7 +198,8 @@ func ctFlow(dst string, proto uint8, port uint16, replySrc string) *netlink.Conn
 func TestHostDeletesConntrackOfGoneAliases(t *testing.T) {
 	ctx := context.Background()
 	nft := knftables.NewFake(knftables.IPv4Family, HostTable)
-	h := newHostWith(hostConfig{}, nft)
+	_, aliases, _ := net.ParseCIDR("169.254.192.0/30") // two usable
+	h := newHostWith(hostConfig{aliases: aliases}, nft)
 	ct := &recordCT{}
 	h.ct = ct
 	if err := h.reset(ctx); err != nil {
@@ -210,6 +220,30 @@ func TestHostDeletesConntrackOfGoneAliases(t *testing.T) {
 	// x's UDP port goes; y's frontend goes with its alias.
 	if err := h.update(ctx, nil, []element{externalPortElement(x, 17, 53), aliasElement(y, ay), externalPortElement(y, 6, 80)}, nil, nil); err != nil {
 		t.Fatal(err)
+	}
+	// Until its entries are gone, y's alias goes to no one (the range
+	// holds two: x's, and y's in quarantine).
+	z := net.ParseIP("198.18.100.12")
+	if a, ok := h.aliasOf(z); ok {
+		t.Fatalf("alias %s handed out while the entries NATed to it remain", a)
+	}
+	// A failed pass keeps the work for the next one.
+	ct.fail = true
+	g := h.takeStaleConntrack()
+	_, err := h.deleteConntrack(g)
+	h.conntrackDeleted(g, err)
+	if err == nil || len(ct.flows) != 4 || h.staleCT.empty() {
+		t.Fatalf("failed pass: %v, %d flows left, work kept %v", err, len(ct.flows), !h.staleCT.empty())
+	}
+	ct.fail = false
+	g = h.takeStaleConntrack()
+	_, err = h.deleteConntrack(g)
+	h.conntrackDeleted(g, err)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, ok := h.aliasOf(z); !ok || !a.Equal(ay) {
+		t.Errorf("after the entries went, %s got %s (%v), want y's old %s", z, a, ok, ay)
 	}
 	if !slices.Equal(ct.flows, []*netlink.ConntrackFlow{keepX80, localX53}) {
 		var left []string

@@ -90,6 +90,9 @@ type Config struct {
 	// change left pointing at an endpoint no longer behind their VIP (see
 	// conntrack.go).
 	Conntrack Conntrack
+	// ReflushDelay, when positive, flushes what a batch flushed once more
+	// that long after, where still stale (DefaultReflushDelay; 0: once).
+	ReflushDelay time.Duration
 }
 
 // Conntrack is the part of ovsctl.Client the proxy uses.
@@ -131,6 +134,9 @@ type Proxier struct {
 	// gave it (read from the switch at start), so that a restart keeps
 	// IDs, and with them the groups the old flows point to.
 	prior map[string]uint32
+	// noAlias are the external IPs left without an alias (the range is
+	// full), logged once each.
+	noAlias map[string]bool
 	// existing holds the IDs of groups on the switch at start that no
 	// installed port has claimed yet: installing one modifies it.
 	existing map[uint32]bool
@@ -163,7 +169,7 @@ type portInstall struct {
 func New(kube kubernetes.Interface, flows Flows, sw Switch, cfg Config, log *zap.Logger) (*Proxier, error) {
 	hs, err := newHost(hostConfig{proxyAll: cfg.ProxyAll, gateway: cfg.Gateway, services: cfg.ServiceCIDR,
 		nodePortAddresses: cfg.NodePortAddresses, routeSrc: cfg.RouteSource, nodeSource: cfg.Bridge.NodeIP.To4(),
-		aliases: cfg.LocalVIPAliases, log: log})
+		aliases: cfg.LocalVIPAliases})
 	if err != nil {
 		return nil, err
 	}
@@ -312,7 +318,10 @@ func (p *Proxier) Run(ctx context.Context) error {
 	if p.health != nil {
 		defer p.health.close()
 	}
-	if err := p.host.reset(ctx); err != nil {
+	p.mu.Lock()
+	err := p.host.reset(ctx)
+	p.mu.Unlock()
+	if err != nil {
 		return err
 	}
 	if err := p.readPriorIDs(ctx); err != nil {
@@ -373,7 +382,33 @@ func (p *Proxier) markSynced(ctx context.Context, keys []string) {
 	if err != nil {
 		p.log.Warn("removing stale host rules failed", zap.Error(err))
 	}
+	p.deleteHostConntrack()
 	p.reconcileConntrack(ctx)
+}
+
+// deleteHostConntrack deletes the host's conntrack entries NATed to the
+// aliases given up and to the ports no longer served through one (see
+// host.staleCT), without holding p.mu across the pass over the table. A
+// failure is logged and tried again after the next batch.
+func (p *Proxier) deleteHostConntrack() {
+	p.mu.Lock()
+	g := p.host.takeStaleConntrack()
+	p.mu.Unlock()
+	if g.empty() {
+		return
+	}
+	n, err := p.host.deleteConntrack(g)
+	p.mu.Lock()
+	p.host.conntrackDeleted(g, err)
+	p.mu.Unlock()
+	if err != nil {
+		p.log.Warn("deleting the host's conntrack entries of given-up local VIP aliases failed; tried again after the next batch",
+			zap.Int("aliases", len(g.aliases)), zap.Int("ports", len(g.ports)), zap.Error(err))
+		return
+	}
+	if n > 0 {
+		p.log.Info("deleted the host's conntrack entries of given-up local VIP aliases", zap.Uint("entries", n))
+	}
 }
 
 // processNext takes the next Service from the queue, and with it every
@@ -476,6 +511,7 @@ func (p *Proxier) SyncServices(ctx context.Context, keys []string) map[string]er
 		errs[key] = errors.Join(err, errs[key])
 	}
 	p.flushConntrack(ctx)
+	p.deleteHostConntrack()
 	for key, ts := range triggers {
 		if errs[key] != nil {
 			p.metrics.putBack(key, ts)
@@ -665,10 +701,17 @@ func (p *Proxier) withAliases(ps PortState) PortState {
 		}
 		a, ok := p.host.aliasOf(vip)
 		if !ok {
-			p.log.Warn("no alias left for an external IP: not served while it is a local address of the Node",
-				zap.Stringer("vip", vip), zap.Stringer("aliases", p.host.cfg.aliases))
+			if !p.noAlias[vip.String()] { // once per IP, not at every sync
+				p.log.Warn("no alias left for an external IP: not served while it is a local address of the Node",
+					zap.Stringer("vip", vip), zap.Stringer("aliases", p.host.cfg.aliases))
+				if p.noAlias == nil {
+					p.noAlias = map[string]bool{}
+				}
+				p.noAlias[vip.String()] = true
+			}
 			continue
 		}
+		delete(p.noAlias, vip.String())
 		ps.Aliases[vip.String()] = a
 		vips = append(vips, a)
 	}

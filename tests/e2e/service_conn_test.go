@@ -122,7 +122,7 @@ func TestServiceLocalVIPKeepsConnectionsAcrossRestart(t *testing.T) {
 	ctx := testCtx(t, 2*time.Minute)
 	node := c.Nodes()[1]
 	alias := func(ip string) (string, error) {
-		out, err := c.NodeExec(ctx, node.Name, "nft", "list", "map", "ip", "seine-proxy", "local-vip-aliases")
+		out, err := c.NodeExec(testCtx(t, 10*time.Second), node.Name, "nft", "list", "map", "ip", "seine-proxy", "local-vip-aliases")
 		if err != nil {
 			return "", fmt.Errorf("listing the aliases on %s: %v: %s", node.Name, err, out)
 		}
@@ -163,7 +163,7 @@ func TestServiceLocalVIPKeepsConnectionsAcrossRestart(t *testing.T) {
 	addr := net.JoinHostPort(lbIP, fmt.Sprint(port))
 	held := holdFromNS(t, extNS, addr, pod.name)
 	stopSeine(t, c, node.Name)
-	if err := c.StartSeine(ctx, node.Name, nil); err != nil {
+	if err := c.StartSeine(testCtx(t, time.Minute), node.Name, nil); err != nil {
 		t.Fatal(err)
 	}
 	if after, err := alias(lbIP); err != nil || after != before {
@@ -191,7 +191,7 @@ func TestServiceLocalVIPKeepsConnectionsAcrossRestart(t *testing.T) {
 		}
 	})
 	stopSeine(t, c, node.Name)
-	if err := c.StartSeine(ctx, node.Name, map[string]string{"proxy": "{localVIPAliasCIDR: " + moved + "}"}); err != nil {
+	if err := c.StartSeine(testCtx(t, time.Minute), node.Name, map[string]string{"proxy": "{localVIPAliasCIDR: " + moved + "}"}); err != nil {
 		t.Fatal(err)
 	}
 	_, movedNet, _ := net.ParseCIDR(moved)
@@ -206,10 +206,13 @@ func TestServiceLocalVIPKeepsConnectionsAcrossRestart(t *testing.T) {
 		return nil
 	})
 	holdFromNS(t, extNS, addr, pod.name)
-	out, err := c.NodeExec(ctx, node.Name, "ip", "route", "show", "169.254.192.0/18")
-	if err != nil || strings.TrimSpace(string(out)) != "" {
-		t.Errorf("the old range still routed on %s: %q (%v)", node.Name, out, err)
-	}
+	eventually(t, 20*time.Second, "the old range unrouted", func() error {
+		out, err := c.NodeExec(testCtx(t, 10*time.Second), node.Name, "ip", "route", "show", "169.254.192.0/18")
+		if err != nil || strings.TrimSpace(string(out)) != "" {
+			return fmt.Errorf("still routed on %s: %q (%v)", node.Name, out, err)
+		}
+		return nil
+	})
 }
 
 // Established connections through a ClusterIP keep their endpoint when
