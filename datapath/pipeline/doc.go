@@ -62,6 +62,7 @@ func Registers() []RegInfo {
 		{"SavedEthSrcLow", SavedEthSrcLow, "(NAT checksum detour) `eth_src` bits 0..31 before conntrack"},
 		{"SavedEthSrcHigh", SavedEthSrcHigh, "(NAT checksum detour) `eth_src` bits 32..47"},
 		{"SavedTTL", SavedTTL, "(NAT checksum detour) `nw_ttl` before conntrack"},
+		{"AffinityKey", AffinityKey, "(Service) the Service port whose ClientIP affinity is looked up, shared by its frontends"},
 	}
 }
 

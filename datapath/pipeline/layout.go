@@ -199,6 +199,11 @@ const (
 	ServicePortID RegField = 5<<16 | 0<<8 | 32
 	// EndpointIP (reg6[0..31]) is the IPv4 address of the chosen endpoint.
 	EndpointIP RegField = 6<<16 | 0<<8 | 32
+	// AffinityKey (reg12[0..31]) names the Service port whose ClientIP
+	// affinity SessionAffinity looks up (ServicePort.AffinityID): one
+	// value for all the port's frontends, where ServicePortID tells them
+	// apart.
+	AffinityKey RegField = 12<<16 | 0<<8 | 32
 	// TraceTag (reg3[0..15]) is the trace number of a Traceflow packet:
 	// loaded by the packet-out on the source Node, copied from the tunnel
 	// key on the others (see TraceFlows).

@@ -173,6 +173,12 @@ type ServicePort struct {
 	// AffinitySeconds > 0 enables ClientIP session affinity for that long
 	// after a client's last new connection.
 	AffinitySeconds uint16
+	// AffinityID is the ID under which the port's clients are remembered
+	// (ClientIP affinity): that of another frontend of the same Service
+	// port, so that a client keeps its endpoint whichever of the port's
+	// addresses it connects to, as kube-proxy keeps it per Service port.
+	// 0 means ID. The learned flows carry that ID's cookie.
+	AffinityID uint32
 	// External makes this an external frontend: it only matches packets
 	// from the gateway, takes precedence over a frontend without External
 	// on the same VIP and port, and its replies return to the host.
@@ -303,16 +309,13 @@ func ServicePortFlows(b Bridge, sp ServicePort) ([]of.Flow, []of.GroupEntry, err
 	if sp.ID == 0 || sp.ID > MaxServicePortID {
 		return nil, nil, fmt.Errorf("service port id %d outside 1..%d", sp.ID, MaxServicePortID)
 	}
-	var l4 of.LearnField
 	switch sp.Protocol {
-	case 6:
-		l4 = of.LearnTCPDst
-	case 17:
-		l4 = of.LearnUDPDst
-	case 132:
-		l4 = of.LearnSCTPDst
+	case 6, 17, 132:
 	default:
 		return nil, nil, fmt.Errorf("service port %d: unsupported protocol %d", sp.ID, sp.Protocol)
+	}
+	if sp.AffinityID > MaxServicePortID {
+		return nil, nil, fmt.Errorf("service port %d: affinity id %d outside 1..%d", sp.ID, sp.AffinityID, MaxServicePortID)
 	}
 	if sp.Action == ServiceBalance && len(sp.Endpoints) == 0 {
 		return nil, nil, fmt.Errorf("service port %d: balancing over no endpoints", sp.ID)
@@ -325,7 +328,7 @@ func ServicePortFlows(b Bridge, sp ServicePort) ([]of.Flow, []of.GroupEntry, err
 	case ServiceBalance:
 		lbActs = append(lbActs, ServicePortID.Load(sp.ID))
 		if sp.AffinitySeconds > 0 {
-			lbActs = append(lbActs, of.Resubmit{Table: uint8(SessionAffinity)})
+			lbActs = append(lbActs, AffinityKey.Load(affinityID(sp)), of.Resubmit{Table: uint8(SessionAffinity)})
 		}
 		lbActs = append(lbActs, goTo(EndpointDNAT))
 	case ServiceReject:
@@ -437,7 +440,7 @@ func ServicePortFlows(b Bridge, sp ServicePort) ([]of.Flow, []of.GroupEntry, err
 		dnat := func(hairpin bool) []of.Action {
 			var acts []of.Action
 			if sp.AffinitySeconds > 0 {
-				acts = append(acts, affinityLearn(sp, ck, l4))
+				acts = append(acts, affinityLearn(b, sp))
 			}
 			ct := of.CT{Commit: true, Zone: ConntrackZone, Table: &egress,
 				NAT: &of.CTNAT{DNAT: true, IPMin: ip, PortMin: ep.Port}}
@@ -545,17 +548,29 @@ func serviceGroups(id uint32, eps []ServiceEndpoint) []of.GroupEntry {
 // Service port id.
 func SubGroupID(id uint32, k int) uint32 { return id | uint32(k+1)<<24 }
 
-// affinityLearn is the learn action remembering, for AffinitySeconds, which
-// endpoint (EndpointIP) this client (nw_src) got for this VIP and port.
-func affinityLearn(sp ServicePort, cookie uint64, l4 of.LearnField) of.Learn {
-	ep := EndpointIP
-	return of.Learn{Table: uint8(SessionAffinity), Priority: PrioNormal, HardTimeout: sp.AffinitySeconds, Cookie: cookie,
+// affinityID is the AffinityKey value of sp's clients.
+func affinityID(sp ServicePort) uint32 {
+	if sp.AffinityID != 0 {
+		return sp.AffinityID
+	}
+	return sp.ID
+}
+
+// affinityLearn is the learn action remembering, for AffinitySeconds after
+// the client's last new connection, which endpoint (EndpointIP) this client
+// (nw_src) got from the Service port (AffinityKey): every frontend of the
+// port (ClusterIP, externalIPs, NodePort, LoadBalancer IPs) shares it. An
+// endpoint it names that a frontend does not balance to (an
+// externalTrafficPolicy Local frontend and a remote endpoint) has no
+// EndpointDNAT flow there, and that frontend's group chooses instead.
+func affinityLearn(b Bridge, sp ServicePort) of.Learn {
+	ep, key := EndpointIP, AffinityKey
+	return of.Learn{Table: uint8(SessionAffinity), Priority: PrioNormal, HardTimeout: sp.AffinitySeconds,
+		Cookie: Cookie(b.Round, CategoryService, uint64(affinityID(sp))),
 		Specs: []of.LearnSpec{
 			{Kind: of.LearnMatchValue, Dst: of.LearnEthType, Value: uint64(EthTypeIPv4)},
-			{Kind: of.LearnMatchValue, Dst: of.LearnIPProto, Value: uint64(sp.Protocol)},
 			{Kind: of.LearnMatchField, Dst: of.LearnIPSrc},
-			{Kind: of.LearnMatchField, Dst: of.LearnIPDst},
-			{Kind: of.LearnMatchField, Dst: l4},
+			{Kind: of.LearnMatchValue, Dst: of.LearnReg(key.Reg()), DstOfs: key.Ofs(), NBits: key.NBits(), Value: uint64(affinityID(sp))},
 			{Kind: of.LearnLoadField, Src: of.LearnReg(ep.Reg()), Dst: of.LearnReg(ep.Reg()),
 				SrcOfs: ep.Ofs(), DstOfs: ep.Ofs(), NBits: ep.NBits()},
 		}}

@@ -36,13 +36,18 @@ func TestServiceFlowsInOVS(t *testing.T) {
 	fromNode := pipeline.ServicePort{ID: 12, VIPs: []net.IP{pipeline.NodePortVIP}, Protocol: 6, Port: 30080, External: true,
 		Sources:   []*net.IPNet{{IP: net.ParseIP("198.18.0.11"), Mask: net.CIDRMask(32, 32)}},
 		Endpoints: []pipeline.ServiceEndpoint{{IP: net.ParseIP("10.244.2.7"), Port: 8080}, {IP: net.ParseIP("10.244.1.5"), Port: 8080, Local: true}}}
+	// An external frontend of small's Service port (a NodePort): it shares
+	// small's ClientIP affinity (AffinityID), so a client keeps its
+	// endpoint whichever of the port's addresses it connects to.
+	stickyNodePort := pipeline.ServicePort{ID: 14, AffinityID: 7, VIPs: []net.IP{pipeline.NodePortVIP}, Protocol: 6, Port: 30081,
+		External: true, SNAT: true, AffinitySeconds: 30, Endpoints: small.Endpoints}
 	// A Service with two UDP ports: its VIP takes no fragments.
 	syslog := pipeline.ServicePort{ID: 13, VIPs: []net.IP{net.ParseIP("10.96.0.14")}, Protocol: 17, Port: 514,
 		Endpoints: []pipeline.ServiceEndpoint{{IP: net.ParseIP("10.244.2.8"), Port: 514}}}
 	flows := append(pipeline.BaseFlows(br), pipeline.PodFlows(br, p1)...)
 	flows = append(flows, pipeline.ServiceBaseFlows(br)...)
 	var groups []of.GroupMod
-	for _, sp := range []pipeline.ServicePort{small, big, none, sctp, nodePort, fromNode, syslog} {
+	for _, sp := range []pipeline.ServicePort{small, big, none, sctp, nodePort, fromNode, syslog, stickyNodePort} {
 		fs, gs, err := pipeline.ServicePortFlows(br, sp)
 		if err != nil {
 			t.Fatal(err)
@@ -52,8 +57,8 @@ func TestServiceFlowsInOVS(t *testing.T) {
 			groups = append(groups, of.GroupMod{Op: of.GroupOpAdd, Group: gs[i]})
 		}
 	}
-	if len(groups) != 1+4+4 {
-		t.Fatalf("%d groups, want 1 for the small service, 1+3 for 2,500 endpoints, 1 each for SCTP, the two NodePort frontends and syslog", len(groups))
+	if len(groups) != 1+4+5 {
+		t.Fatalf("%d groups, want 1 for the small service, 1+3 for 2,500 endpoints, 1 each for SCTP, the three NodePort frontends and syslog", len(groups))
 	}
 	for _, g := range groups { // one message per group: each must fit 64 KiB
 		if err := c.ApplyGroups(ctx, []of.GroupMod{g}); err != nil {
@@ -62,8 +67,8 @@ func TestServiceFlowsInOVS(t *testing.T) {
 	}
 	addFlows(ctx, t, c, flows)
 	dump := o.Run("ovs-ofctl", "-O", "OpenFlow13", "dump-groups", o.MgmtSocket("br-int"))
-	if n := strings.Count(dump, "bucket="); n != 2+2500+3+2+2+1 {
-		t.Errorf("%d buckets installed, want %d", n, 2+2500+3+2+2+1)
+	if n := strings.Count(dump, "bucket="); n != 2+2500+3+2+2+1+2 {
+		t.Errorf("%d buckets installed, want %d", n, 2+2500+3+2+2+1+2)
 	}
 	trace := func(flow string, ct ...string) string {
 		args := []string{"ofproto/trace", "br-int", flow}
@@ -85,6 +90,29 @@ func TestServiceFlowsInOVS(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("new connection to the VIP: no %q in trace:\n%s", want, out)
 		}
+	}
+	// ClientIP affinity is the Service port's, not the address's: both
+	// frontends look the client up, and learn it, under AffinityKey 7 (the
+	// learned flow matches the client and the key, not the VIP and port),
+	// with the cookie of port 7, and an endpoint learned through one is
+	// the one the other DNATs to.
+	sticky := "in_port=2,dl_src=0a:00:00:00:00:01,dl_dst=0e:5e:1e:00:00:01,tcp,nw_ttl=64,nw_src=198.19.0.10,tp_src=40000,nw_dst=169.254.100.2,tp_dst=30081"
+	learned := fmt.Sprintf("learn(table=41,hard_timeout=30,priority=%d,cookie=0x1050000000007,eth_type=0x800,NXM_OF_IP_SRC[],reg12=0x7,load:NXM_NX_REG6[]->NXM_NX_REG6[])", pipeline.PrioNormal)
+	for name, flow := range map[string]string{"ClusterIP": syn + "nw_dst=10.96.0.10,tp_dst=80", "NodePort": sticky} {
+		if out := trace(flow, "trk,new"); !strings.Contains(out, "load:0x7->NXM_NX_REG12[]") || !strings.Contains(out, "resubmit(,41)") {
+			t.Errorf("%s: the affinity is not looked up under key 7:\n%s", name, out)
+		}
+		if out := trace("reg6=0x0af40205,"+flow, "trk,new", "trk,new"); !strings.Contains(out, learned) {
+			t.Errorf("%s: no %q in trace:\n%s", name, learned, out)
+		}
+	}
+	addFlows(ctx, t, c, []of.Flow{{Table: uint8(pipeline.SessionAffinity), Priority: pipeline.PrioNormal,
+		Cookie: pipeline.Cookie(br.Round, pipeline.CategoryService, 7),
+		Match: of.Match{EthType: pipeline.EthTypeIPv4, IPSrc: &net.IPNet{IP: net.ParseIP("198.19.0.10").To4(), Mask: net.CIDRMask(32, 32)},
+			Regs: []of.RegMatch{pipeline.AffinityKey.Match(7)}},
+		Actions: []of.Action{pipeline.EndpointIP.Load(0x0af40205)}}})
+	if out := trace(sticky, "trk,new", "trk,new"); !strings.Contains(out, "nat(dst=10.244.2.5:8080)") {
+		t.Errorf("the NodePort does not take the endpoint its Service port learned for the client:\n%s", out)
 	}
 	out = trace(syn+"nw_dst=10.96.0.12,tp_dst=80", "trk,new")
 	if !strings.Contains(out, "ct(commit,zone=65520)") || !strings.HasSuffix(strings.TrimSpace(out), "2") {

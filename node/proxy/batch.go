@@ -110,19 +110,22 @@ func (p *Proxier) planService(key string, want []PortState) (plans []*portPlan, 
 		have = map[string]*portInstall{}
 		p.installed[key] = have
 	}
+	// Every frontend its ID first: one frontend's flows may name
+	// another's (AffinityOf).
 	for _, ps := range want {
-		pi := have[ps.Key]
-		if pi == nil {
+		if have[ps.Key] == nil {
 			id, err := p.ids.get(ps.Key, p.prior[frontendKey(ps.Port.VIPs[0], ps.Port.Protocol, ps.Port.Port, ps.Port.External)])
 			if err != nil {
 				return nil, false
 			}
-			pi = &portInstall{id: id, groups: map[uint32]of.GroupEntry{}}
-			have[ps.Key] = pi
+			have[ps.Key] = &portInstall{id: id, groups: map[uint32]of.GroupEntry{}}
 		}
+	}
+	for _, ps := range want {
+		pi := have[ps.Key]
 		ps = p.withAliases(ps)
 		sp := ps.Port
-		sp.ID = pi.id
+		sp.ID, sp.AffinityID = pi.id, affinityID(have, ps)
 		flows, groups, err := pipeline.ServicePortFlows(p.cfg.Bridge, sp)
 		if err != nil {
 			return nil, false
@@ -164,7 +167,7 @@ func (p *Proxier) installPlans(ctx context.Context, plans []*portPlan) error {
 	}
 	for _, pl := range plans {
 		sp := pl.ps.Port
-		sp.ID = pl.pi.id
+		sp.ID, sp.AffinityID = pl.pi.id, affinityID(p.installed[pl.key], pl.ps)
 		p.setPortLocked(pl.pi, sp, pl.ps.Serving)
 	}
 	var stale []of.GroupMod

@@ -588,19 +588,25 @@ func (p *Proxier) applyLocked(ctx context.Context, key string, want []PortState)
 	}
 	keep := map[string]bool{}
 	var errs []error
+	// Every frontend its ID first: one frontend's flows may name
+	// another's (AffinityOf).
 	for _, ps := range want {
 		keep[ps.Key] = true
-		pi := have[ps.Key]
-		if pi == nil {
+		if have[ps.Key] == nil {
 			id, err := p.ids.get(ps.Key, p.prior[frontendKey(ps.Port.VIPs[0], ps.Port.Protocol, ps.Port.Port, ps.Port.External)])
 			if err != nil {
 				errs = append(errs, err)
 				continue
 			}
-			pi = &portInstall{id: id, groups: map[uint32]of.GroupEntry{}}
-			have[ps.Key] = pi
+			have[ps.Key] = &portInstall{id: id, groups: map[uint32]of.GroupEntry{}}
 		}
-		if err := p.installPort(ctx, pi, ps); err != nil {
+	}
+	for _, ps := range want {
+		pi := have[ps.Key]
+		if pi == nil {
+			continue
+		}
+		if err := p.installPort(ctx, pi, ps, affinityID(have, ps)); err != nil {
 			errs = append(errs, fmt.Errorf("port %s: %w", ps.Key, err))
 		}
 	}
@@ -623,10 +629,12 @@ func (p *Proxier) applyLocked(ctx context.Context, key string, want []PortState)
 	return errors.Join(errs...)
 }
 
-func (p *Proxier) installPort(ctx context.Context, pi *portInstall, ps PortState) error {
+// installPort programs one frontend; affinity is its AffinityID (see
+// affinityID).
+func (p *Proxier) installPort(ctx context.Context, pi *portInstall, ps PortState, affinity uint32) error {
 	ps = p.withAliases(ps)
 	sp := ps.Port
-	sp.ID = pi.id
+	sp.ID, sp.AffinityID = pi.id, affinity
 	flows, groups, err := pipeline.ServicePortFlows(p.cfg.Bridge, sp)
 	if err != nil {
 		return err
@@ -773,6 +781,16 @@ func (p *Proxier) putGroup(ctx context.Context, g of.GroupEntry, known bool) err
 		return fmt.Errorf("group %d: %w", g.ID, err)
 	}
 	return nil
+}
+
+// affinityID returns the ID under which ps's frontend remembers ClientIP
+// affinity: that of the frontend named by ps.AffinityOf among the
+// Service's frontends have, 0 (the frontend's own) when there is none.
+func affinityID(have map[string]*portInstall, ps PortState) uint32 {
+	if pi := have[ps.AffinityOf]; ps.AffinityOf != "" && pi != nil {
+		return pi.id
+	}
+	return 0
 }
 
 func (p *Proxier) removePort(ctx context.Context, pi *portInstall) error {

@@ -253,3 +253,49 @@ func benchmarkInstall(b *testing.B, n int) {
 
 func BenchmarkServiceInstall1000(b *testing.B)  { benchmarkInstall(b, 1000) }
 func BenchmarkServiceInstall10000(b *testing.B) { benchmarkInstall(b, 10000) }
+
+// Every frontend of a Service port with ClientIP affinity looks its
+// clients up, and learns them, under the internal frontend's ID, in the
+// batch path and in the one-port path alike, even when the other frontend
+// comes first.
+func TestFrontendsShareAffinityID(t *testing.T) {
+	o, sock := startOVS(t)
+	p := dialProxier(t, sock)
+	ctx := context.Background()
+	want := func(i int) []PortState {
+		in := benchPort(i, 0)[0]
+		in.Port.AffinitySeconds, in.AffinityOf = 60, in.Key
+		np := in
+		np.Key = in.Key + "/nodeport"
+		np.Port.VIPs, np.Port.Port, np.Port.External = []net.IP{pipeline.NodePortVIP}, uint16(30000+i), true
+		return []PortState{np, in}
+	}
+	check := func(key string) {
+		t.Helper()
+		in := p.installed[key][key+"/http/TCP"]
+		if in == nil {
+			t.Fatalf("%s: internal frontend not installed: %v", key, p.installed[key])
+		}
+		flows := o.Run("ovs-ofctl", "-O", "OpenFlow13", "--no-stats", "dump-flows", sock, fmt.Sprintf("table=%d", pipeline.EndpointDNAT))
+		lb := o.Run("ovs-ofctl", "-O", "OpenFlow13", "--no-stats", "dump-flows", sock, fmt.Sprintf("table=%d", pipeline.ServiceLB))
+		load := fmt.Sprintf("load:%#x->NXM_NX_REG12[]", in.id)
+		if n := strings.Count(lb, load); n != 2 {
+			t.Errorf("%s: %d ServiceLB flows with %s, want both frontends':\n%s", key, n, load, lb)
+		}
+		learn := fmt.Sprintf("cookie=%#x,eth_type=0x800,NXM_OF_IP_SRC[],reg12=%#x,", pipeline.Cookie(p.cfg.Bridge.Round, pipeline.CategoryService, uint64(in.id)), in.id)
+		if n := strings.Count(flows, learn); n != 6 {
+			t.Errorf("%s: %d EndpointDNAT flows learning under %d, want 6 (3 endpoints, 2 frontends):\n%s", key, n, in.id, flows)
+		}
+	}
+	if err := p.apply(ctx, "ns/s1", want(1)); err != nil {
+		t.Fatal(err)
+	}
+	check("ns/s1")
+	p.mu.Lock()
+	err := p.applyLocked(ctx, "ns/s2", want(2))
+	p.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("ns/s2")
+}

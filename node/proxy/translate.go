@@ -34,6 +34,11 @@ type PortState struct {
 	// (nil on the others): the host rejects connections to them on ports
 	// that no Service port defines, as kube-proxy does.
 	ClusterIPs []net.IP
+	// AffinityOf (ClientIP affinity only) is the Key of the frontend whose
+	// ID keys the affinity of this one (pipeline.ServicePort.AffinityID):
+	// the internal frontend of the same Service port, so that all of the
+	// port's frontends remember a client together, as kube-proxy does.
+	AffinityOf string
 	// Aliases are the aliases of an external frontend's externalIPs and
 	// LoadBalancer IPs by IP (see MapLocalVIPAliases), set by the Proxier
 	// as it installs the frontend, which then lists them among its VIPs
@@ -142,7 +147,9 @@ type Scope struct {
 //     ports a fragment names none of them, and large datagrams to such a
 //     Service need the kernel datapath;
 //   - sessionAffinity ClientIP sets AffinitySeconds (default 10800 s,
-//     capped at 65535, the width of OpenFlow's hard_timeout);
+//     capped at 65535, the width of OpenFlow's hard_timeout) and, on
+//     every frontend of the port, AffinityOf: the internal frontend's
+//     key, so a client keeps its endpoint across the port's addresses;
 //   - the frontends that send to endpoints cluster-wide follow the
 //     EndpointSlice hints (KEP-2433 topology aware routing, KEP-3015
 //     trafficDistribution), see nearest; the Local policies ignore them.
@@ -206,6 +213,14 @@ func Translate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, scope
 		if p.Name == "" {
 			key = svc.Namespace + "/" + svc.Name + "/" + strconv.Itoa(int(p.Port)) + "/" + string(protoOrTCP(p.Protocol))
 		}
+		first := len(out)
+		// Every frontend of the port remembers its clients under the
+		// internal frontend's ID.
+		shareAffinity := func() {
+			for i := first; i < len(out) && affinity > 0; i++ {
+				out[i].AffinityOf = key
+			}
+		}
 		base := pipeline.ServicePort{Protocol: proto, AffinitySeconds: affinity}
 		// From Pods, externalIPs and LoadBalancer IPs go to the endpoints
 		// cluster-wide whatever the traffic policies, as under
@@ -237,6 +252,7 @@ func Translate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, scope
 			out = append(out, PortState{Key: key + "/loadbalancer-pods", Port: lb, Serving: alive})
 		}
 		if !scope.ProxyAll {
+			shareAffinity()
 			continue
 		}
 		ext := base
@@ -289,6 +305,7 @@ func Translate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, scope
 				}
 			}
 		}
+		shareAffinity()
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
 	return out, nil

@@ -97,6 +97,46 @@ func TestTranslateLocalPolicyAndAffinity(t *testing.T) {
 	}
 }
 
+// ClientIP affinity is the Service port's: each of its frontends (here
+// eight: internal, external, nodeport and loadbalancer with their "/node"
+// twins, and loadbalancer-pods) names the
+// port's internal frontend, of its own port, in AffinityOf; without
+// affinity none does.
+func TestTranslateAffinitySharedByFrontends(t *testing.T) {
+	svc := service(corev1.ServicePort{Name: "http", Port: 80, NodePort: 30080}, corev1.ServicePort{Name: "https", Port: 443, NodePort: 30443})
+	svc.Spec.Type = corev1.ServiceTypeLoadBalancer
+	svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	svc.Spec.ExternalIPs = []string{"198.18.100.1"}
+	svc.Spec.LoadBalancerSourceRanges = []string{"198.18.0.0/16"}
+	svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.18.100.2"}}
+	svc.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+	sl := slice("http", 8080, ep{"10.244.1.5", "n1", true, true, false})
+	sl.Ports = append(sl.Ports, discoveryv1.EndpointPort{Name: ptr("https"), Port: ptr(int32(8443)), Protocol: ptr(corev1.ProtocolTCP)})
+	scope := Scope{NodeName: "n1", ProxyAll: true, HostIPs: []net.IP{net.ParseIP("198.18.0.11").To4()}}
+	got, err := Translate(svc, []*discoveryv1.EndpointSlice{sl}, scope)
+	if err != nil {
+		t.Fatal(err)
+	}
+	perPort := map[string]int{}
+	for _, ps := range got {
+		port := strings.Join(strings.SplitN(ps.Key, "/", 5)[:4], "/")
+		perPort[port]++
+		if ps.AffinityOf != port || int32(ps.Port.AffinitySeconds) != corev1.DefaultClientIPServiceAffinitySeconds {
+			t.Errorf("%s: AffinityOf %q, AffinitySeconds %d; want %q, %d", ps.Key, ps.AffinityOf, ps.Port.AffinitySeconds, port, corev1.DefaultClientIPServiceAffinitySeconds)
+		}
+	}
+	if perPort["ns/web/http/TCP"] != 8 || perPort["ns/web/https/TCP"] != 8 {
+		t.Errorf("frontends per port %v, want 8 each", perPort)
+	}
+	svc.Spec.SessionAffinity = corev1.ServiceAffinityNone
+	got, _ = Translate(svc, []*discoveryv1.EndpointSlice{sl}, Scope{NodeName: "n1"})
+	for _, ps := range got {
+		if ps.AffinityOf != "" {
+			t.Errorf("%s without affinity: AffinityOf %q", ps.Key, ps.AffinityOf)
+		}
+	}
+}
+
 func TestIgnored(t *testing.T) {
 	skip := map[string]bool{"ns/skipped": true}
 	headless := service()

@@ -22,7 +22,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/containernetworking/plugins/pkg/ns"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -793,12 +792,7 @@ func TestMetricsScrape(t *testing.T) {
 func get(t *testing.T, netnsName, url string) string {
 	t.Helper()
 	hostPort, path, _ := strings.Cut(strings.TrimPrefix(url, "http://"), "/")
-	var conn net.Conn
-	err := ns.WithNetNSPath("/run/netns/"+netnsName, func(ns.NetNS) error {
-		var err error
-		conn, err = net.DialTimeout("tcp", hostPort, 10*time.Second)
-		return err
-	})
+	conn, err := dialIn(netnsName, hostPort, 10*time.Second)
 	if err != nil {
 		t.Fatalf("connecting to %s from %s: %v", hostPort, netnsName, err)
 	}

@@ -298,13 +298,17 @@ func TestServiceFollowsEndpoints(t *testing.T) {
 }
 
 // ClientIP session affinity: every connection of a client goes to the same
-// endpoint while the affinity lives; it expires after timeoutSeconds.
+// endpoint while the affinity lives, whichever of the Service port's
+// addresses it connects to (its ClusterIP, its externalIPs), as under
+// kube-proxy; it expires after timeoutSeconds.
 func TestServiceSessionAffinity(t *testing.T) {
 	c := shared
 	ns := "svc-affinity"
 	client := svcPods(t, c, ns, "client", 0)[0]
 	pods := svcPods(t, c, ns, "aff", 0, 1, 2)
+	externalIPs := []string{"198.18.100.31", "198.18.100.32"}
 	svc := createService(t, c, ns, "sticky", "aff", func(s *corev1.Service) {
+		s.Spec.ExternalIPs = externalIPs
 		s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
 		s.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: ptrTo(int32(3))}}
 	})
@@ -327,9 +331,16 @@ func TestServiceSessionAffinity(t *testing.T) {
 			t.Fatalf("round %d: connections spread over %v despite affinity", round, got)
 		}
 		chosen[keys(got)] = true
+		// Each externalIP has a chance in three of the same endpoint by
+		// chance: both in every round, once in 81 over two rounds.
+		for _, ip := range externalIPs {
+			if at := replies(t, c, client, ip, 80, corev1.ProtocolTCP, 4); keys(at) != keys(got) {
+				t.Fatalf("round %d: the externalIP %s answered by %v, the ClusterIP by %v: the affinity is not the Service port's", round, ip, at, got)
+			}
+		}
 		flows := ovs(t, node0, "ovs-ofctl", "dump-flows", brInt(node0), "table=41")
-		if !strings.Contains(flows, "nw_src="+client.ip) {
-			t.Fatalf("no learned affinity flow for %s:\n%s", client.ip, flows)
+		if n := strings.Count(flows, "nw_src="+client.ip); n != 1 {
+			t.Fatalf("%d learned affinity flows for %s, want one for the Service port:\n%s", n, client.ip, flows)
 		}
 		// The learned flow's idle timeout is 3 s; ovs-vswitchd expires
 		// flows on its own schedule, slower under load.

@@ -68,6 +68,39 @@ func hold(t *testing.T, c *sandbox.Cluster, from podRef, addr string) (*heldConn
 	return &heldConn{conn: conn, r: bufio.NewReader(conn)}, nil
 }
 
+// dialIn opens a TCP connection to addr (host:port) from inside the named
+// network namespace (/run/netns/<netns>); the connection is usable from
+// any goroutine once open.
+func dialIn(netns, addr string, timeout time.Duration) (net.Conn, error) {
+	var conn net.Conn
+	err := ns.WithNetNSPath("/run/netns/"+netns, func(ns.NetNS) error {
+		var err error
+		conn, err = net.DialTimeout("tcp", addr, timeout)
+		return err
+	})
+	return conn, err
+}
+
+// holdService starts a line server on port in one new Pod of namespace
+// (label app=name) and creates the Service name with the one TCP port
+// "hold" to it; mutate sets the rest (type, traffic policy). The Pod and
+// the Service are returned; the test's end stops the server.
+func holdService(t *testing.T, c *sandbox.Cluster, namespace, name string, port int32, mutate func(*corev1.Service)) (podRef, *corev1.Service) {
+	t.Helper()
+	pod := svcPods(t, c, namespace, name, 1)[0]
+	l, err := c.ListenIn(pod.ns, pod.name, fmt.Sprintf(":%d", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go lineServer(l, pod.name)
+	svc := createService(t, c, namespace, name, name, func(s *corev1.Service) {
+		mutate(s)
+		s.Spec.Ports = []corev1.ServicePort{{Name: "hold", Port: port, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(port)}}
+	})
+	return pod, svc
+}
+
 // holdFromNS opens a connection to addr from the named network namespace
 // (the external host's) and waits until want answers on it; the test's
 // end closes it.
@@ -75,12 +108,7 @@ func holdFromNS(t *testing.T, netns, addr, want string) *heldConn {
 	t.Helper()
 	var held *heldConn
 	eventually(t, 20*time.Second, "a connection to "+addr, func() error {
-		var conn net.Conn
-		err := ns.WithNetNSPath("/run/netns/"+netns, func(ns.NetNS) error {
-			var err error
-			conn, err = net.DialTimeout("tcp", addr, 2*time.Second)
-			return err
-		})
+		conn, err := dialIn(netns, addr, 2*time.Second)
 		if err != nil {
 			return err
 		}
@@ -107,17 +135,9 @@ func TestServiceLocalVIPKeepsConnectionsAcrossRestart(t *testing.T) {
 	c := shared
 	namespace := "svc-localvip-restart"
 	const port, lbIP = 9000, "198.18.100.23"
-	pod := svcPods(t, c, namespace, "lvr", 1)[0]
-	l, err := c.ListenIn(pod.ns, pod.name, fmt.Sprintf(":%d", port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	go lineServer(l, pod.name)
-	svc := createService(t, c, namespace, "lvr", "lvr", func(s *corev1.Service) {
+	pod, svc := holdService(t, c, namespace, "lvr", port, func(s *corev1.Service) {
 		s.Spec.Type = corev1.ServiceTypeLoadBalancer
 		s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
-		s.Spec.Ports = []corev1.ServicePort{{Name: "hold", Port: port, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(port)}}
 	})
 	ctx := testCtx(t, 2*time.Minute)
 	node := c.Nodes()[1]
@@ -300,16 +320,8 @@ func TestServiceNodePortKeepsConnectionsWithoutEndpoints(t *testing.T) {
 	c := shared
 	namespace := "svc-est-np"
 	const port = 9000
-	pod := svcPods(t, c, namespace, "estnp", 1)[0]
-	l, err := c.ListenIn(pod.ns, pod.name, fmt.Sprintf(":%d", port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	go lineServer(l, pod.name)
-	svc := createService(t, c, namespace, "estnp", "estnp", func(s *corev1.Service) {
+	pod, svc := holdService(t, c, namespace, "estnp", port, func(s *corev1.Service) {
 		s.Spec.Type = corev1.ServiceTypeNodePort
-		s.Spec.Ports = []corev1.ServicePort{{Name: "hold", Port: port, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(port)}}
 	})
 	node := c.Nodes()[0]
 	addr := net.JoinHostPort(node.IP, fmt.Sprint(svc.Spec.Ports[0].NodePort))

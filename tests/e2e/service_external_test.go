@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
 
+	"github.com/seine-net/seine/datapath/pipeline"
 	"github.com/seine-net/seine/node/config"
 	"github.com/seine-net/seine/tests/sandbox"
 	"github.com/seine-net/seine/tests/sandbox/echo"
@@ -181,6 +182,69 @@ func TestServiceExternalTrafficPolicyLocal(t *testing.T) {
 	})
 }
 
+// servedLocally probes TCP port 80 of ip from the network namespace extNS
+// (whose address is extIP) and wants every answer from the Pod local, with
+// the client's address kept: the shape of externalTrafficPolicy Local.
+func servedLocally(t *testing.T, c *sandbox.Cluster, extNS, extIP, ip, local string) func() error {
+	return func() error {
+		got, r := probeFromNS(t, c, extNS, ip, 80, corev1.ProtocolTCP, 6)
+		if keys(got) != local {
+			return fmt.Errorf("answered by %v, want only the local %s", got, local)
+		}
+		if !strings.HasPrefix(r.Client, extIP+":") {
+			return fmt.Errorf("server saw client %s, want %s", r.Client, extIP)
+		}
+		return nil
+	}
+}
+
+// ClientIP affinity is the Service port's across its frontends: a client
+// outside the cluster keeps its endpoint whether it connects to the
+// Service's externalIP or to its NodePort on the same Node, as under
+// kube-proxy (before, each frontend remembered clients on its own).
+func TestServiceSessionAffinityAcrossFrontends(t *testing.T) {
+	c := shared
+	ns := "svc-affinity-ext"
+	pods := svcPods(t, c, ns, "affx", 0, 1, 2)
+	const extIPAddr = "198.18.100.33"
+	svc := createService(t, c, ns, "sticky", "affx", func(s *corev1.Service) {
+		s.Spec.Type = corev1.ServiceTypeNodePort
+		s.Spec.ExternalIPs = []string{extIPAddr}
+		s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+		s.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: ptrTo(int32(600))}}
+	})
+	node := c.Nodes()[0]
+	undo, err := c.RouteToNode(testCtx(t, 30*time.Second), extIPAddr+"/32", node.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(undo)
+	extNS, extIP := c.ExternalHost()
+	np := nodePortOf(t, svc, "http")
+	eventually(t, 20*time.Second, "the Service through "+node.Name, func() error {
+		if got, _ := probeFromNS(t, c, extNS, extIPAddr, 80, corev1.ProtocolTCP, 1); len(got) != 1 || strings.HasPrefix(keys(got), "!") {
+			return fmt.Errorf("answered by %v", got)
+		}
+		return nil
+	})
+	// Each round the NodePort picks the externalIP's endpoint by chance
+	// once in three: three rounds, once in 27.
+	for round := 0; round < 3; round++ {
+		got, _ := probeFromNS(t, c, extNS, extIPAddr, 80, corev1.ProtocolTCP, 4)
+		if len(got) != 1 || strings.HasPrefix(keys(got), "!") {
+			t.Fatalf("round %d: the externalIP answered by %v, want one of %s", round, got, names(pods))
+		}
+		if at, _ := probeFromNS(t, c, extNS, node.IP, np, corev1.ProtocolTCP, 4); keys(at) != keys(got) {
+			t.Fatalf("round %d: the NodePort answered by %v, the externalIP by %v: the affinity is not the Service port's", round, at, got)
+		}
+		// Forget the client (its learned flow, then the datapath flows
+		// cached from it) so that the next round chooses afresh.
+		ovs(t, node, "ovs-ofctl", "del-flows", brInt(node), fmt.Sprintf("table=%d,ip,nw_src=%s", pipeline.SessionAffinity, extIP))
+		ovs(t, node, "ovs-appctl", "revalidator/wait")
+		ovs(t, node, "ovs-appctl", "revalidator/wait")
+	}
+}
+
 // externalIPs and LoadBalancer ingress IPs, routed by the underlay router
 // to one Node, reach the Service from the external host; a LoadBalancer
 // Service with externalTrafficPolicy Local keeps the client address.
@@ -215,16 +279,7 @@ func TestServiceExternalIPsAndLoadBalancer(t *testing.T) {
 		}
 		return nil
 	})
-	eventually(t, 20*time.Second, "LoadBalancer IP through "+nodes[2].Name, func() error {
-		got, r := probeFromNS(t, c, extNS, lbIP, 80, corev1.ProtocolTCP, 6)
-		if keys(got) != pods[1].name {
-			return fmt.Errorf("answered by %v, want only the local %s", got, pods[1].name)
-		}
-		if !strings.HasPrefix(r.Client, extIP+":") {
-			return fmt.Errorf("server saw client %s, want %s", r.Client, extIP)
-		}
-		return nil
-	})
+	eventually(t, 20*time.Second, "LoadBalancer IP through "+nodes[2].Name, servedLocally(t, c, extNS, extIP, lbIP, pods[1].name))
 	// The health check node port tells a load balancer which Nodes have a
 	// local endpoint: 200 on the Nodes of the two endpoints, 503 elsewhere.
 	lbNow, err := c.Client().CoreV1().Services(ns).Get(ctx, lb.Name, metav1.GetOptions{})
@@ -340,16 +395,7 @@ func TestServiceLocalVIP(t *testing.T) {
 	}
 	eventually(t, 20*time.Second, "local externalIP, TCP", servedByAll(corev1.ProtocolTCP, 80))
 	eventually(t, 20*time.Second, "local externalIP, UDP", servedByAll(corev1.ProtocolUDP, 53))
-	eventually(t, 20*time.Second, "local LoadBalancer IP", func() error {
-		got, r := probeFromNS(t, c, extNS, lbIP, 80, corev1.ProtocolTCP, 6)
-		if keys(got) != pods[1].name {
-			return fmt.Errorf("answered by %v, want only the local %s", got, pods[1].name)
-		}
-		if !strings.HasPrefix(r.Client, extIP+":") {
-			return fmt.Errorf("server saw client %s, want %s", r.Client, extIP)
-		}
-		return nil
-	})
+	eventually(t, 20*time.Second, "local LoadBalancer IP", servedLocally(t, c, extNS, extIP, lbIP, pods[1].name))
 	eventually(t, 20*time.Second, "the Node to its own externalIP", func() error {
 		got, _ := probeFromNS(t, c, node.NetNS, extIPAddr, 80, corev1.ProtocolTCP, 4)
 		for k := range got {
