@@ -174,10 +174,11 @@ type ServicePort struct {
 	// after a client's last new connection.
 	AffinitySeconds uint16
 	// AffinityID is the ID under which the port's clients are remembered
-	// (ClientIP affinity): that of another frontend of the same Service
-	// port, so that a client keeps its endpoint whichever of the port's
-	// addresses it connects to, as kube-proxy keeps it per Service port.
-	// 0 means ID. The learned flows carry that ID's cookie.
+	// (ClientIP affinity): one ID for all the frontends of a Service port
+	// (its internal frontend's), so that a client keeps its endpoint
+	// whichever of the port's addresses it connects to, as kube-proxy
+	// keeps it per Service port. 0 means ID. The learned flows carry that
+	// ID's cookie.
 	AffinityID uint32
 	// External makes this an external frontend: it only matches packets
 	// from the gateway, takes precedence over a frontend without External
@@ -422,7 +423,7 @@ func ServicePortFlows(b Bridge, sp ServicePort) ([]of.Flow, []of.GroupEntry, err
 		return fs, nil, nil
 	}
 	// Fallback to the group: no endpoint chosen yet, or a learned one
-	// that is gone.
+	// that is gone or that this frontend does not balance to.
 	fs = append(fs, of.Flow{Table: uint8(EndpointDNAT), Priority: PrioLow, Cookie: ck,
 		Match:   of.Match{EthType: EthTypeIPv4, Regs: []of.RegMatch{ServicePortID.Match(sp.ID)}},
 		Actions: []of.Action{of.Group{ID: sp.ID}}})
@@ -562,7 +563,8 @@ func affinityID(sp ServicePort) uint32 {
 // port (ClusterIP, externalIPs, NodePort, LoadBalancer IPs) shares it. An
 // endpoint it names that a frontend does not balance to (an
 // externalTrafficPolicy Local frontend and a remote endpoint) has no
-// EndpointDNAT flow there, and that frontend's group chooses instead.
+// EndpointDNAT flow there, and that frontend's group chooses instead; the
+// endpoint so chosen is then learned in its place, for the whole port.
 func affinityLearn(b Bridge, sp ServicePort) of.Learn {
 	ep, key := EndpointIP, AffinityKey
 	return of.Learn{Table: uint8(SessionAffinity), Priority: PrioNormal, HardTimeout: sp.AffinitySeconds,

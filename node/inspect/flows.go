@@ -87,7 +87,7 @@ func (f flowFilter) match(fl of.Flow, owners []string) bool {
 
 // serviceFlow reports whether fl belongs to one of the frontends ids: by
 // its owner, or by its cookie (the learned affinity flows, which only OVS
-// has, carry their frontend's).
+// has, carry that of their Service port's internal frontend, one of ids).
 func serviceFlow(fl of.Flow, owners []string, ids map[uint32]bool) bool {
 	for id := range ids {
 		if slices.Contains(owners, pipeline.ServiceOwner(id)) {

@@ -610,10 +610,20 @@ func (p *Proxier) applyLocked(ctx context.Context, key string, want []PortState)
 			errs = append(errs, fmt.Errorf("port %s: %w", ps.Key, err))
 		}
 	}
-	for k, pi := range have {
-		if keep[k] {
-			continue
+	// Frontends to remove in reverse key order: a Service port's internal
+	// frontend (its key a prefix of the others') goes last, so that no
+	// frontend of the port still learns affinity flows under its ID
+	// (cookie) once they have been deleted with it.
+	var gone []string
+	for k := range have {
+		if !keep[k] {
+			gone = append(gone, k)
 		}
+	}
+	slices.Sort(gone)
+	slices.Reverse(gone)
+	for _, k := range gone {
+		pi := have[k]
 		if err := p.removePort(ctx, pi); err != nil {
 			errs = append(errs, fmt.Errorf("removing port %s: %w", k, err))
 			continue
@@ -798,7 +808,8 @@ func (p *Proxier) removePort(ctx context.Context, pi *portInstall) error {
 		return err
 	}
 	p.setPortLocked(pi, pipeline.ServicePort{}, nil)
-	// Learned affinity flows carry the port's cookie.
+	// The affinity flows learned under this frontend's ID (a Service
+	// port's internal frontend: see affinityID) carry its cookie.
 	ck := pipeline.Cookie(p.cfg.Bridge.Round, pipeline.CategoryService, uint64(pi.id))
 	if err := p.sw.DeleteMatching(ctx, ck, ^uint64(0)); err != nil {
 		return fmt.Errorf("deleting learned flows: %w", err)

@@ -298,4 +298,16 @@ func TestFrontendsShareAffinityID(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("ns/s2")
+	// A flow learned under the port's ID (as OVS adds it) goes with the
+	// Service, whichever frontend learned it.
+	id := p.installed["ns/s2"]["ns/s2/http/TCP"].id
+	ck := pipeline.Cookie(p.cfg.Bridge.Round, pipeline.CategoryService, uint64(id))
+	o.Run("ovs-ofctl", "-O", "OpenFlow13", "add-flow", sock,
+		fmt.Sprintf("table=%d,cookie=%#x,priority=%d,ip,nw_src=198.19.0.10,reg12=%d,actions=load:0x0af40205->NXM_NX_REG6[]", pipeline.SessionAffinity, ck, pipeline.PrioNormal, id))
+	if err := p.apply(ctx, "ns/s2", nil); err != nil {
+		t.Fatal(err)
+	}
+	if left := o.Run("ovs-ofctl", "-O", "OpenFlow13", "--no-stats", "dump-flows", sock, fmt.Sprintf("cookie=%#x/-1", ck)); strings.Contains(left, "cookie=") {
+		t.Errorf("flows of the removed Service port left:\n%s", left)
+	}
 }
