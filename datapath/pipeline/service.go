@@ -300,6 +300,48 @@ func ServiceBaseFlows(b Bridge) []of.Flow {
 	return fs
 }
 
+// FrontendKind is what a Service port's ServiceLB flows match beside its
+// VIPs and port, which sets their priorities: several frontends may share
+// a VIP and port, one of each kind.
+type FrontendKind uint8
+
+const (
+	// FrontendInternal: packets from Pods (and, from the gateway, the
+	// host's own), at PrioNormal (±1: the reject from the gateway, the
+	// drop of sources outside SourceRanges).
+	FrontendInternal FrontendKind = iota
+	// FrontendExternal (External): packets the host handed over through
+	// the gateway, at PrioHigh (PrioHigh-1: the drop of sources outside
+	// SourceRanges).
+	FrontendExternal
+	// FrontendSourced (External with Sources): those of them from the
+	// listed sources, at PrioHigh+2.
+	FrontendSourced
+)
+
+// Kind returns sp's frontend kind.
+func (sp ServicePort) Kind() FrontendKind {
+	switch {
+	case sp.External && len(sp.Sources) > 0:
+		return FrontendSourced
+	case sp.External:
+		return FrontendExternal
+	}
+	return FrontendInternal
+}
+
+// FrontendKindOf returns the kind of the frontend a ServiceLB flow of
+// priority prio belongs to (see FrontendKind).
+func FrontendKindOf(prio uint16) FrontendKind {
+	switch {
+	case prio >= PrioHigh+2:
+		return FrontendSourced
+	case prio >= PrioHigh-1:
+		return FrontendExternal
+	}
+	return FrontendInternal
+}
+
 // ServiceOwner is the flowsync owner name of a Service port's flows.
 func ServiceOwner(id uint32) string { return fmt.Sprintf("svc/%d", id) }
 
@@ -336,6 +378,7 @@ func ServicePortFlows(b Bridge, sp ServicePort) ([]of.Flow, []of.GroupEntry, err
 		lbActs = toHostForReject(b, sp.External)
 	case ServiceDrop:
 	}
+	// The priorities of the kinds: FrontendKindOf reads them back.
 	lbPrio := PrioNormal
 	var lbRegs []of.RegMatch
 	if sp.External {
@@ -344,7 +387,7 @@ func ServicePortFlows(b Bridge, sp ServicePort) ([]of.Flow, []of.GroupEntry, err
 	sources := []*net.IPNet{nil}
 	ranged := false // sources are SourceRanges: the others are dropped
 	switch {
-	case sp.External && len(sp.Sources) > 0:
+	case sp.Kind() == FrontendSourced:
 		sources = sources[:0]
 		for _, src := range sp.Sources {
 			if src.IP.To4() != nil {

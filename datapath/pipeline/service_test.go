@@ -230,3 +230,51 @@ func TestServiceSourceRanges(t *testing.T) {
 		}
 	}
 }
+
+// Every ServiceLB flow that names a VIP and port tells its frontend's kind
+// by its priority (FrontendKindOf), whatever the frontend's action and
+// source limits: the proxy reads IDs back from them after a restart.
+func TestFrontendKindOfServiceLBFlows(t *testing.T) {
+	br := pipeline.Bridge{Round: 1, GatewayPort: 2, GatewayMAC: mustMAC("0a:00:00:00:00:01")}
+	eps := []pipeline.ServiceEndpoint{{IP: net.ParseIP("10.244.1.5"), Port: 8080}}
+	ranges := []*net.IPNet{mustCIDR("198.18.0.0/16")}
+	sources := []*net.IPNet{mustCIDR("198.18.0.11/32")}
+	var ports []pipeline.ServicePort
+	for _, action := range []pipeline.ServiceAction{pipeline.ServiceBalance, pipeline.ServiceReject, pipeline.ServiceDrop} {
+		for _, ext := range []bool{false, true} {
+			for _, limit := range []string{"", "ranges", "sources"} {
+				sp := pipeline.ServicePort{ID: uint32(len(ports) + 1), VIPs: []net.IP{net.ParseIP("198.18.100.2")}, Protocol: 17, Port: 53,
+					FragmentVIPs: []net.IP{net.ParseIP("198.18.100.2")}, Action: action, External: ext}
+				if action == pipeline.ServiceBalance {
+					sp.Endpoints = eps
+				}
+				switch limit {
+				case "ranges":
+					sp.SourceRanges = ranges
+				case "sources":
+					sp.Sources = sources
+				}
+				ports = append(ports, sp)
+			}
+		}
+	}
+	for _, sp := range ports {
+		fs, _, err := pipeline.ServicePortFlows(br, sp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, f := range fs {
+			if f.Table != uint8(pipeline.ServiceLB) || f.Match.L4Dst == nil {
+				continue
+			}
+			n++
+			if got := pipeline.FrontendKindOf(f.Priority); got != sp.Kind() {
+				t.Errorf("%+v: flow at priority %d reads as kind %d, want %d", sp, f.Priority, got, sp.Kind())
+			}
+		}
+		if n == 0 {
+			t.Errorf("%+v: no ServiceLB flow with a port", sp)
+		}
+	}
+}

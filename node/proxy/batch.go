@@ -114,7 +114,7 @@ func (p *Proxier) planService(key string, want []PortState) (plans []*portPlan, 
 	// another's (AffinityOf).
 	for _, ps := range want {
 		if have[ps.Key] == nil {
-			id, err := p.ids.get(ps.Key, p.prior[frontendKey(ps.Port.VIPs[0], ps.Port.Protocol, ps.Port.Port, ps.Port.External)])
+			id, err := p.ids.get(ps.Key, p.prior[frontendKeyOf(ps.Port)])
 			if err != nil {
 				return nil, false
 			}

@@ -593,7 +593,7 @@ func (p *Proxier) applyLocked(ctx context.Context, key string, want []PortState)
 	for _, ps := range want {
 		keep[ps.Key] = true
 		if have[ps.Key] == nil {
-			id, err := p.ids.get(ps.Key, p.prior[frontendKey(ps.Port.VIPs[0], ps.Port.Protocol, ps.Port.Port, ps.Port.External)])
+			id, err := p.ids.get(ps.Key, p.prior[frontendKeyOf(ps.Port)])
 			if err != nil {
 				errs = append(errs, err)
 				continue
@@ -831,8 +831,13 @@ func (p *Proxier) removePort(ctx context.Context, pi *portInstall) error {
 
 // frontendKey identifies a frontend by its first VIP, protocol, port and
 // kind, as its ServiceLB flows show it.
-func frontendKey(vip net.IP, proto uint8, port uint16, external bool) string {
-	return fmt.Sprintf("%s/%d/%d/%v", vip, proto, port, external)
+func frontendKey(vip net.IP, proto uint8, port uint16, kind pipeline.FrontendKind) string {
+	return fmt.Sprintf("%s/%d/%d/%d", vip, proto, port, kind)
+}
+
+// frontendKeyOf is sp's frontendKey.
+func frontendKeyOf(sp pipeline.ServicePort) string {
+	return frontendKey(sp.VIPs[0], sp.Protocol, sp.Port, sp.Kind())
 }
 
 // readPriorIDs learns the port IDs of the frontends an earlier run
@@ -849,7 +854,7 @@ func (p *Proxier) readPriorIDs(ctx context.Context) error {
 		if id == 0 || id > pipeline.MaxServicePortID || f.Match.IPDst == nil || f.Match.L4Dst == nil {
 			continue
 		}
-		prior[frontendKey(f.Match.IPDst.IP, f.Match.IPProto, f.Match.L4Dst.Port, f.Priority >= pipeline.PrioHigh)] = id
+		prior[frontendKey(f.Match.IPDst.IP, f.Match.IPProto, f.Match.L4Dst.Port, pipeline.FrontendKindOf(f.Priority))] = id
 	}
 	p.mu.Lock()
 	p.prior = prior

@@ -311,3 +311,58 @@ func TestFrontendsShareAffinityID(t *testing.T) {
 		t.Errorf("flows of the removed Service port left:\n%s", left)
 	}
 }
+
+// Frontends sharing a VIP and port (a NodePort's external frontend and
+// its "/node" twin for the Node's own connections; a LoadBalancer IP's
+// source-ranged frontends for Pods and from the gateway) each get their
+// own ID back after a restart, whatever order they come in.
+func TestRestartKeepsIDsOfFrontendsSharingAVIP(t *testing.T) {
+	_, sock := startOVS(t)
+	p := dialProxier(t, sock)
+	ctx := context.Background()
+	ranges := []*net.IPNet{{IP: net.IPv4(198, 18, 0, 0), Mask: net.CIDRMask(16, 32)}}
+	want := func(i int) []PortState {
+		in := benchPort(i, 0)[0]
+		np := in
+		np.Key = in.Key + "/nodeport"
+		np.Port.VIPs, np.Port.Port, np.Port.External = []net.IP{pipeline.NodePortVIP}, uint16(30000+i), true
+		twin := np
+		twin.Key = np.Key + "/node"
+		twin.Port.Sources = []*net.IPNet{{IP: net.IPv4(198, 18, 0, 11), Mask: net.CIDRMask(32, 32)}}
+		lbPods := in
+		lbPods.Key = in.Key + "/loadbalancer-pods"
+		lbPods.Port.VIPs, lbPods.Port.SourceRanges = []net.IP{net.IPv4(198, 18, 100, byte(i))}, ranges
+		lb := lbPods
+		lb.Key = in.Key + "/loadbalancer"
+		lb.Port.External = true
+		return []PortState{in, np, twin, lbPods, lb}
+	}
+	ids := map[string]uint32{}
+	for i := 1; i <= 2; i++ {
+		if err := p.apply(ctx, fmt.Sprintf("ns/s%d", i), want(i)); err != nil {
+			t.Fatal(err)
+		}
+		for k, pi := range p.installed[fmt.Sprintf("ns/s%d", i)] {
+			ids[k] = pi.id
+		}
+	}
+	q := dialProxier(t, sock)
+	if err := q.readPriorIDs(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// One Service's frontends in order, the other's reversed.
+	for i := 1; i <= 2; i++ {
+		w := want(i)
+		if i == 2 {
+			slices.Reverse(w)
+		}
+		if err := q.apply(ctx, fmt.Sprintf("ns/s%d", i), w); err != nil {
+			t.Fatal(err)
+		}
+		for k, pi := range q.installed[fmt.Sprintf("ns/s%d", i)] {
+			if pi.id != ids[k] {
+				t.Errorf("%s got port ID %d after the restart, had %d", k, pi.id, ids[k])
+			}
+		}
+	}
+}
