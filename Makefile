@@ -189,10 +189,12 @@ e2e-test: deps control-plane node-tools build image
 ## test: everything, with real OVS, namespaces, a real control plane and real kubelets.
 test: lint unit-test e2e-test
 
-## bench: benchmarks (docs/benchmarks.md records the figures).
-bench: deps control-plane build
+## bench: benchmarks (docs/benchmarks.md records the figures), the real-Node ones
+## (tests/e2e/realnodes) on their package's two kubelets.
+bench: deps control-plane node-tools build image
 	@tests/bench/antrea/build.sh >/dev/null || echo "Antrea's controller test binary not built: BenchmarkSideBySide reports Seine alone"
 	$(GO) test -p 1 -run '^$$' -bench . -benchtime 1x -timeout 4h ./tests/bench/... ./datapath/... ./ipam/... ./policy/... ./node/proxy/... ./node/podnet/...
+	$(GO) test -p 1 -run '^$$' -bench . -benchtime 1x -timeout 30m ./tests/e2e/realnodes/...
 
 ## sandbox: a 3-Node cluster with demo Pods, left running.
 sandbox: deps control-plane build

@@ -7,10 +7,13 @@
 // Write order: a change that finds the controller idle is written at once;
 // while it is busy, a created or updated object is written after a short
 // coalescing delay (Config.WriteDelay, so a burst of Pod changes becomes one
-// write per object); an object that is no longer desired is deleted only
-// after Config.DeleteDelay more, so a policy's new AddressGroups and
+// write per object); a group (AddressGroup, AppliedToGroup) or
+// PodRealization that is no longer desired is deleted only after
+// Config.DeleteDelay more, so a policy's new AddressGroups and
 // AppliedToGroups exist before, and old ones vanish after, the policy object
-// that references them is updated in the common case. This is best effort,
+// that references them is updated in the common case. A policy object no
+// longer desired is deleted without that delay: nothing refers to it, and
+// its deletion revokes access. This is best effort,
 // not a guarantee: agents must treat a referenced group that is not (yet)
 // stored as empty. A Pod's CNI ADD does not depend on the order: it waits
 // until the agent's own digest of what it has received matches the
@@ -71,8 +74,9 @@ type Config struct {
 	// controller is busy (a change that finds it idle is written at once);
 	// default 30 ms.
 	WriteDelay time.Duration
-	// DeleteDelay is how much longer than WriteDelay a deletion waits;
-	// default 200 ms.
+	// DeleteDelay is how much longer than WriteDelay the deletion of a
+	// group or PodRealization waits (not a NetworkPolicy's); default
+	// 200 ms.
 	DeleteDelay time.Duration
 	// Workers is the number of concurrent writers; default 8.
 	Workers int

@@ -493,8 +493,15 @@ func latest[T metav1.Object](l *leading, k compute.Key, cached T, found bool) (T
 }
 
 // deleteDue reports whether an undesired object may be deleted now; if
-// not, it schedules k for when it may.
+// not, it schedules k for when it may. A NetworkPolicy object is deleted at
+// once: no other object refers to it, and its deletion is what revokes the
+// access it granted (a Kubernetes NetworkPolicy deleted, or left with no
+// Pod to apply to), which must not wait. The groups wait DeleteDelay, so
+// that the policies still naming them are updated first.
 func (l *leading) deleteDue(k compute.Key) bool {
+	if k.Kind == compute.KindNetworkPolicy {
+		return true
+	}
 	now := time.Now()
 	l.smu.Lock()
 	at, ok := l.deleteAt[k]

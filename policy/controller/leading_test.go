@@ -48,3 +48,28 @@ func TestApplySchedules(t *testing.T) {
 		t.Errorf("a change while busy: %d keys ready for the workers, want the %d of the first change (the rest wait for WriteDelay)", got, idleKeys)
 	}
 }
+
+// TestDeleteDue: an undesired NetworkPolicy object may be deleted at once
+// (its deletion revokes access); a group waits DeleteDelay (here an hour)
+// and is scheduled for then.
+func TestDeleteDue(t *testing.T) {
+	c := &Controller{cfg: Config{DeleteDelay: time.Hour}}
+	l := &leading{c: c, queue: workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[compute.Key]()),
+		scheduled: map[compute.Key]struct{}{}, deleteAt: map[compute.Key]time.Time{}}
+	defer l.queue.ShutDown()
+	if !l.deleteDue(compute.Key{Kind: compute.KindNetworkPolicy, Name: "np-1"}) {
+		t.Error("a NetworkPolicy object waits for DeleteDelay")
+	}
+	for _, kind := range []compute.Kind{compute.KindAddressGroup, compute.KindAppliedToGroup, compute.KindPodRealization} {
+		k := compute.Key{Kind: kind, Name: "x"}
+		if l.deleteDue(k) {
+			t.Errorf("%s deleted without waiting for DeleteDelay", kind)
+		}
+		if _, ok := l.scheduled[k]; !ok {
+			t.Errorf("%s not scheduled for its deletion", kind)
+		}
+	}
+	if l.depth() != 3 || l.queue.Len() != 0 {
+		t.Errorf("%d keys scheduled, %d ready; want the 3 groups scheduled an hour out", l.depth(), l.queue.Len())
+	}
+}

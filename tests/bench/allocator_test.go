@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/seine-net/seine/tests/bench/stats"
 	"github.com/seine-net/seine/tests/sandbox"
 )
 
@@ -88,10 +89,10 @@ func BenchmarkOVSAllocator(b *testing.B) {
 			portAdd[a] = append(portAdd[a], portAddMillis(b, nodes[0], alPortAdds)...)
 		})
 		for _, a := range allocators {
-			b.ReportMetric(median(portAdd[a]), "port-add-"+a+"-ms")
+			b.ReportMetric(stats.Median(portAdd[a]), "port-add-"+a+"-ms")
 		}
 		for _, a := range allocators[1:] {
-			b.ReportMetric(median(portAdd[a])/median(portAdd["libc"]), "port-add-"+a+"/libc")
+			b.ReportMetric(stats.Median(portAdd[a])/stats.Median(portAdd["libc"]), "port-add-"+a+"/libc")
 		}
 	}
 }

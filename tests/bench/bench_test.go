@@ -5,12 +5,10 @@
 package bench
 
 import (
-	"cmp"
 	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"testing"
 	"time"
 
@@ -61,33 +59,4 @@ func netns(b *testing.B, name string) string {
 	}
 	b.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
 	return "/run/netns/" + name
-}
-
-// quantile returns the p-quantile of v (0 ≤ p ≤ 1) by nearest rank: the
-// value at index round(p·(n−1)) of v sorted, so 0.5 of an even count is
-// the upper of the two middle values. v is left as it is; it must not be
-// empty.
-func quantile[T cmp.Ordered](v []T, p float64) T {
-	s := slices.Clone(v)
-	slices.Sort(s)
-	return s[int(p*float64(len(s)-1)+0.5)]
-}
-
-// median is quantile(v, 0.5).
-func median[T cmp.Ordered](v []T) T { return quantile(v, 0.5) }
-
-// TestQuantile: nearest rank over the sorted values, the input untouched.
-func TestQuantile(t *testing.T) {
-	v := []float64{9, 1, 7, 3, 5, 8, 2, 6, 4, 10}
-	for _, tc := range []struct{ p, want float64 }{{0, 1}, {0.25, 3}, {0.5, 6}, {0.75, 8}, {0.99, 10}, {1, 10}} {
-		if got := quantile(v, tc.p); got != tc.want {
-			t.Errorf("quantile(%v) = %v; want %v", tc.p, got, tc.want)
-		}
-	}
-	if got := median([]time.Duration{3, 1, 2}); got != 2 {
-		t.Errorf("median of 3, 1, 2 = %v; want 2", got)
-	}
-	if v[0] != 9 {
-		t.Errorf("quantile sorted its input: %v", v)
-	}
 }

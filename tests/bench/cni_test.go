@@ -36,6 +36,7 @@ import (
 	"github.com/seine-net/seine/node/podnet"
 	"github.com/seine-net/seine/policy/apis/controlplane/v1alpha1"
 	"github.com/seine-net/seine/policy/client/clientset/versioned"
+	"github.com/seine-net/seine/tests/bench/stats"
 	"github.com/seine-net/seine/tests/sandbox"
 )
 
@@ -249,8 +250,8 @@ func (m *cniMeter) result(label string) *levelResult {
 // testing package prints them sorted by name).
 func (m *cniMeter) report(b *testing.B) {
 	for label, r := range m.results {
-		b.ReportMetric(ms(quantile(r.lat, 0.5)), label+"-p50-ms")
-		b.ReportMetric(ms(quantile(r.lat, 0.99)), label+"-p99-ms")
+		b.ReportMetric(ms(stats.Quantile(r.lat, 0.5)), label+"-p50-ms")
+		b.ReportMetric(ms(stats.Quantile(r.lat, 0.99)), label+"-p99-ms")
 		b.ReportMetric(float64(len(r.lat))/r.wall.Seconds(), label+"-adds/s")
 		for step, d := range r.steps {
 			if d.count > 0 {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/seine-net/seine/tests/bench/stats"
 	"github.com/seine-net/seine/tests/sandbox"
 )
 
@@ -117,9 +118,9 @@ func BenchmarkConnectionRate(b *testing.B) {
 			for _, r := range runs[p.name] {
 				cps, p50 = append(cps, r.ConnsPerSecond), append(p50, r.P50)
 			}
-			rate[p.name] = median(cps)
-			b.ReportMetric(median(cps), p.name+"-conns/s")
-			b.ReportMetric(median(p50), p.name+"-p50-us")
+			rate[p.name] = stats.Median(cps)
+			b.ReportMetric(stats.Median(cps), p.name+"-conns/s")
+			b.ReportMetric(stats.Median(p50), p.name+"-p50-us")
 			if p.node != nil {
 				b.ReportMetric(float64(megaflows[p.name]), p.name+"-megaflows")
 			}

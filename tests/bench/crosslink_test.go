@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/seine-net/seine/tests/bench/stats"
 	"github.com/seine-net/seine/tests/sandbox"
 )
 
@@ -106,16 +107,16 @@ func BenchmarkCrossNodeLink(b *testing.B) {
 		cancel()
 
 		for _, p := range paths {
-			b.ReportMetric(median(p.runs.Gbps), p.name+"-Gbps")
-			b.ReportMetric(median(p.many), p.name+"-Gbps-P"+strconv.Itoa(dpStreams))
-			b.ReportMetric(median(p.runs.P50), p.name+"-p50-us")
+			b.ReportMetric(stats.Median(p.runs.Gbps), p.name+"-Gbps")
+			b.ReportMetric(stats.Median(p.many), p.name+"-Gbps-P"+strconv.Itoa(dpStreams))
+			b.ReportMetric(stats.Median(p.runs.P50), p.name+"-p50-us")
 			b.Logf("%-22s Gbit/s %v, %d streams %v, p50 µs %v", p.name, p.runs.Gbps, dpStreams, p.many, p.runs.P50)
 		}
 		bare, direct, under := paths[0], paths[1], paths[2]
-		b.ReportMetric(median(direct.runs.Gbps)/median(bare.runs.Gbps), "cross-direct/bare2-Gbps")
-		b.ReportMetric(median(direct.many)/median(bare.many), "cross-direct/bare2-Gbps-P"+strconv.Itoa(dpStreams))
-		b.ReportMetric(median(direct.runs.P50)/median(bare.runs.P50), "cross-direct/bare2-p50")
-		b.ReportMetric(median(under.runs.Gbps)/median(bare.runs.Gbps), "cross-underlay/bare2-Gbps")
+		b.ReportMetric(stats.Median(direct.runs.Gbps)/stats.Median(bare.runs.Gbps), "cross-direct/bare2-Gbps")
+		b.ReportMetric(stats.Median(direct.many)/stats.Median(bare.many), "cross-direct/bare2-Gbps-P"+strconv.Itoa(dpStreams))
+		b.ReportMetric(stats.Median(direct.runs.P50)/stats.Median(bare.runs.P50), "cross-direct/bare2-p50")
+		b.ReportMetric(stats.Median(under.runs.Gbps)/stats.Median(bare.runs.Gbps), "cross-underlay/bare2-Gbps")
 	}
 }
 

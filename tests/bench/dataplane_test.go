@@ -21,6 +21,7 @@ import (
 
 	"github.com/seine-net/seine/datapath/rxbuf"
 	"github.com/seine-net/seine/node/info"
+	"github.com/seine-net/seine/tests/bench/stats"
 	"github.com/seine-net/seine/tests/sandbox"
 	"github.com/seine-net/seine/tests/sandbox/echo"
 )
@@ -162,23 +163,23 @@ func BenchmarkDataplane(b *testing.B) {
 		// round trips between the two paths.
 		same := rrEnds{srvNS, localNS, srvIP}
 		t := withBare(b, bareBridge{Fast: true}, same, func(a, z rrEnds) pairedTurns { return takePairedTurns(b, rr, a, z) })
-		b.ReportMetric(median(t.zGbps), "bare-fast-interleaved-Gbps")
-		b.ReportMetric(median(t.aGbps), "seine-same-interleaved-Gbps")
+		b.ReportMetric(stats.Median(t.zGbps), "bare-fast-interleaved-Gbps")
+		b.ReportMetric(stats.Median(t.aGbps), "seine-same-interleaved-Gbps")
 		b.ReportMetric(t.gbpsRatio(), "same/bare-fast-interleaved-Gbps")
-		b.ReportMetric(median(t.zP50), "bare-fast-paired-p50-us")
-		b.ReportMetric(median(t.aP50), "seine-same-paired-p50-us")
-		b.ReportMetric(median(t.p50Ratios), "same/bare-fast-paired-p50")
+		b.ReportMetric(stats.Median(t.zP50), "bare-fast-paired-p50-us")
+		b.ReportMetric(stats.Median(t.aP50), "seine-same-paired-p50-us")
+		b.ReportMetric(stats.Median(t.p50Ratios), "same/bare-fast-paired-p50")
 		b.Logf("interleaved, %d rounds: bare %v Gbit/s, Seine %v Gbit/s; paired p50 bare %v µs, Seine %v µs, ratios %v",
 			dpInterleaveRounds, t.zGbps, t.aGbps, t.zP50, t.aP50, t.p50Ratios)
 		ratios := func(a, z rrEnds) []float64 { return pairedRatios(b, rr, a, z) }
 		// The same latency against the bare bridge with as many polled
 		// ports as the server's Node: what is left is the pipeline's.
 		portsRatios := withBare(b, bareBridge{Fast: true, IdlePorts: polled - 3}, same, ratios)
-		b.ReportMetric(median(portsRatios), "same/bare-fast-ports-paired-p50")
+		b.ReportMetric(stats.Median(portsRatios), "same/bare-fast-ports-paired-p50")
 		b.Logf("paired against the bare bridge with %d polled ports, %d rounds: p50 ratios %v", polled, dpInterleaveRounds, portsRatios)
 		// And against one port fewer than the Node polls.
 		fewerRatios := withBare(b, bareBridge{Fast: true, IdlePorts: polled - 4}, same, ratios)
-		b.ReportMetric(median(fewerRatios), "same/bare-fast-ports-less-one-paired-p50")
+		b.ReportMetric(stats.Median(fewerRatios), "same/bare-fast-ports-less-one-paired-p50")
 		b.Logf("paired against the bare bridge with %d polled ports, %d rounds: p50 ratios %v", polled-1, dpInterleaveRounds, fewerRatios)
 		report("seine-svc-same", seine(localNS, vip))
 		report("seine-cross-vxlan", seine(remoteNS, srvIP))
@@ -232,11 +233,11 @@ func BenchmarkDataplane(b *testing.B) {
 			// beside it, to show how far the method itself moves.
 			b.ReportMetric(1-after.gbpsRatio(), name+"-interleaved-Gbps-cost")
 			b.ReportMetric(was.gbpsRatio(), name+"-unselected-Gbps-ratio")
-			b.ReportMetric(median(after.p50Ratios)/median(was.p50Ratios)-1, name+"-paired-p50-cost")
-			b.ReportMetric(median(was.p50Ratios), name+"-unselected-p50-ratio")
+			b.ReportMetric(stats.Median(after.p50Ratios)/stats.Median(was.p50Ratios)-1, name+"-paired-p50-cost")
+			b.ReportMetric(stats.Median(was.p50Ratios), name+"-unselected-p50-ratio")
 			b.Logf("%s, %d rounds each, selected against not selected: before the policies %.2f against %.2f Gbit/s, p50 ratios %.3f; with them %.2f against %.2f Gbit/s, p50 ratios %.3f",
-				name, dpInterleaveRounds, median(was.aGbps), median(was.zGbps), was.p50Ratios,
-				median(after.aGbps), median(after.zGbps), after.p50Ratios)
+				name, dpInterleaveRounds, stats.Median(was.aGbps), stats.Median(was.zGbps), was.p50Ratios,
+				stats.Median(after.aGbps), stats.Median(after.zGbps), after.p50Ratios)
 		}
 
 		// Geneve: OVS's userspace tunnel port (through the segmentation
@@ -312,7 +313,7 @@ func measurePath(b *testing.B, rr, serverNS, clientNS, dst string, node *sandbox
 		a, z := tcprrRun(b, rr, serverNS, clientNS, dst)
 		p50, p99 = append(p50, a), append(p99, z)
 	}
-	r.Gbps, r.GbpsMany, r.P50, r.P99 = median(one), median(many), median(p50), median(p99)
+	r.Gbps, r.GbpsMany, r.P50, r.P99 = stats.Median(one), stats.Median(many), stats.Median(p50), stats.Median(p99)
 	return r
 }
 
@@ -661,7 +662,7 @@ type pairedTurns struct {
 	p50Ratios    []float64 // a's p50 over z's, from the same seconds
 }
 
-func (t pairedTurns) gbpsRatio() float64 { return median(t.aGbps) / median(t.zGbps) }
+func (t pairedTurns) gbpsRatio() float64 { return stats.Median(t.aGbps) / stats.Median(t.zGbps) }
 
 // takePairedTurns takes dpInterleaveRounds rounds of pairedTurns.
 func takePairedTurns(b *testing.B, rr string, a, z rrEnds) pairedTurns {

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/seine-net/seine/node/config"
+	"github.com/seine-net/seine/tests/bench/stats"
 	"github.com/seine-net/seine/tests/sandbox"
 )
 
@@ -114,7 +115,7 @@ func BenchmarkModeThroughput(b *testing.B) {
 		}
 		med := map[string]float64{}
 		for k, v := range got {
-			med[k] = median(v)
+			med[k] = stats.Median(v)
 			b.Logf("%s: %.2f Gbit/s (median of %v)", k, med[k], v)
 		}
 		b.ReportMetric(med["bare-ovs"], "bare-ovs-Gbps")

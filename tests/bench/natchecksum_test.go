@@ -9,6 +9,7 @@ import (
 
 	"github.com/seine-net/seine/datapath/csumseed"
 	"github.com/seine-net/seine/node/config"
+	"github.com/seine-net/seine/tests/bench/stats"
 	"github.com/seine-net/seine/tests/sandbox"
 )
 
@@ -64,15 +65,15 @@ func BenchmarkNATChecksum(b *testing.B) {
 		}
 		cancel()
 		for _, m := range modes {
-			b.ReportMetric(median(svc[m]), "svc-cross-"+m+"-Gbps")
-			b.ReportMetric(median(pod[m]), "pod-cross-"+m+"-Gbps")
-			b.ReportMetric(median(p50[m]), "svc-cross-"+m+"-p50-us")
+			b.ReportMetric(stats.Median(svc[m]), "svc-cross-"+m+"-Gbps")
+			b.ReportMetric(stats.Median(pod[m]), "pod-cross-"+m+"-Gbps")
+			b.ReportMetric(stats.Median(p50[m]), "svc-cross-"+m+"-p50-us")
 			b.Logf("%-8s ClusterIP across Nodes %v Gbit/s, p50 %v µs; Pod IP across Nodes %v Gbit/s",
 				m, svc[m], p50[m], pod[m])
 		}
 		r, d := config.NATChecksumRewrite, config.NATChecksumDetour
-		b.ReportMetric(median(svc[r])/median(svc[d]), "svc-cross-rewrite/detour-Gbps")
-		b.ReportMetric(median(svc[r])/median(pod[r]), "svc/pod-cross-rewrite-Gbps")
+		b.ReportMetric(stats.Median(svc[r])/stats.Median(svc[d]), "svc-cross-rewrite/detour-Gbps")
+		b.ReportMetric(stats.Median(svc[r])/stats.Median(pod[r]), "svc/pod-cross-rewrite-Gbps")
 	}
 }
 

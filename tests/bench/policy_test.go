@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/seine-net/seine/node/info"
+	"github.com/seine-net/seine/tests/bench/stats"
 	"github.com/seine-net/seine/tests/sandbox"
 	"github.com/seine-net/seine/tests/sandbox/echo"
 )
@@ -103,8 +104,8 @@ func BenchmarkPolicyRealization(b *testing.B) {
 			lat = append(lat, time.Since(start))
 			_ = nps.Delete(ctx, np.Name, metav1.DeleteOptions{})
 		}
-		b.ReportMetric(float64(quantile(lat, 0.5).Microseconds())/1000, "policy-p50-ms")
-		b.ReportMetric(float64(quantile(lat, 0.99).Microseconds())/1000, "policy-p99-ms")
+		b.ReportMetric(float64(stats.Quantile(lat, 0.5).Microseconds())/1000, "policy-p50-ms")
+		b.ReportMetric(float64(stats.Quantile(lat, 0.99).Microseconds())/1000, "policy-p99-ms")
 
 		// Pod creation under a policy to Ready.
 		var podLat []time.Duration
@@ -118,7 +119,7 @@ func BenchmarkPolicyRealization(b *testing.B) {
 			podLat = append(podLat, time.Since(start))
 			_ = c.DeletePod(ctx, ns, name)
 		}
-		b.ReportMetric(float64(quantile(podLat, 0.5).Microseconds())/1000, "pod-ready-p50-ms")
-		b.ReportMetric(float64(quantile(podLat, 0.99).Microseconds())/1000, "pod-ready-p99-ms")
+		b.ReportMetric(float64(stats.Quantile(podLat, 0.5).Microseconds())/1000, "pod-ready-p50-ms")
+		b.ReportMetric(float64(stats.Quantile(podLat, 0.99).Microseconds())/1000, "pod-ready-p99-ms")
 	}
 }

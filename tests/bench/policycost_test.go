@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"github.com/seine-net/seine/tests/bench/stats"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -124,9 +125,9 @@ func BenchmarkPolicyCost(b *testing.B) {
 				b.ReportMetric(q3, m.name+"-q3")
 			}
 			for i, who := range []string{"1000np", "plain"} {
-				b.ReportMetric(median(exact[i]), who+"-"+from.path+"-exact-share")
-				b.ReportMetric(median(subtables[i]), who+"-"+from.path+"-subtables-per-megaflow-hit")
-				b.ReportMetric(median(upcalls[i]), who+"-"+from.path+"-upcalls-per-Mpass")
+				b.ReportMetric(stats.Median(exact[i]), who+"-"+from.path+"-exact-share")
+				b.ReportMetric(stats.Median(subtables[i]), who+"-"+from.path+"-subtables-per-megaflow-hit")
+				b.ReportMetric(stats.Median(upcalls[i]), who+"-"+from.path+"-upcalls-per-Mpass")
 			}
 		}
 		cancel()
@@ -198,7 +199,7 @@ func vswitchdCPU(b *testing.B, runDirs ...string) time.Duration {
 // quartiles returns the first quartile, the median and the third quartile
 // of v (nearest rank).
 func quartiles(v []float64) (q1, q2, q3 float64) {
-	return quantile(v, 0.25), quantile(v, 0.5), quantile(v, 0.75)
+	return stats.Quantile(v, 0.25), stats.Quantile(v, 0.5), stats.Quantile(v, 0.75)
 }
 
 func TestClassificationAdd(t *testing.T) {

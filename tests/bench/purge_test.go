@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/seine-net/seine/datapath/ovsctl"
+	"github.com/seine-net/seine/tests/bench/stats"
 	"github.com/seine-net/seine/tests/sandbox"
 )
 
@@ -107,7 +108,7 @@ func BenchmarkDatapathPurge(b *testing.B) {
 				}
 			}
 		}
-		b.ReportMetric(median(purgeTimes), "purge-ms")
+		b.ReportMetric(stats.Median(purgeTimes), "purge-ms")
 		cancel()
 	}
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/seine-net/seine/datapath/pipeline"
 	"github.com/seine-net/seine/node/proxy"
+	"github.com/seine-net/seine/tests/bench/stats"
 	"github.com/seine-net/seine/tests/sandbox"
 )
 
@@ -319,7 +320,7 @@ func measureKubeProxy(ctx context.Context, b *testing.B, cs kubernetes.Interface
 		lat = append(lat, ts.Sub(t0))
 	}
 	b.Logf("kube-proxy changes: %v", lat)
-	return cold, quantile(lat, 0.5), nil
+	return cold, stats.Quantile(lat, 0.5), nil
 }
 
 // changeDeadline is how long either proxy may take to program one
@@ -439,7 +440,7 @@ func measureSeine(ctx context.Context, b *testing.B, cs kubernetes.Interface, c 
 		}
 	}
 	b.Logf("seine changes: %v", lat)
-	return cold, quantile(lat, 0.5), nil
+	return cold, stats.Quantile(lat, 0.5), nil
 }
 
 // seineCovers reports whether every Service's ClusterIP appears in the
@@ -544,9 +545,9 @@ func BenchmarkServiceLatency(b *testing.B) {
 		}
 	}
 	us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1000 }
-	b.ReportMetric(us(quantile(viaVIP, 0.5)), "clusterip-p50-us")
-	b.ReportMetric(us(quantile(direct, 0.5)), "podip-p50-us")
-	b.ReportMetric(us(quantile(viaVIP, 0.99)), "clusterip-p99-us")
-	b.ReportMetric(us(quantile(direct, 0.99)), "podip-p99-us")
-	b.ReportMetric(float64(quantile(viaVIP, 0.5))/float64(quantile(direct, 0.5)), "p50-ratio")
+	b.ReportMetric(us(stats.Quantile(viaVIP, 0.5)), "clusterip-p50-us")
+	b.ReportMetric(us(stats.Quantile(direct, 0.5)), "podip-p50-us")
+	b.ReportMetric(us(stats.Quantile(viaVIP, 0.99)), "clusterip-p99-us")
+	b.ReportMetric(us(stats.Quantile(direct, 0.99)), "podip-p99-us")
+	b.ReportMetric(float64(stats.Quantile(viaVIP, 0.5))/float64(stats.Quantile(direct, 0.5)), "p50-ratio")
 }

@@ -1,6 +1,10 @@
 package bench
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/seine-net/seine/tests/bench/stats"
+)
 
 // takeTurns measures the Pods of p in each of states, taking turns: rounds
 // rounds, the order of the states rotating from one round to the next, so
@@ -38,16 +42,16 @@ func takeTurns(b *testing.B, rr string, p perfEnds, rounds int, states []string,
 	for _, pp := range paths {
 		for _, s := range states {
 			t := res[pp.name+"-"+s]
-			b.ReportMetric(median(t.P50), pp.name+"-"+s+"-p50-us")
-			b.ReportMetric(median(t.Gbps), pp.name+"-"+s+"-Gbps")
+			b.ReportMetric(stats.Median(t.P50), pp.name+"-"+s+"-p50-us")
+			b.ReportMetric(stats.Median(t.Gbps), pp.name+"-"+s+"-Gbps")
 			b.Logf("%-8s %-11s p50 µs %v, Gbit/s %v", pp.name, s, t.P50, t.Gbps)
 		}
 		for _, s := range states {
 			if s == base {
 				continue
 			}
-			b.ReportMetric(median(res[pp.name+"-"+s].P50)/median(res[pp.name+"-"+base].P50), pp.name+"-"+s+"/"+base+"-p50")
-			b.ReportMetric(median(res[pp.name+"-"+s].Gbps)/median(res[pp.name+"-"+base].Gbps), pp.name+"-"+s+"/"+base+"-Gbps")
+			b.ReportMetric(stats.Median(res[pp.name+"-"+s].P50)/stats.Median(res[pp.name+"-"+base].P50), pp.name+"-"+s+"/"+base+"-p50")
+			b.ReportMetric(stats.Median(res[pp.name+"-"+s].Gbps)/stats.Median(res[pp.name+"-"+base].Gbps), pp.name+"-"+s+"/"+base+"-Gbps")
 		}
 	}
 }

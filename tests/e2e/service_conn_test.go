@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/containernetworking/plugins/pkg/ns"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -72,13 +71,9 @@ func hold(t *testing.T, c *sandbox.Cluster, from podRef, addr string) (*heldConn
 // network namespace (/run/netns/<netns>); the connection is usable from
 // any goroutine once open.
 func dialIn(netns, addr string, timeout time.Duration) (net.Conn, error) {
-	var conn net.Conn
-	err := ns.WithNetNSPath("/run/netns/"+netns, func(ns.NetNS) error {
-		var err error
-		conn, err = net.DialTimeout("tcp", addr, timeout)
-		return err
-	})
-	return conn, err
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return sandbox.DialIn(ctx, "/run/netns/"+netns, "tcp", addr)
 }
 
 // holdService starts a line server on port in one new Pod of namespace

@@ -346,8 +346,15 @@ func (c *Cluster) DialNetFrom(ctx context.Context, namespace, pod, network, addr
 	if err != nil {
 		return nil, err
 	}
+	return DialIn(ctx, netnsPath(name), network, addr)
+}
+
+// DialIn dials addr over network (as net.Dial names them) from inside the
+// network namespace at netnsPath (a /run/netns entry, or /proc/<pid>/ns/net);
+// the connection is then used from any goroutine.
+func DialIn(ctx context.Context, netnsPath, network, addr string) (net.Conn, error) {
 	var conn net.Conn
-	err = ns.WithNetNSPath(netnsPath(name), func(ns.NetNS) error {
+	err := ns.WithNetNSPath(netnsPath, func(ns.NetNS) error {
 		var d net.Dialer
 		var err error
 		conn, err = d.DialContext(ctx, network, addr)

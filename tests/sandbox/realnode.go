@@ -15,6 +15,7 @@ import (
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/seine-net/seine/datapath/rxbuf"
@@ -557,6 +558,41 @@ func (c *Cluster) WaitSeineDaemonSet(ctx context.Context, timeout time.Duration)
 	}
 	_, err = c.waitNodes(ctx, timeout, true)
 	return err
+}
+
+// RealPodNetNS returns the path of a real Node's Pod's network namespace,
+// /proc/<pid>/ns/net of one of its containers' processes, found in the
+// kubelet's cgroups (cgroupfs driver, cgroupsPerQOS: <cgroupRoot>/kubepods/
+// [burstable|besteffort/]pod<uid>/<container>/). The runtime's own path
+// (/run/netns/cni-…) lives in the Node's mount namespace only.
+func (c *Cluster) RealPodNetNS(pod *corev1.Pod) (string, error) {
+	if !c.st.Kubelet {
+		return "", errors.New("the sandbox has no real Nodes")
+	}
+	hs, err := cgroupHierarchies()
+	if err != nil {
+		return "", err
+	}
+	if pod.Spec.NodeName == "" {
+		return "", fmt.Errorf("pod %s/%s: not scheduled", pod.Namespace, pod.Name)
+	}
+	uid := "pod" + string(pod.UID)
+	for _, h := range hs { // the kubelet may leave named hierarchies out
+		root := filepath.Join(h, pod.Spec.NodeName, "kubepods")
+		for _, pattern := range []string{filepath.Join(root, uid, "*", "cgroup.procs"), filepath.Join(root, "*", uid, "*", "cgroup.procs")} {
+			files, _ := filepath.Glob(pattern)
+			for _, f := range files {
+				b, err := os.ReadFile(f)
+				if err != nil {
+					continue
+				}
+				if pid, _, _ := strings.Cut(string(b), "\n"); pid != "" {
+					return filepath.Join("/proc", pid, "ns", "net"), nil
+				}
+			}
+		}
+	}
+	return "", fmt.Errorf("pod %s/%s: no process in its cgroups (%s/kubepods)", pod.Namespace, pod.Name, pod.Spec.NodeName)
 }
 
 // RealNodes reports whether the sandbox runs real kubelets.

@@ -28,7 +28,7 @@ import (
 const agnhost = "registry.k8s.io/e2e-test-images/agnhost:2.63.0"
 
 // createNamespace creates ns, deleted when the test ends.
-func createNamespace(t *testing.T, ns string) {
+func createNamespace(t testing.TB, ns string) {
 	t.Helper()
 	ctx := testCtx(t, time.Minute)
 	_, err := cluster.Client().CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
@@ -52,7 +52,7 @@ func createNamespace(t *testing.T, ns string) {
 // deployAgnhost creates a Deployment of replicas agnhost Pods labelled
 // labels, running args, spread over the Nodes, and returns its Pods once
 // all are Running and Ready.
-func deployAgnhost(t *testing.T, ns, name string, replicas int32, labels map[string]string, args ...string) []corev1.Pod {
+func deployAgnhost(t testing.TB, ns, name string, replicas int32, labels map[string]string, args ...string) []corev1.Pod {
 	t.Helper()
 	ctx := testCtx(t, 3*time.Minute)
 	d := &appsv1.Deployment{
@@ -82,7 +82,7 @@ func deployAgnhost(t *testing.T, ns, name string, replicas int32, labels map[str
 }
 
 // waitPods waits for n Running, Ready Pods matching labels.
-func waitPods(t *testing.T, ctx context.Context, ns string, labels map[string]string, n int) []corev1.Pod {
+func waitPods(t testing.TB, ctx context.Context, ns string, labels map[string]string, n int) []corev1.Pod {
 	t.Helper()
 	sel := metav1.FormatLabelSelector(&metav1.LabelSelector{MatchLabels: labels})
 	var pods []corev1.Pod
