@@ -12,8 +12,9 @@
 // Config.DeleteDelay more, so a policy's new AddressGroups and
 // AppliedToGroups exist before, and old ones vanish after, the policy object
 // that references them is updated in the common case. A policy object no
-// longer desired is deleted without that delay: nothing refers to it, and
-// its deletion revokes access. This is best effort,
+// longer desired (its deletion revokes access) waits only until the
+// policies and groups being or about to be written are stored, a
+// replacement's included, and at most DeleteDelay. This is best effort,
 // not a guarantee: agents must treat a referenced group that is not (yet)
 // stored as empty. A Pod's CNI ADD does not depend on the order: it waits
 // until the agent's own digest of what it has received matches the
@@ -75,8 +76,8 @@ type Config struct {
 	// default 30 ms.
 	WriteDelay time.Duration
 	// DeleteDelay is how much longer than WriteDelay the deletion of a
-	// group or PodRealization waits (not a NetworkPolicy's); default
-	// 200 ms.
+	// group or PodRealization waits, and the longest a NetworkPolicy's
+	// waits for other writes (see deleteDue); default 200 ms.
 	DeleteDelay time.Duration
 	// Workers is the number of concurrent writers; default 8.
 	Workers int

@@ -36,14 +36,19 @@ type leading struct {
 
 	queue workqueue.TypedRateLimitingInterface[compute.Key]
 
-	smu       sync.Mutex // guards scheduled, written, deleteAt
+	smu       sync.Mutex // guards scheduled, running, written, deleteAt, policyGone
 	scheduled map[compute.Key]struct{}
+	// running are the keys the workers reconcile right now.
+	running map[compute.Key]struct{}
 	// written holds the objects this term wrote until the informer shows
 	// them (or something newer), so a quick second reconcile of the same
 	// key does not work from a stale cache.
 	written map[compute.Key]metav1.Object
 	// deleteAt is when an object no longer desired may be deleted.
 	deleteAt map[compute.Key]time.Time
+	// policyGone is when each NetworkPolicy object waiting for its
+	// deletion (see deleteDue) was first found undesired.
+	policyGone map[compute.Key]time.Time
 
 	inflight    atomic.Int64
 	initialDone atomic.Bool
@@ -156,9 +161,11 @@ func (c *Controller) lead(ctx context.Context, since time.Time) error {
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[compute.Key](5*time.Millisecond, 10*time.Second),
 			workqueue.TypedRateLimitingQueueConfig[compute.Key]{Name: "policy-controller", MetricsProvider: c.cfg.QueueMetrics}),
-		scheduled: make(map[compute.Key]struct{}),
-		written:   make(map[compute.Key]metav1.Object),
-		deleteAt:  make(map[compute.Key]time.Time),
+		scheduled:  make(map[compute.Key]struct{}),
+		running:    make(map[compute.Key]struct{}),
+		written:    make(map[compute.Key]metav1.Object),
+		deleteAt:   make(map[compute.Key]time.Time),
+		policyGone: make(map[compute.Key]time.Time),
 	}
 	kf := informers.NewSharedInformerFactory(c.kube, 0)
 	cf := cpinformers.NewSharedInformerFactory(c.cp, 0)
@@ -404,8 +411,12 @@ func (l *leading) work(ctx context.Context) bool {
 	l.inflight.Add(1)
 	l.smu.Lock()
 	delete(l.scheduled, k)
+	l.running[k] = struct{}{}
 	l.smu.Unlock()
 	defer func() {
+		l.smu.Lock()
+		delete(l.running, k)
+		l.smu.Unlock()
 		l.queue.Done(k)
 		l.inflight.Add(-1)
 		l.roundDone()
@@ -492,17 +503,41 @@ func latest[T metav1.Object](l *leading, k compute.Key, cached T, found bool) (T
 	return cached, found
 }
 
+// policyDeleteRecheck is how often a NetworkPolicy object's deletion
+// looks again for writes it must let go first (see deleteDue).
+const policyDeleteRecheck = 5 * time.Millisecond
+
 // deleteDue reports whether an undesired object may be deleted now; if
-// not, it schedules k for when it may. A NetworkPolicy object is deleted at
-// once: no other object refers to it, and its deletion is what revokes the
-// access it granted (a Kubernetes NetworkPolicy deleted, or left with no
-// Pod to apply to), which must not wait. The groups wait DeleteDelay, so
-// that the policies still naming them are updated first.
+// not, it schedules k for when it may.
+//
+// A group or PodRealization waits DeleteDelay, so that the policies still
+// naming it are updated first. A NetworkPolicy object is named by nothing,
+// and its deletion is what revokes the access it granted (its Kubernetes
+// NetworkPolicy deleted, or left with no Pod to apply to), so it waits
+// only for the writes of policies and groups already under way or
+// scheduled: a policy replacing it (a rename, a new UID) and that one's
+// groups are then stored before it goes, so no Pod it isolated is left
+// unisolated in between; and never longer than DeleteDelay, so a busy
+// controller cannot hold a revocation back for good.
 func (l *leading) deleteDue(k compute.Key) bool {
-	if k.Kind == compute.KindNetworkPolicy {
-		return true
-	}
 	now := time.Now()
+	if k.Kind == compute.KindNetworkPolicy {
+		l.smu.Lock()
+		first, ok := l.policyGone[k]
+		if !ok {
+			first = now
+			l.policyGone[k] = now
+		}
+		wait := now.Before(first.Add(l.c.cfg.DeleteDelay)) && l.writesPendingLocked(k)
+		if !wait {
+			delete(l.policyGone, k)
+		}
+		l.smu.Unlock()
+		if wait {
+			l.enqueue(k, policyDeleteRecheck)
+		}
+		return !wait
+	}
 	l.smu.Lock()
 	at, ok := l.deleteAt[k]
 	if !ok {
@@ -520,10 +555,37 @@ func (l *leading) deleteDue(k compute.Key) bool {
 	return true
 }
 
+// writesPendingLocked reports whether a policy or group other than k is
+// scheduled or being reconciled and is not itself waiting to be deleted
+// (PodRealizations do not count: they decide no packet's fate). l.smu must
+// be held.
+func (l *leading) writesPendingLocked(k compute.Key) bool {
+	pending := func(o compute.Key) bool {
+		if o == k || o.Kind == compute.KindPodRealization {
+			return false
+		}
+		_, deleting := l.deleteAt[o]
+		_, gone := l.policyGone[o]
+		return !deleting && !gone
+	}
+	for o := range l.scheduled {
+		if pending(o) {
+			return true
+		}
+	}
+	for o := range l.running {
+		if pending(o) {
+			return true
+		}
+	}
+	return false
+}
+
 // keepNow cancels a pending deletion of k (it is desired again).
 func (l *leading) keepNow(k compute.Key) {
 	l.smu.Lock()
 	delete(l.deleteAt, k)
+	delete(l.policyGone, k)
 	l.smu.Unlock()
 }
 

@@ -49,27 +49,78 @@ func TestApplySchedules(t *testing.T) {
 	}
 }
 
-// TestDeleteDue: an undesired NetworkPolicy object may be deleted at once
-// (its deletion revokes access); a group waits DeleteDelay (here an hour)
-// and is scheduled for then.
+// TestDeleteDue: a group or PodRealization no longer desired waits
+// DeleteDelay (here an hour) and is scheduled for then. A NetworkPolicy
+// object goes at once, unless a policy or group is still to be written
+// (a replacement and its groups go first), but never later than
+// DeleteDelay; a PodRealization to write, another policy or a group
+// waiting to be deleted hold nothing back.
 func TestDeleteDue(t *testing.T) {
-	c := &Controller{cfg: Config{DeleteDelay: time.Hour}}
-	l := &leading{c: c, queue: workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[compute.Key]()),
-		scheduled: map[compute.Key]struct{}{}, deleteAt: map[compute.Key]time.Time{}}
-	defer l.queue.ShutDown()
-	if !l.deleteDue(compute.Key{Kind: compute.KindNetworkPolicy, Name: "np-1"}) {
-		t.Error("a NetworkPolicy object waits for DeleteDelay")
+	newLeading := func(deleteDelay time.Duration) *leading {
+		l := &leading{c: &Controller{cfg: Config{DeleteDelay: deleteDelay}},
+			queue:     workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[compute.Key]()),
+			scheduled: map[compute.Key]struct{}{}, running: map[compute.Key]struct{}{},
+			deleteAt: map[compute.Key]time.Time{}, policyGone: map[compute.Key]time.Time{}}
+		t.Cleanup(l.queue.ShutDown)
+		return l
 	}
-	for _, kind := range []compute.Kind{compute.KindAddressGroup, compute.KindAppliedToGroup, compute.KindPodRealization} {
-		k := compute.Key{Kind: kind, Name: "x"}
+	np := func(name string) compute.Key { return compute.Key{Kind: compute.KindNetworkPolicy, Name: name} }
+	l := newLeading(time.Hour)
+	groups := []compute.Key{{Kind: compute.KindAddressGroup, Name: "ag"}, {Kind: compute.KindAppliedToGroup, Name: "atg"},
+		{Kind: compute.KindPodRealization, Name: "pr"}}
+	for _, k := range groups {
 		if l.deleteDue(k) {
-			t.Errorf("%s deleted without waiting for DeleteDelay", kind)
+			t.Errorf("%s deleted without waiting for DeleteDelay", k)
 		}
 		if _, ok := l.scheduled[k]; !ok {
-			t.Errorf("%s not scheduled for its deletion", kind)
+			t.Errorf("%s not scheduled for its deletion", k)
 		}
 	}
 	if l.depth() != 3 || l.queue.Len() != 0 {
-		t.Errorf("%d keys scheduled, %d ready; want the 3 groups scheduled an hour out", l.depth(), l.queue.Len())
+		t.Errorf("%d keys scheduled, %d ready; want the 3 scheduled an hour out", l.depth(), l.queue.Len())
+	}
+	// Those three are waiting deletions, and a PodRealization write is
+	// no policy's: nothing holds the policy back.
+	l.running[compute.Key{Kind: compute.KindPodRealization, Name: "pr-2"}] = struct{}{}
+	if !l.deleteDue(np("a")) {
+		t.Error("a NetworkPolicy object waits with no policy or group to write")
+	}
+	// A replacement policy's AppliedToGroup is still to be written, then
+	// being written: the old policy waits for it.
+	atg := compute.Key{Kind: compute.KindAppliedToGroup, Name: "atg-b"}
+	l.scheduled[atg] = struct{}{}
+	if l.deleteDue(np("b")) {
+		t.Error("a NetworkPolicy object deleted before a scheduled AppliedToGroup was written")
+	}
+	delete(l.scheduled, atg)
+	l.running[atg] = struct{}{}
+	if l.deleteDue(np("b")) {
+		t.Error("a NetworkPolicy object deleted while an AppliedToGroup is being written")
+	}
+	delete(l.running, atg)
+	delete(l.scheduled, np("b")) // a worker has taken its recheck
+	if !l.deleteDue(np("b")) {
+		t.Error("a NetworkPolicy object still waits once the writes are done")
+	}
+	// Two policies going together do not wait for each other.
+	l.scheduled[np("c")] = struct{}{}
+	if l.deleteDue(np("d")) {
+		t.Error("a policy deleted while another, not yet looked at, might be a write")
+	}
+	l.scheduled[np("d")] = struct{}{}
+	delete(l.scheduled, np("c"))
+	if !l.deleteDue(np("c")) {
+		t.Error("a policy waits for another policy's deletion")
+	}
+	// A controller that never runs out of writes holds a revocation back
+	// for DeleteDelay at most.
+	l = newLeading(10 * time.Millisecond)
+	l.scheduled[compute.Key{Kind: compute.KindAddressGroup, Name: "busy"}] = struct{}{}
+	if l.deleteDue(np("e")) {
+		t.Fatal("a policy deleted with a group write pending")
+	}
+	time.Sleep(20 * time.Millisecond)
+	if !l.deleteDue(np("e")) {
+		t.Error("a policy still waits after DeleteDelay")
 	}
 }

@@ -59,6 +59,8 @@ func BenchmarkPolicySettle(b *testing.B) {
 		conn, err := sandbox.DialIn(pctx, netns, "tcp", addr)
 		var nerr net.Error
 		switch {
+		case ctx.Err() != nil:
+			return false, start, fmt.Errorf("probing %s: %w", addr, ctx.Err())
 		case err == nil:
 			conn.Close()
 			return true, start, nil
