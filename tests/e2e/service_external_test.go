@@ -245,6 +245,20 @@ func TestServiceSessionAffinityAcrossFrontends(t *testing.T) {
 	}
 }
 
+// everyProbeAnswered probes TCP port 80 of ip four times from the network
+// namespace netns and wants every probe answered, by any endpoint.
+func everyProbeAnswered(t *testing.T, c *sandbox.Cluster, netns, ip string) func() error {
+	return func() error {
+		got, _ := probeFromNS(t, c, netns, ip, 80, corev1.ProtocolTCP, 4)
+		for k := range got {
+			if strings.HasPrefix(k, "!") {
+				return fmt.Errorf("got %v, want every probe answered", got)
+			}
+		}
+		return nil
+	}
+}
+
 // externalIPs and LoadBalancer ingress IPs, routed by the underlay router
 // to one Node, reach the Service from the external host; a LoadBalancer
 // Service with externalTrafficPolicy Local keeps the client address.
@@ -396,15 +410,7 @@ func TestServiceLocalVIP(t *testing.T) {
 	eventually(t, 20*time.Second, "local externalIP, TCP", servedByAll(corev1.ProtocolTCP, 80))
 	eventually(t, 20*time.Second, "local externalIP, UDP", servedByAll(corev1.ProtocolUDP, 53))
 	eventually(t, 20*time.Second, "local LoadBalancer IP", servedLocally(t, c, extNS, extIP, lbIP, pods[1].name))
-	eventually(t, 20*time.Second, "the Node to its own externalIP", func() error {
-		got, _ := probeFromNS(t, c, node.NetNS, extIPAddr, 80, corev1.ProtocolTCP, 4)
-		for k := range got {
-			if strings.HasPrefix(k, "!") {
-				return fmt.Errorf("got %v, want every probe answered", got)
-			}
-		}
-		return nil
-	})
+	eventually(t, 20*time.Second, "the Node to its own externalIP", everyProbeAnswered(t, c, node.NetNS, extIPAddr))
 	// A Node without a local endpoint drops what comes from outside to
 	// its local LoadBalancer IP (externalTrafficPolicy Local), but its
 	// own connections there are the Node's, sent cluster-wide.
@@ -431,15 +437,8 @@ func TestServiceLocalVIP(t *testing.T) {
 		t.Fatalf("setting LoadBalancer ingress: %v", err)
 	}
 	localVIP(t, c, node, rangedIP)
-	eventually(t, 20*time.Second, "the Node to its own LoadBalancer IP, its address in the source ranges", func() error {
-		got, _ := probeFromNS(t, c, node.NetNS, rangedIP, 80, corev1.ProtocolTCP, 4)
-		for k := range got {
-			if strings.HasPrefix(k, "!") {
-				return fmt.Errorf("got %v, want every probe answered", got)
-			}
-		}
-		return nil
-	})
+	eventually(t, 20*time.Second, "the Node to its own LoadBalancer IP, its address in the source ranges",
+		everyProbeAnswered(t, c, node.NetNS, rangedIP))
 	if r := c.ProbeFrom(testCtx(t, 10*time.Second), extNS, rangedIP, 80, corev1.ProtocolTCP, time.Second); r.Outcome == echo.Connected {
 		t.Errorf("from outside the source ranges to %s: %s, want the connection refused or dropped", rangedIP, r)
 	}
