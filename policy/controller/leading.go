@@ -416,10 +416,13 @@ func (l *leading) work(ctx context.Context) bool {
 	defer func() {
 		l.smu.Lock()
 		delete(l.running, k)
+		// Postponed (a deletion waiting, see deleteDue) or failed and
+		// retried: scheduled again, and counted when it is done.
+		_, again := l.scheduled[k]
 		l.smu.Unlock()
 		l.queue.Done(k)
 		l.inflight.Add(-1)
-		l.roundDone()
+		l.roundDone(!again)
 	}()
 	r := l.kinds[k.Kind]
 	if r == nil {
@@ -589,14 +592,17 @@ func (l *leading) keepNow(k compute.Key) {
 	l.smu.Unlock()
 }
 
-// roundDone ends the current round if the controller is idle now.
-func (l *leading) roundDone() {
+// roundDone ends the current round if the controller is idle now; done
+// counts the object just worked on as reconciled.
+func (l *leading) roundDone(done bool) {
 	l.rmu.Lock()
 	defer l.rmu.Unlock()
 	if l.roundStart.IsZero() {
 		return
 	}
-	l.roundObjects++
+	if done {
+		l.roundObjects++
+	}
 	if !l.idle() {
 		return
 	}

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -122,5 +123,48 @@ func TestDeleteDue(t *testing.T) {
 	time.Sleep(20 * time.Millisecond)
 	if !l.deleteDue(np("e")) {
 		t.Error("a policy still waits after DeleteDelay")
+	}
+}
+
+// postponing is a reconciler that puts every object off once (as a
+// deletion waiting for DeleteDelay does) and then reconciles it.
+type postponing struct {
+	reconciler
+	seen map[compute.Key]bool
+}
+
+func (p *postponing) reconcile(_ context.Context, l *leading, k compute.Key, _ metav1.Object, _ bool) error {
+	if !p.seen[k] {
+		p.seen[k] = true
+		l.enqueue(k, 0)
+	}
+	return nil
+}
+
+// TestRoundCountsEachObjectOnce: an object put off and reconciled later
+// counts once in its round's Objects, when it is done.
+func TestRoundCountsEachObjectOnce(t *testing.T) {
+	c := &Controller{cfg: Config{}}
+	c.metrics = newMetrics(prometheus.NewRegistry(), c)
+	c.term.Store(&term{})
+	kind := compute.KindAddressGroup
+	l := &leading{c: c, model: compute.New(0),
+		queue:     workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[compute.Key]()),
+		scheduled: map[compute.Key]struct{}{}, running: map[compute.Key]struct{}{},
+		kinds: map[compute.Kind]reconciler{kind: &postponing{seen: map[compute.Key]bool{}}}}
+	defer l.queue.ShutDown()
+	l.initialDone.Store(true)
+	for _, name := range []string{"a", "b"} {
+		l.enqueue(compute.Key{Kind: kind, Name: name}, 0)
+	}
+	for i := 0; i < 4; i++ {
+		l.work(context.Background())
+	}
+	if l.depth() != 0 {
+		t.Fatalf("%d objects still scheduled after four passes", l.depth())
+	}
+	last := c.term.Load().last
+	if last == nil || last.Objects != 2 {
+		t.Errorf("round %+v, want one round of 2 objects (each put off once)", last)
 	}
 }

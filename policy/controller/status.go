@@ -12,7 +12,8 @@ import (
 type Round struct {
 	FinishedAt time.Time
 	Duration   time.Duration
-	// Objects is the number of objects reconciled (written or found equal).
+	// Objects is the number of objects reconciled (written, deleted or
+	// found equal); an object postponed or retried counts once, when done.
 	Objects int
 }
 
