@@ -9,7 +9,7 @@ import (
 // `go generate ./datapath/pipeline`; a test fails when the file drifts).
 var tableDocs = map[Table]string{
 	Classifier:      "`in_port` → `PktSource` (a Pod with an egress limit: through its meter first, but not again back from the NAT detour); `seine-seg0`: back from the NAT detour (`in_port` from the destination MAC, `NATChecksumDone`, the whole pipeline again) or → TunnelOutput",
-	SpoofGuard:      "a Pod port may only send from its own IP and MAC (IP and ARP)",
+	SpoofGuard:      "a Pod port may only send from its own IP and MAC (IP and ARP); from the gateway, a local Pod's source (the podCIDR; in networkPolicyOnly each Pod's IP) sets `LocalPodViaHost`",
 	ARPResponder:    "answers ARP for peer gateways; forwards other ARP to the port owning the target IP",
 	NATLookup:       "(NAT checksum detour) unfragmented TCP/UDP: `ct(zone=65520, table=26)` without NAT, so SaveHeaders sees `ct_mark`; replies to a SNAT address (169.254.100.1, .3, the gateway IP) go on untracked",
 	SaveHeaders:     "(NAT checksum detour) saves addresses, ports, source MAC and TTL into `Saved*`: untracked packets, `ct_mark` NAT, established connections marked neither way; `ct_mark` NoNAT skips to ConntrackState; other new connections skip to Conntrack",
@@ -48,6 +48,7 @@ func Registers() []RegInfo {
 		{"NATChecksumDone", NATChecksumDone, "(NAT checksum detour) back from the detour"},
 		{"NATApplied", NATApplied, "conntrack NATed the packet in this pass"},
 		{"HeadersSaved", HeadersSaved, "(NAT checksum detour) the `Saved*` registers hold this pass's packet as it entered; the NAT detour requires it"},
+		{"LocalPodViaHost", LocalPodViaHost, "the packet came from the gateway with one of this Node's Pods as its source (set by SpoofGuard)"},
 		{"TargetOFPort", TargetOFPort, "the output port"},
 		{"ARPScratch", ARPScratch, "(networkPolicyOnly) the ARP responder's swap of `arp_spa` and `arp_tpa`"},
 		{"TraceTag", TraceTag, "(Traceflow) the trace's tag"},

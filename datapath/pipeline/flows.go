@@ -192,6 +192,13 @@ func BaseFlows(b Bridge) []of.Flow {
 	// SpoofGuard: the host is trusted.
 	add(SpoofGuard, PrioHigh, of.Match{EthType: EthTypeARP, Regs: []of.RegMatch{PktSource.Match(FromGateway)}}, goTo(ARPResponder))
 	add(SpoofGuard, PrioHigh, of.Match{EthType: EthTypeIPv4, Regs: []of.RegMatch{PktSource.Match(FromGateway)}}, goTo(NATLookup))
+	if b.PodCIDR != nil && !b.PolicyOnly {
+		// A local Pod's connection the host handed back (PolicyOnly
+		// bridges have no Pod range of their own: PodFlows marks each
+		// Pod's address instead).
+		add(SpoofGuard, PrioHigh+1, of.Match{EthType: EthTypeIPv4, IPSrc: b.PodCIDR, Regs: []of.RegMatch{PktSource.Match(FromGateway)}},
+			LocalPodViaHost.Load(1), goTo(NATLookup))
+	}
 	// ARP for the gateway goes to the gateway, whose kernel answers.
 	if b.GatewayIP != nil {
 		add(ARPResponder, PrioNormal, of.Match{EthType: EthTypeARP, ARPTPA: b.GatewayIP}, of.Output{Port: b.GatewayPort})
@@ -289,9 +296,15 @@ func PodFlows(b Bridge, p Pod) []of.Flow {
 	if b.PolicyOnly {
 		// The bridge answers every ARP request itself (BaseFlows), and
 		// routes between Pods as the host would: with one hop of TTL.
-		return append(fs, of.Flow{Table: uint8(L3Forwarding), Priority: PrioHigh + 1, Cookie: ck,
-			Match:   of.Match{EthType: EthTypeIPv4, IPDst: host(ip), Regs: []of.RegMatch{PktSource.Match(FromPod)}},
-			Actions: []of.Action{of.SetEthSrc{MAC: b.GatewayMAC}, of.SetEthDst{MAC: p.MAC}, of.DecTTL{}, goTo(L2Forwarding)}})
+		// Without a Pod range of its own, it knows the Pod's packets
+		// that the host hands back by their source (LocalPodViaHost).
+		return append(fs,
+			of.Flow{Table: uint8(L3Forwarding), Priority: PrioHigh + 1, Cookie: ck,
+				Match:   of.Match{EthType: EthTypeIPv4, IPDst: host(ip), Regs: []of.RegMatch{PktSource.Match(FromPod)}},
+				Actions: []of.Action{of.SetEthSrc{MAC: b.GatewayMAC}, of.SetEthDst{MAC: p.MAC}, of.DecTTL{}, goTo(L2Forwarding)}},
+			of.Flow{Table: uint8(SpoofGuard), Priority: PrioHigh + 1, Cookie: ck,
+				Match:   of.Match{EthType: EthTypeIPv4, IPSrc: host(ip), Regs: []of.RegMatch{PktSource.Match(FromGateway)}},
+				Actions: []of.Action{LocalPodViaHost.Load(1), goTo(NATLookup)}})
 	}
 	return append(fs, of.Flow{Table: uint8(ARPResponder), Priority: PrioNormal, Cookie: ck,
 		Match:   of.Match{EthType: EthTypeARP, ARPTPA: ip},

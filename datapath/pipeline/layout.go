@@ -181,6 +181,12 @@ const (
 	// pass's packet as it entered (see NATChecksumDetour): only such a
 	// packet may take the detour, which puts them back.
 	HeadersSaved RegField = 0<<16 | 21<<8 | 1
+	// LocalPodViaHost (reg0[22]) is set by SpoofGuard on a packet from
+	// the gateway whose source is one of this Node's Pods: the host
+	// handed back a Pod's connection to the Node's NodePort, externalIP
+	// or LoadBalancer IP after its DNAT. The frontends of the Node's own
+	// connections match it (ServicePort.LocalPods).
+	LocalPodViaHost RegField = 0<<16 | 22<<8 | 1
 	// SavedIPSrc, SavedIPDst, SavedL4Src, SavedL4Dst, SavedEthSrcLow
 	// (eth_src[0..31]), SavedEthSrcHigh (eth_src[32..47]) and SavedTTL
 	// hold a TCP or UDP packet's fields as it entered the pipeline, before

@@ -113,13 +113,28 @@ func TestHybridPeers(t *testing.T) {
 // TestPolicyOnlyBridge: in networkPolicyOnly mode the bridge answers every
 // ARP request with the virtual MAC (spa and tpa swapped), routes to local
 // Pods by IP with one TTL hop between Pods (none for packets the host
-// already routed), and sends everything else to the gateway.
+// already routed), and sends everything else to the gateway. Without a Pod
+// range of its own, it knows a local Pod's connection that the host hands
+// back (to the Node's NodePort) by the Pod's address: the Node's own
+// frontend (LocalPods) takes it, and no other address.
 func TestPolicyOnlyBridge(t *testing.T) {
 	br := pipeline.Bridge{Round: 1, GatewayPort: 2, GatewayMAC: modeGwMAC, NodeIP: net.ParseIP("198.18.0.11"), PolicyOnly: true}
 	flows := append(pipeline.BaseFlows(br), pipeline.PodFlows(br, modeP1)...)
 	flows = append(flows, pipeline.PodFlows(br, modeP2)...)
 	flows = append(flows, pipeline.ServiceBaseFlows(br)...)
-	m := newModeBridge(t, false, flows, nil)
+	fromNode := pipeline.ServicePort{ID: 12, VIPs: []net.IP{pipeline.NodePortVIP}, Protocol: 6, Port: 30080, External: true,
+		LocalPods: true, Endpoints: []pipeline.ServiceEndpoint{{IP: net.ParseIP("10.244.2.7"), Port: 8080}}}
+	fs, groups, err := pipeline.ServicePortFlows(br, fromNode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newModeBridge(t, false, append(flows, fs...), groups)
+	for src, want := range map[string]bool{"10.244.1.5": true, "10.244.1.6": true, "10.244.1.99": false, "198.19.0.10": false} {
+		out := m.trace("in_port=2,dl_src=0a:00:00:00:00:01,dl_dst=0e:5e:1e:00:00:01,tcp,nw_ttl=64,nw_src="+src+",tp_src=40000,nw_dst=169.254.100.2,tp_dst=30080", "trk,new")
+		if got := strings.Contains(out, "group:12"); got != want {
+			t.Errorf("from %s, handed back by the host to the NodePort: reaches the Node's own frontend %v, want %v:\n%s", src, got, want, out)
+		}
+	}
 	for _, tc := range []struct{ name, flow string }{
 		{"from a Pod for its primary's gateway", "in_port=3,arp,arp_op=1,dl_src=0a:00:00:00:01:05,arp_sha=0a:00:00:00:01:05,arp_spa=10.244.1.5,arp_tpa=10.244.1.1"},
 		{"from a Pod for another Pod", "in_port=3,arp,arp_op=1,dl_src=0a:00:00:00:01:05,arp_sha=0a:00:00:00:01:05,arp_spa=10.244.1.5,arp_tpa=10.244.1.6"},

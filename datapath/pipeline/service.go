@@ -3,6 +3,7 @@ package pipeline
 import (
 	"fmt"
 	"net"
+	"slices"
 
 	of "github.com/seine-net/seine/datapath/openflow"
 )
@@ -214,6 +215,11 @@ type ServicePort struct {
 	// endpoint, not only the Node's own (kube-proxy's "short-circuit" of
 	// locally originated traffic).
 	Sources []*net.IPNet
+	// LocalPods (External only) adds this Node's Pods to Sources: the
+	// packets the host handed back with a local Pod's source address
+	// (LocalPodViaHost), a Pod's connection to the Node's own NodePort,
+	// externalIP or LoadBalancer IP. kube-proxy short-circuits these too.
+	LocalPods bool
 	// SourceRanges, when set, admit new connections from these ranges
 	// only; the frontend drops those from anywhere else, and they reach
 	// no other frontend of the VIP and port (a Service's
@@ -314,15 +320,15 @@ const (
 	// the gateway, at PrioHigh (PrioHigh-1: the drop of sources outside
 	// SourceRanges).
 	FrontendExternal
-	// FrontendSourced (External with Sources): those of them from the
-	// listed sources, at PrioHigh+2.
+	// FrontendSourced (External with Sources or LocalPods): those of
+	// them from the listed sources or the Node's Pods, at PrioHigh+2.
 	FrontendSourced
 )
 
 // Kind returns sp's frontend kind.
 func (sp ServicePort) Kind() FrontendKind {
 	switch {
-	case sp.External && len(sp.Sources) > 0:
+	case sp.External && (len(sp.Sources) > 0 || sp.LocalPods):
 		return FrontendSourced
 	case sp.External:
 		return FrontendExternal
@@ -407,6 +413,12 @@ func ServicePortFlows(b Bridge, sp ServicePort) ([]of.Flow, []of.GroupEntry, err
 	for _, vip := range sp.VIPs {
 		if vip.To4() == nil {
 			continue
+		}
+		if sp.Kind() == FrontendSourced && sp.LocalPods {
+			fs = append(fs, of.Flow{Table: uint8(ServiceLB), Priority: lbPrio, Cookie: ck,
+				Match: of.Match{EthType: EthTypeIPv4, IPDst: host(vip), IPProto: sp.Protocol,
+					L4Dst: &of.PortMatch{Port: sp.Port}, CtState: newConn, Regs: Regs(append(slices.Clip(lbRegs), LocalPodViaHost.Match(1))...)},
+				Actions: lbActs})
 		}
 		for _, src := range sources {
 			fs = append(fs, of.Flow{Table: uint8(ServiceLB), Priority: lbPrio, Cookie: ck,

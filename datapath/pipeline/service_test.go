@@ -34,7 +34,7 @@ func TestServiceFlowsInOVS(t *testing.T) {
 	// The Node's own connections to that NodePort (externalTrafficPolicy
 	// Local's short-circuit): every endpoint, matched by source first.
 	fromNode := pipeline.ServicePort{ID: 12, VIPs: []net.IP{pipeline.NodePortVIP}, Protocol: 6, Port: 30080, External: true,
-		Sources:   []*net.IPNet{{IP: net.ParseIP("198.18.0.11"), Mask: net.CIDRMask(32, 32)}},
+		Sources: []*net.IPNet{{IP: net.ParseIP("198.18.0.11"), Mask: net.CIDRMask(32, 32)}}, LocalPods: true,
 		Endpoints: []pipeline.ServiceEndpoint{{IP: net.ParseIP("10.244.2.7"), Port: 8080}, {IP: net.ParseIP("10.244.1.5"), Port: 8080, Local: true}}}
 	// An external frontend of small's Service port (a NodePort): it shares
 	// small's ClientIP affinity (AffinityID), so a client keeps its
@@ -159,6 +159,12 @@ func TestServiceFlowsInOVS(t *testing.T) {
 	if out := trace("in_port=2,"+strings.Replace(npNew, "nw_src=198.19.0.10", "nw_src=198.18.0.11", 1), "trk,new"); !strings.Contains(out, "group:12") {
 		t.Errorf("the Node's own connection to the NodePort does not reach the frontend of its own:\n%s", out)
 	}
+	// A local Pod's connection to its Node's NodePort comes back from the
+	// host (the podCIDR from the gateway): the Node's frontend too.
+	if out := trace("in_port=2,"+strings.Replace(npNew, "nw_src=198.19.0.10", "nw_src=10.244.1.77", 1), "trk,new"); !strings.Contains(out, "group:12") ||
+		!strings.Contains(out, "load:0x1->NXM_NX_REG0[22]") {
+		t.Errorf("a local Pod's connection handed back by the host does not reach the Node's own frontend:\n%s", out)
+	}
 	// Non-Service traffic is untouched by the Service tables.
 	out = trace(syn+"nw_dst=198.19.0.10,tp_dst=80", "trk,new")
 	if strings.Contains(out, "nat(dst") || !strings.Contains(out, fmt.Sprintf("goto_table:%d", pipeline.EgressRule)) {
@@ -242,7 +248,7 @@ func TestFrontendKindOfServiceLBFlows(t *testing.T) {
 	var ports []pipeline.ServicePort
 	for _, action := range []pipeline.ServiceAction{pipeline.ServiceBalance, pipeline.ServiceReject, pipeline.ServiceDrop} {
 		for _, ext := range []bool{false, true} {
-			for _, limit := range []string{"", "ranges", "sources"} {
+			for _, limit := range []string{"", "ranges", "sources", "pods", "sources+pods"} {
 				sp := pipeline.ServicePort{ID: uint32(len(ports) + 1), VIPs: []net.IP{net.ParseIP("198.18.100.2")}, Protocol: 17, Port: 53,
 					FragmentVIPs: []net.IP{net.ParseIP("198.18.100.2")}, Action: action, External: ext}
 				if action == pipeline.ServiceBalance {
@@ -253,6 +259,10 @@ func TestFrontendKindOfServiceLBFlows(t *testing.T) {
 					sp.SourceRanges = ranges
 				case "sources":
 					sp.Sources = sources
+				case "pods":
+					sp.LocalPods = ext // LocalPods is External only
+				case "sources+pods":
+					sp.Sources, sp.LocalPods = sources, ext
 				}
 				ports = append(ports, sp)
 			}

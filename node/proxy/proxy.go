@@ -556,7 +556,7 @@ func (p *Proxier) desired(key string) (want []PortState, hcErr, err error) {
 			}
 		}
 		want, err = Translate(svc, slices, Scope{NodeName: p.cfg.NodeName, ProxyAll: p.cfg.ProxyAll,
-			HostIPs: hostIPs(p.cfg.Bridge), PodCIDR: p.cfg.Bridge.PodCIDR, Zone: p.zone()})
+			HostIPs: hostIPs(p.cfg.Bridge), Zone: p.zone()})
 		if err != nil {
 			return nil, nil, err
 		}

@@ -87,14 +87,6 @@ type Scope struct {
 	// InternalIP, its gateway IP): to a Service whose
 	// externalTrafficPolicy is Local they go to every endpoint.
 	HostIPs []net.IP
-	// PodCIDR is the Node's Pod range (nil when unknown): its Pods'
-	// connections to a NodePort of their own Node reach the bridge
-	// through the host, and under externalTrafficPolicy Local go to every
-	// endpoint too, as kube-proxy short-circuits Pod traffic. Only this
-	// Node's Pods: an endpoint elsewhere answers them through this Node,
-	// which undoes the NAT, while another Node's Pod would get the answer
-	// from the endpoint directly.
-	PodCIDR *net.IPNet
 	// Zone is the Node's topology.kubernetes.io/zone label ("" when it
 	// has none), for the EndpointSlice zone hints.
 	Zone string
@@ -137,8 +129,9 @@ type Scope struct {
 //     (Kubernetes documents that the traffic is dropped then);
 //     externalTrafficPolicy Local does the same for the external
 //     frontends and keeps the client's source address, Cluster SNATs it;
-//     the Node's own connections (from scope.HostIPs) to an external
-//     frontend with Local go to every endpoint, as kube-proxy's
+//     the Node's own connections (from scope.HostIPs), and its Pods'
+//     that the host hands back (pipeline.ServicePort.LocalPods), to an
+//     external frontend with Local go to every endpoint, as kube-proxy's
 //     "short-circuit" does: a frontend of their own, key suffix "/node",
 //     which keeps their source too;
 //   - a frontend with no endpoint at all is rejected;
@@ -264,10 +257,15 @@ func Translate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, scope
 		}
 		// The Node's own connections, and its Pods', under
 		// externalTrafficPolicy Local.
+		// Its Pods' come back from the host with their own address
+		// (LocalPods): only this Node's, since an endpoint elsewhere
+		// answers them through this Node, which undoes the NAT, while
+		// another Node's Pod would get the answer from the endpoint
+		// directly.
 		var fromNode *pipeline.ServicePort
-		if sources := localSources(scope); externalLocal && len(sources) > 0 {
+		if externalLocal {
 			n := base
-			n.External, n.Sources = true, sources
+			n.External, n.Sources, n.LocalPods = true, localSources(scope), true
 			choose(&n, near, serving, false)
 			fromNode = &n
 		}
@@ -294,9 +292,9 @@ func Translate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, scope
 				// The Node's own connections: only from its addresses
 				// the ranges admit; the others are dropped with the rest.
 				n := *fromNode
-				n.VIPs, n.Port, n.Sources = lbIPs, uint16(p.Port), nil
+				n.VIPs, n.Port, n.Sources, n.LocalPods = lbIPs, uint16(p.Port), nil, false
 				for _, src := range fromNode.Sources {
-					if ones, bits := src.Mask.Size(); ones == bits && inRanges(ranges, src.IP) {
+					if inRanges(ranges, src.IP) {
 						n.Sources = append(n.Sources, src)
 					}
 				}
@@ -311,17 +309,14 @@ func Translate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, scope
 	return out, nil
 }
 
-// localSources returns the sources of the "/node" frontends: each of the
-// Node's addresses, and its Pod range.
+// localSources returns the addresses of the Node's own connections, as
+// sources of its "/node" frontends.
 func localSources(scope Scope) []*net.IPNet {
 	var out []*net.IPNet
 	for _, ip := range scope.HostIPs {
 		if ip4 := ip.To4(); ip4 != nil {
 			out = append(out, &net.IPNet{IP: ip4, Mask: net.CIDRMask(32, 32)})
 		}
-	}
-	if scope.PodCIDR != nil && scope.PodCIDR.IP.To4() != nil {
-		out = append(out, scope.PodCIDR)
 	}
 	return out
 }

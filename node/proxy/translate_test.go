@@ -234,8 +234,7 @@ func TestTranslateExternalFrontends(t *testing.T) {
 
 	svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
 	host := []net.IP{net.ParseIP("198.18.0.11").To4(), net.ParseIP("10.244.1.1").To4()}
-	_, podCIDR, _ := net.ParseCIDR("10.244.1.0/24")
-	got, _ = Translate(svc, slices, Scope{NodeName: "n1", ProxyAll: true, HostIPs: host, PodCIDR: podCIDR})
+	got, _ = Translate(svc, slices, Scope{NodeName: "n1", ProxyAll: true, HostIPs: host})
 	if len(got) != 5 {
 		t.Fatalf("externalTrafficPolicy Local: %d frontends, want 5 (internal, nodeport, external, and each of the last two for the Node's own connections)", len(got))
 	}
@@ -244,7 +243,7 @@ func TestTranslateExternalFrontends(t *testing.T) {
 		case strings.HasSuffix(ps.Key, "/node"):
 			// The Node's own connections, and its Pods', go to every
 			// endpoint, unSNATed.
-			if !ps.Port.External || ps.Port.SNAT || fmt.Sprint(ps.Port.Sources) != "[198.18.0.11/32 10.244.1.1/32 10.244.1.0/24]" || len(ps.Port.Endpoints) != 2 {
+			if !ps.Port.External || ps.Port.SNAT || fmt.Sprint(ps.Port.Sources) != "[198.18.0.11/32 10.244.1.1/32]" || !ps.Port.LocalPods || len(ps.Port.Endpoints) != 2 {
 				t.Errorf("%s: %+v", ps.Key, ps.Port)
 			}
 		case ps.Port.External && (ps.Port.SNAT || ips(ps.Port.Endpoints) != "10.244.1.5:8080 "):
@@ -255,7 +254,14 @@ func TestTranslateExternalFrontends(t *testing.T) {
 	}
 	got, _ = Translate(svc, slices, Scope{NodeName: "n3", ProxyAll: true})
 	for _, ps := range got {
-		if ps.Port.External && len(ps.Port.Sources) == 0 && ps.Port.Action != pipeline.ServiceDrop {
+		if ps.Port.Kind() == pipeline.FrontendSourced {
+			// Without host addresses, the Node's Pods alone.
+			if len(ps.Port.Sources) > 0 || !ps.Port.LocalPods || len(ps.Port.Endpoints) != 2 {
+				t.Errorf("%s on a Node without addresses: %+v, want its Pods to every endpoint", ps.Key, ps.Port)
+			}
+			continue
+		}
+		if ps.Port.External && ps.Port.Action != pipeline.ServiceDrop {
 			t.Errorf("%s on a Node without local endpoint: action %v, want drop", ps.Key, ps.Port.Action)
 		}
 	}
@@ -419,12 +425,11 @@ func TestTranslateLoadBalancerSourceRanges(t *testing.T) {
 	// the admitted addresses.
 	svc.Spec.LoadBalancerSourceRanges = []string{"198.18.0.0/24"}
 	svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
-	_, pods, _ := net.ParseCIDR("10.244.1.0/24")
-	m = byKey(Scope{NodeName: "n1", ProxyAll: true, HostIPs: []net.IP{net.ParseIP("198.18.0.11").To4(), net.ParseIP("10.244.1.1").To4()}, PodCIDR: pods})
+	m = byKey(Scope{NodeName: "n1", ProxyAll: true, HostIPs: []net.IP{net.ParseIP("198.18.0.11").To4(), net.ParseIP("10.244.1.1").To4()}})
 	if r := fmt.Sprint(m["ns/web/http/TCP/loadbalancer"].SourceRanges); r != "[198.18.0.0/24 198.18.100.2/32]" {
 		t.Errorf("ranges %s, want the range and the LoadBalancer IP", r)
 	}
-	if n, ok := m["ns/web/http/TCP/loadbalancer/node"]; !ok || fmt.Sprint(n.Sources) != "[198.18.0.11/32]" || n.SNAT {
+	if n, ok := m["ns/web/http/TCP/loadbalancer/node"]; !ok || fmt.Sprint(n.Sources) != "[198.18.0.11/32]" || n.LocalPods || n.SNAT {
 		t.Errorf("the Node's own frontend on the LoadBalancer IP: %+v (present %v), want from 198.18.0.11 only", n, ok)
 	}
 

@@ -160,26 +160,25 @@ func TestServiceExternalTrafficPolicyLocal(t *testing.T) {
 	// Nor are its Pods' connections to its NodePort: they too reach the
 	// endpoint on another Node, with their own address, or the Node's
 	// where the hosts route between Nodes (the endpoint's answer must pass
-	// this Node's host, which undoes its DNAT: host SNAT).
-	if e2eMode == config.ModeNetworkPolicyOnly {
-		// The primary CNI's Pod range is not the bridge's, so it cannot
-		// tell this Node's Pods from another's; and giving them the
-		// Node's address would pass them by the NetworkPolicies of the
-		// endpoint (docs/design.md, "Service proxy").
-		return
+	// this Node's host, which undoes its DNAT: host SNAT). In
+	// networkPolicyOnly mode the bridge tells its Pods by their addresses,
+	// having no Pod range of its own. A Pod on the endpoint's Node reaches
+	// it with its own address in every mode.
+	clients := svcPods(t, c, ns, "client", 0, 1)
+	for i, client := range clients {
+		node := nodes[i]
+		eventually(t, 20*time.Second, "a Pod to its own Node's NodePort on "+node.Name, func() error {
+			r := probeSvc(t, c, client, node.IP, np, corev1.ProtocolTCP, 2*time.Second)
+			if r.Outcome != echo.Connected || r.Reply != pods[0].name {
+				return fmt.Errorf("got %s", r)
+			}
+			routedByHosts := e2eMode != config.ModeEncap && client.node != pods[0].node && strings.HasPrefix(r.Client, node.IP+":")
+			if !strings.HasPrefix(r.Client, client.ip+":") && !routedByHosts {
+				return fmt.Errorf("server saw client %s, want the Pod %s (or, routed by the hosts, its Node %s)", r.Client, client.ip, node.IP)
+			}
+			return nil
+		})
 	}
-	client := svcPods(t, c, ns, "client", 0)[0]
-	eventually(t, 20*time.Second, "a Pod to its own Node's NodePort", func() error {
-		r := probeSvc(t, c, client, nodes[0].IP, np, corev1.ProtocolTCP, 2*time.Second)
-		if r.Outcome != echo.Connected || r.Reply != pods[0].name {
-			return fmt.Errorf("got %s", r)
-		}
-		routedByHosts := e2eMode != config.ModeEncap && strings.HasPrefix(r.Client, nodes[0].IP+":")
-		if !strings.HasPrefix(r.Client, client.ip+":") && !routedByHosts {
-			return fmt.Errorf("server saw client %s, want the Pod %s (or, routed by the hosts, its Node %s)", r.Client, client.ip, nodes[0].IP)
-		}
-		return nil
-	})
 }
 
 // servedLocally probes TCP port 80 of ip from the network namespace extNS
