@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -198,5 +199,18 @@ func TestProgrammingLatency(t *testing.T) {
 	v := gathered(LastSyncName).GetGauge().GetValue()
 	if at := time.Unix(0, int64(v*1e9)); at.Before(before.Add(-time.Millisecond)) || at.After(time.Now()) {
 		t.Errorf("%s = %v (%v), want the time of the sync (%v)", LastSyncName, v, at, before)
+	}
+
+	// Batches and purges, as operators count them.
+	m.batchDone(3 * time.Millisecond)
+	m.batchDone(40 * time.Millisecond)
+	if h := gathered(SyncDurationName).GetHistogram(); h.GetSampleCount() != 2 || h.GetBucket()[0].GetUpperBound() != 0.001 ||
+		math.Abs(h.GetSampleSum()-0.043) > 1e-9 {
+		t.Errorf("%s: %d samples, sum %v s, first bucket %v; want 2, 0.043 s, kube-proxy's 1 ms", SyncDurationName,
+			h.GetSampleCount(), h.GetSampleSum(), h.GetBucket()[0].GetUpperBound())
+	}
+	m.purged()
+	if v := gathered(DatapathPurgesName).GetCounter().GetValue(); v != 1 {
+		t.Errorf("%s = %v after one purge", DatapathPurgesName, v)
 	}
 }

@@ -255,6 +255,8 @@ func (p *Proxier) runFlushes(ctx context.Context, flushes []ctFlush) {
 	if err != nil {
 		p.log.Warn("purging the datapath flows before a conntrack flush failed; a flow balanced by the old tables may keep its endpoint",
 			zap.Error(err))
+	} else {
+		p.metrics.purged()
 	}
 	if len(flushes) > maxPartialFlushes {
 		p.flushMatching(ctx, flushes)

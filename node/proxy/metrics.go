@@ -23,6 +23,19 @@ const ProgrammingLatencyName = "seine_proxy_network_programming_duration_seconds
 // under Seine's prefix. It is 0 until the first batch.
 const LastSyncName = "seine_proxy_sync_last_timestamp_seconds"
 
+// SyncDurationName is how long the proxy took to program one batch of
+// Services, in seconds, from taking the batch off its queue to the
+// conntrack flushes that followed it: kube-proxy's
+// kubeproxy_sync_proxy_rules_duration_seconds (same buckets) under Seine's
+// prefix. Its _count is the number of batches.
+const SyncDurationName = "seine_proxy_sync_duration_seconds"
+
+// DatapathPurgesName counts the purges of the Node's cached datapath
+// flows that the proxy made before flushing stale UDP or SCTP conntrack
+// entries (docs/design.md, "Service proxy"): each makes every flow on the
+// Node miss its cache once.
+const DatapathPurgesName = "seine_proxy_datapath_purges_total"
+
 // programmingBuckets are kube-proxy's: 0.25 s and 0.5 s, every second to
 // 59 s, every 5 s to 115 s, every 30 s to 5 min.
 func programmingBuckets() []float64 {
@@ -50,6 +63,8 @@ func programmingBuckets() []float64 {
 type metrics struct {
 	latency  *prometheus.HistogramVec
 	lastSync prometheus.Gauge
+	syncTime prometheus.Histogram
+	purges   prometheus.Counter
 	start    time.Time
 
 	mu       sync.Mutex
@@ -68,12 +83,23 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: LastSyncName,
 			Help: "Unix time, in seconds, at which the proxy last finished programming a batch of Services (at least one programmed).",
 		}),
+		syncTime: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    SyncDurationName,
+			Help:    "Time the proxy took to program one batch of Services, conntrack flushes included, in seconds.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
+		}),
+		purges: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: DatapathPurgesName,
+			Help: "Purges of the Node's cached datapath flows made before flushing stale UDP or SCTP conntrack entries.",
+		}),
 		start:    time.Now(),
 		triggers: map[string][]time.Time{},
 	}
 	if reg != nil {
 		m.latency = register(reg, m.latency)
 		m.lastSync = register(reg, m.lastSync)
+		m.syncTime = register(reg, m.syncTime)
+		m.purges = register(reg, m.purges)
 	}
 	return m
 }
@@ -100,6 +126,22 @@ func (m *metrics) synced() {
 		return
 	}
 	m.lastSync.SetToCurrentTime()
+}
+
+// batchDone records how long a batch took.
+func (m *metrics) batchDone(d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.syncTime.Observe(d.Seconds())
+}
+
+// purged records one purge of the datapath flows.
+func (m *metrics) purged() {
+	if m == nil {
+		return
+	}
+	m.purges.Inc()
 }
 
 // triggered records the trigger time of an added or updated slice.

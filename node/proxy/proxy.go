@@ -438,6 +438,7 @@ func (p *Proxier) processNext(ctx context.Context) bool {
 	if ctx.Err() != nil {
 		return false
 	}
+	p.metrics.batchDone(time.Since(start))
 	// A Service whose only error is its health check node port is
 	// programmed all the same.
 	for _, k := range keys {

@@ -142,7 +142,7 @@ func BenchmarkServiceProgramming(b *testing.B) {
 
 	// Two Services first: is Seine's proxy there, and what does it install
 	// per Service?
-	refs, err := createServices(ctx, cs, 0, 1)
+	refs, err := createServices(ctx, cs, corev1.ProtocolTCP, 0, 1)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -159,7 +159,7 @@ func BenchmarkServiceProgramming(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		more, err := createServices(ctx, cs, 1, 2)
+		more, err := createServices(ctx, cs, corev1.ProtocolTCP, 1, 2)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -191,7 +191,7 @@ func BenchmarkServiceProgramming(b *testing.B) {
 	for si, n := range scales {
 		label := scaleLabel(n)
 		start := time.Now()
-		more, err := createServices(ctx, cs, len(refs), n)
+		more, err := createServices(ctx, cs, corev1.ProtocolTCP, len(refs), n)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -111,25 +111,41 @@ func (h histogram) String() string {
 // scrapeHistogram reads the histogram name (labels ignored: one series)
 // from a /metrics endpoint.
 func scrapeHistogram(c *http.Client, url, name string) (histogram, error) {
+	mf, err := scrapeFamily(c, url, name)
+	if err != nil || mf == nil || len(mf.GetMetric()) == 0 {
+		return histogram{}, err // nothing observed yet
+	}
+	return toHistogram(mf.GetMetric()[0].GetHistogram()), nil
+}
+
+// scrapeCounter reads the counter name (one series) from a /metrics
+// endpoint: 0 when it is not there.
+func scrapeCounter(c *http.Client, url, name string) (float64, error) {
+	mf, err := scrapeFamily(c, url, name)
+	if err != nil || mf == nil || len(mf.GetMetric()) == 0 {
+		return 0, err
+	}
+	return mf.GetMetric()[0].GetCounter().GetValue(), nil
+}
+
+// scrapeFamily reads the metric family name from a /metrics endpoint (nil
+// when it has none).
+func scrapeFamily(c *http.Client, url, name string) (*dto.MetricFamily, error) {
 	resp, err := c.Get(url)
 	if err != nil {
-		return histogram{}, err
+		return nil, err
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return histogram{}, err
+		return nil, err
 	}
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	mfs, err := p.TextToMetricFamilies(strings.NewReader(string(body)))
 	if err != nil {
-		return histogram{}, err
+		return nil, err
 	}
-	mf := mfs[name]
-	if mf == nil || len(mf.GetMetric()) == 0 {
-		return histogram{}, nil // nothing observed yet
-	}
-	return toHistogram(mf.GetMetric()[0].GetHistogram()), nil
+	return mfs[name], nil
 }
 
 func toHistogram(h *dto.Histogram) histogram {

@@ -37,7 +37,8 @@ import (
 // tell when kube-proxy's nftables table or Seine's OpenFlow tables reflect
 // a Service.
 
-// Synthetic Services: selector-less, one TCP port, and one hand-written
+// Synthetic Services: selector-less, one port (TCP unless a benchmark
+// asks for UDP), and one hand-written
 // EndpointSlice each, so that N Services need no Pods.
 const (
 	svcNamespace     = "svcbench"
@@ -117,9 +118,9 @@ func retryAPI(ctx context.Context, f func() error) error {
 	return err
 }
 
-// createServices creates Services [from, to) and their EndpointSlices with
-// createWorkers goroutines and returns them by index.
-func createServices(ctx context.Context, cs kubernetes.Interface, from, to int) ([]svcRef, error) {
+// createServices creates Services [from, to) of one proto port and their
+// EndpointSlices with createWorkers goroutines and returns them by index.
+func createServices(ctx context.Context, cs kubernetes.Interface, proto corev1.Protocol, from, to int) ([]svcRef, error) {
 	if err := ensureNS(ctx, cs, svcNamespace); err != nil {
 		return nil, err
 	}
@@ -133,7 +134,7 @@ func createServices(ctx context.Context, cs kubernetes.Interface, from, to int) 
 		go func() {
 			defer wg.Done()
 			for i := range idx {
-				ref, err := createService(ctx, cs, i)
+				ref, err := createService(ctx, cs, proto, i)
 				mu.Lock()
 				if err != nil && firstErr == nil {
 					firstErr = err
@@ -157,14 +158,14 @@ func createServices(ctx context.Context, cs kubernetes.Interface, from, to int) 
 	return out, firstErr
 }
 
-func createService(ctx context.Context, cs kubernetes.Interface, i int) (svcRef, error) {
+func createService(ctx context.Context, cs kubernetes.Interface, proto corev1.Protocol, i int) (svcRef, error) {
 	name := svcName(i)
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: svcNamespace},
 		Spec: corev1.ServiceSpec{
 			Type: corev1.ServiceTypeClusterIP,
 			Ports: []corev1.ServicePort{{
-				Name: svcPortName, Protocol: corev1.ProtocolTCP, Port: svcPort, TargetPort: intstr.FromInt32(svcTargetPort),
+				Name: svcPortName, Protocol: proto, Port: svcPort, TargetPort: intstr.FromInt32(svcTargetPort),
 			}},
 		},
 	}
@@ -187,7 +188,7 @@ func createService(ctx context.Context, cs kubernetes.Interface, i int) (svcRef,
 		},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Ports: []discoveryv1.EndpointPort{{
-			Name: ptr.To(svcPortName), Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To[int32](svcTargetPort),
+			Name: ptr.To(svcPortName), Protocol: ptr.To(proto), Port: ptr.To[int32](svcTargetPort),
 		}},
 	}
 	for j := 0; j < svcEndpoints; j++ {
