@@ -210,8 +210,8 @@ type ServicePort struct {
 	// Sources, when set (External only), limit the frontend to packets
 	// from these addresses (IPv4 prefixes), and it takes precedence over
 	// the frontend of the same VIP and port without Sources. It carries
-	// the Node's own connections, and its Pods', to a frontend whose
-	// externalTrafficPolicy is Local: Kubernetes sends those to every
+	// the Node's own connections (LocalPods adds its Pods') to a frontend
+	// whose externalTrafficPolicy is Local: Kubernetes sends those to every
 	// endpoint, not only the Node's own (kube-proxy's "short-circuit" of
 	// locally originated traffic).
 	Sources []*net.IPNet

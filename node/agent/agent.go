@@ -503,7 +503,8 @@ func (d *daemon) startProxy(ctx context.Context) error {
 		SkipServices: cfg.Proxy.SkipServices, ProxyAll: cfg.ProxyAllEnabled(), Gateway: cfg.GatewayName,
 		ServiceCIDR: svcCIDR, NodePortAddresses: npAddrs, LocalVIPAliases: cfg.LocalVIPAliases(),
 		Registry: d.reg, QueueMetrics: d.ops.queues,
-		Conntrack: ovsctl.New(cfg.OVSRunDir), ReflushDelay: proxy.DefaultReflushDelay, HealthAddress: cfg.Proxy.HealthzBindAddress}
+		Conntrack: ovsctl.New(cfg.OVSRunDir), ReflushDelay: proxy.DefaultReflushDelay,
+		MinPurgeInterval: proxy.DefaultMinPurgeInterval, HealthAddress: cfg.Proxy.HealthzBindAddress}
 	if d.gwIP == nil {
 		pcfg.RouteSource = d.nodeIP // the gateway has no address of its own
 	}

@@ -49,6 +49,17 @@ const ctTimeout = 10 * time.Second
 // leave a UDP flow on a gone endpoint for as long as it keeps sending.
 const DefaultReflushDelay = time.Second
 
+// DefaultMinPurgeInterval is the shortest time from the end of one of the
+// proxy's purges of the Node's cached datapath flows (and the flushes
+// behind it) to the next (Config.MinPurgeInterval); the policy agent's
+// purges are its own.
+// A purge makes every flow on the Node, related or not, miss the cache
+// once: BenchmarkDatapathPurge found up to 10 a second within its noise
+// and 50 a second costing traffic across Nodes about a fifth of its
+// throughput (docs/benchmarks.md). Flushes that come sooner wait, and go
+// together behind one purge.
+const DefaultMinPurgeInterval = 100 * time.Millisecond
+
 // ctKey names a VIP, protocol and port: the original destination of the
 // connections a frontend translated.
 type ctKey struct {
@@ -196,7 +207,7 @@ func (p *Proxier) flushConntrack(ctx context.Context) {
 	if len(flushes) == 0 {
 		return
 	}
-	p.runFlushes(ctx, flushes)
+	p.scheduleFlushes(ctx, flushes)
 	if d := p.cfg.ReflushDelay; d > 0 {
 		go func() {
 			select {
@@ -205,9 +216,90 @@ func (p *Proxier) flushConntrack(ctx context.Context) {
 			case <-time.After(d):
 			}
 			if again := p.stillStale(flushes); len(again) > 0 {
-				p.runFlushes(ctx, again)
+				p.scheduleFlushes(ctx, again)
 			}
 		}()
+	}
+}
+
+// scheduleFlushes runs flushes now when no run is under way and the last
+// purge of the datapath flows ended at least Config.MinPurgeInterval ago;
+// else it holds them, beside any others held, for the next run, which
+// makes them all behind one purge. p.mu must not be held.
+func (p *Proxier) scheduleFlushes(ctx context.Context, flushes []ctFlush) {
+	p.flushMu.Lock()
+	p.heldFlushes = append(p.heldFlushes, flushes...)
+	if p.flushing || p.flushTimer != nil {
+		p.flushMu.Unlock() // the run under way, or the timer, takes them
+		return
+	}
+	if wait := time.Until(p.lastPurge.Add(p.cfg.MinPurgeInterval)); wait > 0 {
+		p.flushTimer = time.AfterFunc(wait, func() { p.flushHeldOnTimer(ctx) })
+		p.flushMu.Unlock()
+		return
+	}
+	p.flushing = true
+	p.flushMu.Unlock()
+	p.runHeldFlushes(ctx)
+}
+
+// flushHeldOnTimer is the timer scheduleFlushes set: it runs the held
+// flushes unless a run is under way (which sets the timer again for what
+// it leaves held).
+func (p *Proxier) flushHeldOnTimer(ctx context.Context) {
+	p.flushMu.Lock()
+	p.flushTimer = nil
+	if p.flushing {
+		p.flushMu.Unlock()
+		return
+	}
+	p.flushing = true
+	p.flushMu.Unlock()
+	p.runHeldFlushes(ctx)
+}
+
+// runHeldFlushes makes the held flushes, once each, and those of an
+// endpoint only where still stale; the caller set p.flushing. A flush of
+// every entry to a VIP and port no longer installed runs even when a
+// frontend has them again by now: the new frontend's own bookkeeping
+// started from nothing installed, so nothing else flushes the entries
+// to the old endpoints (the new frontend's first entries are balanced
+// again, once). Flushes held when ctx ends are dropped: after a restart
+// reconcileConntrack checks every entry.
+func (p *Proxier) runHeldFlushes(ctx context.Context) {
+	p.flushMu.Lock()
+	held := p.heldFlushes
+	p.heldFlushes = nil
+	p.flushMu.Unlock()
+	ran := false
+	if ctx.Err() == nil {
+		seen := make(map[string]bool, len(held))
+		var whole, rest []ctFlush
+		for _, f := range held {
+			k := f.orig.String() + "|" + f.reply.String()
+			switch {
+			case seen[k]:
+			case f.reply.Src == nil:
+				whole = append(whole, f)
+			default:
+				rest = append(rest, f)
+			}
+			seen[k] = true
+		}
+		if run := append(whole, p.stillStale(rest)...); len(run) > 0 {
+			p.runFlushes(ctx, run)
+			ran = true
+		}
+	}
+	p.flushMu.Lock()
+	defer p.flushMu.Unlock()
+	p.flushing = false
+	if ran {
+		p.lastPurge = time.Now()
+	}
+	if len(p.heldFlushes) > 0 && p.flushTimer == nil && ctx.Err() == nil {
+		wait := max(time.Until(p.lastPurge.Add(p.cfg.MinPurgeInterval)), 0)
+		p.flushTimer = time.AfterFunc(wait, func() { p.flushHeldOnTimer(ctx) })
 	}
 }
 

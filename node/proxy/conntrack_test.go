@@ -215,6 +215,55 @@ func TestConntrackFlushedTwice(t *testing.T) {
 	}
 }
 
+// Flushes that come within MinPurgeInterval of the last purge wait and go
+// together, once each, behind one more purge: not one purge per batch. A
+// held flush of a VIP and port no longer installed still runs when a
+// frontend has them again by then.
+func TestFlushesShareAPurge(t *testing.T) {
+	vip := net.ParseIP("10.96.0.10")
+	flush := func(last byte) ctFlush {
+		return ctFlush{orig: ovsctl.CTTuple{Dst: vip, Proto: 17, DstPort: 53},
+			reply: ovsctl.CTTuple{Src: net.IPv4(10, 244, 1, last), Proto: 17, SrcPort: 5353}}
+	}
+	ct := &recordingConntrack{}
+	back := ctFlush{orig: ovsctl.CTTuple{Dst: net.ParseIP("10.96.0.11"), Proto: 17, DstPort: 53}}
+	p := &Proxier{cfg: Config{Conntrack: ct, MinPurgeInterval: 300 * time.Millisecond}, log: zaptest.NewLogger(t),
+		ctPorts: map[ctKey]map[*portInstall]struct{}{{vip: "10.96.0.11", proto: 17, port: 53}: {&portInstall{}: {}}}}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	purges := func() int {
+		ct.mu.Lock()
+		defer ct.mu.Unlock()
+		return ct.purges
+	}
+	p.scheduleFlushes(ctx, []ctFlush{flush(1)}) // the first goes at once
+	if purges() != 1 || len(ct.flushes()) != 1 {
+		t.Fatalf("after the first batch: %d purges, flushes %q; want 1 and 1", purges(), ct.flushes())
+	}
+	for _, last := range []byte{2, 3, 2, 4} { // four batches, one flush twice
+		p.scheduleFlushes(ctx, []ctFlush{flush(last)})
+	}
+	p.scheduleFlushes(ctx, []ctFlush{back}) // its VIP was removed, and is back
+	if purges() != 1 || len(ct.flushes()) != 1 {
+		t.Fatalf("batches within the interval ran at once: %d purges, flushes %q", purges(), ct.flushes())
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for len(ct.flushes()) < 5 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // nothing more comes
+	got := ct.flushes()
+	if purges() != 2 || len(got) != 5 || ct.unpurged != 0 {
+		t.Errorf("held flushes: %d purges, flushes %q; want 2 purges, endpoints 1 to 4 flushed once each and 10.96.0.11 once", purges(), got)
+	}
+	want := []string{"ct_nw_src=10.244.1.1,", "ct_nw_dst=10.96.0.11,", "ct_nw_src=10.244.1.2,", "ct_nw_src=10.244.1.3,", "ct_nw_src=10.244.1.4,"}
+	for i, w := range want {
+		if i < len(got) && !strings.Contains(got[i], w) {
+			t.Errorf("flush %d is %q, want %s", i, got[i], w)
+		}
+	}
+}
+
 // After a restart, the connections to a programmed UDP VIP whose other end
 // is not a serving endpoint are flushed, each by its exact tuple; the
 // others, TCP ones and those to unknown VIPs, stay.

@@ -24,8 +24,9 @@ const ProgrammingLatencyName = "seine_proxy_network_programming_duration_seconds
 const LastSyncName = "seine_proxy_sync_last_timestamp_seconds"
 
 // SyncDurationName is how long the proxy took to program one batch of
-// Services, in seconds, from taking the batch off its queue to the
-// conntrack flushes that followed it: kube-proxy's
+// Services, in seconds, from taking the batch off its queue until it is
+// programmed and its conntrack flushes made or, within
+// DefaultMinPurgeInterval of the last ones, held for the next: kube-proxy's
 // kubeproxy_sync_proxy_rules_duration_seconds (same buckets) under Seine's
 // prefix. Its _count is the number of batches.
 const SyncDurationName = "seine_proxy_sync_duration_seconds"
@@ -85,7 +86,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		syncTime: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    SyncDurationName,
-			Help:    "Time the proxy took to program one batch of Services, conntrack flushes included, in seconds.",
+			Help:    "Time the proxy took to program one batch of Services, in seconds (its conntrack flushes included unless held for the next purge).",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
 		}),
 		purges: prometheus.NewCounter(prometheus.CounterOpts{

@@ -93,6 +93,11 @@ type Config struct {
 	// ReflushDelay, when positive, flushes what a batch flushed once more
 	// that long after, where still stale (DefaultReflushDelay; 0: once).
 	ReflushDelay time.Duration
+	// MinPurgeInterval is the shortest time between two purges of the
+	// datapath flows that precede flushes; flushes that come sooner wait
+	// for it and share one purge (DefaultMinPurgeInterval; 0: every batch
+	// flushes at once).
+	MinPurgeInterval time.Duration
 }
 
 // Conntrack is the part of ovsctl.Client the proxy uses.
@@ -125,6 +130,14 @@ type Proxier struct {
 	// initial holds the Services known at start not yet synced; nil once
 	// all were (the worker's own).
 	initial map[string]bool
+
+	// flushMu guards the conntrack flushes held for the next purge of the
+	// datapath flows (scheduleFlushes); never taken with p.mu held.
+	flushMu     sync.Mutex
+	lastPurge   time.Time   // when the last run of flushes (and its purge) ended
+	flushing    bool        // a run of flushes is under way
+	flushTimer  *time.Timer // calls flushHeldOnTimer; nil when not set
+	heldFlushes []ctFlush
 
 	mu        sync.Mutex
 	installed map[string]map[string]*portInstall // service key → port key → state

@@ -21,9 +21,10 @@ const envUDPChurnServices = "SEINE_BENCH_UDP_SERVICES"
 // ClusterIP Services (4 endpoints each, selector-less) on one sandbox
 // Node, then one endpoint replaced every 1/churnRate s for churnDuration,
 // as measureChurn does for TCP. Every replaced UDP endpoint calls for a
-// conntrack flush, and the flushes of a batch for a purge first
-// (docs/design.md, "Service proxy"); BenchmarkDatapathPurge measures what
-// a purge rate costs other traffic.
+// conntrack flush, and flushes for a purge first, which the proxy spaces
+// at least proxy.DefaultMinPurgeInterval apart (docs/design.md, "Service
+// proxy"); BenchmarkDatapathPurge measures what a purge rate costs other
+// traffic.
 //
 // Metrics, all over the churn (counters read from the daemon's /metrics
 // before it and 5 s after its last change): changes/s made, batches/s
