@@ -5,12 +5,17 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/seine-net/seine/tests/bench/stats"
 	"github.com/seine-net/seine/tests/sandbox"
@@ -28,10 +33,25 @@ import (
 // shows as that timeout): a latency is when the earliest probe that saw
 // the change started, good to those 5 ms.
 //
+// It measures twice: alone (metrics allow-p50-ms, allow-p99-ms,
+// revoke-p50-ms, revoke-p99-ms), then with a background of B more
+// policies applied to the server, each admitting its own (empty) set of
+// Pods on its own port, so that the server's Node holds B more policies
+// and B more address groups (metrics bgB-allow-p50-ms and so on; B from
+// SEINE_BENCH_SETTLE_BACKGROUND, default 1000, 0 skips it).
+//
 //	go test -run '^$' -bench BenchmarkPolicySettle -benchtime 1x ./tests/e2e/realnodes/
 //
 // (with SEINE_K8S_BIN and SEINE_NODE_BIN as for the package's tests).
 func BenchmarkPolicySettle(b *testing.B) {
+	background := 1000
+	if v := os.Getenv("SEINE_BENCH_SETTLE_BACKGROUND"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			b.Fatalf("SEINE_BENCH_SETTLE_BACKGROUND=%q: want a number of policies", v)
+		}
+		background = n
+	}
 	const ns = "bench-settle"
 	createNamespace(b, ns)
 	servers := deployAgnhost(b, ns, "server", 2, map[string]string{"app": "server"}, "netexec", "--http-port=8080")
@@ -139,26 +159,130 @@ func BenchmarkPolicySettle(b *testing.B) {
 		Spec: networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "server"}},
 			Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{
 				PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"role": "client"}}}}}}}}
-	b.ResetTimer()
-	for it := 0; it < b.N; it++ {
+	// settle times 30 rounds of allow and revoke and reports them under
+	// prefix.
+	settle := func(prefix string) {
 		var allowed, revoked []time.Duration
 		for i := 0; i < 30; i++ {
 			start := time.Now()
 			if _, err := nps.Create(ctx, allow, metav1.CreateOptions{}); err != nil {
 				b.Fatal(err)
 			}
-			allowed = append(allowed, until(true, start, fmt.Sprintf("allow %d", i)))
+			allowed = append(allowed, until(true, start, fmt.Sprintf("%sallow %d", prefix, i)))
 			start = time.Now()
 			if err := nps.Delete(ctx, allow.Name, metav1.DeleteOptions{}); err != nil {
 				b.Fatal(err)
 			}
-			revoked = append(revoked, until(false, start, fmt.Sprintf("revoke %d", i)))
+			revoked = append(revoked, until(false, start, fmt.Sprintf("%srevoke %d", prefix, i)))
 		}
-		b.ReportMetric(ms(stats.Quantile(allowed, 0.5)), "allow-p50-ms")
-		b.ReportMetric(ms(stats.Quantile(allowed, 0.99)), "allow-p99-ms")
-		b.ReportMetric(ms(stats.Quantile(revoked, 0.5)), "revoke-p50-ms")
-		b.ReportMetric(ms(stats.Quantile(revoked, 0.99)), "revoke-p99-ms")
+		b.Logf("%sallow p50 %v p99 %v, revoke p50 %v p99 %v", prefix,
+			stats.Quantile(allowed, 0.5), stats.Quantile(allowed, 0.99), stats.Quantile(revoked, 0.5), stats.Quantile(revoked, 0.99))
+		b.ReportMetric(ms(stats.Quantile(allowed, 0.5)), prefix+"allow-p50-ms")
+		b.ReportMetric(ms(stats.Quantile(allowed, 0.99)), prefix+"allow-p99-ms")
+		b.ReportMetric(ms(stats.Quantile(revoked, 0.5)), prefix+"revoke-p50-ms")
+		b.ReportMetric(ms(stats.Quantile(revoked, 0.99)), prefix+"revoke-p99-ms")
 	}
+	b.ResetTimer()
+	for it := 0; it < b.N; it++ {
+		settle("")
+		if background == 0 {
+			continue
+		}
+		b.StopTimer()
+		start := time.Now()
+		createBackground(b, ctx, ns, background)
+		// Installed on the server's Node: the default deny and the
+		// background (the agent's seine_policy_agent_policies).
+		for want := float64(background + 1); ; {
+			m, err := cluster.NodeMetrics(ctx, server.Spec.NodeName)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if got := metricValue(m, "seine_policy_agent_policies"); got >= want {
+				break
+			}
+			if time.Since(start) > 5*time.Minute {
+				b.Fatalf("%d background policies not installed on %s after 5 minutes (seine_policy_agent_policies %v)",
+					background, server.Spec.NodeName, metricValue(m, "seine_policy_agent_policies"))
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+		b.Logf("%d background policies created and installed on %s in %v", background, server.Spec.NodeName, time.Since(start).Round(time.Millisecond))
+		if ok, _, err := connects(); ok || err != nil {
+			b.Fatalf("the server admits the client with only the default deny and the background (%v)", err)
+		}
+		b.StartTimer()
+		settle(fmt.Sprintf("bg%d-", background))
+	}
+}
+
+// createBackground creates n NetworkPolicies in ns applied to the server
+// Pods (app=server), each admitting Pods labelled peer=bg-<i>, which none
+// is, on TCP port 10000+i: n policies and n empty address groups for the
+// server's Node. 16 workers on a client allowed 500 requests a second.
+func createBackground(b *testing.B, ctx context.Context, ns string, n int) {
+	b.Helper()
+	rc, err := cluster.ControlPlane().RESTConfig()
+	if err != nil {
+		b.Fatal(err)
+	}
+	rc.QPS, rc.Burst = 500, 1000
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	nps := cs.NetworkingV1().NetworkPolicies(ns)
+	idx := make(chan int)
+	errs := make(chan error, 16)
+	var wg sync.WaitGroup
+	for w := 0; w < 16; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range idx {
+				port := intstr.FromInt32(int32(10000 + i))
+				np := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("bg-%05d", i)},
+					Spec: networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "server"}},
+						Ingress: []networkingv1.NetworkPolicyIngressRule{{
+							Ports: []networkingv1.NetworkPolicyPort{{Port: &port}},
+							From: []networkingv1.NetworkPolicyPeer{{
+								PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"peer": fmt.Sprintf("bg-%d", i)}}}}}}}}
+				if _, err := nps.Create(ctx, np, metav1.CreateOptions{}); err != nil {
+					errs <- fmt.Errorf("create background policy %s: %w", np.Name, err)
+					return
+				}
+			}
+		}()
+	}
+	for i := 0; i < n; i++ {
+		select {
+		case idx <- i:
+		case err := <-errs:
+			close(idx)
+			wg.Wait()
+			b.Fatal(err)
+		}
+	}
+	close(idx)
+	wg.Wait()
+	select {
+	case err := <-errs:
+		b.Fatal(err)
+	default:
+	}
+}
+
+// metricValue is the value of the unlabelled series name in a /metrics
+// page, or -1 when there is none.
+func metricValue(page, name string) float64 {
+	for _, line := range strings.Split(page, "\n") {
+		if rest, ok := strings.CutPrefix(line, name+" "); ok {
+			if v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64); err == nil {
+				return v
+			}
+		}
+	}
+	return -1
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
