@@ -243,19 +243,14 @@ func (p *Proxier) scheduleFlushes(ctx context.Context, flushes []ctFlush) {
 	p.runHeldFlushes(ctx)
 }
 
-// flushHeldOnTimer is the timer scheduleFlushes set: it runs the held
-// flushes unless a run is under way (which sets the timer again for what
-// it leaves held).
+// flushHeldOnTimer is the timer scheduleFlushes and runHeldFlushes set:
+// it schedules what is held, which runs now unless a run is under way
+// (which sets the timer again for what it leaves held).
 func (p *Proxier) flushHeldOnTimer(ctx context.Context) {
 	p.flushMu.Lock()
 	p.flushTimer = nil
-	if p.flushing {
-		p.flushMu.Unlock()
-		return
-	}
-	p.flushing = true
 	p.flushMu.Unlock()
-	p.runHeldFlushes(ctx)
+	p.scheduleFlushes(ctx, nil)
 }
 
 // runHeldFlushes makes the held flushes, once each, and those of an
