@@ -51,13 +51,12 @@ const DefaultReflushDelay = time.Second
 
 // DefaultMinPurgeInterval is the shortest time from the end of one of the
 // proxy's purges of the Node's cached datapath flows (and the flushes
-// behind it) to the next (Config.MinPurgeInterval); the policy agent's
-// purges are its own.
-// A purge makes every flow on the Node, related or not, miss the cache
-// once: BenchmarkDatapathPurge found up to 10 a second within its noise
-// and 50 a second costing traffic across Nodes about a fifth of its
-// throughput (docs/benchmarks.md). Flushes that come sooner wait, and go
-// together behind one purge.
+// behind it) to the next (Config.MinPurgeInterval); flushes that come
+// sooner wait, and go together behind one purge. A purge makes every flow
+// on the Node, related or not, miss the cache once: BenchmarkDatapathPurge
+// found up to 10 a second within its noise and 50 a second costing
+// traffic across Nodes about a fifth of its throughput
+// (docs/benchmarks.md). The policy agent's purges are its own.
 const DefaultMinPurgeInterval = 100 * time.Millisecond
 
 // ctKey names a VIP, protocol and port: the original destination of the

@@ -93,10 +93,10 @@ type Config struct {
 	// ReflushDelay, when positive, flushes what a batch flushed once more
 	// that long after, where still stale (DefaultReflushDelay; 0: once).
 	ReflushDelay time.Duration
-	// MinPurgeInterval is the shortest time between two purges of the
-	// datapath flows that precede flushes; flushes that come sooner wait
-	// for it and share one purge (DefaultMinPurgeInterval; 0: every batch
-	// flushes at once).
+	// MinPurgeInterval is the shortest time from the end of one purge of
+	// the datapath flows (and the flushes behind it) to the next; flushes
+	// that come sooner wait and share one purge (DefaultMinPurgeInterval;
+	// 0: a batch's flushes wait only for a run under way).
 	MinPurgeInterval time.Duration
 }
 

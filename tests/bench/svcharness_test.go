@@ -77,12 +77,7 @@ func changedIP(r int) string { return fmt.Sprintf("10.244.250.%d", 10+r) }
 // of objects.
 func bulkClient(b *testing.B, c *sandbox.Cluster) kubernetes.Interface {
 	b.Helper()
-	rc, err := c.ControlPlane().RESTConfig()
-	if err != nil {
-		b.Fatal(err)
-	}
-	rc.QPS, rc.Burst = 2000, 4000
-	cs, err := kubernetes.NewForConfig(rc)
+	cs, err := c.BulkClient(2000)
 	if err != nil {
 		b.Fatal(err)
 	}

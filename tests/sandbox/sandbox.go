@@ -552,6 +552,18 @@ func (c *Cluster) InternalKubeconfig() string { return c.st.InternalKubeconfig }
 // ControlPlane returns the control plane.
 func (c *Cluster) ControlPlane() *controlplane.ControlPlane { return c.cp }
 
+// BulkClient is an admin client, like Client, allowed qps requests a
+// second (bursts of twice that), for creating thousands of objects; Client
+// keeps client-go's default budget.
+func (c *Cluster) BulkClient(qps float32) (kubernetes.Interface, error) {
+	rc, err := c.cp.RESTConfig()
+	if err != nil {
+		return nil, err
+	}
+	rc.QPS, rc.Burst = qps, int(2*qps)
+	return kubernetes.NewForConfig(rc)
+}
+
 // Client is an admin client whose connections originate in the
 // control-plane namespace, so it works from the host without host link.
 func (c *Cluster) Client() kubernetes.Interface {

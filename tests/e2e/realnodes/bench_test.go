@@ -12,10 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/seine-net/seine/tests/bench/stats"
 	"github.com/seine-net/seine/tests/sandbox"
@@ -219,56 +219,33 @@ func BenchmarkPolicySettle(b *testing.B) {
 // createBackground creates n NetworkPolicies in ns applied to the server
 // Pods (app=server), each admitting Pods labelled peer=bg-<i>, which none
 // is, on TCP port 10000+i: n policies and n empty address groups for the
-// server's Node. 16 workers on a client allowed 500 requests a second.
+// server's Node. 16 at a time, on a client allowed 500 requests a second.
 func createBackground(b *testing.B, ctx context.Context, ns string, n int) {
 	b.Helper()
-	rc, err := cluster.ControlPlane().RESTConfig()
-	if err != nil {
-		b.Fatal(err)
-	}
-	rc.QPS, rc.Burst = 500, 1000
-	cs, err := kubernetes.NewForConfig(rc)
+	cs, err := cluster.BulkClient(500)
 	if err != nil {
 		b.Fatal(err)
 	}
 	nps := cs.NetworkingV1().NetworkPolicies(ns)
-	idx := make(chan int)
-	errs := make(chan error, 16)
-	var wg sync.WaitGroup
-	for w := 0; w < 16; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range idx {
-				port := intstr.FromInt32(int32(10000 + i))
-				np := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("bg-%05d", i)},
-					Spec: networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "server"}},
-						Ingress: []networkingv1.NetworkPolicyIngressRule{{
-							Ports: []networkingv1.NetworkPolicyPort{{Port: &port}},
-							From: []networkingv1.NetworkPolicyPeer{{
-								PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"peer": fmt.Sprintf("bg-%d", i)}}}}}}}}
-				if _, err := nps.Create(ctx, np, metav1.CreateOptions{}); err != nil {
-					errs <- fmt.Errorf("create background policy %s: %w", np.Name, err)
-					return
-				}
-			}
-		}()
-	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(16)
 	for i := 0; i < n; i++ {
-		select {
-		case idx <- i:
-		case err := <-errs:
-			close(idx)
-			wg.Wait()
-			b.Fatal(err)
-		}
+		g.Go(func() error {
+			port := intstr.FromInt32(int32(10000 + i))
+			np := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("bg-%05d", i)},
+				Spec: networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "server"}},
+					Ingress: []networkingv1.NetworkPolicyIngressRule{{
+						Ports: []networkingv1.NetworkPolicyPort{{Port: &port}},
+						From: []networkingv1.NetworkPolicyPeer{{
+							PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"peer": fmt.Sprintf("bg-%d", i)}}}}}}}}
+			if _, err := nps.Create(gctx, np, metav1.CreateOptions{}); err != nil {
+				return fmt.Errorf("create background policy %s: %w", np.Name, err)
+			}
+			return nil
+		})
 	}
-	close(idx)
-	wg.Wait()
-	select {
-	case err := <-errs:
+	if err := g.Wait(); err != nil {
 		b.Fatal(err)
-	default:
 	}
 }
 
